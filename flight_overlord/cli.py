@@ -1,0 +1,96 @@
+"""The ``overlord`` command."""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from .config import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
+DEFAULT_DATA_DIR = REPO_ROOT / "data" / "demo"  # where the shipped configs read from
+
+
+def _serve(argv: list[str]) -> None:
+    roles = {"planner": "planner", "loader": "loader", "constructor": "constructor"}
+    if not argv or argv[0] not in roles:
+        raise SystemExit(f"usage: overlord serve {{{'|'.join(roles)}}} --config CONFIG ...")
+    import importlib
+    module = importlib.import_module(f"flight_overlord.{roles[argv[0]]}.server")
+    module.main(argv[1:])
+
+
+def _up(args) -> None:
+    from .launch import LocalCluster
+    cluster = LocalCluster(args.config)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        planner = cluster.start()
+        print(planner, flush=True)
+        logging.getLogger("overlord").info("all roles up; logs in %s; Ctrl-C to stop", cluster.cfg.run_dir / "logs")
+        stop.wait()
+    finally:
+        cluster.stop()
+
+
+def _make_demo_data(args) -> None:
+    from .demo_data import make_demo_data
+    out = Path(args.dir) if args.dir else DEFAULT_DATA_DIR
+    written = make_demo_data(out, seed=args.seed, scale=args.scale)
+    for source, files in written.items():
+        print(f"{source}: {len(files)} files in {out / source}")
+
+
+def _demo(args) -> None:
+    from .demo import run_demo
+    run_demo(args.config, steps=args.steps)
+
+
+def _inspect(args) -> None:
+    from .inspection import inspect_server
+    inspect_server(args.address, rows=args.rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    if argv and argv[0] == "serve":  # role processes parse their own flags
+        try:
+            return _serve(argv[1:])
+        except ConfigError as exc:
+            raise SystemExit(f"error: {exc}") from None
+
+    parser = argparse.ArgumentParser(prog="overlord", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("up", help="start every role locally; print the Planner's address")
+    p.add_argument("config")
+    p.set_defaults(func=_up)
+    p = sub.add_parser("serve", help="run one role: planner | loader | constructor")
+    p = sub.add_parser("make-demo-data", help="write the demo corpus as Parquet")
+    p.add_argument("dir", nargs="?", help=f"default: {DEFAULT_DATA_DIR}")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scale", type=float, default=1.0)
+    p.set_defaults(func=_make_demo_data)
+    p = sub.add_parser("demo", help="bring the system up and run one simulated trainer per rank")
+    p.add_argument("--config", default=str(DEFAULT_CONFIG))
+    p.add_argument("--steps", type=int, default=None)
+    p.set_defaults(func=_demo)
+    p = sub.add_parser("inspect", help="show what a Flight server offers, with the stock Flight API only")
+    p.add_argument("address")
+    p.add_argument("--rows", type=int, default=2)
+    p.set_defaults(func=_inspect)
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except ConfigError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+if __name__ == "__main__":
+    main()

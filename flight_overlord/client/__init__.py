@@ -1,0 +1,3 @@
+from .trainer import StepFetcher, TrainerClient, table_to_microbatches
+
+__all__ = ["StepFetcher", "TrainerClient", "table_to_microbatches"]

@@ -1,0 +1,140 @@
+"""The trainer side: a plain Flight client that yields each step's microbatches as torch tensors.
+
+    client = TrainerClient("grpc://127.0.0.1:8815", rank=0)
+    for step_batch in client:            # one list per step, one dict per microbatch
+        for mb in step_batch:
+            loss = model(mb["input_ids"], position_ids=mb["position_ids"], cu_seqlens=mb["cu_seqlens"])
+
+``state_dict()`` / ``load_state_dict()`` hold the next step, so a restarted trainer
+resumes where it stopped.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import warnings
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from .. import wire
+
+
+def table_to_microbatches(table: pa.Table) -> list[dict]:
+    """Arrow microbatch rows -> dicts of torch tensors; the token matrices are zero-copy views."""
+    import torch
+
+    def matrix(name: str) -> "torch.Tensor":
+        column = table.column(name).combine_chunks()
+        values = column.values.to_numpy()  # zero-copy for int32 without nulls
+        with warnings.catch_warnings():  # Arrow buffers are read-only; torch only warns about that
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(values).view(len(column), -1)
+
+    input_ids, position_ids = matrix("input_ids"), matrix("position_ids")
+    cu_seqlens = table.column("cu_seqlens").to_pylist()
+    keys = table.column("sample_keys").to_pylist()
+    num_tokens = table.column("num_tokens").to_pylist()
+    steps = table.column("step").to_pylist()
+    return [{"step": steps[i], "microbatch": i, "input_ids": input_ids[i], "position_ids": position_ids[i],
+             "cu_seqlens": torch.tensor(cu_seqlens[i], dtype=torch.int32), "sample_keys": keys[i],
+             "num_tokens": num_tokens[i]} for i in range(table.num_rows)]
+
+
+class StepFetcher:
+    """Fetches one rank's raw Arrow tables step by step: Planner ticket, then the constructor's do_get."""
+
+    def __init__(self, planner: str, rank: int, *, timeout: float = 300.0):
+        self.rank = rank
+        self.timeout = timeout
+        self._pool = wire.ClientPool()
+        self._planner = self._pool.get(planner)
+
+    def fetch(self, step: int) -> pa.Table:
+        descriptor = fl.FlightDescriptor.for_path("batch", str(step), str(self.rank))
+        info = self._retry(lambda: self._planner.get_flight_info(descriptor), f"ticket of step {step}")
+        tables = []
+        for endpoint in info.endpoints:
+            # pyarrow does not follow endpoint locations: redeem the ticket where the Planner says.
+            client = self._pool.get(endpoint.locations[0].uri.decode()) if endpoint.locations else self._planner
+            tables.append(self._retry(lambda: client.do_get(endpoint.ticket).read_all(), f"data of step {step}"))
+        return pa.concat_tables(tables)
+
+    def _retry(self, call, what: str):
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return call()
+            except fl.FlightTimedOutError:  # the server waited its share; the data is still coming
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"rank {self.rank}: no {what} after {self.timeout:.0f}s") from None
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+class TrainerClient:
+    """Iterates steps from ``start_step`` on, prefetching ``prefetch`` steps in a background thread."""
+
+    def __init__(self, planner: str, rank: int, *, start_step: int = 0, num_steps: int | None = None,
+                 prefetch: int = 2, timeout: float = 300.0, as_tensors: bool = True):
+        self.rank = rank
+        self.next_step = start_step
+        self.num_steps = num_steps
+        self.prefetch = prefetch
+        self.as_tensors = as_tensors
+        self._fetcher = StepFetcher(planner, rank, timeout=timeout)
+        self._queue: queue.Queue | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def state_dict(self) -> dict:
+        return {"rank": self.rank, "next_step": self.next_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self._thread is not None:
+            raise RuntimeError("load_state_dict must be called before iterating")
+        self.next_step = int(state["next_step"])
+
+    def __iter__(self) -> Iterator[list[dict] | pa.Table]:
+        end = None if self.num_steps is None else self.next_step + self.num_steps
+        self._queue = queue.Queue(maxsize=self.prefetch)
+        self._thread = threading.Thread(target=self._prefetch_loop, args=(self.next_step, end), daemon=True)
+        self._thread.start()
+        while end is None or self.next_step < end:
+            item = self._queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            step, table = item
+            self.next_step = step + 1
+            yield table_to_microbatches(table) if self.as_tensors else table
+
+    def _prefetch_loop(self, step: int, end: int | None) -> None:
+        try:
+            while not self._stop.is_set() and (end is None or step < end):
+                table = self._fetcher.fetch(step)
+                self._put((step, table))
+                step += 1
+        except BaseException as exc:  # hand the failure to the consumer instead of dying silently
+            self._put(exc)
+
+    def _put(self, item) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def close(self) -> None:
+        self._stop.set()
+        self._fetcher.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

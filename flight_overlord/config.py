@@ -1,0 +1,287 @@
+"""The run configuration: YAML in, validated typed objects out.
+
+Every error names the offending key (as a path like ``sources[2].weight``) or file,
+because a config is the first thing a user gets wrong.
+"""
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message names the key or file that is wrong."""
+
+
+_REQUIRED = object()
+
+
+def _fields(raw: Any, where: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Check ``raw`` is a mapping with only keys of ``spec``; fill defaults; reject missing required keys."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(spec))
+    if unknown:
+        raise ConfigError(
+            f"unknown key {_join(where, unknown[0])!r} (allowed: {', '.join(sorted(spec))})")
+    out = {}
+    for key, default in spec.items():
+        if key in raw:
+            out[key] = raw[key]
+        elif default is _REQUIRED:
+            raise ConfigError(f"missing required key {_join(where, key)!r}")
+        else:
+            out[key] = default
+    return out
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _int(value: Any, where: str, *, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{where}: must be >= {minimum}, got {value}")
+    return value
+
+
+def _number(value: Any, where: str, *, minimum: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{where}: must be >= {minimum}, got {value}")
+    return float(value)
+
+
+def _choice(value: Any, where: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+@dataclass(frozen=True)
+class TransformConfig:
+    """A sample transform by registered name, with its options (e.g. a tokenizer file)."""
+    name: str = "byte_tokenizer"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    name: str
+    files: tuple[Path, ...]
+    file_ids: tuple[str, ...]  # stable names used in sample keys: path relative to data_root
+    text_column: str
+    transform: TransformConfig
+    weight: float
+    loaders: int  # source-loader actors; the row groups are split this many ways
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    tp: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.cp * self.tp
+
+
+@dataclass(frozen=True)
+class GlobalBatchConfig:
+    context_length: int
+    microbatches: int  # per data-parallel rank per step; each is one sequence packed to context_length
+    samples_per_step: int | None
+    tokens_per_step: int | None
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    model: str = "attention"  # "attention": a*l + b*l^2 ; "tokens": l
+    a: float = 1.0
+    b: float = 1.0 / 4096
+
+
+@dataclass(frozen=True)
+class Config:
+    seed: int
+    sources: tuple[SourceConfig, ...]
+    mesh: MeshConfig
+    global_batch: GlobalBatchConfig
+    cost: CostConfig
+    balance_method: str
+    prefetch: int
+    host: str
+    planner_port: int
+    dp_per_constructor: int
+    read_ahead_row_groups: int
+    pad_token_id: int
+    run_dir: Path
+    data_root: Path
+    path: Path | None = None  # the YAML file this came from, so child processes can reload it
+
+    @property
+    def num_constructors(self) -> int:
+        return -(-self.mesh.dp // self.dp_per_constructor)
+
+    def source(self, name: str) -> SourceConfig:
+        for src in self.sources:
+            if src.name == name:
+                return src
+        raise ConfigError(f"no source named {name!r} (have: {', '.join(s.name for s in self.sources)})")
+
+
+BALANCE_METHODS = ("greedy", "karmarkar_karp", "none")
+
+
+def load_config(path: str | os.PathLike) -> Config:
+    """Read and validate a YAML config file. Relative paths are relative to the file's folder."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_config(raw, base_dir=path.parent, path=path)
+
+
+def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Config:
+    top = _fields(raw, "", {
+        "seed": 0, "data_root": ".", "run_dir": "runs/default", "sources": _REQUIRED,
+        "mesh": None, "global_batch": _REQUIRED, "cost": None, "balance": None,
+        "prefetch": 2, "network": None, "loader": None, "constructor": None,
+        "pad_token_id": 0,
+    })
+    data_root = (base_dir / str(top["data_root"])).resolve()
+    global_batch = _parse_global_batch(top["global_batch"])
+    sources = _parse_sources(top["sources"], data_root)
+    mesh = _parse_mesh(top["mesh"])
+    network = _fields(top["network"], "network", {"host": "127.0.0.1", "planner_port": 0})
+    balance = _fields(top["balance"], "balance", {"method": "greedy"})
+    loader = _fields(top["loader"], "loader", {"read_ahead_row_groups": 2})
+    constructor = _fields(top["constructor"], "constructor", {"dp_per_constructor": 1})
+    return Config(
+        seed=_int(top["seed"], "seed", minimum=0),
+        sources=sources,
+        mesh=mesh,
+        global_batch=global_batch,
+        cost=_parse_cost(top["cost"]),
+        balance_method=_choice(balance["method"], "balance.method", BALANCE_METHODS),
+        prefetch=_int(top["prefetch"], "prefetch", minimum=1),
+        host=str(network["host"]),
+        planner_port=_int(network["planner_port"], "network.planner_port", minimum=0),
+        dp_per_constructor=_int(constructor["dp_per_constructor"], "constructor.dp_per_constructor", minimum=1),
+        read_ahead_row_groups=_int(loader["read_ahead_row_groups"], "loader.read_ahead_row_groups", minimum=1),
+        pad_token_id=_int(top["pad_token_id"], "pad_token_id", minimum=0),
+        run_dir=(base_dir / str(top["run_dir"])).resolve(),
+        data_root=data_root,
+        path=path,
+    )
+
+
+def _parse_sources(raw: Any, data_root: Path) -> tuple[SourceConfig, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError("sources: expected a non-empty list of sources")
+    sources, names = [], set()
+    for i, item in enumerate(raw):
+        where = f"sources[{i}]"
+        f = _fields(item, where, {
+            "name": _REQUIRED, "paths": _REQUIRED, "text_column": "text",
+            "transform": "byte_tokenizer", "weight": 1.0, "loaders": 1,
+        })
+        name = str(f["name"])
+        if name in names:
+            raise ConfigError(f"{where}.name: duplicate source name {name!r}")
+        if ":" in name:
+            raise ConfigError(f"{where}.name: {name!r} may not contain ':' (it is part of sample keys)")
+        names.add(name)
+        files = _resolve_paths(f["paths"], data_root, f"{where}.paths")
+        sources.append(SourceConfig(
+            name=name,
+            files=files,
+            file_ids=tuple(_file_id(p, data_root) for p in files),
+            text_column=str(f["text_column"]),
+            transform=_parse_transform(f["transform"], f"{where}.transform"),
+            weight=_number(f["weight"], f"{where}.weight", minimum=0.0),
+            loaders=_int(f["loaders"], f"{where}.loaders", minimum=1),
+        ))
+    if sum(s.weight for s in sources) <= 0:
+        raise ConfigError("sources: at least one source needs a positive weight")
+    return tuple(sources)
+
+
+def _resolve_paths(raw: Any, data_root: Path, where: str) -> tuple[Path, ...]:
+    patterns = [raw] if isinstance(raw, str) else raw
+    if not isinstance(patterns, list) or not patterns:
+        raise ConfigError(f"{where}: expected a path, a glob or a list of them")
+    files: list[Path] = []
+    for pattern in patterns:
+        full = str(data_root / str(pattern))
+        matches = sorted(glob.glob(full, recursive=True))
+        if not matches:
+            what = "no file matches the glob" if glob.has_magic(full) else "file not found"
+            raise ConfigError(f"{where}: {what}: {full}")
+        files.extend(Path(m).resolve() for m in matches if os.path.isfile(m))
+    return tuple(sorted(set(files)))
+
+
+def _file_id(path: Path, data_root: Path) -> str:
+    try:
+        return str(path.relative_to(data_root))
+    except ValueError:
+        return str(path)
+
+
+def _parse_transform(raw: Any, where: str) -> TransformConfig:
+    if isinstance(raw, str):
+        return TransformConfig(name=raw)
+    if isinstance(raw, dict) and "name" in raw:
+        options = {k: v for k, v in raw.items() if k != "name"}
+        return TransformConfig(name=str(raw["name"]), options=options)
+    raise ConfigError(f"{where}: expected a transform name or a mapping with 'name'")
+
+
+def _parse_mesh(raw: Any) -> MeshConfig:
+    f = _fields(raw, "mesh", {"pp": 1, "dp": 1, "cp": 1, "tp": 1})
+    mesh = MeshConfig(**{k: _int(v, f"mesh.{k}", minimum=1) for k, v in f.items()})
+    if mesh.cp > 1:
+        raise ConfigError("mesh.cp: context parallelism (cp > 1) is not supported yet")
+    return mesh
+
+
+def _parse_global_batch(raw: Any) -> GlobalBatchConfig:
+    f = _fields(raw, "global_batch", {
+        "context_length": _REQUIRED, "microbatches": 1,
+        "samples_per_step": None, "tokens_per_step": None,
+    })
+    if (f["samples_per_step"] is None) == (f["tokens_per_step"] is None):
+        raise ConfigError("global_batch: give exactly one of 'samples_per_step' or 'tokens_per_step'")
+    return GlobalBatchConfig(
+        context_length=_int(f["context_length"], "global_batch.context_length", minimum=1),
+        microbatches=_int(f["microbatches"], "global_batch.microbatches", minimum=1),
+        samples_per_step=None if f["samples_per_step"] is None
+        else _int(f["samples_per_step"], "global_batch.samples_per_step", minimum=1),
+        tokens_per_step=None if f["tokens_per_step"] is None
+        else _int(f["tokens_per_step"], "global_batch.tokens_per_step", minimum=1),
+    )
+
+
+def _parse_cost(raw: Any) -> CostConfig:
+    f = _fields(raw, "cost", {"model": "attention", "a": 1.0, "b": 1.0 / 4096})
+    return CostConfig(
+        model=_choice(f["model"], "cost.model", ("attention", "tokens")),
+        a=_number(f["a"], "cost.a", minimum=0.0),
+        b=_number(f["b"], "cost.b", minimum=0.0),
+    )

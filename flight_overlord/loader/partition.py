@@ -1,0 +1,91 @@
+"""One loader actor's share of a source: its row groups, their file handles, reading and transforming."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..config import ConfigError, SourceConfig
+from ..core.order import RowGroupRef, owned_row_groups, sample_key
+from ..transforms import make_transform
+
+
+def read_catalog(source: SourceConfig) -> list[RowGroupRef]:
+    """Every row group of the source, from the Parquet footers; checks the text column exists."""
+    catalog = []
+    for path, file_id in zip(source.files, source.file_ids):
+        try:
+            meta = pq.read_metadata(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise ConfigError(f"source {source.name!r}: cannot read Parquet file {path}: {exc}") from None
+        names = meta.schema.to_arrow_schema().names
+        if source.text_column not in names:
+            raise ConfigError(f"source {source.name!r}: file {path} has no column {source.text_column!r} "
+                              f"(columns: {', '.join(names)})")
+        catalog.extend(RowGroupRef(file_id, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups))
+    return sorted(catalog)
+
+
+@dataclass
+class RowGroupSamples:
+    """A read, transformed row group held in the loader's buffer until every row is popped."""
+    tokens: pa.ListArray  # in the file's row order
+    keys: list[str]
+    remaining: np.ndarray  # bool per row: not yet popped
+    failed: bool = False  # unreadable: metadata reports num_tokens = -1 so the Planner skips its rows
+
+    @classmethod
+    def failed_read(cls, source: str, rg: RowGroupRef) -> "RowGroupSamples":
+        empty = pa.ListArray.from_arrays(pa.array(np.zeros(rg.num_rows + 1, np.int32)), pa.array([], pa.int32()))
+        keys = [sample_key(source, rg.file, rg.row_group, row) for row in range(rg.num_rows)]
+        return cls(empty, keys, np.zeros(rg.num_rows, dtype=bool), failed=True)
+
+    @property
+    def nbytes(self) -> int:
+        return self.tokens.nbytes
+
+    def metadata(self) -> pa.RecordBatch:
+        lengths = np.diff(self.tokens.offsets.to_numpy()).astype(np.int32)
+        if self.failed:
+            lengths[:] = -1
+        return pa.record_batch({
+            "key": pa.array(self.keys, pa.string()),
+            "row": pa.array(np.arange(len(self.keys), dtype=np.int32)),
+            "num_tokens": pa.array(lengths),
+            "num_bytes": pa.array(lengths.astype(np.int64) * 4),
+        })
+
+
+class SourcePartition:
+    """The row groups actor ``actor`` of ``source.loaders`` owns; files are opened only here."""
+
+    def __init__(self, source: SourceConfig, actor: int, max_tokens: int):
+        if not 0 <= actor < source.loaders:
+            raise ConfigError(f"source {source.name!r}: actor {actor} out of range (loaders: {source.loaders})")
+        self.source = source
+        self.actor = actor
+        self.max_tokens = max_tokens
+        self.row_groups = owned_row_groups(read_catalog(source), actor, source.loaders)
+        self._paths = dict(zip(source.file_ids, source.files))
+        self._open: dict[str, pq.ParquetFile] = {}
+        self._tokenize = make_transform(source.transform.name, source.transform.options)
+
+    def read(self, rg: RowGroupRef) -> RowGroupSamples:
+        table = self._file(rg.file).read_row_group(rg.row_group, columns=[self.source.text_column])
+        column = table.column(0).combine_chunks()
+        tokens = self._tokenize(column, self.max_tokens)
+        keys = [sample_key(self.source.name, rg.file, rg.row_group, row) for row in range(rg.num_rows)]
+        return RowGroupSamples(tokens, keys, np.ones(rg.num_rows, dtype=bool))
+
+    def _file(self, file_id: str) -> pq.ParquetFile:
+        # One handle per owned file, opened on first use: the footer stays in this process only.
+        if file_id not in self._open:
+            self._open[file_id] = pq.ParquetFile(self._paths[file_id], pre_buffer=False)
+        return self._open[file_id]
+
+    def close(self) -> None:
+        for f in self._open.values():
+            f.close()
+        self._open.clear()

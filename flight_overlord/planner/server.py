@@ -1,0 +1,273 @@
+"""Planner: the control path. Metadata in, plans and tickets out; no sample bytes.
+
+- Loaders and constructors ``register`` (action) on start; planning begins once all have.
+- A planning thread plans step after step, ``prefetch`` steps ahead of the slowest active
+  trainer, journals each plan, and keeps it until every constructor has fetched it.
+- Trainers call ``get_flight_info(FlightDescriptor.for_path("batch", step, rank))`` and get
+  the serving constructor's location and a ticket.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyarrow.flight as fl
+
+from .. import wire
+from ..config import Config, load_config
+from ..core.mesh import Mesh
+from ..core.mixing import Mixer
+from ..core.order import RowGroupRef
+from ..schemas import MICROBATCH, SAMPLE_METADATA, load_schema
+from .feed import SourceFeed
+from .program import StepPlan, plan_step
+
+log = logging.getLogger(__name__)
+WAIT_SECONDS = 30.0  # a blocking call waits this long server-side, then the client may ask again
+
+
+class Journal:
+    """Append-only JSON lines, one per planned step, flushed as written."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file = path.open("w")
+
+    def append(self, record: dict) -> None:
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class PlannerServer(wire.ActionServer):
+    def __init__(self, cfg: Config, *, port: int | None = None):
+        self.cfg = cfg
+        self.mesh = Mesh.from_config(cfg.mesh, cfg.dp_per_constructor)
+        self._cond = threading.Condition()
+        self._loaders: dict[tuple[str, int], str] = {}
+        self._row_groups: dict[str, list[RowGroupRef]] = {s.name: [] for s in cfg.sources}
+        self._constructors: dict[int, str] = {}
+        self._owner: dict[tuple[str, str, int], str] = {}
+        self._plans: dict[int, StepPlan] = {}
+        self._fetched: dict[int, set[int]] = {}
+        self._stats: dict[int, dict] = {}
+        self._planned = -1
+        self._requested: dict[int, int] = {}
+        self._error: str | None = None
+        self._stopping = False
+        self._started = False
+        self._clients = wire.ClientPool()
+        self._journal = Journal(cfg.run_dir / "plan-journal.jsonl")
+        super().__init__(f"grpc://{cfg.host}:{cfg.planner_port if port is None else port}")
+
+    # -- registration ------------------------------------------------------------------
+    def action_register(self, body):
+        """A loader or constructor announces itself: {"role", "location", ...}."""
+        role = wire.field(body, "role", str, "register")
+        location = wire.field(body, "location", str, "register")
+        with self._cond:
+            if role == "loader":
+                self._register_loader(body, location)
+            elif role == "constructor":
+                index = wire.field(body, "index", int, "register")
+                if not 0 <= index < self.mesh.num_constructors:
+                    raise ValueError(f"register: constructor index {index} out of range "
+                                     f"(this mesh has {self.mesh.num_constructors})")
+                self._constructors[index] = location
+            else:
+                raise ValueError(f"register: unknown role {role!r} (roles: loader, constructor)")
+            if self._all_registered() and not self._started:
+                self._started = True
+                threading.Thread(target=self._plan_loop, name="planning", daemon=True).start()
+        return {"ok": True}
+
+    def _register_loader(self, body: dict, location: str) -> None:
+        source = self.cfg.source(wire.field(body, "source", str, "register"))
+        actor = wire.field(body, "actor", int, "register")
+        if not 0 <= actor < source.loaders:
+            raise ValueError(f"register: actor {actor} out of range for source {source.name!r} "
+                             f"({source.loaders} loaders)")
+        if (source.name, actor) in self._loaders:
+            return  # a retried registration
+        rows = wire.field(body, "row_groups", list, "register")
+        refs = [RowGroupRef(str(f), int(g), int(n)) for f, g, n in rows]
+        self._loaders[(source.name, actor)] = location
+        self._row_groups[source.name].extend(refs)
+        for rg in refs:
+            self._owner[(source.name, rg.file, rg.row_group)] = location
+
+    def _all_registered(self) -> bool:
+        expected = sum(s.loaders for s in self.cfg.sources)
+        return len(self._loaders) == expected and len(self._constructors) == self.mesh.num_constructors
+
+    # -- planning ----------------------------------------------------------------------
+    def _plan_loop(self) -> None:
+        try:
+            feeds = {s.name: SourceFeed(s.name, self._row_groups[s.name], self.cfg.seed, self._sizes_fetcher(s.name))
+                     for s in self.cfg.sources}
+            mixer = Mixer([s.name for s in self.cfg.sources])
+            for step in itertools.count():
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stopping or step <= self._horizon())
+                    if self._stopping:
+                        return
+                plan = plan_step(step, feeds, mixer, self.cfg)
+                plan.stats["skipped"] = sum(f.skipped for f in feeds.values())
+                self._journal.append(plan.to_record())
+                with self._cond:
+                    self._plans[step] = plan
+                    self._fetched[step] = set()
+                    self._stats[step] = plan.stats
+                    self._planned = step
+                    self._cond.notify_all()
+        except Exception as exc:  # surface to every waiting client instead of hanging them
+            log.exception("planning failed")
+            with self._cond:
+                self._error = f"planning failed: {type(exc).__name__}: {exc}"
+                self._cond.notify_all()
+
+    def _horizon(self) -> int:
+        """Plan up to ``prefetch`` steps past the slowest trainer that has asked for data."""
+        slowest = min(self._requested.values()) if self._requested else -1
+        return slowest + self.cfg.prefetch
+
+    def _sizes_fetcher(self, source: str):
+        def fetch(epoch: int, rg: RowGroupRef) -> np.ndarray:
+            location = self._owner[(source, rg.file, rg.row_group)]
+            request = {"kind": "metadata", "epoch": epoch, "file": rg.file, "row_group": rg.row_group}
+            table = self._clients.get(location).do_get(wire.ticket(request)).read_all()
+            sizes = np.empty(rg.num_rows, dtype=np.int64)
+            sizes[table.column("row").to_numpy()] = table.column("num_tokens").to_numpy()
+            return sizes
+        return fetch
+
+    def _wait_for_plan(self, step: int, timeout: float) -> None:
+        wire.wait_until(self._cond, lambda: self._error is not None or self._stopping or step <= self._planned,
+                        timeout, f"the plan of step {step}")
+        if self._error:
+            raise RuntimeError(self._error)
+
+    # -- trainer-facing ----------------------------------------------------------------
+    def get_flight_info(self, context, descriptor):
+        parts = [p.decode() if isinstance(p, bytes) else p for p in (descriptor.path or [])]
+        if len(parts) == 3 and parts[0] == "batch":
+            step, rank = self._parse_batch(parts)
+            with self._cond:  # asking for a step is how a trainer tells us where it is
+                self._requested[rank] = max(step, self._requested.get(rank, -1))
+                self._cond.notify_all()
+                self._wait_for_plan(step, WAIT_SECONDS)
+            return self._batch_info(descriptor, step, rank)
+        if len(parts) == 2 and parts[0] == "source":
+            return self._source_info(descriptor, parts[1])
+        raise KeyError(f"unknown descriptor {parts or descriptor.command!r}: this Planner serves "
+                       f"('batch', STEP, RANK) and ('source', NAME)")
+
+    def _parse_batch(self, parts) -> tuple[int, int]:
+        try:
+            step, rank = int(parts[1]), int(parts[2])
+        except ValueError:
+            raise ValueError(f"malformed descriptor {parts!r}: step and rank must be integers") from None
+        if step < 0:
+            raise ValueError(f"malformed descriptor {parts!r}: step must be >= 0")
+        self.mesh.coord(rank)  # ValueError naming the rank if outside the mesh
+        return step, rank
+
+    def _batch_info(self, descriptor, step: int, rank: int) -> fl.FlightInfo:
+        coord = self.mesh.coord(rank)
+        location = self._constructors[self.mesh.constructor_of(coord.dp)]
+        ticket = wire.ticket({"kind": "batch", "step": step, "rank": rank, "dp": coord.dp})
+        endpoint = fl.FlightEndpoint(ticket, [location])
+        return fl.FlightInfo(load_schema(MICROBATCH), descriptor, [endpoint],
+                             self.cfg.global_batch.microbatches, -1)
+
+    def _source_info(self, descriptor, name: str) -> fl.FlightInfo:
+        source = self.cfg.source(name)
+        rows = sum(rg.num_rows for rg in self._row_groups[source.name])
+        return fl.FlightInfo(load_schema(SAMPLE_METADATA), descriptor, [], rows, -1)
+
+    def list_flights(self, context, criteria):
+        with self._cond:
+            upcoming = [s for s in sorted(self._stats) if s > self._planned - self.cfg.prefetch - 1]
+        for step in upcoming:
+            for rank in range(self.mesh.world_size):
+                descriptor = fl.FlightDescriptor.for_path("batch", str(step), str(rank))
+                yield self._batch_info(descriptor, step, rank)
+        for source in self.cfg.sources:
+            yield self._source_info(fl.FlightDescriptor.for_path("source", source.name), source.name)
+
+    # -- constructor-facing ------------------------------------------------------------
+    def action_plan(self, body):
+        """A constructor's share of one step's plan: {"step", "constructor"}."""
+        step = wire.field(body, "step", int, "plan")
+        constructor = wire.field(body, "constructor", int, "plan")
+        if not 0 <= constructor < self.mesh.num_constructors:
+            raise ValueError(f"plan: constructor {constructor} out of range")
+        with self._cond:
+            self._wait_for_plan(step, float(body.get("timeout", WAIT_SECONDS)))
+            if step not in self._plans:
+                raise KeyError(f"plan of step {step} is no longer held (every constructor fetched it)")
+            plan = self._plans[step]
+            self._fetched[step].add(constructor)
+            if len(self._fetched[step]) == self.mesh.num_constructors:
+                del self._plans[step], self._fetched[step]
+        return self._constructor_view(plan, constructor)
+
+    def _constructor_view(self, plan: StepPlan, constructor: int) -> dict:
+        keys, microbatches, fetch = [], {}, {}
+        for dp in self.mesh.dp_ranks_of(constructor):
+            rank_bins = []
+            for bin_ in plan.rank_bins(dp):
+                indices = []
+                for ref, _ in bin_:
+                    indices.append(len(keys))
+                    location = self._owner[(ref.source, ref.file, ref.row_group)]
+                    entry = fetch.setdefault(location, {"location": location, "items": [], "samples": []})
+                    entry["items"].append(len(keys))
+                    entry["samples"].append([ref.epoch, ref.file, ref.row_group, ref.row])
+                    keys.append(ref.key)
+                rank_bins.append(indices)
+            microbatches[str(dp)] = rank_bins
+        return {"step": plan.step, "keys": keys, "microbatches": microbatches, "fetch": list(fetch.values())}
+
+    # -- inspection --------------------------------------------------------------------
+    def action_status(self, body):
+        """Registration, planning progress and trainer positions."""
+        with self._cond:
+            return {"ready": self._all_registered(), "loaders": len(self._loaders),
+                    "constructors": len(self._constructors), "planned": self._planned,
+                    "requested": {str(r): s for r, s in sorted(self._requested.items())},
+                    "error": self._error}
+
+    def action_stats(self, body):
+        """Per-step plan statistics (mixture, imbalance): {"from": step, "to": step}."""
+        first = int(body.get("from", 0))
+        with self._cond:
+            last = int(body.get("to", self._planned))
+            return {str(s): self._stats[s] for s in range(first, last + 1) if s in self._stats}
+
+    def shutdown(self):
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        super().shutdown()
+        self._clients.close()
+        self._journal.close()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="overlord serve planner")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--port", type=int, help="default: network.planner_port of the config (0: any free port)")
+    parser.add_argument("--ready-file")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config)
+    server = PlannerServer(cfg, port=args.port)
+    wire.serve(server, wire.location_of(server, cfg.host), args.ready_file)
