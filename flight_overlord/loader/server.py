@@ -5,6 +5,7 @@ Two kinds of ``do_get`` ticket:
   sure that row group is buffered for epoch ``e`` and stream its samples' metadata.
 - ``{"kind": "samples", "step": s, "constructor": c, "samples": [[e, f, g, row], ...]}``
   (from a Data Constructor): pop those samples from the buffer and stream them.
+- ``{"kind": "buffer"}`` (anyone): the metadata of every buffered, not yet popped sample.
 
 A background reader keeps the next ``read_ahead_row_groups`` row groups (in this actor's
 seeded order, past the furthest one the Planner asked for) buffered, so the Planner's
@@ -120,7 +121,16 @@ class LoaderServer(wire.ActionServer):
             return fl.RecordBatchStream(self._metadata(request))
         if kind == "samples":
             return fl.RecordBatchStream(self._pop(request))
-        raise ValueError(f"malformed ticket: unknown kind {kind!r} (loader tickets: 'metadata', 'samples')")
+        if kind == "buffer":
+            return fl.RecordBatchStream(self._buffer_metadata())
+        raise ValueError(f"malformed ticket: unknown kind {kind!r} (loader tickets: 'metadata', 'samples', 'buffer')")
+
+    def _buffer_metadata(self) -> pa.Table:
+        """What this loader holds right now (samples not yet popped), for inspection."""
+        with self._cond:
+            batches = [b.metadata().filter(pa.array(b.remaining)) for b in self._buffer.values() if not b.failed]
+        schema = load_schema(SAMPLE_METADATA)
+        return pa.Table.from_batches(batches).cast(schema) if batches else schema.empty_table()
 
     def _metadata(self, request: dict) -> pa.Table:
         position, buffered = self._buffered(wire.field(request, "epoch", int, "metadata ticket"),
@@ -135,17 +145,18 @@ class LoaderServer(wire.ActionServer):
         step = wire.field(request, "step", int, "samples ticket")
         constructor = wire.field(request, "constructor", int, "samples ticket")
         wanted = wire.field(request, "samples", list, "samples ticket")
+        for item in wanted:
+            if not (isinstance(item, list) and len(item) == 4 and isinstance(item[1], str)
+                    and all(isinstance(v, int) and not isinstance(v, bool) for v in (item[0], item[2], item[3]))):
+                raise ValueError(f"malformed samples ticket: sample {item!r} is not [epoch, file, row_group, row]")
         with self._cond:
             if (step, constructor) in self._served:  # a retried fetch gets the same samples again
                 return self._served[(step, constructor)]
         keys, pieces = [], []
         for item in wanted:
-            if not (isinstance(item, list) and len(item) == 4 and isinstance(item[1], str)
-                    and all(isinstance(v, int) and not isinstance(v, bool) for v in (item[0], item[2], item[3]))):
-                raise ValueError(f"malformed samples ticket: sample {item!r} is not [epoch, file, row_group, row]")
             _, buffered = self._buffered(*item[:3])
             row = item[3]
-            if not (isinstance(row, int) and 0 <= row < len(buffered.keys)) or not buffered.remaining[row]:
+            if not 0 <= row < len(buffered.keys) or not buffered.remaining[row]:
                 raise KeyError(f"sample {item} is not in the buffer of loader "
                                f"{self.partition.source.name}[{self.partition.actor}] (already delivered?)")
             keys.append(buffered.keys[row])

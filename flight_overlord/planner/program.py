@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# balance imported below until the module lands
+from .. import balance
 from ..config import Config
 from ..core.cost import sample_costs
 from ..core.mixing import Mixer
@@ -78,7 +78,6 @@ def plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, cfg: Config
     if cfg.balance_method == "none":
         bin_indices, unplaced = fill_in_order(sizes, k, gb.context_length)
     else:
-        from .. import balance
         bin_indices, unplaced = balance.partition(costs, k, method=cfg.balance_method, sizes=sizes,
                                                   capacity=gb.context_length, leftover="return")
     _defer([picks[i] for i in unplaced], feeds, mixer, weights, by_tokens=gb.tokens_per_step is not None)

@@ -170,6 +170,16 @@ class PlannerServer(wire.ActionServer):
         raise KeyError(f"unknown descriptor {parts or descriptor.command!r}: this Planner serves "
                        f"('batch', STEP, RANK) and ('source', NAME)")
 
+    def get_schema(self, context, descriptor):
+        parts = [p.decode() if isinstance(p, bytes) else p for p in (descriptor.path or [])]
+        if len(parts) == 3 and parts[0] == "batch":
+            self._parse_batch(parts)
+            return fl.SchemaResult(load_schema(MICROBATCH))
+        if len(parts) == 2 and parts[0] == "source":
+            self.cfg.source(parts[1])
+            return fl.SchemaResult(load_schema(SAMPLE_METADATA))
+        raise KeyError(f"unknown descriptor {parts!r}: this Planner serves ('batch', STEP, RANK) and ('source', NAME)")
+
     def _parse_batch(self, parts) -> tuple[int, int]:
         try:
             step, rank = int(parts[1]), int(parts[2])
@@ -190,8 +200,11 @@ class PlannerServer(wire.ActionServer):
 
     def _source_info(self, descriptor, name: str) -> fl.FlightInfo:
         source = self.cfg.source(name)
-        rows = sum(rg.num_rows for rg in self._row_groups[source.name])
-        return fl.FlightInfo(load_schema(SAMPLE_METADATA), descriptor, [], rows, -1)
+        with self._cond:
+            rows = sum(rg.num_rows for rg in self._row_groups[source.name])
+            endpoints = [fl.FlightEndpoint(wire.ticket({"kind": "buffer"}), [location])
+                         for (src, _), location in sorted(self._loaders.items()) if src == source.name]
+        return fl.FlightInfo(load_schema(SAMPLE_METADATA), descriptor, endpoints, rows, -1)
 
     def list_flights(self, context, criteria):
         with self._cond:

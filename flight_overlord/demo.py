@@ -1,0 +1,128 @@
+"""``overlord demo``: the system up locally, one simulated trainer process per rank.
+
+Each trainer pulls its rank's microbatches as torch tensors and reports what it got;
+the demo prints per step the realized mixture (from the sample keys the trainers
+actually received), the per-rank cost imbalance of the plan against the same samples
+unbalanced, and throughput; then a summary.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.flight as fl
+import yaml
+from tqdm import tqdm
+
+from . import wire
+from .config import Config, load_config
+from .launch import LocalCluster
+
+DEFAULT_STEPS = 40
+
+
+def ensure_demo_data(config_path: str | Path) -> None:
+    """Make the demo corpus where the config reads it, if it is not there yet."""
+    config_path = Path(config_path).resolve()
+    raw = yaml.safe_load(config_path.read_text()) or {}
+    data_root = (config_path.parent / str(raw.get("data_root", "."))).resolve()
+    if not data_root.exists() or not any(data_root.iterdir()):
+        from .demo_data import make_demo_data
+        print(f"making the demo corpus in {data_root} ...", flush=True)
+        make_demo_data(data_root, seed=0)
+
+
+def trainer_process(planner: str, rank: int, steps: int, by_tokens: bool, results: mp.Queue) -> None:
+    from .client import TrainerClient
+    with TrainerClient(planner, rank, num_steps=steps) as client:
+        for step_batch in client:
+            amounts = Counter()  # per source: tokens, or samples when the batch is counted in samples
+            for mb in step_batch:
+                lengths = (mb["cu_seqlens"][1:] - mb["cu_seqlens"][:-1]).tolist()
+                for key, length in zip(mb["sample_keys"], lengths):
+                    amounts[key.split(":", 1)[0]] += length if by_tokens else 1
+            results.put((rank, step_batch[0]["step"], sum(len(mb["sample_keys"]) for mb in step_batch), dict(amounts),
+                         sum(mb["input_ids"].numel() for mb in step_batch), time.monotonic()))
+
+
+def run_demo(config_path: str | Path, steps: int | None = None) -> dict:
+    ensure_demo_data(config_path)
+    cfg = load_config(config_path)
+    steps = steps or DEFAULT_STEPS
+    ranks = cfg.mesh.world_size
+    started = time.monotonic()
+    with LocalCluster(config_path) as cluster:
+        print(f"planner at {cluster.planner}: {len(cluster.children)} processes "
+              f"({sum(s.loaders for s in cfg.sources)} loaders for {len(cfg.sources)} sources, "
+              f"{cfg.num_constructors} constructors), {ranks} trainer ranks; up in {time.monotonic() - started:.1f}s",
+              flush=True)
+        ctx = mp.get_context("spawn")
+        results = ctx.Queue()
+        trainers = [ctx.Process(target=trainer_process, args=(cluster.planner, r, steps, cfg.global_batch.tokens_per_step is not None, results), daemon=True)
+                    for r in range(ranks)]
+        for t in trainers:
+            t.start()
+        try:
+            summary = _follow(cfg, cluster.planner, steps, ranks, results, trainers)
+        finally:
+            for t in trainers:
+                t.join(timeout=5)
+                if t.is_alive():
+                    t.terminate()
+    return summary
+
+
+def _follow(cfg: Config, planner: str, steps: int, ranks: int, results: mp.Queue, trainers) -> dict:
+    client = fl.connect(planner)
+    weights = {s.name: s.weight / sum(x.weight for x in cfg.sources) for s in cfg.sources}
+    per_step: dict[int, list] = {}
+    unit = "tokens" if cfg.global_batch.tokens_per_step is not None else "samples"
+    totals, t0, stats_all = Counter(), None, {}
+    bar = tqdm(total=steps, unit="step", desc="training", leave=True)
+    done = 0
+    while done < steps:
+        try:
+            rank, step, n_samples, tokens, padded, when = results.get(timeout=120)
+        except Exception:
+            dead = [i for i, t in enumerate(trainers) if not t.is_alive()]
+            raise RuntimeError(f"no progress from the trainers for 120s (exited ranks: {dead})") from None
+        per_step.setdefault(step, []).append((n_samples, tokens, padded, when))
+        if len(per_step[step]) < ranks:
+            continue
+        t0 = t0 or min(w for *_, w in per_step[step])
+        rows = per_step.pop(step)
+        step_tokens = Counter()
+        for _, tokens_by_source, _, _ in rows:
+            step_tokens.update(tokens_by_source)
+        totals.update(step_tokens)
+        stats = wire.call(client, "stats", {"from": step, "to": step})[str(step)]
+        stats_all[step] = stats
+        elapsed = max(w for *_, w in rows) - t0
+        mix = " ".join(f"{s}={100 * step_tokens[s] / max(1, sum(step_tokens.values())):.0f}%" for s in weights)
+        bar.write(f"step {step:3d} | {unit} {sum(step_tokens.values()):6d} | mix {mix} | imbalance "
+                  f"{stats['imbalance']:.3f} (unbalanced {stats['imbalance_unbalanced']:.3f}) | "
+                  f"{sum(totals.values()) / elapsed if elapsed > 0 else 0:,.0f} {unit}/s")
+        bar.update(1)
+        done += 1
+    bar.close()
+    client.close()
+    return _summary(weights, totals, stats_all, elapsed, unit)
+
+
+def _summary(weights: dict, totals: Counter, stats: dict, elapsed: float, unit: str) -> dict:
+    total = sum(totals.values())
+    realized = {s: totals[s] / total for s in weights}
+    imb = [s["imbalance"] for s in stats.values()]
+    unb = [s["imbalance_unbalanced"] for s in stats.values()]
+    speedup = [s["max_rank_cost_unbalanced"] / s["max_rank_cost"] for s in stats.values() if s["max_rank_cost"] > 0]
+    print("\nsummary")
+    print(f"  {'source':<12} {'weight':>7} {'realized':>9}  (share of {unit})")
+    for s in weights:
+        print(f"  {s:<12} {weights[s]:7.3f} {realized[s]:9.3f}")
+    print(f"  max/mean per-rank cost: balanced {sum(imb) / len(imb):.3f} vs unbalanced {sum(unb) / len(unb):.3f} "
+          f"(mean over {len(stats)} steps); slowest-rank speedup x{sum(speedup) / len(speedup):.2f}")
+    print(f"  throughput: {total / elapsed:,.0f} {unit}/s delivered over {elapsed:.1f}s")
+    return {"realized": realized, "weights": weights, "imbalance": imb, "imbalance_unbalanced": unb,
+            f"{unit}_per_s": total / elapsed}
