@@ -67,6 +67,24 @@ def fill_in_order(sizes: np.ndarray, k: int, capacity: int) -> tuple[list[np.nda
     return [np.array(x, dtype=np.int64) for x in bins], np.array(left, dtype=np.int64)
 
 
+def balance_two_levels(costs: np.ndarray, sizes: np.ndarray, cfg: Config) -> tuple[list[np.ndarray], np.ndarray]:
+    """Inter-microbatch level first (samples onto data-parallel ranks, each holding
+    ``microbatches x context_length`` tokens), then intra-rank (each rank's samples onto its
+    microbatches of ``context_length``). Balancing ranks as a whole has far more freedom than
+    balancing every microbatch bin at once, and the slowest rank is what sets the step time."""
+    gb = cfg.global_batch
+    method = cfg.balance_method
+    rank_indices, unplaced = balance.partition(costs, cfg.mesh.dp, method=method, sizes=sizes,
+                                               capacity=gb.microbatches * gb.context_length, leftover="return")
+    bins, left = [], [unplaced]
+    for idx in rank_indices:
+        mb_indices, mb_unplaced = balance.partition(costs[idx], gb.microbatches, method=method, sizes=sizes[idx],
+                                                    capacity=gb.context_length, leftover="return")
+        bins.extend(idx[b] for b in mb_indices)
+        left.append(idx[mb_unplaced])
+    return bins, np.sort(np.concatenate(left)).astype(np.int64)
+
+
 def plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, cfg: Config,
               weights: dict[str, float] | None = None) -> StepPlan:
     weights = weights or {s.name: s.weight for s in cfg.sources}
@@ -74,12 +92,10 @@ def plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, cfg: Config
     picks = draw_mixture(feeds, mixer, weights, cfg)
     sizes = np.array([tokens for _, tokens in picks], dtype=np.int64)
     costs = sample_costs(sizes, cfg.cost)
-    k = cfg.mesh.dp * gb.microbatches
     if cfg.balance_method == "none":
-        bin_indices, unplaced = fill_in_order(sizes, k, gb.context_length)
+        bin_indices, unplaced = fill_in_order(sizes, cfg.mesh.dp * gb.microbatches, gb.context_length)
     else:
-        bin_indices, unplaced = balance.partition(costs, k, method=cfg.balance_method, sizes=sizes,
-                                                  capacity=gb.context_length, leftover="return")
+        bin_indices, unplaced = balance_two_levels(costs, sizes, cfg)
     _defer([picks[i] for i in unplaced], feeds, mixer, weights, by_tokens=gb.tokens_per_step is not None)
     bins = [[picks[i] for i in idx] for idx in bin_indices]
     plan = StepPlan(step, gb.microbatches, bins, dict(weights))
