@@ -17,6 +17,8 @@ class Mixer:
         self.sources = list(sources)
         self._credit = np.zeros(len(sources))
         self.realized = np.zeros(len(sources))  # amount charged so far per source
+        self._cached_key: tuple | None = None
+        self._cached = np.zeros(len(sources))
 
     def choose(self, weights: Mapping[str, float]) -> str:
         w = self._weights(weights)
@@ -37,11 +39,14 @@ class Mixer:
         self.realized[i] += amount
 
     def _weights(self, weights: Mapping[str, float]) -> np.ndarray:
-        w = np.array([float(weights.get(s, 0.0)) for s in self.sources])
-        total = w.sum()
-        if total <= 0:
-            raise ValueError("mixture weights must have a positive sum")
-        return w / total
+        # Called twice per sample with the same step weights: normalise once per distinct mixture.
+        key = tuple(float(weights.get(s, 0.0)) for s in self.sources)
+        if key != self._cached_key:
+            w = np.array(key)
+            if w.sum() <= 0:
+                raise ValueError("mixture weights must have a positive sum")
+            self._cached_key, self._cached = key, w / w.sum()
+        return self._cached
 
     def state_dict(self) -> dict:
         return {"credit": self._credit.tolist(), "realized": self.realized.tolist()}

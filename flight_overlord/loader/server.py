@@ -48,6 +48,7 @@ class LoaderServer(wire.ActionServer):
         self._served: collections.OrderedDict[tuple[int, int], pa.Table] = collections.OrderedDict()
         self._stopping = False
         self._epoch_orders: dict[int, list[RowGroupRef]] = {}
+        self._index_in_epoch: dict[int, dict[tuple[str, int], int]] = {}
         super().__init__(f"grpc://{host}:{port}")
         self._reader = threading.Thread(target=self._read_ahead_loop, name="read-ahead", daemon=True)
         self._reader.start()
@@ -55,8 +56,9 @@ class LoaderServer(wire.ActionServer):
     # -- this actor's order: position p is row group p % n of epoch p // n -------------
     def _order(self, epoch: int) -> list[RowGroupRef]:
         if epoch not in self._epoch_orders:
-            self._epoch_orders[epoch] = epoch_order(self.partition.row_groups, seed=self.seed,
-                                                    source=self.partition.source.name, epoch=epoch)
+            order = epoch_order(self.partition.row_groups, seed=self.seed, source=self.partition.source.name, epoch=epoch)
+            self._epoch_orders[epoch] = order
+            self._index_in_epoch[epoch] = {(rg.file, rg.row_group): i for i, rg in enumerate(order)}
         return self._epoch_orders[epoch]
 
     def _at(self, position: int) -> tuple[BufferKey, RowGroupRef]:
@@ -67,9 +69,10 @@ class LoaderServer(wire.ActionServer):
 
     def _position(self, key: BufferKey) -> int:
         epoch, file, row_group = key
-        for index, rg in enumerate(self._order(epoch)):
-            if rg.file == file and rg.row_group == row_group:
-                return epoch * len(self.partition.row_groups) + index
+        self._order(epoch)
+        index = self._index_in_epoch[epoch].get((file, row_group))
+        if index is not None:
+            return epoch * len(self.partition.row_groups) + index
         raise KeyError(f"row group {file}:{row_group} is not owned by loader "
                        f"{self.partition.source.name}[{self.partition.actor}]")
 

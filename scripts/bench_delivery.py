@@ -1,0 +1,757 @@
+#!/usr/bin/env python
+"""What a trainer receives per second, and what each deployment costs in memory.
+
+Three sides, measured in the same run on the same corpus, one process per trainer rank:
+
+1. ceiling         a bare pyarrow Flight server (its own process) streams real step tables
+                   captured from side 2 with ``RecordBatchStream``; each rank's client reads
+                   them over and over (``do_get(...).read_all()`` + the same to-tensor
+                   conversion as TrainerClient): the transport ceiling.
+2. flight_overlord ``LocalCluster`` (Planner, Source Loaders, Data Constructors) and one trainer
+                   process per rank iterating ``TrainerClient``.
+3. baseline        the conventional colocated loader: a torch ``DataLoader`` per rank with
+                   ``num_workers`` workers; every worker opens every Parquet file of every
+                   source, reads its shard of row groups, tokenizes, mixes and packs itself.
+
+Every side runs ``--warmup`` steps first (not timed), then ``--steps`` timed steps; all ranks
+start the timed phase together. Throughput is summed over ranks: bytes (Arrow ``nbytes`` of
+the step tables, or the exact same count for the baseline's tensors) and batches (packed
+microbatches) over the wall time of the timed phase. Memory is the PSS summed over every
+process of the deployment (including children), sampled during the timed phase; the max is
+reported. The driver (this process) is not counted.
+
+    .venv/bin/python scripts/bench_delivery.py               # defaults: ~20 s on 2 cores
+    .venv/bin/python scripts/bench_delivery.py --steps 600   # ~1.5 min: timed phases of ~20 s
+    .venv/bin/python scripts/bench_delivery.py --quick       # fewer steps
+    .venv/bin/python scripts/bench_delivery.py --workers 4 --data /tmp/demo
+
+With the default 30 steps the timed phases are short (well under a second for the ceiling), so
+compare sides within one run and prefer ``--steps 600`` for figures to publish. The machine is
+shared: the report says how much CPU everything else used while each side was timed.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import platform
+import queue
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_CONFIG = REPO / "configs" / "demo.yaml"
+# Used when configs/demo.yaml is missing: the demo's token-share weights and loader counts.
+FALLBACK_SOURCES = [("captions", 0.15, 2), ("longdocs", 0.25, 1), ("code", 0.20, 1),
+                    ("docstrings", 0.15, 1), ("manuals", 0.15, 1), ("qa", 0.10, 1)]
+FALLBACK_FILL = 29000 / (2 * 4 * 4096)  # the demo's tokens_per_step over its slots
+CAPTURED_PER_RANK = 4  # real step tables per rank kept for the ceiling side
+PSS_INTERVAL = 1.0
+MiB = 1024 * 1024
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement helpers
+# ---------------------------------------------------------------------------------------------
+
+Root = tuple[int, str, str]  # (pid, label of the process, label of its descendants)
+
+
+def tree_usage(roots: list[Root]) -> dict[int, tuple[str, int, float]]:
+    """pid -> (label, PSS bytes, CPU seconds so far) for every process of the trees under ``roots``."""
+    procs: dict[int, tuple[psutil.Process, str]] = {}
+    for pid, label, child_label in roots:
+        try:
+            root = psutil.Process(pid)
+            procs[root.pid] = (root, label)
+            for child in root.children(recursive=True):
+                procs[child.pid] = (child, child_label)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    usage = {}
+    for pid, (proc, label) in procs.items():
+        try:
+            with proc.oneshot():
+                cpu = proc.cpu_times()
+                usage[pid] = (label, proc.memory_full_info().pss, cpu.user + cpu.system)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            continue
+    return usage
+
+
+def _busy_cpu_seconds() -> float:
+    """Machine-wide non-idle CPU seconds since boot."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+class PssSampler:
+    """Samples ``tree_usage(roots())`` now and every ``interval`` seconds until ``stop()``.
+
+    Keeps the max of the summed PSS (with its per-label split) and, from the first and last
+    samples, the CPU seconds each label used in between.
+    """
+
+    def __init__(self, roots, interval: float = PSS_INTERVAL):
+        self.roots = roots
+        self.interval = interval
+        self.max_pss = 0
+        self.processes = 0
+        self.samples = 0
+        self.pss_by_label: dict[str, tuple[int, int]] = {}  # label -> (processes, PSS) at the max
+        self.cpu_by_label: dict[str, float] = {}
+        self._first: dict[int, tuple[str, int, float]] | None = None
+        self._window = (0.0, 0.0)
+        self._busy = (0.0, 0.0)  # machine-wide busy CPU seconds at the first and the last sample
+        self.deployment_cpu = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pss", daemon=True)
+
+    def start(self) -> "PssSampler":
+        self._thread.start()
+        return self
+
+    def sample(self) -> None:
+        now, usage, busy = time.monotonic(), tree_usage(self.roots()), _busy_cpu_seconds()
+        self.samples += 1
+        if self._first is None:
+            self._first, self._window, self._busy = usage, (now, now), (busy, busy)
+        self._window, self._busy = (self._window[0], now), (self._busy[0], busy)
+        total = sum(pss for _, pss, _ in usage.values())
+        if total > self.max_pss:
+            self.max_pss, self.processes = total, len(usage)
+            self.pss_by_label = {}
+            for label, pss, _ in usage.values():
+                n, sum_pss = self.pss_by_label.get(label, (0, 0))
+                self.pss_by_label[label] = (n + 1, sum_pss + pss)
+        self.cpu_by_label = {}
+        for pid, (label, _, cpu) in usage.items():
+            if pid in self._first:
+                self.cpu_by_label[label] = self.cpu_by_label.get(label, 0.0) + cpu - self._first[pid][2]
+        self.deployment_cpu = sum(self.cpu_by_label.values())
+
+    def summary(self) -> list[str]:
+        memory = ", ".join(f"{label} {n}x {pss / MiB:.0f}" for label, (n, pss) in self.pss_by_label.items())
+        seconds = self._window[1] - self._window[0]
+        lines = [f"PSS by process kind at the max (MiB): {memory}"]
+        if seconds < 1.0:
+            lines.append("CPU shares: the timed phase was too short to measure them (use more --steps)")
+        else:
+            cpu = ", ".join(f"{label} {c / seconds:.2f}" for label, c in self.cpu_by_label.items())
+            other = max(0.0, self._busy[1] - self._busy[0] - self.deployment_cpu) / seconds
+            lines.append(f"CPU in cores while timed ({seconds:.1f}s between first and last sample): {cpu}; "
+                         f"total {self.deployment_cpu / seconds:.2f}; everything else on the machine "
+                         f"(this driver, other users): {other:.2f}")
+        return lines
+
+    def _run(self) -> None:
+        while True:
+            self.sample()
+            if self._stop.wait(self.interval):
+                return
+
+    def stop(self) -> None:
+        """Stop, after one last sample (every process of the deployment is still alive here)."""
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+def microbatch_nbytes(mb: dict) -> int:
+    """What the microbatch's row adds to the Arrow ``nbytes`` of a step table (schemas/microbatch.json).
+
+    Fixed columns 8+4+4+4 bytes; each of the four list columns one 4-byte offset plus its values;
+    the key strings one offset each plus their UTF-8 bytes. Checked against real tables below.
+    """
+    keys = mb["sample_keys"]
+    values = mb["input_ids"].numel() + mb["position_ids"].numel() + mb["cu_seqlens"].numel()
+    return 20 + 16 + 4 * (values + len(keys)) + sum(len(k.encode()) for k in keys)
+
+
+@dataclass
+class Tally:
+    """What one rank received in its timed phase."""
+    rank: int
+    t0: float = 0.0
+    t1: float = 0.0
+    steps: int = 0
+    batches: int = 0
+    bytes: int = 0
+    samples: int = 0
+    tokens: int = 0
+
+    def add_step(self, microbatches: list[dict], nbytes: int) -> None:
+        self.steps += 1
+        self.batches += len(microbatches)
+        self.bytes += nbytes
+        for mb in microbatches:
+            self.samples += len(mb["sample_keys"])
+            self.tokens += int(mb["num_tokens"])
+
+
+@dataclass
+class SideResult:
+    side: str
+    tallies: list[Tally]
+    pss: int
+    processes: int
+    pss_samples: int
+    context_length: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def elapsed(self) -> float:
+        return max(t.t1 for t in self.tallies) - min(t.t0 for t in self.tallies)
+
+    def total(self, name: str) -> int:
+        return sum(getattr(t, name) for t in self.tallies)
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.total("bytes") / self.elapsed
+
+    @property
+    def batches_per_s(self) -> float:
+        return self.total("batches") / self.elapsed
+
+
+# ---------------------------------------------------------------------------------------------
+# Running one process per rank: warm-up, then all ranks start the timed phase together
+# ---------------------------------------------------------------------------------------------
+
+class RankChannel:
+    """The child's side of the protocol: ``warm()`` after warm-up (blocks until all are warm),
+    ``result()`` after the timed phase (blocks until the driver has taken its last PSS sample)."""
+
+    def __init__(self, rank: int, messages, go, done):
+        self.rank, self.messages, self.go, self.done = rank, messages, go, done
+
+    def warm(self) -> None:
+        self.messages.put(("warm", self.rank, None))
+        self.go.wait()
+
+    def result(self, tally: Tally) -> None:
+        self.messages.put(("result", self.rank, tally))
+        self.done.wait(120)
+
+
+def _rank_main(target, rank: int, messages, go, done, args: tuple) -> None:
+    """Entry point of every rank process: run ``target``, report a failure instead of hanging the driver."""
+    try:
+        target(RankChannel(rank, messages, go, done), *args)
+    except BaseException:
+        messages.put(("error", rank, traceback.format_exc()))
+        raise
+
+
+def run_ranks(side: str, target, rank_args: list[tuple], *, label: str, child_label: str = "child",
+              extra_roots=lambda: [], timeout: float) -> tuple[list[Tally], PssSampler]:
+    """Start one spawned process per rank running ``target(channel, *args)``; return their tallies and
+    the PSS sampler (over the rank processes, their children and ``extra_roots()``: (pid, label, child label))."""
+    ctx = mp.get_context("spawn")
+    messages, go, done = ctx.Queue(), ctx.Event(), ctx.Event()
+    procs = [ctx.Process(target=_rank_main, args=(target, rank, messages, go, done, args),
+                         name=f"{side}-rank{rank}")  # not daemonic: DataLoader workers are children
+             for rank, args in enumerate(rank_args)]
+    sampler = PssSampler(lambda: [(p.pid, label, child_label) for p in procs if p.pid is not None]
+                         + list(extra_roots()))
+    try:
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout
+        _collect(messages, procs, "warm", deadline)
+        log(f"[{side}] warm-up done, timing")
+        sampler.start()
+        go.set()
+        results = _collect(messages, procs, "result", deadline)
+        sampler.stop()
+        done.set()
+        for p in procs:
+            p.join(30)
+        return [results[r] for r in range(len(procs))], sampler
+    finally:
+        done.set()
+        go.set()
+        stop_processes(procs)
+
+
+def _collect(messages, procs, kind: str, deadline: float) -> dict:
+    got = {}
+    while len(got) < len(procs):
+        try:
+            what, rank, payload = messages.get(timeout=0.5)
+        except queue.Empty:
+            for p in procs:
+                if p.exitcode is not None and procs.index(p) not in got:
+                    raise RuntimeError(f"{p.name} exited with code {p.exitcode} before sending {kind!r}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {kind!r} from ranks {sorted(set(range(len(procs))) - set(got))}")
+            continue
+        if what == "error":
+            raise RuntimeError(f"rank {rank} failed:\n{payload}")
+        if what == kind:
+            got[rank] = payload
+    return got
+
+
+def stop_processes(procs) -> None:
+    """Terminate ``procs`` (multiprocessing or subprocess objects, or pids) and all their descendants."""
+    tree: list[psutil.Process] = []
+    for p in procs:
+        pid = p if isinstance(p, int) else p.pid
+        if pid is None:
+            continue
+        try:
+            root = psutil.Process(pid)
+            tree += root.children(recursive=True) + [root]
+        except psutil.NoSuchProcess:
+            continue
+    for proc in tree:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(tree, timeout=5)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+    for p in procs:
+        if hasattr(p, "join"):
+            p.join(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Side 2: flight_overlord
+# ---------------------------------------------------------------------------------------------
+
+def overlord_trainer(channel: RankChannel, planner: str, warmup: int, steps: int, capture_dir: str) -> None:
+    from flight_overlord.client.trainer import TrainerClient, table_to_microbatches
+
+    # as_tensors=False plus table_to_microbatches() is exactly what as_tensors=True does (in the
+    # same consumer thread), but also gives the step table: its nbytes, and tables to capture.
+    tally, captured = Tally(channel.rank), []
+    with TrainerClient(planner, channel.rank, num_steps=warmup + steps, as_tensors=False) as client:
+        tables = iter(client)
+        for _ in range(warmup):
+            table_to_microbatches(next(tables))
+        channel.warm()
+        tally.t0 = time.monotonic()
+        for table in tables:
+            tally.add_step(table_to_microbatches(table), table.nbytes)
+            if len(captured) < CAPTURED_PER_RANK:
+                captured.append(table)
+        tally.t1 = time.monotonic()
+    for i, table in enumerate(captured):  # after timing: for the ceiling side
+        with pa.OSFile(str(Path(capture_dir) / f"rank{channel.rank}-{i}.arrow"), "wb") as sink:
+            with pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+    channel.result(tally)
+
+
+def write_config(path: Path, data_dir: Path, args, sources) -> Path:
+    slots = args.ranks * args.microbatches * args.context_length
+    config = {
+        "seed": args.seed,
+        "data_root": str(data_dir),
+        "run_dir": str(path.parent / "run"),
+        "sources": [{"name": name, "paths": f"{name}/*.parquet", "weight": weight, "loaders": loaders}
+                    for name, weight, loaders in sources],
+        "mesh": {"dp": args.ranks},
+        "global_batch": {"context_length": args.context_length, "microbatches": args.microbatches,
+                         "tokens_per_step": int(slots * args.fill)},
+        "balance": {"method": "greedy"},
+        "network": {"host": "127.0.0.1", "planner_port": 0},
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def run_overlord(args, config_path: Path, capture_dir: Path) -> SideResult:
+    from flight_overlord.launch import LocalCluster
+
+    cluster = LocalCluster(config_path)
+    try:
+        started = time.monotonic()
+        planner = cluster.start()
+        roles = [(c.process.pid, c.name.split("-")[0], "child") for c in cluster.children]
+        cluster_pids = [pid for pid, _, _ in roles]
+        log(f"[flight_overlord] {len(roles)} role processes up in {time.monotonic() - started:.1f}s")
+        tallies, sampler = run_ranks(
+            "flight_overlord", overlord_trainer,
+            [(planner, args.warmup, args.steps, str(capture_dir)) for _ in range(args.ranks)],
+            label="trainer", extra_roots=lambda: roles, timeout=args.timeout)
+        imbalance = _plan_imbalance(planner, args.warmup, args.warmup + args.steps - 1)
+    finally:
+        cluster.stop()
+    result = SideResult("flight_overlord", tallies, sampler.max_pss, sampler.processes, sampler.samples,
+                        args.context_length)
+    result.notes.append(f"{len(cluster_pids)} role processes (1 planner, "
+                        f"{len(cluster_pids) - 1 - args.ranks} loaders, {args.ranks} constructors) "
+                        f"+ {args.ranks} trainers")
+    if imbalance:
+        result.notes.append(imbalance)
+    result.notes += sampler.summary()
+    return result
+
+
+def _plan_imbalance(planner: str, first: int, last: int) -> str | None:
+    """The Planner's own per-step stats over the timed steps (best effort: for the notes only)."""
+    import pyarrow.flight as fl
+    from flight_overlord import wire
+    try:
+        client = fl.connect(planner)
+        stats = wire.call(client, "stats", {"from": first, "to": last}, timeout=10)
+        client.close()
+        balanced = [s["imbalance"] for s in stats.values()]
+        unbalanced = [s["imbalance_unbalanced"] for s in stats.values()]
+        return (f"plan rank-cost imbalance (max/mean) over the timed steps: {np.mean(balanced):.3f} "
+                f"(same samples unbalanced: {np.mean(unbalanced):.3f})")
+    except Exception as exc:  # noqa: BLE001 - informational only
+        return f"(plan stats unavailable: {type(exc).__name__})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Side 1: the transport ceiling
+# ---------------------------------------------------------------------------------------------
+
+def ceiling_server(paths: list[str], messages) -> None:
+    """A bare Flight server: ticket = a captured table's file name, answered from memory in C++."""
+    import pyarrow.flight as fl
+
+    class Server(fl.FlightServerBase):
+        def __init__(self, tables: dict[bytes, pa.Table]):
+            self.tables = tables  # state first: Flight may accept calls during __init__
+            super().__init__("grpc://127.0.0.1:0")
+
+        def do_get(self, context, ticket):
+            return fl.RecordBatchStream(self.tables[ticket.ticket])
+
+    tables = {Path(p).name.encode(): pa.ipc.open_file(p).read_all() for p in paths}
+    server = Server(tables)
+    messages.put(server.port)
+    server.serve()  # returns on SIGTERM
+
+
+def ceiling_client(channel: RankChannel, port: int, names: list[str], warmup: int, steps: int) -> None:
+    import pyarrow.flight as fl
+    from flight_overlord.client.trainer import table_to_microbatches
+
+    client = fl.connect(f"grpc://127.0.0.1:{port}")
+    tickets = [fl.Ticket(name.encode()) for name in names]
+    tally = Tally(channel.rank)
+    for i in range(warmup + steps):
+        if i == warmup:
+            channel.warm()
+            tally.t0 = time.monotonic()
+        table = client.do_get(tickets[i % len(tickets)]).read_all()
+        microbatches = table_to_microbatches(table)
+        if i >= warmup:
+            tally.add_step(microbatches, table.nbytes)
+    tally.t1 = time.monotonic()
+    client.close()
+    channel.result(tally)
+
+
+def run_ceiling(args, capture_dir: Path) -> SideResult:
+    paths = sorted(str(p) for p in capture_dir.glob("rank*-*.arrow"))
+    if not paths:
+        raise RuntimeError(f"no captured step tables in {capture_dir}")
+    ctx = mp.get_context("spawn")
+    messages = ctx.Queue()
+    server = ctx.Process(target=ceiling_server, args=(paths, messages), name="ceiling-server", daemon=True)
+    server.start()
+    try:
+        port = messages.get(timeout=60)
+        names = [[Path(p).name for p in paths if Path(p).name.startswith(f"rank{r}-")] for r in range(args.ranks)]
+        tallies, sampler = run_ranks("ceiling", ceiling_client,
+                                     [(port, names[r], args.warmup, args.steps) for r in range(args.ranks)],
+                                     label="client", extra_roots=lambda: [(server.pid, "server", "child")],
+                                     timeout=args.timeout)
+    finally:
+        stop_processes([server])
+    result = SideResult("ceiling", tallies, sampler.max_pss, sampler.processes, sampler.samples,
+                        args.context_length)
+    result.notes.append(f"1 server + {args.ranks} clients; {len(paths)} captured step tables cycled")
+    result.notes += sampler.summary()
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Side 3: the colocated baseline
+# ---------------------------------------------------------------------------------------------
+
+class _ShardReader:
+    """One source's row groups of one worker's shard, read, tokenized and shuffled, forever."""
+
+    def __init__(self, name: str, files: list, file_ids: list[str], shard: int, shards: int,
+                 context_length: int, rng: np.random.Generator):
+        from flight_overlord.transforms import make_transform
+        self.name, self.files, self.file_ids = name, files, file_ids
+        self.context_length, self.rng = context_length, rng
+        self.tokenize = make_transform("byte_tokenizer")
+        catalog = [(f, g) for f, pf in enumerate(files) for g in range(pf.num_row_groups)]
+        self.row_groups = catalog[shard::shards] or [catalog[shard % len(catalog)]]
+        self.order: list[int] = []
+        self.buffer: list[tuple[str, np.ndarray]] = []
+        self.mean_tokens = None  # of the first row group read: turns token shares into sample odds
+
+    def next(self) -> tuple[str, np.ndarray]:
+        while not self.buffer:
+            self._read_next_row_group()
+        return self.buffer.pop()
+
+    def _read_next_row_group(self) -> None:
+        if not self.order:  # a new epoch over this shard, in a new order
+            self.order = list(self.rng.permutation(len(self.row_groups)))
+        f, g = self.row_groups[self.order.pop()]
+        column = self.files[f].read_row_group(g, columns=["text"]).column(0).combine_chunks()
+        tokens = self.tokenize(column, self.context_length)
+        offsets, values = tokens.offsets.to_numpy(), tokens.values.to_numpy()
+        samples = [(f"{self.name}:{self.file_ids[f]}:{g}:{row}", values[offsets[row]:offsets[row + 1]])
+                   for row in self.rng.permutation(len(column)) if offsets[row + 1] > offsets[row]]
+        if self.mean_tokens is None and samples:
+            self.mean_tokens = float(np.mean([len(t) for _, t in samples]))
+        self.buffer = samples[::-1]  # pop() from the end = the permuted order
+
+
+def _make_colocated_dataset(sources, data_dir: str, rank: int, ranks: int, context_length: int,
+                            pad_token_id: int, seed: int):
+    import torch
+    from torch.utils.data import IterableDataset, get_worker_info
+
+    from flight_overlord.core.packing import pack
+
+    class ColocatedDataset(IterableDataset):
+        """Every worker opens every file of every source and does all the work itself."""
+
+        def __iter__(self):
+            import pyarrow.parquet as pq
+            info = get_worker_info()
+            worker, workers = (info.id, info.num_workers) if info else (0, 1)
+            shard, shards = rank * workers + worker, ranks * workers
+            readers, weights = [], []
+            for index, (name, weight, _) in enumerate(sources):
+                paths = sorted((Path(data_dir) / name).glob("*.parquet"))
+                files = [pq.ParquetFile(p) for p in paths]  # handles to *all* files, kept open
+                ids = [str(p.relative_to(data_dir)) for p in paths]
+                rng = np.random.default_rng([seed, rank, worker, index])
+                readers.append(_ShardReader(name, files, ids, shard, shards, context_length, rng))
+                weights.append(weight)
+            # The weights are token shares (as for the Planner's tokens_per_step): per-sample odds
+            # are weight / mean sample length, from the first row group read of each source.
+            for reader in readers:
+                if not reader.buffer:
+                    reader._read_next_row_group()
+            odds = np.array([w / max(r.mean_tokens or 1.0, 1.0) for w, r in zip(weights, readers)])
+            odds /= odds.sum()
+            rng = np.random.default_rng([seed, rank, worker, 1 << 20])
+            pending, used = [], 0
+            while True:
+                key, tokens = readers[rng.choice(len(readers), p=odds)].next()
+                if pending and used + len(tokens) > context_length:  # greedy, in arrival order
+                    yield self._microbatch(pending)
+                    pending, used = [], 0
+                pending.append((key, tokens))
+                used += len(tokens)
+
+        @staticmethod
+        def _microbatch(pending):
+            packed = pack([t for _, t in pending], context_length, pad_token_id)
+            return {"input_ids": torch.from_numpy(packed.input_ids),
+                    "position_ids": torch.from_numpy(packed.position_ids),
+                    "cu_seqlens": torch.from_numpy(packed.cu_seqlens),
+                    "num_tokens": packed.num_tokens,
+                    "sample_keys": [k for k, _ in pending]}
+
+    return ColocatedDataset()
+
+
+def baseline_rank(channel: RankChannel, sources, data_dir: str, ranks: int, workers: int,
+                  context_length: int, microbatches: int, warmup: int, steps: int, seed: int) -> None:
+    from torch.utils.data import DataLoader
+
+    dataset = _make_colocated_dataset(sources, data_dir, channel.rank, ranks, context_length, 0, seed)
+    # fork: Linux's default, stated because this rank process itself was spawned.
+    loader = DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=workers > 0,
+                        prefetch_factor=2 if workers > 0 else None,
+                        multiprocessing_context="fork" if workers > 0 else None)
+    tally = Tally(channel.rank)
+    batches = iter(loader)
+    for i in range(warmup + steps):
+        if i == warmup:
+            channel.warm()
+            tally.t0 = time.monotonic()
+        step = [next(batches) for _ in range(microbatches)]
+        if i >= warmup:
+            tally.add_step(step, sum(microbatch_nbytes(mb) for mb in step))
+    tally.t1 = time.monotonic()
+    channel.result(tally)  # the workers stay up until the driver's last PSS sample
+    del batches
+
+
+def run_baseline(args, data_dir: Path, sources) -> SideResult:
+    tallies, sampler = run_ranks(
+        "baseline", baseline_rank,
+        [(sources, str(data_dir), args.ranks, args.workers, args.context_length, args.microbatches,
+          args.warmup, args.steps, args.seed) for _ in range(args.ranks)],
+        label="rank", child_label="worker", timeout=args.timeout)
+    result = SideResult("baseline (colocated)", tallies, sampler.max_pss, sampler.processes, sampler.samples,
+                        args.context_length)
+    result.notes.append(f"{args.ranks} rank processes x {args.workers} DataLoader workers, each worker "
+                        f"holding all {sum(len(list((data_dir / s).glob('*.parquet'))) for s, _, _ in sources)} "
+                        f"Parquet files of {len(sources)} sources")
+    result.notes += sampler.summary()
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Corpus, report, main
+# ---------------------------------------------------------------------------------------------
+
+def demo_sources(count: int) -> tuple[list[tuple[str, float, int]], float, int]:
+    """(name, weight, loaders) of the first ``count`` demo sources, the demo's fill and seed."""
+    sources, fill, seed = FALLBACK_SOURCES, FALLBACK_FILL, 1234
+    if DEMO_CONFIG.exists():
+        raw = yaml.safe_load(DEMO_CONFIG.read_text())
+        sources = [(s["name"], float(s.get("weight", 1.0)), int(s.get("loaders", 1))) for s in raw["sources"]]
+        gb = raw["global_batch"]
+        if gb.get("tokens_per_step"):
+            fill = gb["tokens_per_step"] / ((raw.get("mesh") or {}).get("dp", 1) * gb.get("microbatches", 1)
+                                            * gb["context_length"])
+        seed = int(raw.get("seed", seed))
+    return sources[:count], fill, seed
+
+
+def ensure_corpus(data_dir: Path, names: list[str], scale: float) -> None:
+    if all(list((data_dir / n).glob("*.parquet")) for n in names):
+        log(f"corpus: using {data_dir}")
+        return
+    from flight_overlord.demo_data import make_demo_data
+    started = time.monotonic()
+    make_demo_data(data_dir, seed=0, scale=scale)
+    log(f"corpus: generated at scale {scale} in {data_dir} ({time.monotonic() - started:.1f}s)")
+
+
+def check_byte_accounting(capture_dir: Path) -> str:
+    """The baseline's byte count must equal Arrow's nbytes of the same microbatches."""
+    from flight_overlord.client.trainer import table_to_microbatches
+    tables = [pa.ipc.open_file(p).read_all() for p in sorted(capture_dir.glob("rank*-*.arrow"))]
+    arrow = sum(t.nbytes for t in tables)
+    ours = sum(microbatch_nbytes(mb) for t in tables for mb in table_to_microbatches(t))
+    status = "equal" if arrow == ours else "DIFFERENT"
+    return f"byte accounting: Arrow nbytes {arrow} vs per-microbatch count {ours} on {len(tables)} tables: {status}"
+
+
+def machine() -> str:
+    from importlib.metadata import version
+    ram = psutil.virtual_memory().total / 2**30
+    return (f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}), {ram:.1f} GiB RAM, "
+            f"{platform.system()} {platform.release()}; Python {platform.python_version()}, "
+            f"pyarrow {pa.__version__}, torch {version('torch')}, numpy {np.__version__}")
+
+
+def report(results: list[SideResult], args, sources) -> None:
+    print(f"{args.ranks} ranks, {args.microbatches} microbatches/step of {args.context_length} tokens, "
+          f"{args.warmup} warm-up + {args.steps} timed steps per rank; "
+          f"{len(sources)} sources ({', '.join(f'{n} {w:g}' for n, w, _ in sources)}); "
+          f"baseline: {args.workers} workers/rank; corpus scale {args.scale:g}")
+    print()
+    print("| side | bytes/s (MB/s) | batches/s | total PSS (MiB) | processes |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for r in results:
+        print(f"| {r.side} | {r.bytes_per_s / 1e6:.1f} | {r.batches_per_s:.1f} | {r.pss / MiB:.0f} | {r.processes} |")
+    print()
+    by = {r.side.split()[0]: r for r in results}
+    ceiling, overlord, baseline = by.get("ceiling"), by.get("flight_overlord"), by.get("baseline")
+    if overlord and ceiling:
+        print(f"- overlord / ceiling throughput: {overlord.bytes_per_s / ceiling.bytes_per_s:.3f} (bytes), "
+              f"{overlord.batches_per_s / ceiling.batches_per_s:.3f} (batches)")
+    if overlord and baseline:
+        print(f"- overlord / baseline throughput: {overlord.bytes_per_s / baseline.bytes_per_s:.2f} (bytes), "
+              f"{overlord.batches_per_s / baseline.batches_per_s:.2f} (batches)")
+        print(f"- baseline / overlord memory (PSS): {baseline.pss / overlord.pss:.2f}")
+    print()
+    print("| side | timed s | microbatches | samples / microbatch | real tokens / slot | PSS samples |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for r in results:
+        batches = r.total("batches")
+        print(f"| {r.side} | {r.elapsed:.2f} | {batches} | {r.total('samples') / batches:.1f} | "
+              f"{r.total('tokens') / (batches * r.context_length):.3f} | {r.pss_samples} |")
+    print()
+    for r in results:
+        for note in r.notes:
+            print(f"- {r.side}: {note}")
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=2, help="data-parallel trainer ranks (default 2)")
+    p.add_argument("--workers", type=int, default=2, help="baseline DataLoader workers per rank (default 2)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per rank (default 30, --quick 8)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    p.add_argument("--context-length", type=int, default=4096)
+    p.add_argument("--microbatches", type=int, default=4, help="per rank and step (default 4)")
+    p.add_argument("--sources", type=int, default=6, help="the first N demo sources (default all 6)")
+    p.add_argument("--scale", type=float, default=1.0, help="demo corpus scale when generating (default 1.0)")
+    p.add_argument("--data", type=Path, help="demo corpus dir (generated there if empty; default: a temp dir)")
+    p.add_argument("--quick", action="store_true", help="fewer steps (8)")
+    p.add_argument("--timeout", type=float, default=600.0, help="per side, against hangs (seconds)")
+    args = p.parse_args(argv)
+    args.steps = args.steps or (8 if args.quick else 30)
+    if min(args.ranks, args.steps, args.context_length, args.microbatches, args.sources) < 1 or args.workers < 0:
+        p.error("--ranks, --steps, --context-length, --microbatches, --sources must be >= 1; --workers >= 0")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks on SIGTERM too
+    started = time.monotonic()
+    print("$ " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable), *sys.argv]))
+    print(f"machine: {machine()}")
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    sources, args.fill, args.seed = demo_sources(args.sources)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-delivery-"))
+    try:
+        data_dir = (args.data or tmp / "data").resolve()
+        ensure_corpus(data_dir, [n for n, _, _ in sources], args.scale)
+        capture_dir = tmp / "captured"
+        capture_dir.mkdir()
+        config = write_config(tmp / "bench.yaml", data_dir, args, sources)
+        overlord = run_overlord(args, config, capture_dir)
+        log(f"[flight_overlord] {overlord.batches_per_s:.1f} batches/s")
+        ceiling = run_ceiling(args, capture_dir)
+        log(f"[ceiling] {ceiling.batches_per_s:.1f} batches/s")
+        baseline = run_baseline(args, data_dir, sources)
+        log(f"[baseline] {baseline.batches_per_s:.1f} batches/s")
+        print()
+        report([ceiling, overlord, baseline], args, sources)
+        print(f"- {check_byte_accounting(capture_dir)}")
+        print(f"\nwall time: {time.monotonic() - started:.0f}s")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
