@@ -12,6 +12,7 @@ heaviest bin, which closes most of the gap LPT/LDM leave on skewed cost distribu
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import numbers
@@ -40,8 +41,19 @@ _REFINE_MIN_STEPS = 1000
 _REFINE_WIDTHS = (1, 32)
 # From the second width on, this many globally cheapest items are also tried as swap partners.
 _REFINE_CHEAPEST = 4096
+# Exact two-bin re-splits: tried with at most this many partner bins per step, and only
+# when the two bins hold at most this many items together (2**items subsets).
+_RESPLIT_BINS = 32
+_RESPLIT_MAX_ITEMS = 14
+# Ejection chains: how many overfilling first exchanges are tried per step.
+_EJECT_TRIES = 16
+# Refinement stops once the makespan is this close to the lower bound: far below step-time
+# noise, while the last few 1e-5 of relative gap can cost most of the search time.
+_GOOD_ENOUGH = 1e-4
 # Improvements smaller than this fraction of the makespan are float noise, not progress.
 _REFINE_RTOL = 1e-9
+# Re-splits and ejection chains cost far more per step, so they must gain at least this much.
+_DEEP_RTOL = 1e-4
 
 
 class CapacityError(ValueError):
@@ -274,36 +286,48 @@ def _lpt_constrained(problem, loads, room, counts, items, costs) -> list[int]:
 class _Unit:
     """A partial KK solution: k subsets, of which only the non-empty ones are stored.
 
-    Sparse units (fewer than k non-empty subsets) are plain item sets: ``positions``.
-    Full units keep a min-heap of (subset cost, subset id) so that merging a single item
-    (add it to the lightest subset) costs O(log k) instead of O(k).
+    Sparse units (fewer than k non-empty subsets) are plain item lists, ``positions``.
+    Full units are dense arrays (subset cost, subset id) for merging with other units,
+    turned into a min-heap when singletons are merged in one at a time (add each to the
+    lightest subset: O(log k) instead of O(k)); each form is built only when needed.
     """
 
-    __slots__ = ("positions", "heap", "maxv")
+    __slots__ = ("positions", "vals", "parts", "heap", "maxv")
 
-    def __init__(self, positions=None, heap=None, maxv=0.0):
-        self.positions, self.heap, self.maxv = positions, heap, maxv
+    def __init__(self, positions=None, vals=None, parts=None):
+        self.positions, self.vals, self.parts = positions, vals, parts
+        self.heap, self.maxv = None, 0.0
+
+    @property
+    def full(self) -> bool:
+        return self.positions is None
 
     def spread(self, cs: list[float]) -> float:
-        if self.heap is None:  # positions ascend, so the first is the largest item
+        if not self.full:  # positions ascend, so the first is the largest item
             return cs[self.positions[0]]
+        if self.heap is None:
+            return float(self.vals.max() - self.vals.min())
         return self.maxv - self.heap[0][0]
 
     def arrays(self, cs_arr: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Dense (subset cost, subset id) of length k; empty subsets are (0, -1)."""
+        if not self.full:
+            pos = np.asarray(self.positions, dtype=np.int64)
+            vals, parts = np.zeros(k), np.full(k, -1, dtype=np.int64)
+            vals[: pos.size], parts[: pos.size] = cs_arr[pos], pos
+            return vals, parts
         if self.heap is not None:
-            pairs = np.array(self.heap)
-            return pairs[:, 0], pairs[:, 1].astype(np.int64)
-        pos = np.asarray(self.positions, dtype=np.int64)
-        vals, parts = np.zeros(k), np.full(k, -1, dtype=np.int64)
-        vals[: pos.size], parts[: pos.size] = cs_arr[pos], pos
-        return vals, parts
+            flat = itertools.chain.from_iterable(self.heap)
+            pairs = np.fromiter(flat, dtype=np.float64, count=2 * k).reshape(k, 2)
+            self.vals, self.parts, self.heap = pairs[:, 0], pairs[:, 1].astype(np.int64), None
+        return self.vals, self.parts
 
-
-def _full_unit(vals: np.ndarray, parts: np.ndarray) -> _Unit:
-    heap = list(zip(vals.tolist(), parts.tolist()))
-    heapq.heapify(heap)
-    return _Unit(heap=heap, maxv=float(vals.max()))
+    def as_heap(self) -> list:
+        if self.heap is None:
+            self.heap = list(zip(self.vals.tolist(), self.parts.tolist()))
+            heapq.heapify(self.heap)
+            self.maxv, self.vals, self.parts = float(self.vals.max()), None, None
+        return self.heap
 
 
 def _merge_dense(av, ap, bv, bp, link: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -318,13 +342,9 @@ def _merge_dense(av, ap, bv, bp, link: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 def _merge_units(u: _Unit, v: _Unit, cs_arr: np.ndarray, k: int, link: np.ndarray) -> _Unit:
     """Merge two composite units; disjoint sparse ones just pool their items."""
-    if u.heap is None and v.heap is None and len(u.positions) + len(v.positions) <= k:
-        pooled = sorted(u.positions + v.positions)
-        if len(pooled) < k:
-            return _Unit(positions=pooled)
-        return _full_unit(cs_arr[pooled], np.asarray(pooled, dtype=np.int64))
-    vals, parts = _merge_dense(*u.arrays(cs_arr, k), *v.arrays(cs_arr, k), link)
-    return _full_unit(vals, parts)
+    if not u.full and not v.full and len(u.positions) + len(v.positions) < k:
+        return _Unit(positions=sorted(u.positions + v.positions))
+    return _Unit(None, *_merge_dense(*u.arrays(cs_arr, k), *v.arrays(cs_arr, k), link))
 
 
 def _absorb_run(unit, j, bar, cs, cs_arr, neg_cs, k, link):
@@ -333,29 +353,31 @@ def _absorb_run(unit, j, bar, cs, cs_arr, neg_cs, k, link):
     ``bar`` is the largest spread among the other composite units.  For a sparse unit
     the run is a slice found by binary search; for a full one every singleton goes onto
     the lightest subset (an LPT step), until the unit's spread falls behind.
-    Returns the new singleton cursor.
+    ``cs`` ends with a -1 sentinel.  Returns the new singleton cursor.
     """
-    n = len(cs)
-    if unit.heap is None:
+    n = len(cs) - 1
+    if not unit.full:
         above = int(np.searchsorted(neg_cs, -bar, side="left"))
         stop = min(max(above, j + 1), j + k - len(unit.positions))
         unit.positions.extend(range(j, stop))
         if len(unit.positions) == k:
-            full = _full_unit(cs_arr[unit.positions], np.asarray(unit.positions, dtype=np.int64))
-            unit.positions, unit.heap, unit.maxv = None, full.heap, full.maxv
+            unit.vals, unit.parts = unit.arrays(cs_arr, k)
+            unit.positions = None
         return stop
-    heap, maxv, start, parts = unit.heap, unit.maxv, j, []
-    while j < n:
-        x = cs[j]
+    heap = unit.as_heap()
+    maxv, start, parts = unit.maxv, j, []
+    append, replace = parts.append, heapq.heapreplace
+    while True:  # the first singleton was chosen by the caller
         lo, part = heap[0]
-        if j > start:
-            spread, nxt = maxv - lo, (cs[j + 1] if j + 1 < n else -1.0)
-            if x <= bar or spread <= bar or spread < nxt:
-                break
-        heapq.heapreplace(heap, (lo + x, part))
-        parts.append(part)
-        maxv = max(maxv, lo + x)
+        load = lo + cs[j]
+        replace(heap, (load, part))
+        append(part)
+        if load > maxv:
+            maxv = load
         j += 1
+        spread = maxv - heap[0][0]
+        if j == n or cs[j] <= bar or spread <= bar or spread < cs[j + 1]:
+            break
     link[start:j] = parts
     unit.maxv = maxv
     return j
@@ -370,7 +392,7 @@ def _kk(cs_arr: np.ndarray, k: int) -> np.ndarray:
     one step, so the Python work is O(n log k) rather than O(n k).
     """
     n = cs_arr.size
-    cs, neg_cs = cs_arr.tolist(), -cs_arr
+    cs, neg_cs = cs_arr.tolist() + [-1.0], -cs_arr
     link = np.arange(n)
     units: list = []  # max-heap of composite units: (-spread, seq, unit)
     seq = itertools.count()
@@ -484,38 +506,54 @@ def _kk_with_capacity(problem: _Problem, bin_of: np.ndarray, items: np.ndarray) 
 
 
 class _Refiner:
-    """Local search on the heaviest bin: move one item out or swap it for a lighter one.
+    """Local search on the heaviest bin h: move items out of it or swap them for lighter ones.
 
-    A step is taken only if both touched bins end below the current maximum, so the
-    sorted load vector decreases lexicographically and the search terminates.  The best
-    partner for every item is found with one ``searchsorted`` on the other side's
-    sorted costs, so a step costs O(m log m) numpy work for m items per bin.
+    A step is taken only if every touched bin ends below h's current cost, so the sorted
+    load vector decreases lexicographically and the search terminates.  Per step, in
+    order until one improves: single moves/swaps with the lightest bin; with the 32
+    lightest bins (plus the globally cheapest items as swap partners); exact two-bin
+    re-splits of h with small bins; two-link ejection chains (h overfills a bin, which
+    then sheds load elsewhere); single moves/swaps with every bin.  Candidate partners
+    come from one ``searchsorted`` on h's sorted costs, so singles cost O(m log m).
     """
 
     def __init__(self, problem: _Problem, bin_of: np.ndarray):
         self.p, self.bin_of = problem, bin_of
         self.loads, self.used, self.counts = problem.totals(bin_of)
-        ascending = problem.desc[::-1]
-        self.members = _group(ascending, bin_of, problem.k)  # per bin, ascending cost
-        self.cheapest = ascending[bin_of[ascending] >= 0][:_REFINE_CHEAPEST]
-        k = problem.k
-        self.widths = [w for w in _REFINE_WIDTHS if w < k] + [k]
+        self.widths = [w for w in _REFINE_WIDTHS if w < problem.k] + [problem.k]
+
+    @functools.cached_property
+    def members(self) -> list[np.ndarray]:
+        """Items per bin by ascending cost (built on first use: a good plan never needs it)."""
+        return _group(self.p.desc[::-1], self.bin_of, self.p.k)
+
+    @functools.cached_property
+    def cheapest(self) -> np.ndarray:
+        ascending = self.p.desc[::-1]
+        return ascending[self.bin_of[ascending] >= 0][:_REFINE_CHEAPEST]
 
     def run(self) -> None:
-        for _ in range(max(_REFINE_MIN_STEPS, _REFINE_STEPS_PER_BIN * self.p.k)):
-            if not self._step():
+        p = self.p
+        placed = p.costs[self.bin_of >= 0]
+        good_enough = lower_bound(placed, p.k, equal_size=p.quota is not None) * (1 + _GOOD_ENOUGH)
+        for _ in range(max(_REFINE_MIN_STEPS, _REFINE_STEPS_PER_BIN * p.k)):
+            if self.loads.max() <= good_enough or not self._step():
                 return
 
     def _step(self) -> bool:
-        """Apply the best exchange with the lightest bins, widening the search only on failure."""
         h = int(np.argmax(self.loads))
         target = self.loads[h] * (1 - _REFINE_RTOL)
+        deep_target = self.loads[h] * (1 - _DEEP_RTOL)
+        tiers = []
         for width in self.widths:
-            step = self._best(h, *self._candidates(h, width))
-            if step is not None and step[0] < target:
-                self._apply(h, *step[1:])
+            tiers.append(self._candidates(h, width))
+            if self._improve(h, *tiers[-1], target):
                 return True
-        return False
+        return any(
+            self._resplit(h, dests, deep_target) or self._eject(h, dests, partners, deep_target)
+            for dests, partners in tiers
+            if dests.size <= _RESPLIT_BINS
+        )
 
     def _candidates(self, h, width):
         """The ``width`` lightest bins other than ``h``, and the items to swap with.
@@ -526,72 +564,123 @@ class _Refiner:
         """
         if width >= self.p.k:
             return np.arange(self.p.k), np.flatnonzero((self.bin_of >= 0) & (self.bin_of != h))
+        if width == 1:
+            lightest = int(np.argmin(self.loads))
+            return np.array([lightest]), self.members[lightest]
         dests = np.argpartition(self.loads, width - 1)[:width]
         dests = dests[dests != h]
-        pools = [self.members[d] for d in dests] + ([self.cheapest] if width > 1 else [])
-        partners = np.unique(np.concatenate(pools or [self.cheapest[:0]]))
+        partners = np.unique(np.concatenate([self.cheapest, *(self.members[d] for d in dests)]))
         return dests, partners[self.bin_of[partners] != h]
 
-    def _best(self, h, dests, partners):
-        """Best (pair max, item, partner or -1, bin) among moves to ``dests`` and swaps with ``partners``."""
-        found = [s for s in (self._best_move(h, dests), self._best_swap(h, partners)) if s]
-        return min(found, key=lambda s: s[0]) if found else None
-
-    def _best_move(self, h, dests):
-        p, A = self.p, self.members[h]
-        dests = dests[dests != h]
-        if p.quota is not None:  # keep counts within one of each other
-            dests = dests[self.counts[dests] < self.counts[h]]
-        if A.size == 0 or dests.size == 0:
-            return None
-        dests = dests[np.argsort(self.loads[dests], kind="stable")]
-        if p.sizes is None:
-            slot = np.zeros(A.size, dtype=np.int64)
-            ok = np.ones(A.size, dtype=bool)
-        else:  # lightest bin with room: first index where the running max room suffices
-            best_room = np.maximum.accumulate(p.capacity - self.used[dests])
-            slot = np.searchsorted(best_room, p.sizes[A], side="left")
-            ok = slot < dests.size
-            slot = np.minimum(slot, dests.size - 1)
-        dest = dests[slot]
-        return self._pick(h, A, self.p.costs[A], dest, ok, None)
-
-    def _best_swap(self, h, partners):
-        p, A = self.p, self.members[h]
-        if A.size == 0 or partners.size == 0:
-            return None
-        ca = p.costs[A]
-        cb = p.costs[partners]
-        dest = self.bin_of[partners]
-        gap = self.loads[h] - self.loads[dest]
-        keep = (gap > 0) & (cb < ca[-1])
-        partners, cb, dest, gap = partners[keep], cb[keep], dest[keep], gap[keep]
-        idx = np.searchsorted(ca, cb + gap / 2)
-        cand = np.concatenate([idx - 1, idx])
-        ok = (cand >= 0) & (cand < A.size)
-        cand = np.clip(cand, 0, A.size - 1)
-        partners, cb, dest = (np.tile(v, 2) for v in (partners, cb, dest))
-        return self._pick(h, A[cand], ca[cand] - cb, dest, ok, partners)
-
-    def _pick(self, h, items, delta, dest, ok, partners):
-        """Choose the exchange minimising max(new load of h, new load of dest)."""
-        p = self.p
-        gap = self.loads[h] - self.loads[dest]
-        ok = ok & (delta > 0) & (delta < gap)
-        if p.sizes is not None:
-            ds = p.sizes[items] - (p.sizes[partners] if partners is not None else 0.0)
-            ok &= (self.used[dest] + ds <= p.capacity) & (self.used[h] - ds <= p.capacity)
-        if not ok.any():
-            return None
+    def _improve(self, h, dests, partners, target) -> bool:
+        """Apply the single move or swap minimising max(new cost of h, new cost of its partner)."""
+        items, partner, dest, delta = self._exchanges(h, dests, partners, reach=0.5)
         pair_max = np.maximum(self.loads[h] - delta, self.loads[dest] + delta)
+        ok = (delta > 0) & (pair_max < target)
+        if not ok.any():
+            return False
         i = int(np.argmin(np.where(ok, pair_max, _INF)))
-        partner = int(partners[i]) if partners is not None else -1
-        return float(pair_max[i]), int(items[i]), partner, int(dest[i])
+        self._apply(h, int(items[i]), int(partner[i]), int(dest[i]))
+        return True
 
-    def _apply(self, h, item, partner, dest):
-        self._relocate(item, h, dest)
+    def _eject(self, h, dests, partners, target) -> bool:
+        """Exchange that relieves h but overfills a bin, followed by one that relieves that bin."""
+        items, partner, dest, delta = self._exchanges(h, dests, partners, reach=1.0)
+        overfill = self.loads[dest] + delta
+        ok = (self.loads[h] - delta < target) & (overfill >= target)
+        for i in np.flatnonzero(ok)[np.argsort(overfill[ok], kind="stable")][:_EJECT_TRIES]:
+            first = (int(items[i]), int(partner[i]), int(dest[i]))
+            self._apply(h, *first)
+            if self._improve(first[2], *self._candidates(first[2], dests.size + 1), target):
+                return True
+            self._apply(first[2], first[0], first[1], h)  # undo: item back, partner back
+        return False
+
+    def _exchanges(self, h, dests, partners, reach):
+        """Feasible candidate exchanges out of h as (item, partner or -1, dest, cost moved).
+
+        Moves send each item of h to the lightest bin that can take it; swaps pair every
+        partner b with the items of h whose cost is nearest ``cost(b) + reach * gap``
+        (``reach=0.5`` balances the two bins, ``1.0`` just overfills the partner's bin).
+        """
+        moves = self._moves(h, dests)
+        swaps = self._swaps(h, partners, reach)
+        items, partner, dest, delta = (np.concatenate(pair) for pair in zip(moves, swaps))
+        ok = self._feasible(h, items, partner, dest)
+        return items[ok], partner[ok], dest[ok], delta[ok]
+
+    def _moves(self, h, dests):
+        p, items = self.p, self.members[h]
+        dests = dests[dests != h]
+        if p.quota is not None:  # a move must keep counts within one of each other
+            dests = dests[self.counts[dests] < self.counts[h]]
+        if dests.size == 0:
+            items = items[:0]
+            return items, items, items, p.costs[items]
+        dests = dests[np.argsort(self.loads[dests], kind="stable")]
+        slot = np.zeros(items.size, dtype=np.int64)
+        if p.sizes is not None:  # lightest bin with room: first where the running max room suffices
+            best_room = np.maximum.accumulate(p.capacity - self.used[dests])
+            slot = np.minimum(np.searchsorted(best_room, p.sizes[items]), dests.size - 1)
+        return items, np.full(items.size, -1), dests[slot], p.costs[items]
+
+    def _swaps(self, h, partners, reach):
+        own = self.members[h]
+        ca, cb = self.p.costs[own], self.p.costs[partners]
+        dest = self.bin_of[partners]
+        idx = np.searchsorted(ca, cb + reach * (self.loads[h] - self.loads[dest]))
+        below, above = idx > 0, idx < own.size  # nearest item of h on either side
+        lo, hi = idx[below] - 1, idx[above]
+        return (
+            np.concatenate([own[lo], own[hi]]),
+            np.concatenate([partners[below], partners[above]]),
+            np.concatenate([dest[below], dest[above]]),
+            np.concatenate([ca[lo] - cb[below], ca[hi] - cb[above]]),
+        )
+
+    def _feasible(self, h, items, partner, dest):
+        """Capacity holds on both sides and moves keep the count rule (checked in ``_moves``)."""
+        p = self.p
+        ok = dest != h
+        if p.sizes is not None:
+            moved = p.sizes[items] - np.where(partner >= 0, p.sizes[partner], 0.0)
+            ok &= (self.used[dest] + moved <= p.capacity) & (self.used[h] - moved <= p.capacity)
+        return ok
+
+    def _resplit(self, h, dests, target) -> bool:
+        """Exactly re-split ``h`` with one of ``dests`` (tried lightest first) if that lowers ``h``.
+
+        Single moves and swaps get stuck when bins hold only a few coarse items; every
+        exchange between two small bins is a subset of their union, so enumerate them all.
+        """
+        p = self.p
+        for o in dests[np.argsort(self.loads[dests], kind="stable")]:
+            union = np.concatenate([self.members[h], self.members[o]])
+            if union.size > _RESPLIT_MAX_ITEMS:
+                continue
+            bits = _subset_bits(union.size)
+            side = bits @ p.costs[union]
+            pair_max = np.maximum(side, p.costs[union].sum() - side)
+            ok = pair_max < target
+            if p.quota is not None:  # the two counts may only trade places
+                taken = bits.sum(axis=1)
+                ok &= (taken == self.counts[h]) | (taken == self.counts[o])
+            if p.sizes is not None:
+                side_size = bits @ p.sizes[union]
+                ok &= (side_size <= p.capacity) & (p.sizes[union].sum() - side_size <= p.capacity)
+            if ok.any():
+                keep = bits[int(np.argmin(np.where(ok, pair_max, _INF)))].astype(bool)
+                for item in union[keep & (self.bin_of[union] == o)]:
+                    self._relocate(item, o, h)
+                for item in union[~keep & (self.bin_of[union] == h)]:
+                    self._relocate(item, h, o)
+                return True
+        return False
+
+    def _apply(self, src, item, partner, dest):
+        self._relocate(item, src, dest)
         if partner >= 0:
-            self._relocate(partner, dest, h)
+            self._relocate(partner, dest, src)
 
     def _relocate(self, item, src, dst):
         p = self.p
@@ -599,8 +688,8 @@ class _Refiner:
         src_members = self.members[src]
         self.members[src] = src_members[src_members != item]
         dst_members = self.members[dst]
-        at = np.searchsorted(p.costs[dst_members], cost)
-        self.members[dst] = np.insert(dst_members, at, item)
+        at = int(np.searchsorted(p.costs[dst_members], cost))
+        self.members[dst] = np.concatenate((dst_members[:at], [item], dst_members[at:]))
         self.bin_of[item] = dst
         self.loads[src] -= cost
         self.loads[dst] += cost
@@ -652,8 +741,9 @@ def partition(
     if leftovers.size and leftover == "raise":
         i = int(leftovers.min())
         raise CapacityError(
-            f"item {i} of size {s[i]:g} fits in no bin (capacity {cap:g}); "
-            f"{leftovers.size} item(s) could not be placed, pass leftover='return' to get them back"
+            f"item {i} (size {s[i]:g}) fits in no bin: other items already use the capacity "
+            f"{cap:g} of every bin with room for it; {leftovers.size} item(s) could not be "
+            "placed, pass leftover='return' to get them back"
         )
     if refine:
         _Refiner(problem, bin_of).run()
@@ -674,6 +764,12 @@ def _construct(problem: _Problem, items: np.ndarray, method: str):
     if problem.sizes is None:
         return bin_of, np.empty(0, dtype=np.int64)
     return bin_of, _kk_with_capacity(problem, bin_of, items)
+
+
+@functools.lru_cache(maxsize=None)
+def _subset_bits(m: int) -> np.ndarray:
+    """All 2**m subsets of m items as rows of 0/1 floats (row i = binary digits of i)."""
+    return ((np.arange(2**m)[:, None] >> np.arange(m)) & 1).astype(np.float64)
 
 
 def _group(ordered: np.ndarray, bin_of: np.ndarray, k: int) -> list[np.ndarray]:
