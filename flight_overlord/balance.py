@@ -233,9 +233,11 @@ def _lpt_free(loads: list[float], costs: list[float]) -> list[int]:
 def _lpt_constrained(problem, loads, room, counts, items, costs) -> list[int]:
     """LPT where a bin is eligible only with room for the item and below its count quota.
 
-    Bins without room for the current item are parked and pushed back afterwards, and
-    dropped for good once no later item fits; bins at their count never return.  Rooms
-    and eligibility only shrink, so an item at least as big as one that failed fails too.
+    Bins without room for the current item wait in a max-heap by room and return to the
+    load heap once an item small enough arrives; with sizes falling along the cost order
+    (the usual case) every bin is parked O(1) times per item it receives.  Bins that no
+    later item fits, or that reached their count, are dropped.  Rooms and eligibility only
+    shrink, so an item at least as big as one that failed fails too.
     """
     q, r = problem.quota or (sys.maxsize, 0)
     ceil_bins = counts.count(q + 1)
@@ -245,38 +247,39 @@ def _lpt_constrained(problem, loads, room, counts, items, costs) -> list[int]:
     sizes = sizes.tolist()
     heap = [(loads[b], b) for b in range(problem.k) if counts[b] < limit]
     heapq.heapify(heap)
+    parked = []  # (-room, load, bin): bins too full for a recent item
     chosen = [-1] * len(costs)
     smallest_failed = _INF
     for pos, x in enumerate(costs):
         size = sizes[pos]
         if size >= smallest_failed:
             continue
-        parked = []
+        while parked and -parked[0][0] >= size:
+            _, load, b = heapq.heappop(parked)
+            heapq.heappush(heap, (load, b))
         while heap:
             load, b = heap[0]
             if counts[b] >= limit:
                 heapq.heappop(heap)
             elif size > room[b]:
-                entry = heapq.heappop(heap)
+                heapq.heappop(heap)
                 if room[b] >= later_min[pos]:
-                    parked.append(entry)
+                    heapq.heappush(parked, (-room[b], load, b))
             else:
                 break
-        if heap:
-            chosen[pos] = b
-            counts[b] += 1
-            room[b] -= size
-            if counts[b] == q + 1:
-                ceil_bins += 1
-                limit = q + 1 if ceil_bins < r else q
-            if counts[b] < limit:
-                heapq.heapreplace(heap, (load + x, b))
-            else:
-                heapq.heappop(heap)
-        else:
+        if not heap:
             smallest_failed = size
-        for entry in parked:
-            heapq.heappush(heap, entry)
+            continue
+        chosen[pos] = b
+        counts[b] += 1
+        room[b] -= size
+        if counts[b] == q + 1:
+            ceil_bins += 1
+            limit = q + 1 if ceil_bins < r else q
+        if counts[b] < limit:
+            heapq.heapreplace(heap, (load + x, b))
+        else:
+            heapq.heappop(heap)
     return chosen
 
 

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pyarrow.flight as fl
 
@@ -129,12 +129,3 @@ def retry(fn: Callable[[], Any], *, attempts: int, delay: float, what: str) -> A
             log.info("%s: not reachable yet, retrying", what)
             time.sleep(delay)
 
-
-def stream_batches(reader: fl.FlightStreamReader) -> Iterator:
-    """The record batches of a do_get stream, chunk by chunk (faster than read_all for big batches)."""
-    while True:
-        try:
-            chunk = reader.read_chunk()
-        except StopIteration:
-            return
-        yield chunk.data
