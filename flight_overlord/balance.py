@@ -7,7 +7,9 @@ on plain lists of costs.
 
 Constructions: ``greedy`` (LPT) and ``karmarkar_karp`` (multiway largest differencing).
 Both are followed by a local search (``refine``) that moves or swaps items out of the
-heaviest bin, which closes most of the gap LPT/LDM leave on skewed cost distributions.
+heaviest bin, which closes most of the gap LPT/LDM leave on skewed cost distributions
+(and under ``equal_size``, where balanced differencing alone can be several % off).
+Optional ``sizes``/``capacity`` (e.g. tokens per microbatch) are a hard limit per bin.
 """
 
 from __future__ import annotations
@@ -33,10 +35,13 @@ __all__ = [
 METHODS = ("greedy", "karmarkar_karp")
 _LEFTOVER_MODES = ("raise", "return")
 _INF = float("inf")
-# Refinement stops after this many improving steps per bin (plus a constant); each step is
-# O(items per bin) numpy work, so this caps the worst case while typical runs stop far earlier.
+# Refinement stops after this many improving steps per bin (plus a constant), or once it
+# has evaluated this many candidate exchanges per item (plus a constant): a search stuck
+# on tightly packed bins falls back to O(n) scans per step, and must not cost seconds.
 _REFINE_STEPS_PER_BIN = 4
 _REFINE_MIN_STEPS = 1000
+_REFINE_WORK_PER_ITEM = 32
+_REFINE_WORK_MIN = 2_000_000
 # Partner bins tried per step: the lightest one, then the 32 lightest, then all of them.
 _REFINE_WIDTHS = (1, 32)
 # From the second width on, this many globally cheapest items are also tried as swap partners.
@@ -45,6 +50,8 @@ _REFINE_CHEAPEST = 4096
 # when the two bins hold at most this many items together (2**items subsets).
 _RESPLIT_BINS = 32
 _RESPLIT_MAX_ITEMS = 14
+# KK: a run of singletons into a full unit longer than this switches to a heap.
+_SHORT_RUN = 64
 # Ejection chains: how many overfilling first exchanges are tried per step.
 _EJECT_TRIES = 16
 # Refinement stops once the makespan is this close to the lower bound: far below step-time
@@ -290,9 +297,10 @@ class _Unit:
     """A partial KK solution: k subsets, of which only the non-empty ones are stored.
 
     Sparse units (fewer than k non-empty subsets) are plain item lists, ``positions``.
-    Full units are dense arrays (subset cost, subset id) for merging with other units,
-    turned into a min-heap when singletons are merged in one at a time (add each to the
-    lightest subset: O(log k) instead of O(k)); each form is built only when needed.
+    Full units are dense arrays (subset cost, subset id) sorted by cost, for merging with
+    other units and short runs of singletons; a long run of singletons (each added to the
+    lightest subset) turns them into a min-heap, O(log k) per singleton instead of O(k).
+    Converting costs O(k), so each form is built only when needed.
     """
 
     __slots__ = ("positions", "vals", "parts", "heap", "maxv")
@@ -334,13 +342,18 @@ class _Unit:
 
 
 def _merge_dense(av, ap, bv, bp, link: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """LDM combination: heaviest subset of one side with the lightest of the other."""
+    """LDM combination: heaviest subset of one side with the lightest of the other.
+
+    Returns the merged (subset cost, subset id) sorted by ascending cost.
+    """
     ia = np.argsort(-av, kind="stable")
     ib = np.argsort(bv, kind="stable")
     pa, pb = ap[ia], bp[ib]
     both = (pa >= 0) & (pb >= 0)
     link[pb[both]] = pa[both]
-    return av[ia] + bv[ib], np.where(pa >= 0, pa, pb)
+    vals, parts = av[ia] + bv[ib], np.where(pa >= 0, pa, pb)
+    order = np.argsort(vals, kind="stable")
+    return vals[order], parts[order]
 
 
 def _merge_units(u: _Unit, v: _Unit, cs_arr: np.ndarray, k: int, link: np.ndarray) -> _Unit:
@@ -363,14 +376,18 @@ def _absorb_run(unit, j, bar, cs, cs_arr, neg_cs, k, link):
         above = int(np.searchsorted(neg_cs, -bar, side="left"))
         stop = min(max(above, j + 1), j + k - len(unit.positions))
         unit.positions.extend(range(j, stop))
-        if len(unit.positions) == k:
+        if len(unit.positions) == k:  # positions ascend, so their costs descend
             unit.vals, unit.parts = unit.arrays(cs_arr, k)
-            unit.positions = None
+            unit.vals, unit.parts, unit.positions = unit.vals[::-1], unit.parts[::-1], None
         return stop
+    if unit.heap is None:
+        j, done = _absorb_short_run(unit, j, bar, cs, link)
+        if done:
+            return j
     heap = unit.as_heap()
     maxv, start, parts = unit.maxv, j, []
     append, replace = parts.append, heapq.heapreplace
-    while True:  # the first singleton was chosen by the caller
+    while True:  # the first singleton was chosen by the caller (or the short run)
         lo, part = heap[0]
         load = lo + cs[j]
         replace(heap, (load, part))
@@ -384,6 +401,30 @@ def _absorb_run(unit, j, bar, cs, cs_arr, neg_cs, k, link):
     link[start:j] = parts
     unit.maxv = maxv
     return j
+
+
+def _absorb_short_run(unit, j, bar, cs, link) -> tuple[int, bool]:
+    """The start of a run of singletons into a sorted full unit, without building a heap.
+
+    Each step re-inserts one subset into the sorted arrays (O(k) memmove, microseconds);
+    after ``_SHORT_RUN`` steps the run is long and the caller switches to a heap.
+    Returns (cursor, whether the run ended).
+    """
+    n = len(cs) - 1
+    vals, parts = unit.vals, unit.parts
+    for _ in range(_SHORT_RUN):
+        load, part = vals[0] + cs[j], parts[0]
+        at = int(np.searchsorted(vals, load, side="right"))
+        vals = np.concatenate((vals[1:at], [load], vals[at:]))
+        parts = np.concatenate((parts[1:at], [part], parts[at:]))
+        link[j] = part
+        j += 1
+        spread = vals[-1] - vals[0]
+        if j == n or cs[j] <= bar or spread <= bar or spread < cs[j + 1]:
+            unit.vals, unit.parts = vals, parts
+            return j, True
+    unit.vals, unit.parts = vals, parts
+    return j, False
 
 
 def _kk(cs_arr: np.ndarray, k: int) -> np.ndarray:
@@ -524,6 +565,7 @@ class _Refiner:
         self.p, self.bin_of = problem, bin_of
         self.loads, self.used, self.counts = problem.totals(bin_of)
         self.widths = [w for w in _REFINE_WIDTHS if w < problem.k] + [problem.k]
+        self.budget = _REFINE_WORK_PER_ITEM * int(self.counts.sum()) + _REFINE_WORK_MIN
 
     @functools.cached_property
     def members(self) -> list[np.ndarray]:
@@ -537,10 +579,11 @@ class _Refiner:
 
     def run(self) -> None:
         p = self.p
-        placed = p.costs[self.bin_of >= 0]
-        good_enough = lower_bound(placed, p.k, equal_size=p.quota is not None) * (1 + _GOOD_ENOUGH)
+        placed_costs = p.costs[self.bin_of >= 0]
+        bound = lower_bound(placed_costs, p.k, equal_size=p.quota is not None)
+        good_enough = bound * (1 + _GOOD_ENOUGH)
         for _ in range(max(_REFINE_MIN_STEPS, _REFINE_STEPS_PER_BIN * p.k)):
-            if self.loads.max() <= good_enough or not self._step():
+            if self.loads.max() <= good_enough or self.budget <= 0 or not self._step():
                 return
 
     def _step(self) -> bool:
@@ -566,14 +609,18 @@ class _Refiner:
         trading its small items for even smaller ones, wherever they are.
         """
         if width >= self.p.k:
-            return np.arange(self.p.k), np.flatnonzero((self.bin_of >= 0) & (self.bin_of != h))
+            others = np.flatnonzero((self.bin_of >= 0) & (self.bin_of != h))
+            return np.delete(np.arange(self.p.k), h), others
         if width == 1:
-            lightest = int(np.argmin(self.loads))
-            return np.array([lightest]), self.members[lightest]
+            lightest = np.array([np.argmin(self.loads)])
+            lightest = lightest[lightest != h]  # all loads equal: nothing to gain
+            return lightest, np.concatenate([self.members[d] for d in lightest] or [lightest])
         dests = np.argpartition(self.loads, width - 1)[:width]
         dests = dests[dests != h]
-        partners = np.unique(np.concatenate([self.cheapest, *(self.members[d] for d in dests)]))
-        return dests, partners[self.bin_of[partners] != h]
+        elsewhere = np.ones(self.p.k, dtype=bool)
+        elsewhere[dests] = elsewhere[h] = False
+        cheap = self.cheapest[elsewhere[self.bin_of[self.cheapest]]]
+        return dests, np.concatenate([cheap, *(self.members[d] for d in dests)])
 
     def _improve(self, h, dests, partners, target) -> bool:
         """Apply the single move or swap minimising max(new cost of h, new cost of its partner)."""
@@ -609,12 +656,12 @@ class _Refiner:
         moves = self._moves(h, dests)
         swaps = self._swaps(h, partners, reach)
         items, partner, dest, delta = (np.concatenate(pair) for pair in zip(moves, swaps))
+        self.budget -= items.size
         ok = self._feasible(h, items, partner, dest)
         return items[ok], partner[ok], dest[ok], delta[ok]
 
     def _moves(self, h, dests):
         p, items = self.p, self.members[h]
-        dests = dests[dests != h]
         if p.quota is not None:  # a move must keep counts within one of each other
             dests = dests[self.counts[dests] < self.counts[h]]
         if dests.size == 0:
@@ -642,13 +689,12 @@ class _Refiner:
         )
 
     def _feasible(self, h, items, partner, dest):
-        """Capacity holds on both sides and moves keep the count rule (checked in ``_moves``)."""
+        """Capacity holds on both sides (``_moves`` already keeps the count rule)."""
         p = self.p
-        ok = dest != h
-        if p.sizes is not None:
-            moved = p.sizes[items] - np.where(partner >= 0, p.sizes[partner], 0.0)
-            ok &= (self.used[dest] + moved <= p.capacity) & (self.used[h] - moved <= p.capacity)
-        return ok
+        if p.sizes is None:
+            return np.ones(items.size, dtype=bool)
+        moved = p.sizes[items] - np.where(partner >= 0, p.sizes[partner], 0.0)
+        return (self.used[dest] + moved <= p.capacity) & (self.used[h] - moved <= p.capacity)
 
     def _resplit(self, h, dests, target) -> bool:
         """Exactly re-split ``h`` with one of ``dests`` (tried lightest first) if that lowers ``h``.
@@ -662,6 +708,7 @@ class _Refiner:
             if union.size > _RESPLIT_MAX_ITEMS:
                 continue
             bits = _subset_bits(union.size)
+            self.budget -= bits.size
             side = bits @ p.costs[union]
             pair_max = np.maximum(side, p.costs[union].sum() - side)
             ok = pair_max < target
@@ -719,10 +766,13 @@ def partition(
     """Split items into ``k`` bins minimising the heaviest bin's total cost.
 
     Returns ``k`` int64 index arrays (each sorted by descending cost, then index), or
-    ``(bins, unplaced)`` when ``leftover="return"``.  ``equal_size`` makes bin counts
-    differ by at most one; ``sizes``/``capacity`` bound each bin's total size, which is
-    never exceeded: items that cannot be placed raise :class:`CapacityError` or are
-    returned as ``unplaced`` (ascending).  See the module docstring for the methods.
+    ``(bins, unplaced)`` when ``leftover="return"``.  ``method`` is ``"greedy"`` (LPT) or
+    ``"karmarkar_karp"`` (largest differencing).  ``equal_size`` makes bin counts differ
+    by at most one.  ``sizes``/``capacity`` bound each bin's total size, which is never
+    exceeded: items that cannot be placed raise :class:`CapacityError` or are returned as
+    ``unplaced`` (ascending).  ``refine`` runs the local search on the construction; it
+    stops when no improving exchange is left, within 0.01% of :func:`lower_bound`, or at
+    its step/work budget.  Deterministic: ties are broken by index.
     """
     c = _as_weights(costs, "costs")
     k = _check_k(k)
