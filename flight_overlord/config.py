@@ -92,6 +92,8 @@ class MeshConfig:
     dp: int = 1
     cp: int = 1
     tp: int = 1
+    order: tuple[str, ...] = ("tp", "cp", "dp", "pp")  # rank order, fastest-varying axis first (Megatron)
+    cp_split: str = "load_balanced"  # how a sequence is split across CP ranks: load_balanced | contiguous
 
     @property
     def world_size(self) -> int:
@@ -114,6 +116,14 @@ class CostConfig:
 
 
 @dataclass(frozen=True)
+class StrategyConfig:
+    """A strategy file: ``function(strategy, **options)`` programs the Planner (planner/strategy.py)."""
+    file: Path
+    function: str = "build"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Config:
     seed: int
     sources: tuple[SourceConfig, ...]
@@ -129,6 +139,7 @@ class Config:
     pad_token_id: int
     run_dir: Path
     data_root: Path
+    strategy: StrategyConfig | None = None
     path: Path | None = None  # the YAML file this came from, so child processes can reload it
 
     @property
@@ -162,12 +173,12 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         "seed": 0, "data_root": ".", "run_dir": "runs/default", "sources": _REQUIRED,
         "mesh": None, "global_batch": _REQUIRED, "cost": None, "balance": None,
         "prefetch": 2, "network": None, "loader": None, "constructor": None,
-        "pad_token_id": 0,
+        "pad_token_id": 0, "strategy": None,
     })
     data_root = (base_dir / str(top["data_root"])).resolve()
     global_batch = _parse_global_batch(top["global_batch"])
     sources = _parse_sources(top["sources"], data_root)
-    mesh = _parse_mesh(top["mesh"])
+    mesh = _parse_mesh(top["mesh"], global_batch.context_length)
     network = _fields(top["network"], "network", {"host": "127.0.0.1", "planner_port": 0})
     balance = _fields(top["balance"], "balance", {"method": "greedy"})
     loader = _fields(top["loader"], "loader", {"read_ahead_row_groups": 2})
@@ -187,6 +198,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         pad_token_id=_int(top["pad_token_id"], "pad_token_id", minimum=0),
         run_dir=(base_dir / str(top["run_dir"])).resolve(),
         data_root=data_root,
+        strategy=_parse_strategy(top["strategy"], base_dir),
         path=path,
     )
 
@@ -253,12 +265,32 @@ def _parse_transform(raw: Any, where: str) -> TransformConfig:
     raise ConfigError(f"{where}: expected a transform name or a mapping with 'name'")
 
 
-def _parse_mesh(raw: Any) -> MeshConfig:
-    f = _fields(raw, "mesh", {"pp": 1, "dp": 1, "cp": 1, "tp": 1})
-    mesh = MeshConfig(**{k: _int(v, f"mesh.{k}", minimum=1) for k, v in f.items()})
-    if mesh.cp > 1:
-        raise ConfigError("mesh.cp: context parallelism (cp > 1) is not supported yet")
-    return mesh
+def _parse_mesh(raw: Any, context_length: int) -> MeshConfig:
+    f = _fields(raw, "mesh", {"pp": 1, "dp": 1, "cp": 1, "tp": 1, "order": "tp,cp,dp,pp", "cp_split": "load_balanced"})
+    sizes = {k: _int(f[k], f"mesh.{k}", minimum=1) for k in ("pp", "dp", "cp", "tp")}
+    order = tuple(a.strip() for a in str(f["order"]).split(","))
+    if sorted(order) != sorted(sizes):
+        raise ConfigError(f"mesh.order: {f['order']!r} must list each of pp, dp, cp, tp once, fastest-varying first")
+    cp_split = _choice(f["cp_split"], "mesh.cp_split", ("load_balanced", "contiguous"))
+    chunks = sizes["cp"] * (2 if cp_split == "load_balanced" else 1)
+    if sizes["cp"] > 1 and context_length % chunks:
+        raise ConfigError(f"mesh.cp: global_batch.context_length {context_length} must divide into "
+                          f"{chunks} equal chunks for the {cp_split} split over cp={sizes['cp']}")
+    return MeshConfig(**sizes, order=order, cp_split=cp_split)
+
+
+def _parse_strategy(raw: Any, base_dir: Path) -> StrategyConfig | None:
+    if raw is None:
+        return None
+    f = _fields({"file": raw} if isinstance(raw, str) else raw, "strategy",
+                {"file": _REQUIRED, "function": "build", "options": None})
+    file = (base_dir / str(f["file"])).resolve()
+    if not file.is_file():
+        raise ConfigError(f"strategy.file: file not found: {file}")
+    options = f["options"] or {}
+    if not isinstance(options, dict):
+        raise ConfigError("strategy.options: expected a mapping of keyword arguments")
+    return StrategyConfig(file, str(f["function"]), options)
 
 
 def _parse_global_batch(raw: Any) -> GlobalBatchConfig:

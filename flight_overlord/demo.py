@@ -7,6 +7,7 @@ unbalanced, and throughput; then a summary.
 """
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import time
 from collections import Counter
@@ -19,6 +20,7 @@ from tqdm import tqdm
 from . import wire
 from .config import Config, load_config
 from .launch import LocalCluster
+from .planner.strategy import load_strategy
 
 DEFAULT_STEPS = 40
 
@@ -34,17 +36,27 @@ def ensure_demo_data(config_path: str | Path) -> None:
         make_demo_data(data_root, seed=0)
 
 
-def trainer_process(planner: str, rank: int, steps: int, by_tokens: bool, results: mp.Queue) -> None:
+def trainer_process(planner: str, rank: int, steps: int, by_tokens: bool, counts: bool, results: mp.Queue) -> None:
+    """One simulated trainer. ``counts``: this rank is its bucket's first, so its sample keys are the
+    ones the mixture is counted from (other ranks of the bucket get the same samples, or a share)."""
     from .client import TrainerClient
     with TrainerClient(planner, rank, num_steps=steps) as client:
         for step_batch in client:
             amounts = Counter()  # per source: tokens, or samples when the batch is counted in samples
+            losses: dict[str, list[float]] = {}
             for mb in step_batch:
                 lengths = (mb["cu_seqlens"][1:] - mb["cu_seqlens"][:-1]).tolist()
                 for key, length in zip(mb["sample_keys"], lengths):
-                    amounts[key.split(":", 1)[0]] += length if by_tokens else 1
-            results.put((rank, step_batch[0]["step"], sum(len(mb["sample_keys"]) for mb in step_batch), dict(amounts),
-                         sum(mb["input_ids"].numel() for mb in step_batch), time.monotonic()))
+                    source = key.split(":", 1)[0]
+                    amounts[source] += length if by_tokens else 1
+                    losses.setdefault(source, []).append(math.log1p(length))
+            step = step_batch[0]["step"]
+            if counts:  # a stand-in for a model's per-source loss, for dynamic mixing schedules
+                client.report(step, {s: sum(v) / len(v) for s, v in losses.items()})
+            results.put((rank, step, counts, sum(len(mb["sample_keys"]) for mb in step_batch) if counts else 0,
+                         dict(amounts) if counts else {},
+                         sum(mb["input_ids"].numel() for mb in step_batch if mb["input_ids"] is not None),
+                         time.monotonic()))
 
 
 def run_demo(config_path: str | Path, steps: int | None = None) -> dict:
@@ -52,6 +64,11 @@ def run_demo(config_path: str | Path, steps: int | None = None) -> dict:
     cfg = load_config(config_path)
     steps = steps or DEFAULT_STEPS
     ranks = cfg.mesh.world_size
+    strategy = load_strategy(cfg)
+    first_of_bucket = {}
+    for r in range(ranks):
+        first_of_bucket.setdefault(strategy.mesh.bucket_of(r, strategy.axis), r)
+    counting = set(first_of_bucket.values())
     started = time.monotonic()
     with LocalCluster(config_path) as cluster:
         print(f"planner at {cluster.planner}: {len(cluster.children)} processes "
@@ -60,7 +77,8 @@ def run_demo(config_path: str | Path, steps: int | None = None) -> dict:
               flush=True)
         ctx = mp.get_context("spawn")
         results = ctx.Queue()
-        trainers = [ctx.Process(target=trainer_process, args=(cluster.planner, r, steps, cfg.global_batch.tokens_per_step is not None, results), daemon=True)
+        trainers = [ctx.Process(target=trainer_process, args=(cluster.planner, r, steps, cfg.global_batch.tokens_per_step is not None,
+                                                         r in counting, results), daemon=True)
                     for r in range(ranks)]
         for t in trainers:
             t.start()
@@ -76,7 +94,7 @@ def run_demo(config_path: str | Path, steps: int | None = None) -> dict:
 
 def _follow(cfg: Config, planner: str, steps: int, ranks: int, results: mp.Queue, trainers) -> dict:
     client = fl.connect(planner)
-    weights = {s.name: s.weight / sum(x.weight for x in cfg.sources) for s in cfg.sources}
+    weights = Counter()  # the schedule's weights, normalised per step and averaged over the steps
     per_step: dict[int, list] = {}
     unit = "tokens" if cfg.global_batch.tokens_per_step is not None else "samples"
     totals, t0, stats_all = Counter(), None, {}
@@ -84,7 +102,7 @@ def _follow(cfg: Config, planner: str, steps: int, ranks: int, results: mp.Queue
     done = 0
     while done < steps:
         try:
-            rank, step, n_samples, tokens, padded, when = results.get(timeout=120)
+            rank, step, _, n_samples, tokens, padded, when = results.get(timeout=120)
         except Exception:
             dead = [i for i, t in enumerate(trainers) if not t.is_alive()]
             raise RuntimeError(f"no progress from the trainers for 120s (exited ranks: {dead})") from None
@@ -99,8 +117,10 @@ def _follow(cfg: Config, planner: str, steps: int, ranks: int, results: mp.Queue
         totals.update(step_tokens)
         stats = wire.call(client, "stats", {"from": step, "to": step})[str(step)]
         stats_all[step] = stats
+        step_weights = stats["weights"]
+        weights.update({k: v / sum(step_weights.values()) / steps for k, v in step_weights.items()})
         elapsed = max(w for *_, w in rows) - t0
-        mix = " ".join(f"{s}={100 * step_tokens[s] / max(1, sum(step_tokens.values())):.0f}%" for s in weights)
+        mix = " ".join(f"{s}={100 * step_tokens[s] / max(1, sum(step_tokens.values())):.0f}%" for s in step_weights)
         bar.write(f"step {step:3d} | {unit} {sum(step_tokens.values()):6d} | mix {mix} | imbalance "
                   f"{stats['imbalance']:.3f} (unbalanced {stats['imbalance_unbalanced']:.3f}) | "
                   f"{sum(totals.values()) / elapsed if elapsed > 0 else 0:,.0f} {unit}/s")
@@ -108,7 +128,7 @@ def _follow(cfg: Config, planner: str, steps: int, ranks: int, results: mp.Queue
         done += 1
     bar.close()
     client.close()
-    return _summary(weights, totals, stats_all, elapsed, unit)
+    return _summary({s.name: weights[s.name] for s in cfg.sources}, totals, stats_all, elapsed, unit)
 
 
 def _summary(weights: dict, totals: Counter, stats: dict, elapsed: float, unit: str) -> dict:

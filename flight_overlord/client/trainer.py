@@ -24,7 +24,11 @@ from .. import wire
 
 
 def table_to_microbatches(table: pa.Table) -> list[dict]:
-    """Arrow microbatch rows -> dicts of torch tensors; the token matrices are zero-copy views."""
+    """Arrow microbatch rows -> dicts of torch tensors; the token matrices are zero-copy views.
+
+    ``input_ids`` holds the positions ``token_ranges`` names: the whole sequence, this rank's
+    context-parallel share, or nothing (metadata only: ``input_ids`` is None, the shapes and
+    ``cu_seqlens`` are still there for pipeline stages and broadcast receivers)."""
     import torch
 
     def matrix(name: str) -> "torch.Tensor":
@@ -34,14 +38,20 @@ def table_to_microbatches(table: pa.Table) -> list[dict]:
             warnings.simplefilter("ignore", UserWarning)
             return torch.from_numpy(values).view(len(column), -1)
 
-    input_ids, position_ids = matrix("input_ids"), matrix("position_ids")
-    cu_seqlens = table.column("cu_seqlens").to_pylist()
-    keys = table.column("sample_keys").to_pylist()
-    num_tokens = table.column("num_tokens").to_pylist()
-    steps = table.column("step").to_pylist()
-    return [{"step": steps[i], "microbatch": i, "input_ids": input_ids[i], "position_ids": position_ids[i],
-             "cu_seqlens": torch.tensor(cu_seqlens[i], dtype=torch.int32), "sample_keys": keys[i],
-             "num_tokens": num_tokens[i]} for i in range(table.num_rows)]
+    rows = table.num_rows
+    has_tokens = rows > 0 and len(table.column("token_ranges")[0]) > 0
+    input_ids = matrix("input_ids") if has_tokens else None
+    position_ids = matrix("position_ids") if has_tokens else None
+    columns = {name: table.column(name).to_pylist()
+               for name in ("step", "bucket", "token_ranges", "sequence_length", "cu_seqlens", "sample_keys",
+                            "num_tokens")}
+    return [{"step": columns["step"][i], "bucket": columns["bucket"][i], "microbatch": i,
+             "input_ids": None if input_ids is None else input_ids[i],
+             "position_ids": None if position_ids is None else position_ids[i],
+             "token_ranges": columns["token_ranges"][i], "sequence_length": columns["sequence_length"][i],
+             "cu_seqlens": torch.tensor(columns["cu_seqlens"][i], dtype=torch.int32),
+             "sample_keys": columns["sample_keys"][i], "num_tokens": columns["num_tokens"][i]}
+            for i in range(rows)]
 
 
 class StepFetcher:
@@ -51,15 +61,15 @@ class StepFetcher:
         self.rank = rank
         self.timeout = timeout
         self._pool = wire.ClientPool()
-        self._planner = self._pool.get(planner)
+        self.planner = self._pool.get(planner)
 
     def fetch(self, step: int) -> pa.Table:
         descriptor = fl.FlightDescriptor.for_path("batch", str(step), str(self.rank))
-        info = self._retry(lambda: self._planner.get_flight_info(descriptor), f"ticket of step {step}")
+        info = self._retry(lambda: self.planner.get_flight_info(descriptor), f"ticket of step {step}")
         tables = []
         for endpoint in info.endpoints:
             # pyarrow does not follow endpoint locations: redeem the ticket where the Planner says.
-            client = self._pool.get(endpoint.locations[0].uri.decode()) if endpoint.locations else self._planner
+            client = self._pool.get(endpoint.locations[0].uri.decode()) if endpoint.locations else self.planner
             tables.append(self._retry(lambda: client.do_get(endpoint.ticket).read_all(), f"data of step {step}"))
         return pa.concat_tables(tables)
 
@@ -90,6 +100,10 @@ class TrainerClient:
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+
+    def report(self, step: int, losses: dict[str, float]) -> None:
+        """Per-source training loss of ``step``, for dynamic mixing schedules (``dynamic(...)``)."""
+        wire.call(self._fetcher.planner, "report", {"step": step, "rank": self.rank, "losses": losses})
 
     def state_dict(self) -> dict:
         return {"rank": self.rank, "next_step": self.next_step}

@@ -1,9 +1,10 @@
 """Data Constructor: assembles the microbatches of its data-parallel ranks, step by step.
 
-An assembly thread asks the Planner for its share of each step's plan, fetches the
-samples from every loader concurrently, packs each microbatch to the context length and
-stages one table per data-parallel rank. Trainers redeem ``{"kind": "batch", "step",
-"rank", "dp"}`` tickets with ``do_get``; the table streams from C++ (RecordBatchStream).
+An assembly thread asks the Planner for its share of each step's plan, fetches the samples
+from every loader concurrently, packs each microbatch to the plan's capacity, and stages one
+table per distinct delivery: a bucket's full sequences, each context-parallel rank's share of
+them, or metadata only (ClientPlaceTree rules, ``core/mesh.py``). Trainers redeem
+``{"kind": "batch", "step", "rank"}`` tickets with ``do_get``; the table streams from C++.
 """
 from __future__ import annotations
 
@@ -19,41 +20,57 @@ import pyarrow.flight as fl
 
 from .. import wire
 from ..config import Config, load_config
-from ..core.mesh import Mesh
-from ..core.packing import pack
+from ..core.context_parallel import take_ranges, token_ranges
+from ..core.mesh import Delivery, Mesh
+from ..core.packing import PackedSequence, pack
 from ..schemas import MICROBATCH, load_schema
 
 log = logging.getLogger(__name__)
 WAIT_SECONDS = 30.0
 
 
-def assemble(step: int, dp: int, microbatches: list[list[int]], keys: list[str],
-             tokens: dict[int, np.ndarray], context_length: int, pad_token_id: int) -> pa.Table:
-    """One rank's step: a row per microbatch, each one sequence packed to the context length."""
-    packed = [pack([tokens[i] for i in mb], context_length, pad_token_id) for mb in microbatches]
+def _list_column(rows: list[np.ndarray], dtype=pa.int32()) -> pa.ListArray:
+    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum([len(r) for r in rows], out=offsets[1:])
+    values = np.concatenate(rows) if rows else np.zeros(0, np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, dtype))
+
+
+def pack_bucket(microbatches: list[list[int]], keys: list[str], tokens: dict[int, np.ndarray],
+                capacity: int, pad_token_id: int) -> tuple[list[PackedSequence], list[list[str]]]:
+    """One bucket's step: each microbatch packed into one sequence of ``capacity`` tokens."""
+    packed = [pack([tokens[i] for i in mb], capacity, pad_token_id) for mb in microbatches]
+    return packed, [[keys[i] for i in mb] for mb in microbatches]
+
+
+def microbatch_table(step: int, bucket: int, packed: list[PackedSequence], keys: list[list[str]],
+                     ranges: list[int], capacity: int) -> pa.Table:
     n = len(packed)
-    fixed_offsets = pa.array(np.arange(n + 1, dtype=np.int32) * context_length)
-    cu_lengths = np.array([len(p.cu_seqlens) for p in packed], dtype=np.int32)
-    cu_offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(cu_lengths, out=cu_offsets[1:])
-    key_offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum([len(mb) for mb in microbatches], out=key_offsets[1:])
-
-    def concat(arrays):
-        return pa.array(np.concatenate(arrays) if arrays else np.zeros(0, np.int32), pa.int32())
-
     columns = {
         "step": pa.array(np.full(n, step, dtype=np.int64)),
-        "rank": pa.array(np.full(n, dp, dtype=np.int32)),
+        "bucket": pa.array(np.full(n, bucket, dtype=np.int32)),
         "microbatch": pa.array(np.arange(n, dtype=np.int32)),
-        "input_ids": pa.ListArray.from_arrays(fixed_offsets, concat([p.input_ids for p in packed])),
-        "position_ids": pa.ListArray.from_arrays(fixed_offsets, concat([p.position_ids for p in packed])),
-        "cu_seqlens": pa.ListArray.from_arrays(pa.array(cu_offsets), concat([p.cu_seqlens for p in packed])),
-        "sample_keys": pa.ListArray.from_arrays(pa.array(key_offsets),
-                                                pa.array([keys[i] for mb in microbatches for i in mb], pa.string())),
+        "input_ids": _list_column([take_ranges(p.input_ids, ranges) if ranges else p.input_ids[:0] for p in packed]),
+        "position_ids": _list_column([take_ranges(p.position_ids, ranges) if ranges else p.position_ids[:0]
+                                      for p in packed]),
+        "token_ranges": _list_column([np.array(ranges, dtype=np.int32)] * n),
+        "sequence_length": pa.array(np.full(n, capacity, dtype=np.int32)),
+        "cu_seqlens": _list_column([p.cu_seqlens for p in packed]),
+        "sample_keys": pa.ListArray.from_arrays(
+            pa.array(np.cumsum([0] + [len(k) for k in keys], dtype=np.int32)),
+            pa.array([k for mb in keys for k in mb], pa.string())),
         "num_tokens": pa.array(np.array([p.num_tokens for p in packed], dtype=np.int32)),
     }
     return pa.table(columns, schema=load_schema(MICROBATCH))
+
+
+def delivery_ranges(delivery: Delivery, length: int, cp: int, cp_split: str) -> list[int]:
+    """The positions of a packed sequence that a rank with this delivery receives."""
+    if not delivery.tokens:
+        return []
+    if delivery.cp_rank is None:
+        return [0, length]
+    return token_ranges(length, cp, delivery.cp_rank, cp_split)
 
 
 class ConstructorServer(wire.ActionServer):
@@ -64,12 +81,14 @@ class ConstructorServer(wire.ActionServer):
         if not 0 <= index < self.mesh.num_constructors:
             raise ValueError(f"constructor index {index} out of range (mesh has {self.mesh.num_constructors})")
         self.dp_ranks = self.mesh.dp_ranks_of(index)
+        self.ranks = [r for r in range(self.mesh.world_size) if self.mesh.coord(r).dp in self.dp_ranks]
         self._planner_location = planner
         self._clients = wire.ClientPool()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="fetch")
         self._cond = threading.Condition()
-        self._staged: dict[tuple[int, int], pa.Table] = {}
-        self._served: dict[int, dict[int, int]] = {dp: {} for dp in self.dp_ranks}  # dp -> rank -> last step
+        self._deliveries: dict[int, Delivery] = {}  # rank -> what it receives; known from the first plan
+        self._staged: dict[tuple[int, tuple], pa.Table] = {}  # (step, delivery key) -> table
+        self._served: dict[int, int] = {}  # rank -> last step served
         self._assembled = -1
         self._error: str | None = None
         self._stopping = False
@@ -86,13 +105,9 @@ class ConstructorServer(wire.ActionServer):
                 view = self._plan(planner, step)
                 if view is None:
                     return
-                tokens = self._fetch(step, view)
-                tables = {int(dp): assemble(step, int(dp), mbs, view["keys"], tokens,
-                                            self.cfg.global_batch.context_length, self.cfg.pad_token_id)
-                          for dp, mbs in view["microbatches"].items()}
+                tables = self._assemble(step, view, self._fetch(step, view))
                 with self._cond:
-                    for dp, table in tables.items():
-                        self._staged[(step, dp)] = table
+                    self._staged.update(tables)
                     self._assembled = step
                     self._cond.notify_all()
         except Exception as exc:
@@ -100,6 +115,22 @@ class ConstructorServer(wire.ActionServer):
             with self._cond:
                 self._error = f"constructor {self.index}: assembly failed: {type(exc).__name__}: {exc}"
                 self._cond.notify_all()
+
+    def _assemble(self, step: int, view: dict, tokens: dict[int, np.ndarray]) -> dict:
+        """Pack each bucket once, then cut one table per distinct delivery of its ranks."""
+        if not self._deliveries:
+            broadcast = frozenset(view["broadcast"])
+            self._deliveries = {r: self.mesh.delivery(r, view["axis"], broadcast) for r in self.ranks}
+        capacity = view["capacity"]
+        lengths = view["lengths"]
+        tokens = {i: t[:lengths[i]] for i, t in tokens.items()}  # the plan may truncate to the capacity
+        tables = {}
+        for bucket, microbatches in view["microbatches"].items():
+            packed, keys = pack_bucket(microbatches, view["keys"], tokens, capacity, self.cfg.pad_token_id)
+            for delivery in {d for d in self._deliveries.values() if d.bucket == int(bucket)}:
+                ranges = delivery_ranges(delivery, capacity, self.mesh.cp, self.cfg.mesh.cp_split)
+                tables[(step, delivery.key)] = microbatch_table(step, int(bucket), packed, keys, ranges, capacity)
+        return tables
 
     def _plan(self, planner: fl.FlightClient, step: int) -> dict | None:
         while not self._stopping:
@@ -131,34 +162,36 @@ class ConstructorServer(wire.ActionServer):
             raise ValueError(f"malformed ticket: kind {request.get('kind')!r}, a constructor serves 'batch' tickets")
         step = wire.field(request, "step", int, "batch ticket")
         rank = wire.field(request, "rank", int, "batch ticket")
-        dp = wire.field(request, "dp", int, "batch ticket")
-        if dp not in self.dp_ranks:
-            raise KeyError(f"data-parallel rank {dp} is not served by constructor {self.index} "
-                           f"(it serves {list(self.dp_ranks)})")
+        if rank not in self.ranks:
+            raise KeyError(f"rank {rank} is not served by constructor {self.index} "
+                           f"(it serves the ranks of data-parallel groups {list(self.dp_ranks)})")
         with self._cond:
-            wire.wait_until(self._cond, lambda: self._error is not None or (step, dp) in self._staged
-                            or step <= self._assembled, WAIT_SECONDS, f"step {step} of data-parallel rank {dp}")
+            wire.wait_until(self._cond, lambda: self._error is not None or step <= self._assembled,
+                            WAIT_SECONDS, f"step {step} of rank {rank}")
             if self._error:
                 raise RuntimeError(self._error)
-            if (step, dp) not in self._staged:
-                raise KeyError(f"step {step} of data-parallel rank {dp} was already served and released")
-            table = self._staged[(step, dp)]
-            self._release(dp, rank, step)
+            key = (step, self._deliveries[rank].key)
+            if key not in self._staged:
+                raise KeyError(f"step {step} of rank {rank} was already served and released")
+            table = self._staged[key]
+            self._release(rank, step)
         return fl.RecordBatchStream(table)
 
-    def _release(self, dp: int, rank: int, step: int) -> None:
-        """Keep a step until every rank that reads this dp has moved two steps past it (retries)."""
-        served = self._served[dp]
-        served[rank] = max(step, served.get(rank, -1))
-        done = min(served.values()) - 2
-        for key in [k for k in self._staged if k[1] == dp and k[0] <= done]:
+    def _release(self, rank: int, step: int) -> None:
+        """Keep a step until every rank reading from this constructor has moved two steps past it
+        (so a retried fetch still finds it)."""
+        self._served[rank] = max(step, self._served.get(rank, -1))
+        if len(self._served) < len(self.ranks):
+            return
+        done = min(self._served.values()) - 2
+        for key in [k for k in self._staged if k[0] <= done]:
             del self._staged[key]
 
     def action_status(self, body):
         """Assembly progress and staged steps."""
         with self._cond:
             return {"index": self.index, "dp_ranks": list(self.dp_ranks), "assembled": self._assembled,
-                    "staged": sorted([list(k) for k in self._staged]), "error": self._error}
+                    "staged_steps": sorted({k[0] for k in self._staged}), "error": self._error}
 
     def shutdown(self):
         with self._cond:

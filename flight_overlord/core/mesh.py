@@ -1,13 +1,27 @@
-"""The trainer mesh (ClientPlaceTree): global rank <-> (pp, dp, cp, tp) coordinates.
+"""The trainer mesh (ClientPlaceTree): global rank <-> (pp, dp, cp, tp) coordinates, and what each
+rank receives.
 
-Megatron's rank order: tp varies fastest, then cp, then dp, then pp. Ranks with the same
-dp coordinate consume the same batch, so they share one Data Constructor.
+Rank order is Megatron's by default: tp varies fastest, then cp, then dp, then pp (``order`` lists
+the axes fastest first and may be changed). Ranks with the same dp coordinate consume the same
+batch, so they share one Data Constructor.
+
+Where the data goes follows from the tree and the strategy (``distribute`` and ``broadcast_at``):
+
+- a *bucket* is one consumer of distinct data: a dp coordinate (axis ``DP``), a (dp, cp) pair
+  (axis ``CP``: DP x CP ranks as uniform consumers) or a single rank (axis ``WORLD``);
+- under ``DP`` with cp > 1 each packed sequence is split across the CP ranks
+  (:mod:`.context_parallel`);
+- pipeline stages after the first, and ranks behind a ``broadcast_at`` dimension, get metadata
+  only (shapes, cu_seqlens, keys), not tokens.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import MeshConfig
+AXES = ("pp", "dp", "cp", "tp")
+MEGATRON_ORDER = ("tp", "cp", "dp", "pp")  # fastest-varying first
+DISTRIBUTE_AXES = ("DP", "CP", "WORLD")
+BROADCAST_DIMS = ("TP", "CP")
 
 
 @dataclass(frozen=True)
@@ -19,16 +33,33 @@ class Coord:
 
 
 @dataclass(frozen=True)
+class Delivery:
+    """What one rank receives of a step: its bucket's rows, which CP chunk, and whether tokens come at all."""
+    bucket: int
+    cp_rank: int | None  # the chunk of each sequence this rank holds; None: the whole sequence
+    tokens: bool         # False: metadata only
+
+    @property
+    def key(self) -> tuple:
+        return (self.bucket, -1 if self.cp_rank is None else self.cp_rank, self.tokens)
+
+
+@dataclass(frozen=True)
 class Mesh:
     pp: int = 1
     dp: int = 1
     cp: int = 1
     tp: int = 1
     dp_per_constructor: int = 1
+    order: tuple[str, ...] = MEGATRON_ORDER
+
+    def __post_init__(self):
+        if sorted(self.order) != sorted(AXES):
+            raise ValueError(f"mesh order {self.order!r} must name each of {', '.join(AXES)} once")
 
     @classmethod
-    def from_config(cls, mesh: MeshConfig, dp_per_constructor: int = 1) -> "Mesh":
-        return cls(mesh.pp, mesh.dp, mesh.cp, mesh.tp, dp_per_constructor)
+    def from_config(cls, mesh, dp_per_constructor: int = 1) -> "Mesh":
+        return cls(mesh.pp, mesh.dp, mesh.cp, mesh.tp, dp_per_constructor, tuple(mesh.order))
 
     @property
     def world_size(self) -> int:
@@ -38,19 +69,61 @@ class Mesh:
     def num_constructors(self) -> int:
         return -(-self.dp // self.dp_per_constructor)
 
+    def size(self, axis: str) -> int:
+        return getattr(self, axis)
+
     def coord(self, rank: int) -> Coord:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} is outside the mesh (world size {self.world_size})")
-        rest, tp = divmod(rank, self.tp)
-        rest, cp = divmod(rest, self.cp)
-        pp, dp = divmod(rest, self.dp)
-        return Coord(pp, dp, cp, tp)
+        values = {}
+        for axis in self.order:
+            rank, values[axis] = divmod(rank, self.size(axis))
+        return Coord(**values)
 
     def rank(self, coord: Coord) -> int:
-        return ((coord.pp * self.dp + coord.dp) * self.cp + coord.cp) * self.tp + coord.tp
+        rank = 0
+        for axis in reversed(self.order):
+            rank = rank * self.size(axis) + getattr(coord, axis)
+        return rank
 
     def constructor_of(self, dp: int) -> int:
         return dp // self.dp_per_constructor
 
     def dp_ranks_of(self, constructor: int) -> range:
         return range(constructor * self.dp_per_constructor, min(self.dp, (constructor + 1) * self.dp_per_constructor))
+
+    # -- buckets: the consumers of distinct data under a distribution axis ----------------
+    def num_buckets(self, axis: str) -> int:
+        return {"DP": self.dp, "CP": self.dp * self.cp, "WORLD": self.world_size}[_check_axis(axis)]
+
+    def bucket_of(self, rank: int, axis: str) -> int:
+        c = self.coord(rank)
+        return {"DP": c.dp, "CP": c.dp * self.cp + c.cp, "WORLD": rank}[_check_axis(axis)]
+
+    def dp_of_bucket(self, bucket: int, axis: str) -> int:
+        """The dp coordinate of a bucket's ranks: it decides which constructor assembles the bucket."""
+        if _check_axis(axis) == "DP":
+            return bucket
+        if axis == "CP":
+            return bucket // self.cp
+        return self.coord(bucket).dp
+
+    def buckets_of_constructor(self, constructor: int, axis: str) -> list[int]:
+        dps = set(self.dp_ranks_of(constructor))
+        return [b for b in range(self.num_buckets(axis)) if self.dp_of_bucket(b, axis) in dps]
+
+    def delivery(self, rank: int, axis: str = "DP", broadcast: frozenset[str] = frozenset()) -> Delivery:
+        """The ClientPlaceTree's rule for one rank."""
+        c = self.coord(rank)
+        bucket = self.bucket_of(rank, axis)
+        if axis == "WORLD":
+            return Delivery(bucket, None, True)  # every rank is its own consumer
+        tokens = c.pp == 0 and not ("TP" in broadcast and c.tp > 0) and not ("CP" in broadcast and c.cp > 0)
+        split = axis == "DP" and self.cp > 1 and "CP" not in broadcast
+        return Delivery(bucket, c.cp if split else None, tokens)
+
+
+def _check_axis(axis: str) -> str:
+    if axis not in DISTRIBUTE_AXES:
+        raise ValueError(f"unknown distribution axis {axis!r} (axes: {', '.join(DISTRIBUTE_AXES)})")
+    return axis

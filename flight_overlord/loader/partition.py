@@ -54,6 +54,7 @@ class RowGroupSamples:
             "key": pa.array(self.keys, pa.string()),
             "row": pa.array(np.arange(len(self.keys), dtype=np.int32)),
             "num_tokens": pa.array(lengths),
+            "image_patches": pa.array(np.zeros(len(lengths), dtype=np.int32)),
             "num_bytes": pa.array(lengths.astype(np.int64) * 4),
         })
 

@@ -1,42 +1,54 @@
-"""One source as the Planner sees it: its global sample order plus each sample's size.
+"""One source as the Planner sees it: its global sample order plus each sample's metadata.
 
-Sizes come from the owning loader's metadata (fetched through a callback, once per row
-group and epoch), so this class is pure given that callback and easy to test.
+Metadata comes from the owning loader (fetched through a callback, once per row group and
+epoch), so this class is pure given that callback and easy to test.
 """
 from __future__ import annotations
 
 import collections
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
 from ..core.order import RowGroupRef, SampleRef, epoch_row_groups, row_permutation
 
-FetchSizes = Callable[[int, RowGroupRef], np.ndarray]  # (epoch, row group) -> num_tokens per row
+
+class Pick(NamedTuple):
+    """A sample as planning sees it."""
+    ref: SampleRef
+    tokens: int       # sequence length after the sample transform (image placeholders included)
+    patches: int = 0  # image patches: the vision encoder's work
+
+
+# (epoch, row group) -> {"num_tokens": per row, "image_patches": per row (optional)}
+FetchMeta = Callable[[int, RowGroupRef], dict[str, np.ndarray]]
 
 
 class SourceFeed:
-    def __init__(self, name: str, row_groups: list[RowGroupRef], seed: int, fetch_sizes: FetchSizes):
+    def __init__(self, name: str, row_groups: list[RowGroupRef], seed: int, fetch_meta: FetchMeta):
         self.name = name
         self.skipped = 0  # unreadable or empty samples passed over
-        self._samples = self._walk(sorted(row_groups), seed, fetch_sizes)
-        self._deferred: collections.deque[tuple[SampleRef, int]] = collections.deque()
+        self._samples = self._walk(sorted(row_groups), seed, fetch_meta)
+        self._deferred: collections.deque[Pick] = collections.deque()
 
-    def _walk(self, row_groups, seed, fetch_sizes) -> Iterator[tuple[SampleRef, int]]:
+    def _walk(self, row_groups, seed, fetch_meta) -> Iterator[Pick]:
         for epoch, rg in epoch_row_groups(row_groups, seed=seed, source=self.name):
-            sizes = fetch_sizes(epoch, rg)
+            meta = fetch_meta(epoch, rg)
+            tokens = meta["num_tokens"]
+            patches = meta.get("image_patches", np.zeros(len(tokens), dtype=np.int64))
             for row in row_permutation(rg, seed=seed, source=self.name, epoch=epoch):
-                if sizes[row] <= 0:
+                if tokens[row] <= 0:
                     self.skipped += 1
                     continue
-                yield SampleRef(self.name, epoch, rg.file, rg.row_group, int(row)), int(sizes[row])
+                yield Pick(SampleRef(self.name, epoch, rg.file, rg.row_group, int(row)), int(tokens[row]),
+                           int(patches[row]))
 
-    def next(self) -> tuple[SampleRef, int]:
+    def next(self) -> Pick:
         """The next sample to plan: deferred ones first, in their order, then the stream."""
         if self._deferred:
             return self._deferred.popleft()
         return next(self._samples)
 
-    def defer(self, items: list[tuple[SampleRef, int]]) -> None:
+    def defer(self, items: list[Pick]) -> None:
         """Give planned-but-unplaced samples back; they come first next time, in the same order."""
         self._deferred.extendleft(reversed(items))

@@ -1,7 +1,8 @@
-"""The orchestration program for one step: mix, cost, distribute and balance.
+"""Running the orchestration program for one step: mix, cost, distribute and balance.
 
-Pure given the source feeds: a plan is a function of (config, seed, step, the sizes the
-loaders reported), which is what makes runs reproducible whatever the timing.
+Pure given the source feeds and the strategy: a plan is a function of (config, seed, step, the
+metadata the loaders reported, journaled feedback), which is what makes runs reproducible
+whatever the timing.
 """
 from __future__ import annotations
 
@@ -11,43 +12,68 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import balance
-from ..config import Config
-from ..core.cost import sample_costs
+from ..core.mesh import Mesh
 from ..core.mixing import Mixer
-from ..core.order import SampleRef
-from .feed import SourceFeed
-
-Pick = tuple[SampleRef, int]  # a sample and its token count
+from .feed import Pick, SourceFeed
+from .strategy import Strategy
 
 
 @dataclass
 class StepPlan:
     step: int
-    microbatches: int
-    bins: list[list[Pick]]  # bins[dp * microbatches + m]: the samples of one packed microbatch, in order
+    axis: str              # the distribution axis: what a bucket is
+    num_buckets: int
+    microbatches: int      # per bucket
+    capacity: int          # tokens per packed microbatch
+    bins: list[list[Pick]]  # bins[bucket * microbatches + m]: the samples of one packed microbatch, in order
     weights: dict[str, float]
+    feedback: dict | None = None  # the trainer feedback the weights were computed from
     stats: dict = field(default_factory=dict)
 
-    def rank_bins(self, dp: int) -> list[list[Pick]]:
-        return self.bins[dp * self.microbatches:(dp + 1) * self.microbatches]
+    def bucket_bins(self, bucket: int) -> list[list[Pick]]:
+        return self.bins[bucket * self.microbatches:(bucket + 1) * self.microbatches]
 
     def to_record(self) -> dict:
-        return {"step": self.step, "weights": self.weights, "stats": self.stats,
-                "bins": [[ref.key for ref, _ in b] for b in self.bins]}
+        record = {"step": self.step, "weights": self.weights, "stats": self.stats,
+                  "bins": [[p.ref.key for p in b] for b in self.bins]}
+        if self.feedback is not None:
+            record["feedback"] = self.feedback
+        return record
 
 
-def draw_mixture(feeds: dict[str, SourceFeed], mixer: Mixer, weights: dict[str, float], cfg: Config) -> list[Pick]:
-    """The step's samples: sources interleaved by the mixer until the batch is full."""
-    gb = cfg.global_batch
+@dataclass
+class PlanContext:
+    """What ``plan_raw`` sees: the step's drawn samples and the shape of the bins to fill."""
+    step: int
+    picks: list[Pick]
+    meta: dict[str, np.ndarray]  # num_tokens, image_patches, source: one entry per pick
+    costs: np.ndarray
+    num_buckets: int
+    microbatches: int
+    capacity: int
+    mesh: Mesh
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return self.meta["num_tokens"]
+
+
+def draw_mixture(feeds: dict[str, SourceFeed], mixer: Mixer, weights: dict[str, float],
+                 strategy: Strategy) -> list[Pick]:
+    """The step's samples: sources interleaved by the mixer until the batch is full. A sample longer
+    than a microbatch holds is planned truncated to it (the constructor cuts it the same way)."""
+    gb = strategy.cfg.global_batch
     by_tokens = gb.tokens_per_step is not None
     budget = gb.tokens_per_step if by_tokens else gb.samples_per_step
     picks, total = [], 0
     while total < budget:
         source = mixer.choose(weights)
-        ref, tokens = feeds[source].next()
-        amount = tokens if by_tokens else 1
+        pick = feeds[source].next()
+        if pick.tokens > strategy.capacity:
+            pick = pick._replace(tokens=strategy.capacity)
+        amount = pick.tokens if by_tokens else 1
         mixer.charge(source, amount, weights)
-        picks.append((ref, tokens))
+        picks.append(pick)
         total += amount
     return picks
 
@@ -67,75 +93,135 @@ def fill_in_order(sizes: np.ndarray, k: int, capacity: int) -> tuple[list[np.nda
     return [np.array(x, dtype=np.int64) for x in bins], np.array(left, dtype=np.int64)
 
 
-def balance_two_levels(costs: np.ndarray, sizes: np.ndarray, cfg: Config) -> tuple[list[np.ndarray], np.ndarray]:
-    """Inter-microbatch level first (samples onto data-parallel ranks, each holding
-    ``microbatches x context_length`` tokens), then intra-rank (each rank's samples onto its
-    microbatches of ``context_length``). Balancing ranks as a whole has far more freedom than
-    balancing every microbatch bin at once, and the slowest rank is what sets the step time."""
-    gb = cfg.global_batch
-    method = cfg.balance_method
-    rank_indices, unplaced = balance.partition(costs, cfg.mesh.dp, method=method, sizes=sizes,
-                                               capacity=gb.microbatches * gb.context_length, leftover="return")
-    bins, left = [], [unplaced]
-    for idx in rank_indices:
-        mb_indices, mb_unplaced = balance.partition(costs[idx], gb.microbatches, method=method, sizes=sizes[idx],
-                                                    capacity=gb.context_length, leftover="return")
-        bins.extend(idx[b] for b in mb_indices)
-        left.append(idx[mb_unplaced])
+def _split(costs, sizes, k: int, capacity: int, method: str, balanced: bool):
+    if balanced:
+        return balance.partition(costs, k, method=method, sizes=sizes, capacity=capacity, leftover="return")
+    return fill_in_order(sizes, k, capacity)
+
+
+def place(ctx: PlanContext, strategy: Strategy) -> tuple[list[np.ndarray], np.ndarray]:
+    """Samples onto ``buckets x microbatches`` bins: (index arrays per bin, indices placed nowhere).
+
+    Inter level first (samples onto buckets, each holding ``microbatches x capacity`` tokens), then
+    intra level (each bucket's samples onto its microbatches). Balancing buckets as a whole has far
+    more freedom than balancing every bin at once, and the slowest rank sets the step time."""
+    if strategy.raw is not None:
+        return _checked_raw(ctx, strategy.raw(ctx))
+    b = strategy.balancing
+    costs, sizes = ctx.costs, ctx.sizes
+    m, cap = ctx.microbatches, ctx.capacity
+    if b.method == "none":
+        return fill_in_order(sizes, ctx.num_buckets * m, cap)
+    inter, intra = b.level in ("both", "inter"), b.level in ("both", "intra")
+    groups, left = _groups(ctx, strategy)
+    bins = []
+    for members, n_buckets in groups:
+        buckets, unplaced = _split(costs[members], sizes[members], n_buckets, m * cap, b.method, inter)
+        left.append(members[unplaced])
+        for idx in buckets:
+            idx = members[idx]
+            mbs, mb_unplaced = _split(costs[idx], sizes[idx], m, cap, b.method, intra)
+            bins.extend(idx[x] for x in mbs)
+            left.append(idx[mb_unplaced])
     return bins, np.sort(np.concatenate(left)).astype(np.int64)
 
 
-def plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, cfg: Config,
-              weights: dict[str, float] | None = None) -> StepPlan:
-    weights = weights or {s.name: s.weight for s in cfg.sources}
-    gb = cfg.global_batch
-    picks = draw_mixture(feeds, mixer, weights, cfg)
-    sizes = np.array([tokens for _, tokens in picks], dtype=np.int64)
-    costs = sample_costs(sizes, cfg.cost)
-    if cfg.balance_method == "none":
-        bin_indices, unplaced = fill_in_order(sizes, cfg.mesh.dp * gb.microbatches, gb.context_length)
-    else:
-        bin_indices, unplaced = balance_two_levels(costs, sizes, cfg)
+def _groups(ctx: PlanContext, strategy: Strategy) -> tuple[list[tuple[np.ndarray, int]], list[np.ndarray]]:
+    """``distribute(group_size=g)``: samples are first split over the groups of g buckets (balanced,
+    cheaply), then balanced within each group: B/g small problems instead of one large one."""
+    everything = np.arange(len(ctx.picks), dtype=np.int64)
+    g = strategy.group_size
+    if not g or g >= ctx.num_buckets:
+        return [(everything, ctx.num_buckets)], []
+    n_groups = ctx.num_buckets // g
+    parts, unplaced = balance.partition(ctx.costs, n_groups, method="greedy", sizes=ctx.sizes,
+                                        capacity=g * ctx.microbatches * ctx.capacity, leftover="return")
+    return [(np.sort(p), g) for p in parts], [unplaced]
+
+
+def _checked_raw(ctx: PlanContext, result) -> tuple[list[np.ndarray], np.ndarray]:
+    """A user's ``plan_raw`` answer, checked: every sample once, bins within capacity."""
+    bins, unplaced = result
+    bins = [np.asarray(b, dtype=np.int64) for b in bins]
+    unplaced = np.asarray(unplaced, dtype=np.int64)
+    expected = ctx.num_buckets * ctx.microbatches
+    if len(bins) != expected:
+        raise ValueError(f"plan_raw returned {len(bins)} bins; this step has {expected} "
+                         f"({ctx.num_buckets} buckets x {ctx.microbatches} microbatches)")
+    seen = np.concatenate(bins + [unplaced])
+    if len(seen) != len(ctx.picks) or not np.array_equal(np.sort(seen), np.arange(len(ctx.picks))):
+        raise ValueError("plan_raw must place every drawn sample exactly once (in a bin or as unplaced)")
+    for i, b in enumerate(bins):
+        if ctx.sizes[b].sum() > ctx.capacity:
+            raise ValueError(f"plan_raw: bin {i} holds {int(ctx.sizes[b].sum())} tokens, over the capacity {ctx.capacity}")
+    return bins, unplaced
+
+
+def sample_meta(picks: list[Pick]) -> dict[str, np.ndarray]:
+    return {"num_tokens": np.array([p.tokens for p in picks], dtype=np.int64),
+            "image_patches": np.array([p.patches for p in picks], dtype=np.int64),
+            "source": np.array([p.ref.source for p in picks], dtype=object)}
+
+
+def plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: Strategy,
+              weights: dict[str, float], feedback: dict | None = None) -> StepPlan:
+    gb = strategy.cfg.global_batch
+    picks = draw_mixture(feeds, mixer, weights, strategy)
+    meta = sample_meta(picks)
+    costs = np.asarray(strategy.cost_fn(meta), dtype=np.float64)
+    if costs.shape != (len(picks),):
+        raise ValueError(f"cost function returned shape {costs.shape}, expected ({len(picks)},)")
+    ctx = PlanContext(step, picks, meta, costs, strategy.num_buckets, gb.microbatches, strategy.capacity,
+                      strategy.mesh)
+    bin_indices, unplaced = place(ctx, strategy)
+    if len(unplaced) and strategy.balancing.keep_global_batch:
+        raise ValueError(f"step {step}: {len(unplaced)} drawn samples fit in no microbatch and "
+                         f"keep_global_batch forbids deferring them: raise microbatches or context_length, "
+                         f"or lower the step's batch size")
     _defer([picks[i] for i in unplaced], feeds, mixer, weights, by_tokens=gb.tokens_per_step is not None)
     bins = [[picks[i] for i in idx] for idx in bin_indices]
-    plan = StepPlan(step, gb.microbatches, bins, dict(weights))
-    plan.stats = _stats(plan, picks, costs, bin_indices, unplaced, cfg)
+    plan = StepPlan(step, strategy.axis, ctx.num_buckets, gb.microbatches, ctx.capacity, bins,
+                    dict(weights), feedback)
+    plan.stats = _stats(plan, picks, costs, bin_indices, unplaced)
     return plan
 
 
 def _defer(items: list[Pick], feeds, mixer: Mixer, weights, *, by_tokens: bool) -> None:
     """Samples that fit in no microbatch go back, first in line for the next step; the mixer is refunded."""
     by_source: dict[str, list[Pick]] = defaultdict(list)
-    for ref, tokens in items:
-        by_source[ref.source].append((ref, tokens))
-        mixer.refund(ref.source, tokens if by_tokens else 1, weights)
+    for pick in items:
+        by_source[pick.ref.source].append(pick)
+        mixer.refund(pick.ref.source, pick.tokens if by_tokens else 1, weights)
     for source, source_items in by_source.items():
         feeds[source].defer(source_items)
 
 
-def _stats(plan: StepPlan, picks: list[Pick], costs: np.ndarray, bin_indices, unplaced, cfg: Config) -> dict:
-    dp, m = cfg.mesh.dp, plan.microbatches
+def _stats(plan: StepPlan, picks: list[Pick], costs: np.ndarray, bin_indices, unplaced) -> dict:
+    buckets, m = plan.num_buckets, plan.microbatches
     placed = np.ones(len(picks), dtype=bool)
     placed[unplaced] = False
     bin_costs = np.array([costs[idx].sum() for idx in bin_indices])
-    rank_costs = bin_costs.reshape(dp, m).sum(axis=1)
-    # The same samples without balancing: contiguous equal-count chunks per rank, as a
+    bucket_costs = bin_costs.reshape(buckets, m).sum(axis=1)
+    # The same samples without balancing: contiguous equal-count chunks per bucket, as a
     # conventional per-rank loader would get them.
     order = np.flatnonzero(placed)
-    unbalanced = np.array([costs[chunk].sum() for chunk in np.array_split(order, dp)])
-    samples, tokens = defaultdict(int), defaultdict(int)
-    for (ref, n), ok in zip(picks, placed):
+    unbalanced = np.array([costs[chunk].sum() for chunk in np.array_split(order, buckets)])
+    samples, tokens, patches = defaultdict(int), defaultdict(int), defaultdict(int)
+    for pick, ok in zip(picks, placed):
         if ok:
-            samples[ref.source] += 1
-            tokens[ref.source] += n
+            samples[pick.ref.source] += 1
+            tokens[pick.ref.source] += pick.tokens
+            patches[pick.ref.source] += pick.patches
     return {
-        "samples": dict(samples), "tokens": dict(tokens), "deferred": int(len(unplaced)),
-        "imbalance": _max_over_mean(rank_costs), "imbalance_unbalanced": _max_over_mean(unbalanced),
-        "microbatch_imbalance": _max_over_mean(bin_costs),
-        "max_rank_cost": float(rank_costs.max()), "max_rank_cost_unbalanced": float(unbalanced.max()),
+        "weights": plan.weights, "samples": dict(samples), "tokens": dict(tokens), "image_patches": dict(patches),
+        "deferred": int(len(unplaced)),
+        "imbalance": max_over_mean(bucket_costs), "imbalance_unbalanced": max_over_mean(unbalanced),
+        "microbatch_imbalance": max_over_mean(bin_costs),
+        "max_rank_cost": float(bucket_costs.max()), "max_rank_cost_unbalanced": float(unbalanced.max()),
+        "lower_bound": float(balance.lower_bound(costs[placed], buckets)) if placed.any() else 0.0,
     }
 
 
-def _max_over_mean(x: np.ndarray) -> float:
+def max_over_mean(x: np.ndarray) -> float:
     mean = float(np.mean(x)) if len(x) else 0.0
     return float(np.max(x) / mean) if mean > 0 else 1.0

@@ -23,9 +23,11 @@ from ..config import Config, load_config
 from ..core.mesh import Mesh
 from ..core.mixing import Mixer
 from ..core.order import RowGroupRef
+from ..core.schedules import FeedbackLog, weights_at
 from ..schemas import MICROBATCH, SAMPLE_METADATA, load_schema
 from .feed import SourceFeed
 from .program import StepPlan, plan_step
+from .strategy import load_strategy
 
 log = logging.getLogger(__name__)
 WAIT_SECONDS = 30.0  # a blocking call waits this long server-side, then the client may ask again
@@ -51,6 +53,8 @@ class PlannerServer(wire.ActionServer):
     def __init__(self, cfg: Config, *, port: int | None = None):
         self.cfg = cfg
         self.mesh = Mesh.from_config(cfg.mesh, cfg.dp_per_constructor)
+        self.strategy = load_strategy(cfg, self.mesh)
+        self._feedback = FeedbackLog(expected=cfg.mesh.dp)  # one report per data-parallel group
         self._cond = threading.Condition()
         self._loaders: dict[tuple[str, int], str] = {}
         self._row_groups: dict[str, list[RowGroupRef]] = {s.name: [] for s in cfg.sources}
@@ -111,15 +115,17 @@ class PlannerServer(wire.ActionServer):
     # -- planning ----------------------------------------------------------------------
     def _plan_loop(self) -> None:
         try:
-            feeds = {s.name: SourceFeed(s.name, self._row_groups[s.name], self.cfg.seed, self._sizes_fetcher(s.name))
+            feeds = {s.name: SourceFeed(s.name, self._row_groups[s.name], self.cfg.seed, self._meta_fetcher(s.name))
                      for s in self.cfg.sources}
             mixer = Mixer([s.name for s in self.cfg.sources])
             for step in itertools.count():
                 with self._cond:
-                    self._cond.wait_for(lambda: self._stopping or step <= self._horizon())
+                    self._cond.wait_for(lambda: self._stopping or (step <= self._horizon()
+                                                                   and self._feedback_ready(step)))
                     if self._stopping:
                         return
-                plan = plan_step(step, feeds, mixer, self.cfg)
+                    weights, feedback = weights_at(self.strategy.schedule, step, self._feedback)
+                plan = plan_step(step, feeds, mixer, self.strategy, self._checked_weights(step, weights), feedback)
                 plan.stats["skipped"] = sum(f.skipped for f in feeds.values())
                 self._journal.append(plan.to_record())
                 with self._cond:
@@ -134,19 +140,37 @@ class PlannerServer(wire.ActionServer):
                 self._error = f"planning failed: {type(exc).__name__}: {exc}"
                 self._cond.notify_all()
 
+    def _feedback_ready(self, step: int) -> bool:
+        """A dynamic schedule plans step s only from the complete feedback of step s - lag."""
+        lag = self.strategy.schedule.lag
+        return not lag or step < lag or self._feedback.complete(step - lag)
+
+    def _checked_weights(self, step: int, weights: dict) -> dict[str, float]:
+        unknown = sorted(set(weights) - set(self.strategy.sources))
+        if unknown:
+            raise ValueError(f"the mixing schedule of step {step} names unknown source {unknown[0]!r} "
+                             f"(sources: {', '.join(self.strategy.sources)})")
+        if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+            raise ValueError(f"the mixing schedule of step {step} gave weights {weights}: they must be "
+                             f">= 0 with a positive sum")
+        return {k: float(v) for k, v in weights.items()}
+
     def _horizon(self) -> int:
         """Plan up to ``prefetch`` steps past the slowest trainer that has asked for data."""
         slowest = min(self._requested.values()) if self._requested else -1
         return slowest + self.cfg.prefetch
 
-    def _sizes_fetcher(self, source: str):
-        def fetch(epoch: int, rg: RowGroupRef) -> np.ndarray:
+    def _meta_fetcher(self, source: str):
+        def fetch(epoch: int, rg: RowGroupRef) -> dict[str, np.ndarray]:
             location = self._owner[(source, rg.file, rg.row_group)]
             request = {"kind": "metadata", "epoch": epoch, "file": rg.file, "row_group": rg.row_group}
             table = self._clients.get(location).do_get(wire.ticket(request)).read_all()
-            sizes = np.empty(rg.num_rows, dtype=np.int64)
-            sizes[table.column("row").to_numpy()] = table.column("num_tokens").to_numpy()
-            return sizes
+            rows = table.column("row").to_numpy()
+            meta = {}
+            for name in ("num_tokens", "image_patches"):
+                meta[name] = np.zeros(rg.num_rows, dtype=np.int64)
+                meta[name][rows] = table.column(name).to_numpy()
+            return meta
         return fetch
 
     def _wait_for_plan(self, step: int, timeout: float) -> None:
@@ -193,7 +217,7 @@ class PlannerServer(wire.ActionServer):
     def _batch_info(self, descriptor, step: int, rank: int) -> fl.FlightInfo:
         coord = self.mesh.coord(rank)
         location = self._constructors[self.mesh.constructor_of(coord.dp)]
-        ticket = wire.ticket({"kind": "batch", "step": step, "rank": rank, "dp": coord.dp})
+        ticket = wire.ticket({"kind": "batch", "step": step, "rank": rank})
         endpoint = fl.FlightEndpoint(ticket, [location])
         return fl.FlightInfo(load_schema(MICROBATCH), descriptor, [endpoint],
                              self.cfg.global_batch.microbatches, -1)
@@ -234,21 +258,45 @@ class PlannerServer(wire.ActionServer):
         return self._constructor_view(plan, constructor)
 
     def _constructor_view(self, plan: StepPlan, constructor: int) -> dict:
-        keys, microbatches, fetch = [], {}, {}
-        for dp in self.mesh.dp_ranks_of(constructor):
-            rank_bins = []
-            for bin_ in plan.rank_bins(dp):
+        """What one constructor assembles: its buckets' microbatches as indices into ``keys``, the
+        planned length of each sample, and which loader to fetch each sample from."""
+        keys, lengths, microbatches, fetch = [], [], {}, {}
+        for bucket in self.mesh.buckets_of_constructor(constructor, plan.axis):
+            bucket_bins = []
+            for bin_ in plan.bucket_bins(bucket):
                 indices = []
-                for ref, _ in bin_:
+                for pick in bin_:
+                    ref = pick.ref
                     indices.append(len(keys))
                     location = self._owner[(ref.source, ref.file, ref.row_group)]
                     entry = fetch.setdefault(location, {"location": location, "items": [], "samples": []})
                     entry["items"].append(len(keys))
                     entry["samples"].append([ref.epoch, ref.file, ref.row_group, ref.row])
                     keys.append(ref.key)
-                rank_bins.append(indices)
-            microbatches[str(dp)] = rank_bins
-        return {"step": plan.step, "keys": keys, "microbatches": microbatches, "fetch": list(fetch.values())}
+                    lengths.append(pick.tokens)
+                bucket_bins.append(indices)
+            microbatches[str(bucket)] = bucket_bins
+        return {"step": plan.step, "axis": plan.axis, "broadcast": sorted(self.strategy.broadcast),
+                "capacity": plan.capacity, "keys": keys, "lengths": lengths,
+                "microbatches": microbatches, "fetch": list(fetch.values())}
+
+    # -- trainer feedback --------------------------------------------------------------
+    def action_report(self, body):
+        """A trainer's per-source loss for one step: {"step", "rank", "losses": {source: loss}}.
+        One report per data-parallel group counts; it is journaled before any plan reads it."""
+        step = wire.field(body, "step", int, "report")
+        rank = wire.field(body, "rank", int, "report")
+        losses = wire.field(body, "losses", dict, "report")
+        group = self.mesh.coord(rank).dp
+        for source, loss in losses.items():
+            self.cfg.source(source)  # names the unknown source
+            if isinstance(loss, bool) or not isinstance(loss, (int, float)) or loss != loss:
+                raise ValueError(f"report: loss of source {source!r} must be a number, got {loss!r}")
+        with self._cond:
+            if self._feedback.add(step, group, losses):
+                self._journal.append({"report": {"step": step, "group": group, "rank": rank, "losses": losses}})
+                self._cond.notify_all()
+        return {"ok": True}
 
     # -- inspection --------------------------------------------------------------------
     def action_status(self, body):

@@ -1,0 +1,51 @@
+"""Context-parallel splits of one packed sequence across the CP ranks.
+
+- ``contiguous``: rank c holds tokens [c*L/cp, (c+1)*L/cp).
+- ``load_balanced``: the sequence is cut into 2*cp chunks and rank c holds chunks c and 2*cp-1-c.
+  Under causal attention a token's work grows with its position, so pairing an early chunk with a
+  late one gives every rank the same attention work (Megatron-LM / TransformerEngine's split).
+
+A rank's share is described by ``[start0, end0, start1, end1, ...]`` positions in the full sequence,
+delivered alongside the tokens, so the trainer (and the tests) can put the pieces back together.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+CP_SPLITS = ("load_balanced", "contiguous")
+
+
+def chunk_count(cp: int, mode: str) -> int:
+    if mode not in CP_SPLITS:
+        raise ValueError(f"unknown context-parallel split {mode!r} (splits: {', '.join(CP_SPLITS)})")
+    return 2 * cp if mode == "load_balanced" else cp
+
+
+def token_ranges(length: int, cp: int, cp_rank: int, mode: str) -> list[int]:
+    """Flat [start, end, ...] of the positions rank ``cp_rank`` holds; ``length`` must divide evenly."""
+    chunks = chunk_count(cp, mode)
+    if length % chunks:
+        raise ValueError(f"sequence length {length} is not divisible into {chunks} chunks ({mode} split, cp={cp})")
+    if not 0 <= cp_rank < cp:
+        raise ValueError(f"cp rank {cp_rank} outside 0..{cp - 1}")
+    size = length // chunks
+    picks = [cp_rank, 2 * cp - 1 - cp_rank] if mode == "load_balanced" else [cp_rank]
+    return [p for c in picks for p in (c * size, (c + 1) * size)]
+
+
+def take_ranges(values: np.ndarray, ranges: list[int]) -> np.ndarray:
+    """The positions named by ``ranges``, concatenated in order (a view when there is one range)."""
+    parts = [values[ranges[i]:ranges[i + 1]] for i in range(0, len(ranges), 2)]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def reassemble(pieces: list[tuple[np.ndarray, list[int]]], length: int) -> np.ndarray:
+    """Inverse of the split: put each rank's tokens back at their positions."""
+    out = np.zeros(length, dtype=pieces[0][0].dtype if pieces else np.int32)
+    for values, ranges in pieces:
+        at = 0
+        for i in range(0, len(ranges), 2):
+            n = ranges[i + 1] - ranges[i]
+            out[ranges[i]:ranges[i + 1]] = values[at:at + n]
+            at += n
+    return out

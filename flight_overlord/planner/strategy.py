@@ -1,0 +1,151 @@
+"""The orchestration program, declared with a handful of primitives (the paper's DGraph, section 4).
+
+    def build(s):                                  # a strategy file the YAML names: `strategy: my.py`
+        return (s.mix(linear(SHORT, LONG, start=0, end=2000))
+                 .cost("attention")
+                 .distribute("DP")
+                 .balance("greedy", level="both")
+                 .broadcast_at("TP"))
+
+Every primitive has a default taken from the config (``sources[].weight``, ``cost``,
+``balance.method``), so a config without a strategy file plans exactly as before. ``plan_raw``
+replaces distribute+balance with a user function when the primitives cannot express a strategy.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..config import BALANCE_METHODS, Config, ConfigError
+from ..core.cost import CostFn, attention_cost, config_cost, patches_cost, tokens_cost
+from ..core.mesh import BROADCAST_DIMS, DISTRIBUTE_AXES, Mesh
+from ..core.schedules import Schedule, as_schedule, constant
+
+BALANCE_LEVELS = ("both", "inter", "intra")
+@dataclass
+class Balancing:
+    method: str
+    level: str = "both"            # inter: across buckets; intra: across a bucket's microbatches
+    keep_global_batch: bool = False  # True: every sample drawn for a step is trained in that step
+
+
+class Strategy:
+    """The primitives; each returns the strategy, so a program reads as one chained expression."""
+
+    def __init__(self, cfg: Config, mesh: Mesh | None = None):
+        self.cfg = cfg
+        self.mesh = mesh or Mesh.from_config(cfg.mesh, cfg.dp_per_constructor)
+        self.sources = [s.name for s in cfg.sources]
+        self.schedule: Schedule = constant({s.name: s.weight for s in cfg.sources})
+        self.cost_fn: CostFn = config_cost(cfg.cost)
+        self.axis, self.group_size = "DP", None
+        self.balancing = Balancing(cfg.balance_method)
+        self.broadcast: frozenset[str] = frozenset()
+        self.raw: Callable | None = None
+
+    def mix(self, schedule) -> "Strategy":
+        """Source weights per step: a schedule, a mapping of constant weights, or a callable of the step."""
+        self.schedule = as_schedule(schedule)
+        return self
+
+    def cost(self, fn="attention", **params) -> "Strategy":
+        """``"tokens"``, ``"attention"`` (a, b default to the config's), ``"patches"``, or any
+        function of the sample metadata arrays returning one cost per sample."""
+        if callable(fn):
+            self.cost_fn = fn
+        elif fn == "tokens":
+            self.cost_fn = tokens_cost()
+        elif fn == "attention":
+            self.cost_fn = attention_cost(params.get("a", self.cfg.cost.a), params.get("b", self.cfg.cost.b))
+        elif fn == "patches":
+            self.cost_fn = patches_cost(**params)
+        else:
+            raise ValueError(f"cost(): unknown cost model {fn!r} (built-ins: tokens, attention, patches; "
+                             f"or pass a function of the sample metadata)")
+        return self
+
+    def distribute(self, axis: str = "DP", group_size: int | None = None) -> "Strategy":
+        """Buckets along ``axis``: DP ranks, DP x CP ranks, or every rank (WORLD). With ``group_size``
+        the buckets are balanced within groups of that many instead of all at once."""
+        if axis not in DISTRIBUTE_AXES:
+            raise ValueError(f"distribute(): unknown axis {axis!r} (axes: {', '.join(DISTRIBUTE_AXES)})")
+        if group_size is not None and group_size < 1:
+            raise ValueError(f"distribute(): group_size must be >= 1, got {group_size}")
+        self.axis, self.group_size = axis, group_size
+        return self
+
+    def balance(self, method: str = "karmarkar_karp", level: str = "both",
+                keep_global_batch: bool = False) -> "Strategy":
+        if method not in BALANCE_METHODS:
+            raise ValueError(f"balance(): unknown method {method!r} (methods: {', '.join(BALANCE_METHODS)})")
+        if level not in BALANCE_LEVELS:
+            raise ValueError(f"balance(): unknown level {level!r} (levels: {', '.join(BALANCE_LEVELS)})")
+        self.balancing = Balancing(method, level, keep_global_batch)
+        return self
+
+    def broadcast_at(self, dim: str) -> "Strategy":
+        """The trainer broadcasts along ``dim`` itself: only its rank 0 there receives tokens."""
+        if dim not in BROADCAST_DIMS:
+            raise ValueError(f"broadcast_at(): unknown dimension {dim!r} (dimensions: {', '.join(BROADCAST_DIMS)})")
+        self.broadcast = self.broadcast | {dim}
+        return self
+
+    def plan_raw(self, fn: Callable) -> "Strategy":
+        """Low-level hook: ``fn(ctx: PlanContext) -> (bins, unplaced)`` places the drawn samples itself."""
+        self.raw = fn
+        return self
+
+    def plan(self) -> "Strategy":
+        """Check the program against the mesh; the Planner calls this before the first step."""
+        if self.axis == "WORLD" and self.broadcast:
+            raise ValueError("broadcast_at() does not apply under distribute('WORLD'): every rank is its own consumer")
+        if self.axis == "CP" and "CP" in self.broadcast:
+            raise ValueError("broadcast_at('CP') contradicts distribute('CP') (CP ranks consume distinct data)")
+        if self.group_size and self.num_buckets % self.group_size:
+            raise ValueError(f"distribute({self.axis!r}, group_size={self.group_size}): the group size must divide "
+                             f"the {self.num_buckets} buckets of this mesh")
+        if self.capacity < 1:
+            raise ValueError(f"distribute({self.axis!r}): context_length {self.cfg.global_batch.context_length} "
+                             f"over cp={self.mesh.cp} leaves no room per microbatch")
+        return self
+
+    @property
+    def num_buckets(self) -> int:
+        return self.mesh.num_buckets(self.axis)
+
+    @property
+    def capacity(self) -> int:
+        """Tokens per packed microbatch of one bucket: under axis CP a rank holds 1/cp of the context."""
+        length = self.cfg.global_batch.context_length
+        return length // self.mesh.cp if self.axis == "CP" else length
+
+
+def load_strategy(cfg: Config, mesh: Mesh | None = None) -> Strategy:
+    """The config's strategy: defaults, then the strategy file's ``build(s)`` if the config names one."""
+    strategy = Strategy(cfg, mesh)
+    if cfg.strategy is None:
+        return strategy.plan()
+    path, function = cfg.strategy.file, cfg.strategy.function
+    module = _import_file(path)
+    build = getattr(module, function, None)
+    if not callable(build):
+        raise ConfigError(f"strategy file {path}: defines no function {function!r}")
+    try:
+        result = build(strategy, **cfg.strategy.options)
+        return (result if isinstance(result, Strategy) else strategy).plan()
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ConfigError(f"strategy file {path}: {function}(): {exc}") from None
+
+
+def _import_file(path: Path):
+    spec = importlib.util.spec_from_file_location(f"overlord_strategy_{abs(hash(str(path)))}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except FileNotFoundError:
+        raise ConfigError(f"strategy file not found: {path}") from None
+    except SyntaxError as exc:
+        raise ConfigError(f"strategy file {path}: line {exc.lineno}: {exc.msg}") from None
+    return module
