@@ -84,6 +84,19 @@ class SourceConfig:
     transform: TransformConfig
     weight: float
     loaders: int  # source-loader actors; the row groups are split this many ways
+    image_column: str | None = None  # image-text sources: list<binary> of images interleaved with text_column
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """Image-text sources: the encoder's patch geometry and where images are decoded."""
+    patch_size: int = 14
+    merge_size: int = 2
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+    image_token_id: int = 256  # the placeholder token; 256 is just past the byte tokenizer's vocabulary
+    decode_at: str = "constructor"  # constructor: compressed bytes cross the network; loader: pixels do
+    on_bad_image: str = "skip"  # skip: drop the sample, log its key and count it; fail: stop the run
 
 
 @dataclass(frozen=True)
@@ -106,6 +119,7 @@ class GlobalBatchConfig:
     microbatches: int  # per data-parallel rank per step; each is one sequence packed to context_length
     samples_per_step: int | None
     tokens_per_step: int | None
+    pad_to_multiple: int | None = None  # None: pad every sequence to the full microbatch capacity
 
 
 @dataclass(frozen=True)
@@ -140,6 +154,7 @@ class Config:
     run_dir: Path
     data_root: Path
     strategy: StrategyConfig | None = None
+    vision: VisionConfig = VisionConfig()
     path: Path | None = None  # the YAML file this came from, so child processes can reload it
 
     @property
@@ -173,12 +188,12 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         "seed": 0, "data_root": ".", "run_dir": "runs/default", "sources": _REQUIRED,
         "mesh": None, "global_batch": _REQUIRED, "cost": None, "balance": None,
         "prefetch": 2, "network": None, "loader": None, "constructor": None,
-        "pad_token_id": 0, "strategy": None,
+        "pad_token_id": 0, "strategy": None, "vision": None,
     })
     data_root = (base_dir / str(top["data_root"])).resolve()
     global_batch = _parse_global_batch(top["global_batch"])
     sources = _parse_sources(top["sources"], data_root)
-    mesh = _parse_mesh(top["mesh"], global_batch.context_length)
+    mesh = _parse_mesh(top["mesh"], global_batch.context_length, global_batch.pad_to_multiple)
     network = _fields(top["network"], "network", {"host": "127.0.0.1", "planner_port": 0})
     balance = _fields(top["balance"], "balance", {"method": "greedy"})
     loader = _fields(top["loader"], "loader", {"read_ahead_row_groups": 2})
@@ -199,6 +214,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         run_dir=(base_dir / str(top["run_dir"])).resolve(),
         data_root=data_root,
         strategy=_parse_strategy(top["strategy"], base_dir),
+        vision=_parse_vision(top["vision"]),
         path=path,
     )
 
@@ -211,7 +227,7 @@ def _parse_sources(raw: Any, data_root: Path) -> tuple[SourceConfig, ...]:
         where = f"sources[{i}]"
         f = _fields(item, where, {
             "name": _REQUIRED, "paths": _REQUIRED, "text_column": "text",
-            "transform": "byte_tokenizer", "weight": 1.0, "loaders": 1,
+            "transform": "byte_tokenizer", "weight": 1.0, "loaders": 1, "image_column": None,
         })
         name = str(f["name"])
         if name in names:
@@ -228,6 +244,7 @@ def _parse_sources(raw: Any, data_root: Path) -> tuple[SourceConfig, ...]:
             transform=_parse_transform(f["transform"], f"{where}.transform"),
             weight=_number(f["weight"], f"{where}.weight", minimum=0.0),
             loaders=_int(f["loaders"], f"{where}.loaders", minimum=1),
+            image_column=None if f["image_column"] is None else str(f["image_column"]),
         ))
     if sum(s.weight for s in sources) <= 0:
         raise ConfigError("sources: at least one source needs a positive weight")
@@ -265,7 +282,7 @@ def _parse_transform(raw: Any, where: str) -> TransformConfig:
     raise ConfigError(f"{where}: expected a transform name or a mapping with 'name'")
 
 
-def _parse_mesh(raw: Any, context_length: int) -> MeshConfig:
+def _parse_mesh(raw: Any, context_length: int, pad_to_multiple: int | None) -> MeshConfig:
     f = _fields(raw, "mesh", {"pp": 1, "dp": 1, "cp": 1, "tp": 1, "order": "tp,cp,dp,pp", "cp_split": "load_balanced"})
     sizes = {k: _int(f[k], f"mesh.{k}", minimum=1) for k in ("pp", "dp", "cp", "tp")}
     order = tuple(a.strip() for a in str(f["order"]).split(","))
@@ -273,10 +290,22 @@ def _parse_mesh(raw: Any, context_length: int) -> MeshConfig:
         raise ConfigError(f"mesh.order: {f['order']!r} must list each of pp, dp, cp, tp once, fastest-varying first")
     cp_split = _choice(f["cp_split"], "mesh.cp_split", ("load_balanced", "contiguous"))
     chunks = sizes["cp"] * (2 if cp_split == "load_balanced" else 1)
-    if sizes["cp"] > 1 and context_length % chunks:
-        raise ConfigError(f"mesh.cp: global_batch.context_length {context_length} must divide into "
-                          f"{chunks} equal chunks for the {cp_split} split over cp={sizes['cp']}")
+    for length, key in ((context_length, "context_length"), (pad_to_multiple, "pad_to_multiple")):
+        if sizes["cp"] > 1 and length and length % chunks:
+            raise ConfigError(f"mesh.cp: global_batch.{key} {length} must divide into "
+                              f"{chunks} equal chunks for the {cp_split} split over cp={sizes['cp']}")
     return MeshConfig(**sizes, order=order, cp_split=cp_split)
+
+
+def _parse_vision(raw: Any) -> VisionConfig:
+    d = VisionConfig()
+    f = _fields(raw, "vision", {k: getattr(d, k) for k in d.__dataclass_fields__})
+    ints = {k: _int(f[k], f"vision.{k}", minimum=1 if k != "image_token_id" else 0)
+            for k in ("patch_size", "merge_size", "min_pixels", "max_pixels", "image_token_id")}
+    if ints["max_pixels"] < ints["min_pixels"]:
+        raise ConfigError(f"vision.max_pixels: {ints['max_pixels']} is below vision.min_pixels {ints['min_pixels']}")
+    return VisionConfig(**ints, decode_at=_choice(f["decode_at"], "vision.decode_at", ("constructor", "loader")),
+                        on_bad_image=_choice(f["on_bad_image"], "vision.on_bad_image", ("skip", "fail")))
 
 
 def _parse_strategy(raw: Any, base_dir: Path) -> StrategyConfig | None:
@@ -296,7 +325,7 @@ def _parse_strategy(raw: Any, base_dir: Path) -> StrategyConfig | None:
 def _parse_global_batch(raw: Any) -> GlobalBatchConfig:
     f = _fields(raw, "global_batch", {
         "context_length": _REQUIRED, "microbatches": 1,
-        "samples_per_step": None, "tokens_per_step": None,
+        "samples_per_step": None, "tokens_per_step": None, "pad_to_multiple": None,
     })
     if (f["samples_per_step"] is None) == (f["tokens_per_step"] is None):
         raise ConfigError("global_batch: give exactly one of 'samples_per_step' or 'tokens_per_step'")
@@ -307,6 +336,8 @@ def _parse_global_batch(raw: Any) -> GlobalBatchConfig:
         else _int(f["samples_per_step"], "global_batch.samples_per_step", minimum=1),
         tokens_per_step=None if f["tokens_per_step"] is None
         else _int(f["tokens_per_step"], "global_batch.tokens_per_step", minimum=1),
+        pad_to_multiple=None if f["pad_to_multiple"] is None
+        else _int(f["pad_to_multiple"], "global_batch.pad_to_multiple", minimum=1),
     )
 
 

@@ -22,9 +22,10 @@ source          rows @1.0 text
 ==============  ========  ===================================================================
 
 ``make_demo_data(out_dir, seed=..., scale=...)`` writes ``out_dir/<source>/part-NNNNN.parquet``
-(columns ``text: string``, ``doc_id: int64``; zstd; several row groups per file). Output is
-byte-identical for the same seed and scale on the same machine; the gathered material is cached
-per process.
+(columns ``text: string``, ``doc_id: int64``; zstd; several row groups per file). It also writes
+the image-text sources of ``demo_images`` (``imagecaps``, ``interleaved``) unless
+``images=False``. Output is byte-identical for the same seed and scale on the same machine; the
+gathered material is cached per process.
 """
 from __future__ import annotations
 
@@ -437,36 +438,42 @@ def _layout(rows_at_scale_1: int, scale: float) -> tuple[int, int]:
     return rows, n_files
 
 
-def _write_source(directory: Path, texts: list[str], n_files: int) -> list[Path]:
+def _write_source(directory: Path, table: pa.Table, n_files: int) -> list[Path]:
+    """Split ``table``'s rows over ``n_files`` files of several row groups, adding ``doc_id``."""
     directory.mkdir(parents=True, exist_ok=True)
     for stale in directory.glob("part-*.parquet"):        # from an earlier run at another scale
         stale.unlink()
     paths, first_id = [], 0
-    for i, rows in enumerate(np.array_split(np.arange(len(texts)), n_files)):
+    for i, rows in enumerate(np.array_split(np.arange(table.num_rows), n_files)):
         n_groups = max(MIN_ROW_GROUPS, min(ROW_GROUPS_PER_FILE, len(rows) // MIN_ROWS_PER_GROUP))
-        table = pa.table({
-            "text": pa.array([texts[r] for r in rows], pa.string()),
-            "doc_id": pa.array(np.arange(first_id, first_id + len(rows)), pa.int64()),
-        })
+        part = table.slice(first_id, len(rows))
+        part = part.append_column("doc_id", pa.array(np.arange(first_id, first_id + len(rows)), pa.int64()))
         path = directory / f"part-{i:05d}.parquet"
-        pq.write_table(table, path, row_group_size=math.ceil(len(rows) / n_groups), compression="zstd")
+        pq.write_table(part, path, row_group_size=math.ceil(len(rows) / n_groups), compression="zstd")
         paths.append(path)
         first_id += len(rows)
     return paths
 
 
-def make_demo_data(out_dir: str | os.PathLike, *, seed: int = 0, scale: float = 1.0) -> dict[str, list[Path]]:
-    """Write out_dir/<source>/part-00000.parquet ... ; return {source: [paths]}. Deterministic from seed (byte-identical files for the same seed+scale on the same machine).
-
-    Every file has columns ``text`` (string) and ``doc_id`` (int64, unique within its source) and
-    several row groups. At ``scale=1.0`` each source has 4 files of ~6 row groups; row counts scale
-    linearly, clamped to at least 2 files x 2 row groups. Existing ``part-*.parquet`` files in the
-    source directories are replaced.
-    """
+def _check_arguments(seed: int, scale: float) -> None:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     if not scale > 0:
         raise ValueError(f"scale must be > 0, got {scale!r}")
+
+
+def make_demo_data(out_dir: str | os.PathLike, *, seed: int = 0, scale: float = 1.0,
+                   images: bool = True) -> dict[str, list[Path]]:
+    """Write out_dir/<source>/part-00000.parquet ... ; return {source: [paths]}. Deterministic from seed (byte-identical files for the same seed+scale on the same machine).
+
+    The text sources (``SOURCE_NAMES``, in that order) have columns ``text`` (string) and
+    ``doc_id`` (int64, unique within its source). With ``images`` the image-text sources of
+    ``demo_images.IMAGE_SOURCE_NAMES`` follow them, with columns ``texts``, ``images`` and
+    ``doc_id``. Every file has several row groups. At ``scale=1.0`` each source has 4 files of
+    ~6 row groups; row counts scale linearly, clamped to at least 2 files x 2 row groups.
+    Existing ``part-*.parquet`` files in the source directories are replaced.
+    """
+    _check_arguments(seed, scale)
     mat = _material()
     out = Path(out_dir)
     result = {}
@@ -474,5 +481,8 @@ def make_demo_data(out_dir: str | os.PathLike, *, seed: int = 0, scale: float = 
         spec = _SOURCES[name]
         rows, n_files = _layout(spec.rows_at_scale_1, scale)
         texts = spec.generate(mat, np.random.default_rng(int(seed) + spec.seed_offset), rows)
-        result[name] = _write_source(out / name, texts, n_files)
+        result[name] = _write_source(out / name, pa.table({"text": pa.array(texts, pa.string())}), n_files)
+    if images:
+        from .demo_images import make_image_demo_data    # it imports this module's helpers
+        result.update(make_image_demo_data(out, seed=seed, scale=scale))
     return result

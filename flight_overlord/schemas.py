@@ -5,6 +5,7 @@ import functools
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
@@ -32,3 +33,11 @@ SAMPLE_METADATA = "sample_metadata"
 SAMPLES = "samples"
 MICROBATCH = "microbatch"
 ROW_GROUP_CATALOG = "row_group_catalog"
+
+
+def list_array(rows, value_type: pa.DataType = pa.int32()) -> pa.ListArray:
+    """A list column from per-row numpy arrays (one buffer copy, no per-row Python objects)."""
+    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum([len(r) for r in rows], out=offsets[1:])
+    values = np.concatenate(rows) if len(rows) else np.zeros(0)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, value_type))

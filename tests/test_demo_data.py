@@ -1,12 +1,17 @@
 """Tests for the deterministic demo corpus generator (small scale, so they run in seconds)."""
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from PIL import Image
 
 from flight_overlord.demo_data import SOURCE_NAMES, make_demo_data
+from flight_overlord.demo_images import IMAGE_SOURCE_NAMES, make_image_demo_data
+from flight_overlord.vision import decode_patches, image_size, patch_grid
 
 SCALE = 0.03
 
@@ -25,9 +30,14 @@ def _byte_lengths(paths) -> np.ndarray:
     return np.array([len(t.encode("utf-8")) for t in _texts(paths)])
 
 
+def _rows(paths, column: str) -> list:
+    return [v for p in paths for v in pq.read_table(p, columns=[column])[column].to_pylist()]
+
+
 def test_sources_and_layout(corpus):
-    assert tuple(corpus) == SOURCE_NAMES
+    assert tuple(corpus) == SOURCE_NAMES + IMAGE_SOURCE_NAMES
     assert SOURCE_NAMES == ("captions", "longdocs", "code", "docstrings", "manuals", "qa")
+    assert IMAGE_SOURCE_NAMES == ("imagecaps", "interleaved")
     for name, paths in corpus.items():
         assert len(paths) >= 2, name
         for path in paths:
@@ -36,14 +46,20 @@ def test_sources_and_layout(corpus):
             assert meta.num_row_groups >= 2, path
             assert meta.row_group(0).column(0).compression == "ZSTD"
             schema = pq.read_schema(path)
-            assert schema.names == ["text", "doc_id"]
-            assert schema.field("text").type == pa.string()
+            if name in SOURCE_NAMES:
+                assert schema.names == ["text", "doc_id"]
+                assert schema.field("text").type == pa.string()
+            else:
+                assert schema.names == ["texts", "images", "doc_id"]
+                assert schema.field("texts").type == pa.list_(pa.string())
+                assert schema.field("images").type == pa.list_(pa.binary())
             assert schema.field("doc_id").type == pa.int64()
 
 
 def test_same_seed_is_byte_identical(corpus, tmp_path):
     again = make_demo_data(tmp_path, seed=0, scale=SCALE)
-    for name in SOURCE_NAMES:
+    assert tuple(again) == tuple(corpus)
+    for name in corpus:
         assert [p.name for p in again[name]] == [p.name for p in corpus[name]]
         for a, b in zip(corpus[name], again[name]):
             assert a.read_bytes() == b.read_bytes(), (name, a.name)
@@ -53,6 +69,9 @@ def test_different_seed_differs(corpus, tmp_path):
     other = make_demo_data(tmp_path, seed=1, scale=SCALE)
     for name in SOURCE_NAMES:
         assert _texts(other[name]) != _texts(corpus[name]), name
+    for name in IMAGE_SOURCE_NAMES:
+        assert _rows(other[name], "images") != _rows(corpus[name], "images"), name
+        assert _rows(other[name], "texts") != _rows(corpus[name], "texts"), name
 
 
 def test_doc_ids_unique_per_source(corpus):
@@ -62,8 +81,8 @@ def test_doc_ids_unique_per_source(corpus):
 
 
 def test_texts_non_empty(corpus):
-    for name, paths in corpus.items():
-        assert min(_byte_lengths(paths)) > 0, name
+    for name in SOURCE_NAMES:
+        assert min(_byte_lengths(corpus[name])) > 0, name
 
 
 def test_captions_are_mostly_short_with_a_long_tail(corpus):
@@ -79,7 +98,7 @@ def test_longdocs_are_long(corpus):
 
 
 def test_source_distributions_differ(corpus):
-    median = {name: np.median(_byte_lengths(paths)) for name, paths in corpus.items()}
+    median = {name: np.median(_byte_lengths(corpus[name])) for name in SOURCE_NAMES}
     assert median["captions"] < median["qa"] < median["longdocs"]
     assert median["captions"] < median["code"] < median["longdocs"]
 
@@ -94,3 +113,74 @@ def test_rejects_bad_arguments(tmp_path):
         make_demo_data(tmp_path, seed=-1, scale=SCALE)
     with pytest.raises(ValueError):
         make_demo_data(tmp_path, scale=0)
+    with pytest.raises(ValueError):
+        make_image_demo_data(tmp_path, seed=-1, scale=SCALE)
+
+
+# ---------------------------------------------------------------------------------------------
+# Image-text sources.
+# ---------------------------------------------------------------------------------------------
+
+def _documents(paths) -> list[tuple[list, list]]:
+    return list(zip(_rows(paths, "texts"), _rows(paths, "images")))
+
+
+def _images(paths) -> list[bytes]:
+    return [image for _, images in _documents(paths) for image in images if image is not None]
+
+
+def test_interleaved_layout(corpus):
+    for name in IMAGE_SOURCE_NAMES:
+        docs = _documents(corpus[name])
+        assert len(docs) >= 16, name
+        for texts, images in docs:
+            assert len(texts) == len(images) >= 2
+            assert all((t is None) != (i is None) for t, i in zip(texts, images)), (texts, images)
+            assert all(t for t in texts if t is not None) and all(i for i in images if i is not None)
+
+
+def test_imagecaps_is_image_then_caption(corpus):
+    for texts, images in _documents(corpus["imagecaps"]):
+        assert texts[0] is None and images[1] is None and len(texts) == 2
+        assert 3 <= len(texts[1]) <= 200, texts[1]
+
+
+def test_interleaved_documents(corpus):
+    counts = []
+    for texts, images in _documents(corpus["interleaved"]):
+        paragraphs = [t for t in texts if t is not None]
+        counts.append((len(paragraphs), len(texts) - len(paragraphs)))
+        assert all(100 <= len(t.encode("utf-8")) <= 1500 for t in paragraphs)
+    n_texts, n_images = zip(*counts)
+    assert min(n_texts) >= 2 and max(n_texts) <= 8 and min(n_images) >= 2 and max(n_images) <= 6
+    assert len(set(n_images)) > 2                               # varied, not a constant
+
+
+def test_images_decode_and_agree_with_headers(corpus):
+    for name in IMAGE_SOURCE_NAMES:
+        formats = set()
+        for data in _images(corpus[name]):
+            formats.add(Image.open(io.BytesIO(data)).format)
+            patches, grid = decode_patches(data)
+            assert grid == patch_grid(*image_size(data)) and patches.shape[0] == grid[1] * grid[2]
+        assert formats == {"JPEG", "PNG"}, name
+
+
+def test_image_resolutions_are_skewed(corpus):
+    long_side = {name: np.array([max(image_size(d)) for d in _images(corpus[name])]) for name in IMAGE_SOURCE_NAMES}
+    caps, inter = long_side["imagecaps"], long_side["interleaved"]
+    assert np.median(caps) <= 160 and caps.max() >= 600 and caps.min() >= 32
+    assert np.mean(caps <= 160) >= 0.6 and np.mean(caps > 600) <= 0.15
+    assert np.median(caps) < np.median(inter) and inter.max() >= 700 and inter.max() <= 1400
+
+
+def test_image_demo_data_alone_matches(corpus, tmp_path):
+    alone = make_image_demo_data(tmp_path, seed=0, scale=SCALE)
+    assert tuple(alone) == IMAGE_SOURCE_NAMES
+    for name, paths in alone.items():
+        assert [p.read_bytes() for p in paths] == [p.read_bytes() for p in corpus[name]], name
+
+
+def test_images_can_be_left_out(tmp_path):
+    assert tuple(make_demo_data(tmp_path, seed=0, scale=SCALE, images=False)) == SOURCE_NAMES
+    assert not (tmp_path / "imagecaps").exists()

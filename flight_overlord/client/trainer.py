@@ -23,35 +23,47 @@ import pyarrow.flight as fl
 from .. import wire
 
 
-def table_to_microbatches(table: pa.Table) -> list[dict]:
-    """Arrow microbatch rows -> dicts of torch tensors; the token matrices are zero-copy views.
+def _rows(table: pa.Table, name: str) -> list["torch.Tensor"]:
+    """A list column as one torch tensor per row: zero-copy views of the Arrow values buffer."""
+    import torch
+    column = table.column(name).combine_chunks()
+    offsets = column.offsets.to_numpy()
+    with warnings.catch_warnings():  # Arrow buffers are read-only; torch only warns about that
+        warnings.simplefilter("ignore", UserWarning)
+        values = torch.from_numpy(column.values.to_numpy(zero_copy_only=False))
+    return [values[offsets[i]:offsets[i + 1]] for i in range(len(column))]
 
-    ``input_ids`` holds the positions ``token_ranges`` names: the whole sequence, this rank's
-    context-parallel share, or nothing (metadata only: ``input_ids`` is None, the shapes and
-    ``cu_seqlens`` are still there for pipeline stages and broadcast receivers)."""
+
+def table_to_microbatches(table: pa.Table) -> list[dict]:
+    """Arrow microbatch rows -> dicts of torch tensors (token and pixel tensors are zero-copy views).
+
+    ``input_ids`` (and ``position_ids``, ``labels``, ``loss_mask``) hold the positions
+    ``token_ranges`` names: the whole sequence, this rank's context-parallel share, or nothing
+    (metadata only: they are None; ``cu_seqlens`` and the keys are still there for pipeline
+    stages and broadcast receivers). Image-text rows add ``pixel_values`` uint8 [patches, 3*p*p]
+    and ``image_grid_thw`` int32 [images, 3]."""
     import torch
 
-    def matrix(name: str) -> "torch.Tensor":
-        column = table.column(name).combine_chunks()
-        values = column.values.to_numpy()  # zero-copy for int32 without nulls
-        with warnings.catch_warnings():  # Arrow buffers are read-only; torch only warns about that
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.from_numpy(values).view(len(column), -1)
-
-    rows = table.num_rows
-    has_tokens = rows > 0 and len(table.column("token_ranges")[0]) > 0
-    input_ids = matrix("input_ids") if has_tokens else None
-    position_ids = matrix("position_ids") if has_tokens else None
-    columns = {name: table.column(name).to_pylist()
-               for name in ("step", "bucket", "token_ranges", "sequence_length", "cu_seqlens", "sample_keys",
-                            "num_tokens")}
-    return [{"step": columns["step"][i], "bucket": columns["bucket"][i], "microbatch": i,
-             "input_ids": None if input_ids is None else input_ids[i],
-             "position_ids": None if position_ids is None else position_ids[i],
-             "token_ranges": columns["token_ranges"][i], "sequence_length": columns["sequence_length"][i],
-             "cu_seqlens": torch.tensor(columns["cu_seqlens"][i], dtype=torch.int32),
-             "sample_keys": columns["sample_keys"][i], "num_tokens": columns["num_tokens"][i]}
-            for i in range(rows)]
+    tensors = {name: _rows(table, name) for name in ("input_ids", "position_ids", "labels", "loss_mask",
+                                                     "pixel_values", "image_grid_thw")}
+    lists = {name: table.column(name).to_pylist()
+             for name in ("step", "bucket", "token_ranges", "sequence_length", "cu_seqlens", "sample_keys",
+                          "num_tokens")}
+    out = []
+    for i in range(table.num_rows):
+        has_tokens = len(lists["token_ranges"][i]) > 0
+        grid = tensors["image_grid_thw"][i].view(-1, 3)
+        pixels = tensors["pixel_values"][i]
+        patches = int(grid.prod(dim=1).sum()) if len(grid) else 0
+        mb = {name: lists[name][i] for name in lists}
+        mb.update({name: tensors[name][i] if has_tokens else None
+                   for name in ("input_ids", "position_ids", "labels", "loss_mask")})
+        mb["microbatch"] = i
+        mb["cu_seqlens"] = torch.tensor(lists["cu_seqlens"][i], dtype=torch.int32)
+        mb["image_grid_thw"] = grid
+        mb["pixel_values"] = pixels.view(patches, -1) if patches and len(pixels) else None
+        out.append(mb)
+    return out
 
 
 class StepFetcher:

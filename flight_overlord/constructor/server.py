@@ -20,57 +20,11 @@ import pyarrow.flight as fl
 
 from .. import wire
 from ..config import Config, load_config
-from ..core.context_parallel import take_ranges, token_ranges
 from ..core.mesh import Delivery, Mesh
-from ..core.packing import PackedSequence, pack
-from ..schemas import MICROBATCH, load_schema
+from .assembly import Sample, build_microbatch, decode_or_error, drop_bad, rank_table
 
 log = logging.getLogger(__name__)
 WAIT_SECONDS = 30.0
-
-
-def _list_column(rows: list[np.ndarray], dtype=pa.int32()) -> pa.ListArray:
-    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
-    np.cumsum([len(r) for r in rows], out=offsets[1:])
-    values = np.concatenate(rows) if rows else np.zeros(0, np.int32)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, dtype))
-
-
-def pack_bucket(microbatches: list[list[int]], keys: list[str], tokens: dict[int, np.ndarray],
-                capacity: int, pad_token_id: int) -> tuple[list[PackedSequence], list[list[str]]]:
-    """One bucket's step: each microbatch packed into one sequence of ``capacity`` tokens."""
-    packed = [pack([tokens[i] for i in mb], capacity, pad_token_id) for mb in microbatches]
-    return packed, [[keys[i] for i in mb] for mb in microbatches]
-
-
-def microbatch_table(step: int, bucket: int, packed: list[PackedSequence], keys: list[list[str]],
-                     ranges: list[int], capacity: int) -> pa.Table:
-    n = len(packed)
-    columns = {
-        "step": pa.array(np.full(n, step, dtype=np.int64)),
-        "bucket": pa.array(np.full(n, bucket, dtype=np.int32)),
-        "microbatch": pa.array(np.arange(n, dtype=np.int32)),
-        "input_ids": _list_column([take_ranges(p.input_ids, ranges) if ranges else p.input_ids[:0] for p in packed]),
-        "position_ids": _list_column([take_ranges(p.position_ids, ranges) if ranges else p.position_ids[:0]
-                                      for p in packed]),
-        "token_ranges": _list_column([np.array(ranges, dtype=np.int32)] * n),
-        "sequence_length": pa.array(np.full(n, capacity, dtype=np.int32)),
-        "cu_seqlens": _list_column([p.cu_seqlens for p in packed]),
-        "sample_keys": pa.ListArray.from_arrays(
-            pa.array(np.cumsum([0] + [len(k) for k in keys], dtype=np.int32)),
-            pa.array([k for mb in keys for k in mb], pa.string())),
-        "num_tokens": pa.array(np.array([p.num_tokens for p in packed], dtype=np.int32)),
-    }
-    return pa.table(columns, schema=load_schema(MICROBATCH))
-
-
-def delivery_ranges(delivery: Delivery, length: int, cp: int, cp_split: str) -> list[int]:
-    """The positions of a packed sequence that a rank with this delivery receives."""
-    if not delivery.tokens:
-        return []
-    if delivery.cp_rank is None:
-        return [0, length]
-    return token_ranges(length, cp, delivery.cp_rank, cp_split)
 
 
 class ConstructorServer(wire.ActionServer):
@@ -89,6 +43,7 @@ class ConstructorServer(wire.ActionServer):
         self._deliveries: dict[int, Delivery] = {}  # rank -> what it receives; known from the first plan
         self._staged: dict[tuple[int, tuple], pa.Table] = {}  # (step, delivery key) -> table
         self._served: dict[int, int] = {}  # rank -> last step served
+        self._bad_samples: list[str] = []  # keys skipped for a bad image (vision.on_bad_image: skip)
         self._assembled = -1
         self._error: str | None = None
         self._stopping = False
@@ -116,20 +71,20 @@ class ConstructorServer(wire.ActionServer):
                 self._error = f"constructor {self.index}: assembly failed: {type(exc).__name__}: {exc}"
                 self._cond.notify_all()
 
-    def _assemble(self, step: int, view: dict, tokens: dict[int, np.ndarray]) -> dict:
-        """Pack each bucket once, then cut one table per distinct delivery of its ranks."""
+    def _assemble(self, step: int, view: dict, samples: dict[int, Sample]) -> dict:
+        """Build each bucket's microbatches once, then cut one table per distinct delivery of its ranks."""
         if not self._deliveries:
             broadcast = frozenset(view["broadcast"])
             self._deliveries = {r: self.mesh.delivery(r, view["axis"], broadcast) for r in self.ranks}
-        capacity = view["capacity"]
-        lengths = view["lengths"]
-        tokens = {i: t[:lengths[i]] for i, t in tokens.items()}  # the plan may truncate to the capacity
+        samples, bad = drop_bad(samples, self.cfg)
+        self._bad_samples.extend(bad)
+        image_token = self.cfg.vision.image_token_id if any(s.image_column for s in self.cfg.sources) else None
         tables = {}
-        for bucket, microbatches in view["microbatches"].items():
-            packed, keys = pack_bucket(microbatches, view["keys"], tokens, capacity, self.cfg.pad_token_id)
+        for bucket, bins in view["microbatches"].items():
+            microbatches = [build_microbatch([samples[i] for i in mb if i in samples], view["capacity"], self.cfg,
+                                             image_token) for mb in bins]
             for delivery in {d for d in self._deliveries.values() if d.bucket == int(bucket)}:
-                ranges = delivery_ranges(delivery, capacity, self.mesh.cp, self.cfg.mesh.cp_split)
-                tables[(step, delivery.key)] = microbatch_table(step, int(bucket), packed, keys, ranges, capacity)
+                tables[(step, delivery.key)] = rank_table(step, int(bucket), microbatches, delivery, self.cfg)
         return tables
 
     def _plan(self, planner: fl.FlightClient, step: int) -> dict | None:
@@ -140,20 +95,28 @@ class ConstructorServer(wire.ActionServer):
                 continue  # trainers have not moved on yet: the Planner plans only ahead of them
         return None
 
-    def _fetch(self, step: int, view: dict) -> dict[int, np.ndarray]:
-        """Every loader's samples for this step, concurrently; item index -> tokens."""
+    def _fetch(self, step: int, view: dict) -> dict[int, Sample]:
+        """Every loader's samples for this step, concurrently, through the decode stage; item index ->
+        sample (or the failure of its decode). Tokens are cut to the planned length (the plan may
+        truncate a sample to the capacity)."""
+        lengths = view["lengths"]
+
         def one(entry):
             request = {"kind": "samples", "step": step, "constructor": self.index, "samples": entry["samples"]}
             table = self._clients.get(entry["location"]).do_get(wire.ticket(request)).read_all()
-            column = table.column("tokens").combine_chunks()
-            offsets = column.offsets.to_numpy()
-            values = column.values.to_numpy()
-            return {item: values[offsets[j]:offsets[j + 1]] for j, item in enumerate(entry["items"])}
+            tokens = table.column("tokens").combine_chunks()
+            offsets, values = tokens.offsets.to_numpy(), tokens.values.to_numpy()
+            images, grids = table.column("images").to_pylist(), table.column("image_grids").to_pylist()
+            out = {}
+            for j, item in enumerate(entry["items"]):
+                ids = values[offsets[j]:offsets[j + 1]][:lengths[item]]
+                out[item] = decode_or_error(view["keys"][item], ids, images[j], grids[j], self.cfg)
+            return out
 
-        tokens: dict[int, np.ndarray] = {}
+        samples: dict[int, Sample] = {}
         for part in self._pool.map(one, view["fetch"]):
-            tokens.update(part)
-        return tokens
+            samples.update(part)
+        return samples
 
     # -- Flight ------------------------------------------------------------------------
     def do_get(self, context, ticket):
@@ -191,7 +154,8 @@ class ConstructorServer(wire.ActionServer):
         """Assembly progress and staged steps."""
         with self._cond:
             return {"index": self.index, "dp_ranks": list(self.dp_ranks), "assembled": self._assembled,
-                    "staged_steps": sorted({k[0] for k in self._staged}), "error": self._error}
+                    "staged_steps": sorted({k[0] for k in self._staged}), "error": self._error,
+                    "bad_samples": list(self._bad_samples)}
 
     def shutdown(self):
         with self._cond:

@@ -8,22 +8,28 @@ import numpy as np
 
 @dataclass
 class PackedSequence:
-    input_ids: np.ndarray     # int32 [context_length]
-    position_ids: np.ndarray  # int32 [context_length], restart at every sample, 0 on padding
+    input_ids: np.ndarray     # int32 [sequence length]
+    position_ids: np.ndarray  # int32 [sequence length], restart at every sample, 0 on padding
     cu_seqlens: np.ndarray    # int32 [num_samples + 1]
     num_tokens: int           # real tokens, the rest is padding
 
 
-def pack(samples: list[np.ndarray], context_length: int, pad_token_id: int = 0) -> PackedSequence:
+def pack(samples: list[np.ndarray], context_length: int, pad_token_id: int = 0,
+         pad_to_multiple: int | None = None) -> PackedSequence:
+    """Samples back to back, padded to ``context_length`` or, with ``pad_to_multiple``, only up to
+    the next multiple of it (at least one multiple, at most the context length)."""
     lengths = np.array([len(s) for s in samples], dtype=np.int32)
     total = int(lengths.sum())
     if total > context_length:
         raise ValueError(f"samples hold {total} tokens, more than the context length {context_length}")
-    input_ids = np.full(context_length, pad_token_id, dtype=np.int32)
+    length = context_length
+    if pad_to_multiple:
+        length = min(context_length, max(1, -(-total // pad_to_multiple)) * pad_to_multiple)
+    input_ids = np.full(length, pad_token_id, dtype=np.int32)
     if samples:
         input_ids[:total] = np.concatenate(samples)
     cu_seqlens = np.zeros(len(samples) + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu_seqlens[1:])
-    position_ids = np.zeros(context_length, dtype=np.int32)
+    position_ids = np.zeros(length, dtype=np.int32)
     position_ids[:total] = np.arange(total, dtype=np.int32) - np.repeat(cu_seqlens[:-1], lengths)
     return PackedSequence(input_ids, position_ids, cu_seqlens, total)

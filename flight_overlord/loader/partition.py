@@ -1,15 +1,21 @@
 """One loader actor's share of a source: its row groups, their file handles, reading and transforming."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..config import ConfigError, SourceConfig
+from ..config import ConfigError, SourceConfig, VisionConfig
 from ..core.order import RowGroupRef, owned_row_groups, sample_key
+from ..multimodal import transform_rows
+from ..schemas import list_array
+from ..vision import ImageError
 from ..transforms import make_transform
+
+log = logging.getLogger(__name__)
 
 
 def read_catalog(source: SourceConfig) -> list[RowGroupRef]:
@@ -21,9 +27,10 @@ def read_catalog(source: SourceConfig) -> list[RowGroupRef]:
         except (OSError, pa.ArrowException) as exc:
             raise ConfigError(f"source {source.name!r}: cannot read Parquet file {path}: {exc}") from None
         names = meta.schema.to_arrow_schema().names
-        if source.text_column not in names:
-            raise ConfigError(f"source {source.name!r}: file {path} has no column {source.text_column!r} "
-                              f"(columns: {', '.join(names)})")
+        for column in filter(None, (source.text_column, source.image_column)):
+            if column not in names:
+                raise ConfigError(f"source {source.name!r}: file {path} has no column {column!r} "
+                                  f"(columns: {', '.join(names)})")
         catalog.extend(RowGroupRef(file_id, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups))
     return sorted(catalog)
 
@@ -35,6 +42,10 @@ class RowGroupSamples:
     keys: list[str]
     remaining: np.ndarray  # bool per row: not yet popped
     failed: bool = False  # unreadable: metadata reports num_tokens = -1 so the Planner skips its rows
+    images: pa.ListArray | None = None  # image-text sources: list<binary> per row (encoded, or decoded patches)
+    grids: pa.ListArray | None = None   # list<int32> per row: flattened (t, h, w) per image
+    patches: np.ndarray | None = None   # vision-encoder patches per row
+    bad: np.ndarray | None = None       # bool per row: a bad image; reported as num_tokens -1, never served
 
     @classmethod
     def failed_read(cls, source: str, rg: RowGroupRef) -> "RowGroupSamples":
@@ -44,41 +55,70 @@ class RowGroupSamples:
 
     @property
     def nbytes(self) -> int:
-        return self.tokens.nbytes
+        return self.tokens.nbytes + (self.images.nbytes if self.images is not None else 0)
 
     def metadata(self) -> pa.RecordBatch:
         lengths = np.diff(self.tokens.offsets.to_numpy()).astype(np.int32)
+        nbytes = lengths.astype(np.int64) * 4
+        if self.images is not None:
+            nbytes += np.array([sum(len(b) for b in row) for row in self.images.to_pylist()], dtype=np.int64)
         if self.failed:
             lengths[:] = -1
+        if self.bad is not None:
+            lengths[self.bad] = -1
+        patches = self.patches if self.patches is not None else np.zeros(len(lengths))
         return pa.record_batch({
             "key": pa.array(self.keys, pa.string()),
             "row": pa.array(np.arange(len(self.keys), dtype=np.int32)),
             "num_tokens": pa.array(lengths),
-            "image_patches": pa.array(np.zeros(len(lengths), dtype=np.int32)),
-            "num_bytes": pa.array(lengths.astype(np.int64) * 4),
+            "image_patches": pa.array(patches.astype(np.int32)),
+            "num_bytes": pa.array(nbytes),
         })
 
 
 class SourcePartition:
     """The row groups actor ``actor`` of ``source.loaders`` owns; files are opened only here."""
 
-    def __init__(self, source: SourceConfig, actor: int, max_tokens: int):
+    def __init__(self, source: SourceConfig, actor: int, max_tokens: int, vision: VisionConfig = VisionConfig()):
         if not 0 <= actor < source.loaders:
             raise ConfigError(f"source {source.name!r}: actor {actor} out of range (loaders: {source.loaders})")
         self.source = source
         self.actor = actor
         self.max_tokens = max_tokens
+        self.vision = vision
         self.row_groups = owned_row_groups(read_catalog(source), actor, source.loaders)
         self._paths = dict(zip(source.file_ids, source.files))
         self._open: dict[str, pq.ParquetFile] = {}
         self._tokenize = make_transform(source.transform.name, source.transform.options)
 
     def read(self, rg: RowGroupRef) -> RowGroupSamples:
+        keys = [sample_key(self.source.name, rg.file, rg.row_group, row) for row in range(rg.num_rows)]
+        if self.source.image_column:
+            return self._read_image_text(rg, keys)
         table = self._file(rg.file).read_row_group(rg.row_group, columns=[self.source.text_column])
         column = table.column(0).combine_chunks()
         tokens = self._tokenize(column, self.max_tokens)
-        keys = [sample_key(self.source.name, rg.file, rg.row_group, row) for row in range(rg.num_rows)]
         return RowGroupSamples(tokens, keys, np.ones(rg.num_rows, dtype=bool))
+
+    def _read_image_text(self, rg: RowGroupRef, keys: list[str]) -> RowGroupSamples:
+        """Sample transform of an image-text row group: tokens with image placeholder runs, patch
+        counts from the image headers; pixels decoded here only with ``vision.decode_at: loader``."""
+        columns = [self.source.text_column, self.source.image_column]
+        table = self._file(rg.file).read_row_group(rg.row_group, columns=columns)
+        texts, images = (table.column(c).combine_chunks() for c in columns)
+        rows = transform_rows(texts, images, self._tokenize, self.vision, self.max_tokens,
+                              decode=self.vision.decode_at == "loader")
+        bad = np.zeros(rg.num_rows, dtype=bool)
+        for row, error in sorted(rows.errors.items()):
+            message = f"sample {keys[row]}: {error}"
+            if self.vision.on_bad_image == "fail":
+                raise ImageError(message)
+            log.error("%s; skipped (vision.on_bad_image: skip)", message)
+            bad[row] = True
+        return RowGroupSamples(
+            tokens=list_array(rows.tokens), keys=keys, remaining=~bad,
+            images=pa.array(rows.images, pa.list_(pa.binary())), grids=pa.array(rows.grids, pa.list_(pa.int32())),
+            patches=rows.patches, bad=bad)
 
     def _file(self, file_id: str) -> pq.ParquetFile:
         # One handle per owned file, opened on first use: the footer stays in this process only.

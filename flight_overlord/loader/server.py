@@ -28,6 +28,7 @@ from .. import wire
 from ..config import load_config
 from ..core.order import RowGroupRef, epoch_order
 from ..schemas import SAMPLE_METADATA, SAMPLES, load_schema
+from ..vision import ImageError
 from .partition import RowGroupSamples, SourcePartition
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class LoaderServer(wire.ActionServer):
         self._stopping = False
         self._epoch_orders: dict[int, list[RowGroupRef]] = {}
         self._index_in_epoch: dict[int, dict[tuple[str, int], int]] = {}
+        self._fatal: dict[BufferKey, str] = {}  # row groups whose bad image must stop the run
         super().__init__(f"grpc://{host}:{port}")
         self._reader = threading.Thread(target=self._read_ahead_loop, name="read-ahead", daemon=True)
         self._reader.start()
@@ -98,6 +100,10 @@ class LoaderServer(wire.ActionServer):
             self._reading.add(key)
         try:
             samples = self.partition.read(rg)
+        except ImageError as exc:  # vision.on_bad_image: fail -> whoever asks for this row group gets the error
+            log.error("source %s: %s; the run stops (vision.on_bad_image: fail)", self.partition.source.name, exc)
+            samples = RowGroupSamples.failed_read(self.partition.source.name, rg)
+            self._fatal[key] = str(exc)
         except Exception as exc:  # a corrupt row group must not kill the loader: skip it, loudly
             log.error("source %s: cannot read %s row group %d: %s; its %d samples are skipped",
                       self.partition.source.name, rg.file, rg.row_group, exc, rg.num_rows)
@@ -112,6 +118,8 @@ class LoaderServer(wire.ActionServer):
     def _buffered(self, epoch: int, file: str, row_group: int) -> tuple[int, RowGroupSamples]:
         position = self._position((epoch, file, row_group))
         buffered = self._ensure(position)
+        if (epoch, file, row_group) in self._fatal:
+            raise RuntimeError(self._fatal[(epoch, file, row_group)])
         if buffered is None:
             raise KeyError(f"row group {file}:{row_group} of epoch {epoch} was already delivered")
         return position, buffered
@@ -155,7 +163,7 @@ class LoaderServer(wire.ActionServer):
         with self._cond:
             if (step, constructor) in self._served:  # a retried fetch gets the same samples again
                 return self._served[(step, constructor)]
-        keys, pieces = [], []
+        keys, parts = [], []
         for item in wanted:
             _, buffered = self._buffered(*item[:3])
             row = item[3]
@@ -163,16 +171,28 @@ class LoaderServer(wire.ActionServer):
                 raise KeyError(f"sample {item} is not in the buffer of loader "
                                f"{self.partition.source.name}[{self.partition.actor}] (already delivered?)")
             keys.append(buffered.keys[row])
-            pieces.append(buffered.tokens.slice(row, 1))
-        table = pa.table({"key": pa.array(keys, pa.string()),
-                          "tokens": pa.concat_arrays(pieces) if pieces else pa.array([], pa.list_(pa.int32()))},
-                         schema=load_schema(SAMPLES))
+            parts.append((buffered, row))
+        table = self._samples_table(keys, parts)
         self._release(wanted)
         with self._cond:
             self._served[(step, constructor)] = table
             while len(self._served) > 64:
                 self._served.popitem(last=False)
         return table
+
+    @staticmethod
+    def _samples_table(keys: list[str], parts: list[tuple[RowGroupSamples, int]]) -> pa.Table:
+        def column(name: str, value_type: pa.DataType) -> pa.Array:
+            pieces = []
+            for buffered, row in parts:
+                values = getattr(buffered, name)
+                pieces.append(values.slice(row, 1) if values is not None else pa.array([[]], value_type))
+            return pa.concat_arrays(pieces) if pieces else pa.array([], value_type)
+        return pa.table({"key": pa.array(keys, pa.string()),
+                         "tokens": column("tokens", pa.list_(pa.int32())),
+                         "images": column("images", pa.list_(pa.binary())),
+                         "image_grids": column("grids", pa.list_(pa.int32()))},
+                        schema=load_schema(SAMPLES))
 
     def _release(self, wanted: list) -> None:
         with self._cond:
@@ -220,7 +240,7 @@ def main(argv=None) -> None:
     parser.add_argument("--ready-file")
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
-    partition = SourcePartition(cfg.source(args.source), args.actor, cfg.global_batch.context_length)
+    partition = SourcePartition(cfg.source(args.source), args.actor, cfg.global_batch.context_length, cfg.vision)
     server = LoaderServer(partition, seed=cfg.seed, read_ahead=cfg.read_ahead_row_groups, host=cfg.host, port=args.port)
     location = wire.location_of(server, cfg.host)
     planner = fl.connect(args.planner)

@@ -1,0 +1,140 @@
+"""The constructor's transforms, as plain functions (no I/O):
+
+1. decode (image-text samples, unless the loader already did): encoded images -> uint8 patches;
+2. microbatch transforms: pack each microbatch into one sequence (padded to the capacity or to a
+   multiple), next-token labels and a loss mask, pixel patches and a grid table per image;
+3. parallelism transforms: each rank's table keeps the positions its delivery names (all, its
+   context-parallel share, or none: metadata only).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from ..config import Config
+from ..core.context_parallel import take_ranges, token_ranges
+from ..core.mesh import Delivery
+from ..core.packing import PackedSequence, pack
+from ..multimodal import decode_sample_images, patches_from_bytes, shifted_labels
+from ..schemas import MICROBATCH, list_array, load_schema
+from ..vision import ImageError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Sample:
+    """One fetched sample, after the decode stage."""
+    key: str
+    tokens: np.ndarray
+    patches: np.ndarray | None = None  # uint8 [patches, 3*p*p]
+    grids: np.ndarray | None = None    # int32 flattened (t, h, w) per image
+
+
+@dataclass
+class Microbatch:
+    packed: PackedSequence
+    keys: list[str]
+    labels: np.ndarray
+    pixels: np.ndarray  # uint8, all images of the microbatch, flattened
+    grids: np.ndarray   # int32, flattened (t, h, w) per image
+
+
+@dataclass
+class Failed:
+    """A sample whose decode stage failed."""
+    key: str
+    message: str
+
+
+class BadSample(RuntimeError):
+    """A sample that cannot be delivered under ``vision.on_bad_image: fail``."""
+
+
+def decode_stage(key: str, tokens: np.ndarray, images: list[bytes], grids: list[int], cfg: Config) -> Sample:
+    """Pixels for a sample's images: decoded here (``decode_at: constructor``), or the loader's
+    patch bytes viewed as an array. Raises ImageError naming what is wrong."""
+    if not images:
+        return Sample(key, tokens)
+    if cfg.vision.decode_at == "loader":
+        patches = patches_from_bytes(images, cfg.vision)
+    else:
+        patches = decode_sample_images(images, grids, cfg.vision)
+    return Sample(key, tokens, patches, np.asarray(grids, dtype=np.int32))
+
+
+def drop_bad(samples: dict[int, Sample | Failed], cfg: Config) -> tuple[dict[int, Sample], list[str]]:
+    """Skip the samples whose decode failed (logged with their key, and counted) or stop the run."""
+    good, bad = {}, []
+    for i, s in samples.items():
+        if isinstance(s, Sample):
+            good[i] = s
+            continue
+        if cfg.vision.on_bad_image == "fail":
+            raise BadSample(f"sample {s.key}: {s.message} (vision.on_bad_image: fail)")
+        log.error("sample %s: %s; skipped from its microbatch (vision.on_bad_image: skip)", s.key, s.message)
+        bad.append(s.key)
+    return good, bad
+
+
+def build_microbatch(items: list[Sample], capacity: int, cfg: Config, image_token_id: int | None) -> Microbatch:
+    packed = pack([s.tokens for s in items], capacity, cfg.pad_token_id, cfg.global_batch.pad_to_multiple)
+    images = [s for s in items if s.patches is not None]
+    patch_dim = 3 * cfg.vision.patch_size ** 2
+    pixels = np.concatenate([s.patches.reshape(-1) for s in images]) if images else np.zeros(0, np.uint8)
+    grids = np.concatenate([s.grids for s in images]) if images else np.zeros(0, np.int32)
+    assert pixels.size % patch_dim == 0
+    return Microbatch(packed, [s.key for s in items], shifted_labels(packed.input_ids, packed.cu_seqlens,
+                                                                      image_token_id), pixels, grids)
+
+
+def delivery_ranges(delivery: Delivery, length: int, cp: int, cp_split: str) -> list[int]:
+    """The positions of a packed sequence that a rank with this delivery receives."""
+    if not delivery.tokens:
+        return []
+    if delivery.cp_rank is None:
+        return [0, length]
+    return token_ranges(length, cp, delivery.cp_rank, cp_split)
+
+
+def rank_table(step: int, bucket: int, microbatches: list[Microbatch], delivery: Delivery, cfg: Config) -> pa.Table:
+    """One delivery's table: a row per microbatch. Pixels go to every rank that gets tokens."""
+    n = len(microbatches)
+    ranges = [delivery_ranges(delivery, len(mb.packed.input_ids), cfg.mesh.cp, cfg.mesh.cp_split)
+              for mb in microbatches]
+
+    def kept(values: np.ndarray, r: list[int]) -> np.ndarray:
+        return take_ranges(values, r) if r else values[:0]
+
+    def flat(rows, value_type=pa.int32()):
+        return list_array(list(rows), value_type)
+
+    columns = {
+        "step": pa.array(np.full(n, step, dtype=np.int64)),
+        "bucket": pa.array(np.full(n, bucket, dtype=np.int32)),
+        "microbatch": pa.array(np.arange(n, dtype=np.int32)),
+        "input_ids": flat(kept(mb.packed.input_ids, r) for mb, r in zip(microbatches, ranges)),
+        "position_ids": flat(kept(mb.packed.position_ids, r) for mb, r in zip(microbatches, ranges)),
+        "labels": flat(kept(mb.labels, r) for mb, r in zip(microbatches, ranges)),
+        "loss_mask": flat((kept(mb.labels, r) != -100 for mb, r in zip(microbatches, ranges)), pa.int8()),
+        "token_ranges": flat(np.array(r, dtype=np.int32) for r in ranges),
+        "sequence_length": pa.array(np.array([len(mb.packed.input_ids) for mb in microbatches], dtype=np.int32)),
+        "cu_seqlens": flat(mb.packed.cu_seqlens for mb in microbatches),
+        "sample_keys": pa.ListArray.from_arrays(
+            pa.array(np.cumsum([0] + [len(mb.keys) for mb in microbatches], dtype=np.int32)),
+            pa.array([k for mb in microbatches for k in mb.keys], pa.string())),
+        "num_tokens": pa.array(np.array([mb.packed.num_tokens for mb in microbatches], dtype=np.int32)),
+        "pixel_values": flat((mb.pixels if delivery.tokens else mb.pixels[:0] for mb in microbatches), pa.uint8()),
+        "image_grid_thw": flat(mb.grids for mb in microbatches),
+    }
+    return pa.table(columns, schema=load_schema(MICROBATCH))
+
+
+def decode_or_error(key: str, tokens, images, grids, cfg: Config) -> Sample | Failed:
+    try:
+        return decode_stage(key, tokens, images, grids, cfg)
+    except ImageError as exc:
+        return Failed(key, str(exc))

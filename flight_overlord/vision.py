@@ -1,0 +1,194 @@
+"""Image logic for image-text sources: sizes, Qwen2-VL patch grids and patchified pixels. No I/O.
+
+Two paths that must agree. The planner needs every image's patch count to budget tokens, and
+reads it from the header alone (``image_size`` -> ``patch_grid``), which is cheap. A loader or
+constructor decodes the pixels (``decode_patches``). Both go through the same ``smart_resize``
+of the same stored size, so the grid that was budgeted is the grid that is delivered.
+
+Sizes are the raw stored sizes: EXIF orientation is NOT applied, neither when reading the header
+nor when decoding. If only one path honoured it, rotated JPEGs would get their width and height
+swapped on that path, and the two grids would disagree. Qwen2-VL's image processor does not
+transpose either: it resizes the image it is handed, as it is.
+"""
+from __future__ import annotations
+
+import io
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageFile
+
+MAX_ASPECT_RATIO = 200          # Qwen2-VL's processor refuses images longer than this to one side
+
+# Image.open only tries these formats. The data is untrusted, and some of Pillow's other plugins
+# should not see it (EPS, for one, runs Ghostscript). Formats this Pillow build lacks are dropped.
+Image.init()
+FORMATS: tuple[str, ...] = tuple(f for f in ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "AVIF")
+                                 if f in Image.OPEN)
+
+# What Pillow raises for bad data, besides its own UnidentifiedImageError (an OSError).
+_PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error,
+               Image.DecompressionBombError)
+
+
+class ImageError(ValueError):
+    """Bytes that are not a usable image; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """The vision encoder's geometry (defaults: Qwen2-VL)."""
+    patch_size: int = 14                # side of one ViT patch, in pixels
+    merge_size: int = 2                 # merge_size x merge_size patches become one LLM token
+    min_pixels: int = 56 * 56           # bounds on the resized image's area
+    max_pixels: int = 28 * 28 * 1280
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for name in ("patch_size", "merge_size", "min_pixels", "max_pixels"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"VisionSpec.{name} must be an integer, got {value!r}")
+        if self.patch_size < 1:
+            raise ValueError(f"VisionSpec.patch_size must be >= 1, got {self.patch_size}")
+        if self.merge_size < 1:
+            raise ValueError(f"VisionSpec.merge_size must be >= 1, got {self.merge_size}")
+        if self.min_pixels <= 0:
+            raise ValueError(f"VisionSpec.min_pixels must be > 0, got {self.min_pixels}")
+        if self.max_pixels < self.min_pixels:
+            raise ValueError(f"VisionSpec.max_pixels must be >= min_pixels ({self.min_pixels}), "
+                             f"got {self.max_pixels}")
+
+    @property
+    def factor(self) -> int:
+        """Resized sides are multiples of this, so the patch grid divides into merge windows."""
+        return self.patch_size * self.merge_size
+
+
+def _open(data: bytes) -> ImageFile.ImageFile:
+    """Pillow's lazy open: it parses the header, and no pixels are decoded until ``load()``."""
+    try:
+        return Image.open(io.BytesIO(data), formats=FORMATS)
+    except Image.UnidentifiedImageError:
+        raise ImageError(f"not an image (unrecognised header, {len(data)} bytes)") from None
+    except Image.DecompressionBombError as e:
+        raise ImageError(f"image too large: {e}") from None
+    except _PIL_ERRORS as e:
+        raise ImageError(f"unreadable image header: {e}") from None
+
+
+def image_size(data: bytes) -> tuple[int, int]:
+    """(width, height) as stored, from the header only: no pixel data is decoded."""
+    with _open(data) as im:
+        return im.size
+
+
+def smart_resize(height: int, width: int, spec: VisionSpec = VisionSpec()) -> tuple[int, int]:
+    """The (height, width) Qwen2-VL resizes an image to: multiples of ``spec.factor``, area within
+    [min_pixels, max_pixels], aspect ratio kept as well as possible.
+
+    This is transformers' ``image_processing_qwen2_vl.smart_resize`` line for line. The rounding
+    decides the token count, so any deviation would make our budget disagree with the model's
+    processor. Each side comes out at least ``factor``: a side that rounds to 0 makes the area 0,
+    which takes the ``min_pixels`` branch, and the ``max_pixels`` branch clamps to ``factor``.
+    """
+    if height <= 0 or width <= 0:
+        raise ImageError(f"image has no pixels: {width}x{height}")
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise ImageError(f"aspect ratio {max(height, width) / min(height, width):.0f}:1 of a "
+                         f"{width}x{height} image exceeds {MAX_ASPECT_RATIO}:1")
+    factor = spec.factor
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > spec.max_pixels:
+        beta = math.sqrt((height * width) / spec.max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < spec.min_pixels:
+        beta = math.sqrt(spec.min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def patch_grid(width: int, height: int, spec: VisionSpec = VisionSpec()) -> tuple[int, int, int]:
+    """(t, grid_h, grid_w) in patches for an image stored at width x height; t is 1 for an image."""
+    h, w = smart_resize(height, width, spec)
+    return 1, h // spec.patch_size, w // spec.patch_size
+
+
+def num_patches(grid: tuple[int, int, int]) -> int:
+    t, gh, gw = grid
+    return t * gh * gw
+
+
+def placeholder_tokens(grid: tuple[int, int, int], spec: VisionSpec = VisionSpec()) -> int:
+    """LLM tokens the image occupies: the encoder merges each merge_size x merge_size window into one."""
+    return num_patches(grid) // spec.merge_size ** 2
+
+
+def image_patch_counts(images: list[bytes], spec: VisionSpec = VisionSpec()) -> np.ndarray:
+    """Patches per image (int64), from the headers only."""
+    return np.array([num_patches(patch_grid(*image_size(data), spec)) for data in images],
+                    dtype=np.int64)
+
+
+# The [h, w, C] image seen as (gh/m, m, p, gw/m, m, p, C) (merge windows, patches within a window,
+# pixels within a patch) -> (gh/m, gw/m, m, m, C, p, p), and back.
+_TO_PATCHES = (0, 3, 1, 4, 6, 2, 5)
+_FROM_PATCHES = tuple(int(i) for i in np.argsort(_TO_PATCHES))
+
+
+def decode_patches(data: bytes, spec: VisionSpec = VisionSpec()) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """Decode, convert to RGB, resize to ``smart_resize`` (bicubic) and patchify.
+
+    Returns ``(patches, grid)``. ``patches`` is uint8 ``[num_patches, 3 * p * p]`` and ``grid`` is
+    ``(1, gh, gw)``, the same as ``patch_grid(*image_size(data), spec)``. The rows are in Qwen2-VL's
+    order. The merge windows come in raster order, and within a window its m x m patches come in
+    raster order, so the m*m patches that merge into one token are contiguous. Each row is
+    channel-major: (C, p, p).
+
+    Qwen2-VL's processor also repeats every frame ``temporal_patch_size`` (2) times, making a row
+    (C, T, p, p). To get that from a row here, reshape it to (C, 1, p, p) and expand T on the GPU.
+
+    The pixels are left as uint8, not rescaled or normalised: that is cheap on the GPU, and uint8
+    puts 4x fewer bytes on the wire than float32. ``convert("RGB")`` drops an alpha channel
+    without compositing it onto a background, and EXIF orientation is not applied (see the module
+    docstring). Any decoding problem, a truncated file included, raises ImageError.
+    """
+    # Pillow raises "image file is truncated" unless someone set ImageFile.LOAD_TRUNCATED_IMAGES, in
+    # which case it fills the missing part with grey: refuse rather than train on filler pixels.
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        raise ImageError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: truncated images would decode "
+                         "to filler pixels")
+    with _open(data) as im:
+        fmt, (width, height) = im.format, im.size
+        grid = patch_grid(width, height, spec)
+        try:
+            im.load()
+            rgb = im if im.mode == "RGB" else im.convert("RGB")
+        except _PIL_ERRORS as e:
+            what = "truncated" if "truncated" in str(e).lower() else "corrupt"
+            raise ImageError(f"{what} {fmt}: {e}") from None
+        if rgb.size != (width, height):        # the budget was made from the header's size
+            raise ImageError(f"{fmt} header says {width}x{height} but the image decodes to {rgb.size}")
+        _, gh, gw = grid
+        resized = rgb.resize((gw * spec.patch_size, gh * spec.patch_size), Image.Resampling.BICUBIC)
+    m, p = spec.merge_size, spec.patch_size
+    pixels = np.asarray(resized, dtype=np.uint8)
+    patches = pixels.reshape(gh // m, m, p, gw // m, m, p, 3).transpose(_TO_PATCHES)
+    return np.ascontiguousarray(patches).reshape(num_patches(grid), 3 * p * p), grid
+
+
+def unpatchify(patches: np.ndarray, grid: tuple[int, int, int], spec: VisionSpec = VisionSpec()) -> np.ndarray:
+    """The inverse of ``decode_patches``' layout: the resized image as uint8 [h, w, 3]."""
+    t, gh, gw = grid
+    if t != 1 or patches.shape != (gh * gw, 3 * spec.patch_size ** 2):
+        raise ValueError(f"patches of shape {patches.shape} do not match grid {grid}")
+    m, p = spec.merge_size, spec.patch_size
+    windows = patches.reshape(gh // m, gw // m, m, m, 3, p, p).transpose(_FROM_PATCHES)
+    return np.ascontiguousarray(windows).reshape(gh * p, gw * p, 3)
