@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow.flight as fl
+import numpy as np
 import yaml
 from tqdm import tqdm
 
@@ -26,22 +27,32 @@ DEFAULT_STEPS = 40
 
 
 def ensure_demo_data(config_path: str | Path) -> None:
-    """Make the demo corpus where the config reads it, if it is not there yet."""
+    """Make the demo corpus where the config reads it, if (part of) it is not there yet."""
+    from .demo_data import make_demo_data
+    from .demo_images import IMAGE_SOURCE_NAMES, make_image_demo_data
     config_path = Path(config_path).resolve()
     raw = yaml.safe_load(config_path.read_text()) or {}
     data_root = (config_path.parent / str(raw.get("data_root", "."))).resolve()
-    if not data_root.exists() or not any(data_root.iterdir()):
-        from .demo_data import make_demo_data
-        print(f"making the demo corpus in {data_root} ...", flush=True)
+    wanted = {str(s.get("name")) for s in raw.get("sources") or [] if isinstance(s, dict)}
+    missing = {name for name in wanted if not (data_root / name).is_dir()}
+    if not missing:
+        return
+    print(f"making the demo corpus in {data_root} ...", flush=True)
+    if missing <= set(IMAGE_SOURCE_NAMES):
+        make_image_demo_data(data_root, seed=0)
+    else:
         make_demo_data(data_root, seed=0)
 
 
-def trainer_process(planner: str, rank: int, steps: int, by_tokens: bool, counts: bool, results: mp.Queue) -> None:
+def trainer_process(planner: str, rank: int, steps: int, by_tokens: bool, counts: bool, encoder: bool,
+                    results: mp.Queue) -> None:
     """One simulated trainer. ``counts``: this rank is its bucket's first, so its sample keys are the
-    ones the mixture is counted from (other ranks of the bucket get the same samples, or a share)."""
+    ones the mixture is counted from (other ranks of the bucket get the same samples, or a share).
+    ``encoder``: the strategy has an image graph, so the rank also fetches the images it encodes."""
     from .client import TrainerClient
-    with TrainerClient(planner, rank, num_steps=steps) as client:
-        for step_batch in client:
+    with TrainerClient(planner, rank, num_steps=steps, encoder=encoder) as client:
+        for item in client:
+            step_batch, encoder_inputs = item if encoder else (item, [])
             amounts = Counter()  # per source: tokens, or samples when the batch is counted in samples
             losses: dict[str, list[float]] = {}
             for mb in step_batch:
@@ -53,10 +64,12 @@ def trainer_process(planner: str, rank: int, steps: int, by_tokens: bool, counts
             step = step_batch[0]["step"]
             if counts:  # a stand-in for a model's per-source loss, for dynamic mixing schedules
                 client.report(step, {s: sum(v) / len(v) for s, v in losses.items()})
+            patches = sum(len(x["pixel_values"]) for x in encoder_inputs) + sum(
+                len(mb["pixel_values"]) for mb in step_batch if mb["pixel_values"] is not None)
             results.put((rank, step, counts, sum(len(mb["sample_keys"]) for mb in step_batch) if counts else 0,
                          dict(amounts) if counts else {},
                          sum(mb["input_ids"].numel() for mb in step_batch if mb["input_ids"] is not None),
-                         time.monotonic()))
+                         patches, time.monotonic()))
 
 
 def run_demo(config_path: str | Path, steps: int | None = None) -> dict:
@@ -78,7 +91,7 @@ def run_demo(config_path: str | Path, steps: int | None = None) -> dict:
         ctx = mp.get_context("spawn")
         results = ctx.Queue()
         trainers = [ctx.Process(target=trainer_process, args=(cluster.planner, r, steps, cfg.global_batch.tokens_per_step is not None,
-                                                         r in counting, results), daemon=True)
+                                                         r in counting, strategy.image_graph is not None, results), daemon=True)
                     for r in range(ranks)]
         for t in trainers:
             t.start()
@@ -102,7 +115,7 @@ def _follow(cfg: Config, planner: str, steps: int, ranks: int, results: mp.Queue
     done = 0
     while done < steps:
         try:
-            rank, step, _, n_samples, tokens, padded, when = results.get(timeout=120)
+            rank, step, _, n_samples, tokens, padded, patches, when = results.get(timeout=120)
         except Exception:
             dead = [i for i, t in enumerate(trainers) if not t.is_alive()]
             raise RuntimeError(f"no progress from the trainers for 120s (exited ranks: {dead})") from None
@@ -121,8 +134,12 @@ def _follow(cfg: Config, planner: str, steps: int, ranks: int, results: mp.Queue
         weights.update({k: v / sum(step_weights.values()) / steps for k, v in step_weights.items()})
         elapsed = max(w for *_, w in rows) - t0
         mix = " ".join(f"{s}={100 * step_tokens[s] / max(1, sum(step_tokens.values())):.0f}%" for s in step_weights)
-        bar.write(f"step {step:3d} | {unit} {sum(step_tokens.values()):6d} | mix {mix} | imbalance "
-                  f"{stats['imbalance']:.3f} (unbalanced {stats['imbalance_unbalanced']:.3f}) | "
+        encoder = stats["encoder"]
+        vision = (f" | encoder max/mean {encoder['imbalance']:.3f}"
+                  + (f", slowest x{encoder['max_cost_vanilla'] / encoder['max_cost']:.2f} faster than vanilla"
+                     if "max_cost_vanilla" in encoder and encoder["max_cost"] > 0 else "") if encoder["patches"] else "")
+        bar.write(f"step {step:3d} | {unit} {sum(step_tokens.values()):6d} | mix {mix} | backbone imbalance "
+                  f"{stats['imbalance']:.3f} (unbalanced {stats['imbalance_unbalanced']:.3f}){vision} | "
                   f"{sum(totals.values()) / elapsed if elapsed > 0 else 0:,.0f} {unit}/s")
         bar.update(1)
         done += 1
@@ -141,8 +158,20 @@ def _summary(weights: dict, totals: Counter, stats: dict, elapsed: float, unit: 
     print(f"  {'source':<12} {'weight':>7} {'realized':>9}  (share of {unit})")
     for s in weights:
         print(f"  {s:<12} {weights[s]:7.3f} {realized[s]:9.3f}")
-    print(f"  max/mean per-rank cost: balanced {sum(imb) / len(imb):.3f} vs unbalanced {sum(unb) / len(unb):.3f} "
+    print(f"  backbone max/mean per-rank cost: balanced {sum(imb) / len(imb):.3f} vs unbalanced {sum(unb) / len(unb):.3f} "
           f"(mean over {len(stats)} steps); slowest-rank speedup x{sum(speedup) / len(speedup):.2f}")
+    encoder = [s["encoder"] for s in stats.values() if s["encoder"]["patches"]]
+    if encoder:
+        actual = np.mean([e["imbalance"] for e in encoder])
+        line = f"  encoder (image cost) max/mean per consumer: {actual:.3f}"
+        if "max_cost_vanilla" in encoder[0]:
+            vanilla = np.mean([e["imbalance_vanilla"] for e in encoder])
+            speedup = np.mean([e["max_cost_vanilla"] / e["max_cost"] for e in encoder if e["max_cost"] > 0])
+            over_lb = np.mean([e["max_cost"] / e["lower_bound"] for e in encoder if e["lower_bound"] > 0])
+            line += (f" over every rank (image graph; slowest / lower bound {over_lb:.3f}: one large image can "
+                     f"outweigh a rank's share) vs {vanilla:.3f} over data-parallel buckets when images are "
+                     f"encoded where their sequence goes; slowest encoder rank x{speedup:.2f} faster")
+        print(line + f" (mean over {len(encoder)} steps)")
     print(f"  throughput: {total / elapsed:,.0f} {unit}/s delivered over {elapsed:.1f}s")
     return {"realized": realized, "weights": weights, "imbalance": imb, "imbalance_unbalanced": unb,
             f"{unit}_per_s": total / elapsed}

@@ -32,6 +32,7 @@ def load_schema(name: str) -> pa.Schema:
 SAMPLE_METADATA = "sample_metadata"
 SAMPLES = "samples"
 MICROBATCH = "microbatch"
+ENCODER_BATCH = "encoder_batch"
 ROW_GROUP_CATALOG = "row_group_catalog"
 
 

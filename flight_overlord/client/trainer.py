@@ -66,6 +66,21 @@ def table_to_microbatches(table: pa.Table) -> list[dict]:
     return out
 
 
+def table_to_encoder_inputs(table: pa.Table) -> list[dict]:
+    """Encoder rows (one per image) -> dicts: ``pixel_values`` uint8 [patches, 3*p*p] (zero-copy) and
+    ``image_grid_thw`` int32 [1, 3], with the owner to send the embeddings back to."""
+    pixels, grids = _rows(table, "pixel_values"), _rows(table, "image_grid_thw")
+    keys, images, buckets, mbs = (table.column(c).to_pylist()
+                                  for c in ("sample_key", "image_index", "owner_bucket", "owner_microbatch"))
+    out = []
+    for i in range(table.num_rows):
+        grid = grids[i].view(-1, 3)
+        out.append({"sample_key": keys[i], "image_index": images[i], "owner_bucket": buckets[i],
+                    "owner_microbatch": mbs[i],
+                    "image_grid_thw": grid, "pixel_values": pixels[i].view(int(grid.prod(dim=1).sum()), -1)})
+    return out
+
+
 class StepFetcher:
     """Fetches one rank's raw Arrow tables step by step: Planner ticket, then the constructor's do_get."""
 
@@ -75,8 +90,10 @@ class StepFetcher:
         self._pool = wire.ClientPool()
         self.planner = self._pool.get(planner)
 
-    def fetch(self, step: int) -> pa.Table:
-        descriptor = fl.FlightDescriptor.for_path("batch", str(step), str(self.rank))
+    def fetch(self, step: int, kind: str = "batch") -> pa.Table:
+        """``kind`` "batch": the rank's microbatches; "encoder": the images its vision encoder
+        processes (only when the strategy has an image graph)."""
+        descriptor = fl.FlightDescriptor.for_path(kind, str(step), str(self.rank))
         info = self._retry(lambda: self.planner.get_flight_info(descriptor), f"ticket of step {step}")
         tables = []
         for endpoint in info.endpoints:
@@ -102,8 +119,11 @@ class TrainerClient:
     """Iterates steps from ``start_step`` on, prefetching ``prefetch`` steps in a background thread."""
 
     def __init__(self, planner: str, rank: int, *, start_step: int = 0, num_steps: int | None = None,
-                 prefetch: int = 2, timeout: float = 300.0, as_tensors: bool = True):
+                 prefetch: int = 2, timeout: float = 300.0, as_tensors: bool = True, encoder: bool = False):
+        """``encoder=True`` (strategies with an image graph): each step yields ``(microbatches,
+        encoder_inputs)``, the second being the images this rank's vision encoder processes."""
         self.rank = rank
+        self.encoder = encoder
         self.next_step = start_step
         self.num_steps = num_steps
         self.prefetch = prefetch
@@ -125,7 +145,7 @@ class TrainerClient:
             raise RuntimeError("load_state_dict must be called before iterating")
         self.next_step = int(state["next_step"])
 
-    def __iter__(self) -> Iterator[list[dict] | pa.Table]:
+    def __iter__(self) -> Iterator:
         end = None if self.num_steps is None else self.next_step + self.num_steps
         self._queue = queue.Queue(maxsize=self.prefetch)
         self._thread = threading.Thread(target=self._prefetch_loop, args=(self.next_step, end), daemon=True)
@@ -134,15 +154,20 @@ class TrainerClient:
             item = self._queue.get()
             if isinstance(item, BaseException):
                 raise item
-            step, table = item
+            step, table, encoder = item
             self.next_step = step + 1
-            yield table_to_microbatches(table) if self.as_tensors else table
+            batch = table_to_microbatches(table) if self.as_tensors else table
+            if self.encoder:
+                yield batch, table_to_encoder_inputs(encoder) if self.as_tensors else encoder
+            else:
+                yield batch
 
     def _prefetch_loop(self, step: int, end: int | None) -> None:
         try:
             while not self._stop.is_set() and (end is None or step < end):
                 table = self._fetcher.fetch(step)
-                self._put((step, table))
+                encoder = self._fetcher.fetch(step, "encoder") if self.encoder else None
+                self._put((step, table, encoder))
                 step += 1
         except BaseException as exc:  # hand the failure to the consumer instead of dying silently
             self._put(exc)

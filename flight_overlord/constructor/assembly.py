@@ -19,7 +19,7 @@ from ..core.context_parallel import take_ranges, token_ranges
 from ..core.mesh import Delivery
 from ..core.packing import PackedSequence, pack
 from ..multimodal import decode_sample_images, patches_from_bytes, shifted_labels
-from ..schemas import MICROBATCH, list_array, load_schema
+from ..schemas import ENCODER_BATCH, MICROBATCH, list_array, load_schema
 from ..vision import ImageError
 
 log = logging.getLogger(__name__)
@@ -100,8 +100,34 @@ def delivery_ranges(delivery: Delivery, length: int, cp: int, cp_split: str) -> 
     return token_ranges(length, cp, delivery.cp_rank, cp_split)
 
 
-def rank_table(step: int, bucket: int, microbatches: list[Microbatch], delivery: Delivery, cfg: Config) -> pa.Table:
-    """One delivery's table: a row per microbatch. Pixels go to every rank that gets tokens."""
+def image_patches(sample: Sample, image: int) -> tuple[np.ndarray, np.ndarray]:
+    """One image of a sample: its patch rows and its (t, h, w) grid."""
+    triples = sample.grids.reshape(-1, 3)
+    sizes = triples.prod(axis=1)
+    start = int(sizes[:image].sum())
+    return sample.patches[start:start + int(sizes[image])], triples[image]
+
+
+def encoder_table(step: int, rows: list[tuple[Sample, int, int, int]]) -> pa.Table:
+    """One encoder bucket's table (image graph): a row per image it encodes, with the owner (bucket,
+    microbatch) whose sequence holds that image's placeholder tokens."""
+    images = [image_patches(sample, image) for sample, image, _, _ in rows]
+    return pa.table({
+        "step": pa.array(np.full(len(rows), step, dtype=np.int64)),
+        "sample_key": pa.array([r[0].key for r in rows], pa.string()),
+        "image_index": pa.array([r[1] for r in rows], pa.int32()),
+        "owner_bucket": pa.array([r[2] for r in rows], pa.int32()),
+        "owner_microbatch": pa.array([r[3] for r in rows], pa.int32()),
+        "pixel_values": list_array([patches.reshape(-1) for patches, _ in images], pa.uint8()),
+        "image_grid_thw": list_array([grid for _, grid in images]),
+    }, schema=load_schema(ENCODER_BATCH))
+
+
+def rank_table(step: int, bucket: int, microbatches: list[Microbatch], delivery: Delivery, cfg: Config,
+               with_pixels: bool = True) -> pa.Table:
+    """One delivery's table: a row per microbatch. Pixels go to every rank that gets tokens, unless an
+    image graph sends them to the encoder ranks instead (``with_pixels=False``)."""
+    with_pixels = with_pixels and delivery.tokens
     n = len(microbatches)
     ranges = [delivery_ranges(delivery, len(mb.packed.input_ids), cfg.mesh.cp, cfg.mesh.cp_split)
               for mb in microbatches]
@@ -127,7 +153,7 @@ def rank_table(step: int, bucket: int, microbatches: list[Microbatch], delivery:
             pa.array(np.cumsum([0] + [len(mb.keys) for mb in microbatches], dtype=np.int32)),
             pa.array([k for mb in microbatches for k in mb.keys], pa.string())),
         "num_tokens": pa.array(np.array([mb.packed.num_tokens for mb in microbatches], dtype=np.int32)),
-        "pixel_values": flat((mb.pixels if delivery.tokens else mb.pixels[:0] for mb in microbatches), pa.uint8()),
+        "pixel_values": flat((mb.pixels if with_pixels else mb.pixels[:0] for mb in microbatches), pa.uint8()),
         "image_grid_thw": flat(mb.grids for mb in microbatches),
     }
     return pa.table(columns, schema=load_schema(MICROBATCH))

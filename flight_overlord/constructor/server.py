@@ -21,7 +21,7 @@ import pyarrow.flight as fl
 from .. import wire
 from ..config import Config, load_config
 from ..core.mesh import Delivery, Mesh
-from .assembly import Sample, build_microbatch, decode_or_error, drop_bad, rank_table
+from .assembly import Sample, build_microbatch, decode_or_error, drop_bad, encoder_table, rank_table
 
 log = logging.getLogger(__name__)
 WAIT_SECONDS = 30.0
@@ -41,8 +41,10 @@ class ConstructorServer(wire.ActionServer):
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="fetch")
         self._cond = threading.Condition()
         self._deliveries: dict[int, Delivery] = {}  # rank -> what it receives; known from the first plan
+        self._encoder_axis: str | None = None  # the image graph's axis, if the plans have one
         self._staged: dict[tuple[int, tuple], pa.Table] = {}  # (step, delivery key) -> table
         self._served: dict[int, int] = {}  # rank -> last step served
+        self._bytes_fetched = 0  # Arrow bytes received from loaders
         self._bad_samples: list[str] = []  # keys skipped for a bad image (vision.on_bad_image: skip)
         self._assembled = -1
         self._error: str | None = None
@@ -76,15 +78,21 @@ class ConstructorServer(wire.ActionServer):
         if not self._deliveries:
             broadcast = frozenset(view["broadcast"])
             self._deliveries = {r: self.mesh.delivery(r, view["axis"], broadcast) for r in self.ranks}
+            self._encoder_axis = view["encoder_axis"]
         samples, bad = drop_bad(samples, self.cfg)
         self._bad_samples.extend(bad)
         image_token = self.cfg.vision.image_token_id if any(s.image_column for s in self.cfg.sources) else None
         tables = {}
+        image_graph = view["encoder"] is not None
         for bucket, bins in view["microbatches"].items():
             microbatches = [build_microbatch([samples[i] for i in mb if i in samples], view["capacity"], self.cfg,
                                              image_token) for mb in bins]
             for delivery in {d for d in self._deliveries.values() if d.bucket == int(bucket)}:
-                tables[(step, delivery.key)] = rank_table(step, int(bucket), microbatches, delivery, self.cfg)
+                tables[(step, delivery.key)] = rank_table(step, int(bucket), microbatches, delivery, self.cfg,
+                                                          with_pixels=not image_graph)
+        for bucket, rows in (view["encoder"] or {}).items():
+            tables[(step, ("encoder", int(bucket)))] = encoder_table(
+                step, [(samples[i], image, owner, mb) for i, image, owner, mb in rows if i in samples])
         return tables
 
     def _plan(self, planner: fl.FlightClient, step: int) -> dict | None:
@@ -104,6 +112,8 @@ class ConstructorServer(wire.ActionServer):
         def one(entry):
             request = {"kind": "samples", "step": step, "constructor": self.index, "samples": entry["samples"]}
             table = self._clients.get(entry["location"]).do_get(wire.ticket(request)).read_all()
+            with self._cond:
+                self._bytes_fetched += table.nbytes
             tokens = table.column("tokens").combine_chunks()
             offsets, values = tokens.offsets.to_numpy(), tokens.values.to_numpy()
             images, grids = table.column("images").to_pylist(), table.column("image_grids").to_pylist()
@@ -121,8 +131,9 @@ class ConstructorServer(wire.ActionServer):
     # -- Flight ------------------------------------------------------------------------
     def do_get(self, context, ticket):
         request = wire.decode(ticket.ticket, "ticket")
-        if request.get("kind") != "batch":
-            raise ValueError(f"malformed ticket: kind {request.get('kind')!r}, a constructor serves 'batch' tickets")
+        kind = request.get("kind")
+        if kind not in ("batch", "encoder"):
+            raise ValueError(f"malformed ticket: kind {kind!r}, a constructor serves 'batch' and 'encoder' tickets")
         step = wire.field(request, "step", int, "batch ticket")
         rank = wire.field(request, "rank", int, "batch ticket")
         if rank not in self.ranks:
@@ -133,11 +144,17 @@ class ConstructorServer(wire.ActionServer):
                             WAIT_SECONDS, f"step {step} of rank {rank}")
             if self._error:
                 raise RuntimeError(self._error)
-            key = (step, self._deliveries[rank].key)
+            if kind == "batch":
+                key = (step, self._deliveries[rank].key)
+            else:
+                key = (step, ("encoder", self.mesh.bucket_of(rank, self._encoder_axis or "WORLD")))
             if key not in self._staged:
-                raise KeyError(f"step {step} of rank {rank} was already served and released")
+                if kind == "encoder" and self._encoder_axis is None:
+                    raise KeyError("no encoder stream: this run's plans have no image graph")
+                raise KeyError(f"{kind} of step {step} for rank {rank} was already served and released")
             table = self._staged[key]
-            self._release(rank, step)
+            if kind == "batch":
+                self._release(rank, step)
         return fl.RecordBatchStream(table)
 
     def _release(self, rank: int, step: int) -> None:
@@ -155,7 +172,7 @@ class ConstructorServer(wire.ActionServer):
         with self._cond:
             return {"index": self.index, "dp_ranks": list(self.dp_ranks), "assembled": self._assembled,
                     "staged_steps": sorted({k[0] for k in self._staged}), "error": self._error,
-                    "bad_samples": list(self._bad_samples)}
+                    "bad_samples": list(self._bad_samples), "bytes_fetched": self._bytes_fetched}
 
     def shutdown(self):
         with self._cond:

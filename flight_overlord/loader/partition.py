@@ -57,6 +57,14 @@ class RowGroupSamples:
     def nbytes(self) -> int:
         return self.tokens.nbytes + (self.images.nbytes if self.images is not None else 0)
 
+    def _image_sizes(self, rows: int) -> pa.ListArray:
+        """Patches per image per row: the product of each (t, h, w) triple of the grids."""
+        if self.grids is None:
+            return pa.ListArray.from_arrays(pa.array(np.zeros(rows + 1, np.int32)), pa.array([], pa.int32()))
+        triples = self.grids.values.to_numpy().reshape(-1, 3)
+        return pa.ListArray.from_arrays(pa.array(self.grids.offsets.to_numpy() // 3),
+                                        pa.array(triples.prod(axis=1).astype(np.int32)))
+
     def metadata(self) -> pa.RecordBatch:
         lengths = np.diff(self.tokens.offsets.to_numpy()).astype(np.int32)
         nbytes = lengths.astype(np.int64) * 4
@@ -72,6 +80,7 @@ class RowGroupSamples:
             "row": pa.array(np.arange(len(self.keys), dtype=np.int32)),
             "num_tokens": pa.array(lengths),
             "image_patches": pa.array(patches.astype(np.int32)),
+            "image_sizes": self._image_sizes(len(lengths)),
             "num_bytes": pa.array(nbytes),
         })
 

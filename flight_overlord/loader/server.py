@@ -50,7 +50,9 @@ class LoaderServer(wire.ActionServer):
         self._stopping = False
         self._epoch_orders: dict[int, list[RowGroupRef]] = {}
         self._index_in_epoch: dict[int, dict[tuple[str, int], int]] = {}
-        self._fatal: dict[BufferKey, str] = {}  # row groups whose bad image must stop the run
+        self._bytes_served = 0  # Arrow bytes of the samples sent to constructors (retries not counted)
+        self._fatal: dict[BufferKey, str] = {}
+        self._pending: dict[tuple[BufferKey, int], int] = {}  # (row group, row) -> fetches still to come  # row groups whose bad image must stop the run
         super().__init__(f"grpc://{host}:{port}")
         self._reader = threading.Thread(target=self._read_ahead_loop, name="read-ahead", daemon=True)
         self._reader.start()
@@ -157,9 +159,10 @@ class LoaderServer(wire.ActionServer):
         constructor = wire.field(request, "constructor", int, "samples ticket")
         wanted = wire.field(request, "samples", list, "samples ticket")
         for item in wanted:
-            if not (isinstance(item, list) and len(item) == 4 and isinstance(item[1], str)
-                    and all(isinstance(v, int) and not isinstance(v, bool) for v in (item[0], item[2], item[3]))):
-                raise ValueError(f"malformed samples ticket: sample {item!r} is not [epoch, file, row_group, row]")
+            if not (isinstance(item, list) and len(item) in (4, 5) and isinstance(item[1], str)
+                    and all(isinstance(v, int) and not isinstance(v, bool) for v in item[:1] + item[2:])):
+                raise ValueError(f"malformed samples ticket: sample {item!r} is not "
+                                 f"[epoch, file, row_group, row] or [epoch, file, row_group, row, consumers]")
         with self._cond:
             if (step, constructor) in self._served:  # a retried fetch gets the same samples again
                 return self._served[(step, constructor)]
@@ -176,6 +179,7 @@ class LoaderServer(wire.ActionServer):
         self._release(wanted)
         with self._cond:
             self._served[(step, constructor)] = table
+            self._bytes_served += table.nbytes
             while len(self._served) > 64:
                 self._served.popitem(last=False)
         return table
@@ -195,9 +199,18 @@ class LoaderServer(wire.ActionServer):
                         schema=load_schema(SAMPLES))
 
     def _release(self, wanted: list) -> None:
+        """Pop what was fetched. A sample several constructors fetch (its images encoded on another
+        constructor's rank) stays until the last of them has it."""
         with self._cond:
-            for epoch, file, row_group, row in wanted:
+            for epoch, file, row_group, row, *rest in wanted:
                 key = (epoch, file, row_group)
+                consumers = rest[0] if rest else 1
+                if consumers > 1:
+                    left = self._pending.get((key, row), consumers) - 1
+                    if left > 0:
+                        self._pending[(key, row)] = left
+                        continue
+                    self._pending.pop((key, row), None)
                 buffered = self._buffer[key]
                 buffered.remaining[row] = False
                 if not buffered.remaining.any():
@@ -220,7 +233,8 @@ class LoaderServer(wire.ActionServer):
                     "row_groups_owned": len(self.partition.row_groups),
                     "buffered_row_groups": len(self._buffer),
                     "buffered_samples": int(sum(b.remaining.sum() for b in self._buffer.values())),
-                    "buffered_bytes": int(sum(b.nbytes for b in self._buffer.values()))}
+                    "buffered_bytes": int(sum(b.nbytes for b in self._buffer.values())),
+                    "bytes_served": self._bytes_served}
 
     def shutdown(self):
         with self._cond:

@@ -18,9 +18,10 @@ class Pick(NamedTuple):
     ref: SampleRef
     tokens: int       # sequence length after the sample transform (image placeholders included)
     patches: int = 0  # image patches: the vision encoder's work
+    image_sizes: tuple[int, ...] = ()  # patches of each image
 
 
-# (epoch, row group) -> {"num_tokens": per row, "image_patches": per row (optional)}
+# (epoch, row group) -> {"num_tokens": per row, optional "image_patches": per row, "image_sizes": list per row}
 FetchMeta = Callable[[int, RowGroupRef], dict[str, np.ndarray]]
 
 
@@ -36,12 +37,13 @@ class SourceFeed:
             meta = fetch_meta(epoch, rg)
             tokens = meta["num_tokens"]
             patches = meta.get("image_patches", np.zeros(len(tokens), dtype=np.int64))
+            sizes = meta.get("image_sizes")
             for row in row_permutation(rg, seed=seed, source=self.name, epoch=epoch):
                 if tokens[row] <= 0:
                     self.skipped += 1
                     continue
                 yield Pick(SampleRef(self.name, epoch, rg.file, rg.row_group, int(row)), int(tokens[row]),
-                           int(patches[row]))
+                           int(patches[row]), tuple(sizes[row]) if sizes is not None else ())
 
     def next(self) -> Pick:
         """The next sample to plan: deferred ones first, in their order, then the stream."""

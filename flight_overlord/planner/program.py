@@ -29,6 +29,9 @@ class StepPlan:
     weights: dict[str, float]
     feedback: dict | None = None  # the trainer feedback the weights were computed from
     stats: dict = field(default_factory=dict)
+    encoder_axis: str | None = None  # set when an image graph places images apart from their sequences
+    encoder: list[list[tuple[Pick, int]]] | None = None  # encoder[bucket]: (sample, image index) it encodes
+    consumers: dict[str, int] | None = None  # per sample key: constructors that fetch it (the Planner fills it)
 
     def bucket_bins(self, bucket: int) -> list[list[Pick]]:
         return self.bins[bucket * self.microbatches:(bucket + 1) * self.microbatches]
@@ -38,6 +41,8 @@ class StepPlan:
                   "bins": [[p.ref.key for p in b] for b in self.bins]}
         if self.feedback is not None:
             record["feedback"] = self.feedback
+        if self.encoder is not None:
+            record["encoder"] = [[[p.ref.key, i] for p, i in b] for b in self.encoder]
         return record
 
 
@@ -183,7 +188,58 @@ def plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: S
     plan = StepPlan(step, strategy.axis, ctx.num_buckets, gb.microbatches, ctx.capacity, bins,
                     dict(weights), feedback)
     plan.stats = _stats(plan, picks, costs, bin_indices, unplaced)
+    if strategy.image_graph is not None:
+        plan.encoder_axis = strategy.image_graph.axis
+        plan.encoder, plan.stats["encoder"] = place_images(bins, strategy)
+    else:
+        plan.stats["encoder"] = _encoder_stats(_per_bucket(bins, gb.microbatches))
     return plan
+
+
+def place_images(bins: list[list[Pick]], strategy: Strategy) -> tuple[list[list[tuple[Pick, int]]], dict]:
+    """The image graph: every image of the placed samples goes to one encoder bucket, balanced by
+    the image cost over ``mesh.num_buckets(axis)`` buckets; (sample, image index) pairs, in order."""
+    graph = strategy.image_graph
+    units = [(p, i) for b in bins for p in b for i in range(len(p.image_sizes))]
+    k = strategy.mesh.num_buckets(graph.axis)
+    costs = _image_costs(units, graph.cost_fn)
+    if graph.method == "none":
+        parts = np.array_split(np.arange(len(units)), k)
+    else:
+        parts = balance.partition(costs, k, method=graph.method)
+    encoder = [[units[i] for i in np.sort(part)] for part in parts]
+    loads = np.array([costs[part].sum() for part in parts])
+    # Without the graph, a sample's images are encoded where its sequence goes: every rank of the
+    # bucket (the encoder is replicated across its model-parallel peers) carries the bucket's images.
+    vanilla = np.array([_image_costs([(p, i) for p in group for i in range(len(p.image_sizes))], graph.cost_fn).sum()
+                        for group in _per_bucket(bins, strategy.cfg.global_batch.microbatches)])
+    stats = {"images": len(units), "patches": int(sum(p.image_sizes[i] for p, i in units)),
+             "imbalance": max_over_mean(loads), "max_cost": float(loads.max()) if len(loads) else 0.0,
+             "lower_bound": float(balance.lower_bound(costs, k)) if len(costs) else 0.0,
+             "imbalance_vanilla": max_over_mean(vanilla), "max_cost_vanilla": float(vanilla.max()) if len(vanilla) else 0.0}
+    return encoder, stats
+
+
+def _image_costs(units: list[tuple[Pick, int]], cost_fn) -> np.ndarray:
+    """One cost per image: the image graph's cost function sees each image as a sample of its own."""
+    if not units:
+        return np.zeros(0)
+    meta = {"image_patches": np.array([p.image_sizes[i] for p, i in units], dtype=np.int64),
+            "num_tokens": np.array([p.tokens for p, _ in units], dtype=np.int64),
+            "source": np.array([p.ref.source for p, _ in units], dtype=object)}
+    return np.asarray(cost_fn(meta), dtype=np.float64)
+
+
+def _encoder_stats(buckets: list[list[Pick]]) -> dict:
+    """Without an image graph: the encoder's load per data-parallel bucket (its samples' patches)."""
+    loads = np.array([float(sum(p.patches for p in g)) for g in buckets])
+    return {"images": sum(len(p.image_sizes) for g in buckets for p in g), "patches": int(loads.sum()),
+            "imbalance": max_over_mean(loads), "max_cost": float(loads.max()) if len(loads) else 0.0}
+
+
+def _per_bucket(bins: list[list[Pick]], microbatches: int) -> list[list[Pick]]:
+    """All samples of each bucket (its microbatches' bins joined)."""
+    return [sum(bins[i:i + microbatches], []) for i in range(0, len(bins), microbatches)]
 
 
 def _defer(items: list[Pick], feeds, mixer: Mixer, weights, *, by_tokens: bool) -> None:

@@ -24,7 +24,7 @@ from ..core.mesh import Mesh
 from ..core.mixing import Mixer
 from ..core.order import RowGroupRef
 from ..core.schedules import FeedbackLog, weights_at
-from ..schemas import MICROBATCH, SAMPLE_METADATA, load_schema
+from ..schemas import ENCODER_BATCH, MICROBATCH, SAMPLE_METADATA, load_schema
 from .feed import SourceFeed
 from .program import StepPlan, plan_step
 from .strategy import load_strategy
@@ -170,6 +170,9 @@ class PlannerServer(wire.ActionServer):
             for name in ("num_tokens", "image_patches"):
                 meta[name] = np.zeros(rg.num_rows, dtype=np.int64)
                 meta[name][rows] = table.column(name).to_numpy()
+            meta["image_sizes"] = [()] * rg.num_rows
+            for row, sizes in zip(rows, table.column("image_sizes").to_pylist()):
+                meta["image_sizes"][row] = tuple(sizes)
             return meta
         return fetch
 
@@ -182,23 +185,26 @@ class PlannerServer(wire.ActionServer):
     # -- trainer-facing ----------------------------------------------------------------
     def get_flight_info(self, context, descriptor):
         parts = [p.decode() if isinstance(p, bytes) else p for p in (descriptor.path or [])]
-        if len(parts) == 3 and parts[0] == "batch":
+        if len(parts) == 3 and parts[0] in ("batch", "encoder"):
             step, rank = self._parse_batch(parts)
+            if parts[0] == "encoder" and self.strategy.image_graph is None:
+                raise KeyError("no encoder streams: this run's strategy has no image graph "
+                               "(images travel with their sequences in ('batch', STEP, RANK))")
             with self._cond:  # asking for a step is how a trainer tells us where it is
                 self._requested[rank] = max(step, self._requested.get(rank, -1))
                 self._cond.notify_all()
                 self._wait_for_plan(step, WAIT_SECONDS)
-            return self._batch_info(descriptor, step, rank)
+            return self._batch_info(descriptor, step, rank, parts[0])
         if len(parts) == 2 and parts[0] == "source":
             return self._source_info(descriptor, parts[1])
         raise KeyError(f"unknown descriptor {parts or descriptor.command!r}: this Planner serves "
-                       f"('batch', STEP, RANK) and ('source', NAME)")
+                       f"('batch', STEP, RANK), ('encoder', STEP, RANK) and ('source', NAME)")
 
     def get_schema(self, context, descriptor):
         parts = [p.decode() if isinstance(p, bytes) else p for p in (descriptor.path or [])]
-        if len(parts) == 3 and parts[0] == "batch":
+        if len(parts) == 3 and parts[0] in ("batch", "encoder"):
             self._parse_batch(parts)
-            return fl.SchemaResult(load_schema(MICROBATCH))
+            return fl.SchemaResult(load_schema(MICROBATCH if parts[0] == "batch" else ENCODER_BATCH))
         if len(parts) == 2 and parts[0] == "source":
             self.cfg.source(parts[1])
             return fl.SchemaResult(load_schema(SAMPLE_METADATA))
@@ -214,11 +220,13 @@ class PlannerServer(wire.ActionServer):
         self.mesh.coord(rank)  # ValueError naming the rank if outside the mesh
         return step, rank
 
-    def _batch_info(self, descriptor, step: int, rank: int) -> fl.FlightInfo:
+    def _batch_info(self, descriptor, step: int, rank: int, kind: str = "batch") -> fl.FlightInfo:
         coord = self.mesh.coord(rank)
         location = self._constructors[self.mesh.constructor_of(coord.dp)]
-        ticket = wire.ticket({"kind": "batch", "step": step, "rank": rank})
+        ticket = wire.ticket({"kind": kind, "step": step, "rank": rank})
         endpoint = fl.FlightEndpoint(ticket, [location])
+        if kind == "encoder":
+            return fl.FlightInfo(load_schema(ENCODER_BATCH), descriptor, [endpoint], -1, -1)
         return fl.FlightInfo(load_schema(MICROBATCH), descriptor, [endpoint],
                              self.cfg.global_batch.microbatches, -1)
 
@@ -237,6 +245,9 @@ class PlannerServer(wire.ActionServer):
             for rank in range(self.mesh.world_size):
                 descriptor = fl.FlightDescriptor.for_path("batch", str(step), str(rank))
                 yield self._batch_info(descriptor, step, rank)
+                if self.strategy.image_graph is not None:
+                    descriptor = fl.FlightDescriptor.for_path("encoder", str(step), str(rank))
+                    yield self._batch_info(descriptor, step, rank, "encoder")
         for source in self.cfg.sources:
             yield self._source_info(fl.FlightDescriptor.for_path("source", source.name), source.name)
 
@@ -258,27 +269,52 @@ class PlannerServer(wire.ActionServer):
         return self._constructor_view(plan, constructor)
 
     def _constructor_view(self, plan: StepPlan, constructor: int) -> dict:
-        """What one constructor assembles: its buckets' microbatches as indices into ``keys``, the
-        planned length of each sample, and which loader to fetch each sample from."""
-        keys, lengths, microbatches, fetch = [], [], {}, {}
-        for bucket in self.mesh.buckets_of_constructor(constructor, plan.axis):
-            bucket_bins = []
-            for bin_ in plan.bucket_bins(bucket):
-                indices = []
-                for pick in bin_:
-                    ref = pick.ref
-                    indices.append(len(keys))
-                    location = self._owner[(ref.source, ref.file, ref.row_group)]
-                    entry = fetch.setdefault(location, {"location": location, "items": [], "samples": []})
-                    entry["items"].append(len(keys))
-                    entry["samples"].append([ref.epoch, ref.file, ref.row_group, ref.row])
-                    keys.append(ref.key)
-                    lengths.append(pick.tokens)
-                bucket_bins.append(indices)
-            microbatches[str(bucket)] = bucket_bins
+        """What one constructor assembles: its buckets' microbatches (and, with an image graph, the
+        samples its ranks encode) as indices into ``keys``, the planned length of each sample, and
+        which loader to fetch each sample from, with how many constructors fetch it in all."""
+        consumers = self._consumers(plan)
+        index: dict[str, int] = {}
+        keys, lengths, fetch = [], [], {}
+
+        def item(pick) -> int:
+            ref = pick.ref
+            if ref.key not in index:
+                index[ref.key] = len(keys)
+                location = self._owner[(ref.source, ref.file, ref.row_group)]
+                entry = fetch.setdefault(location, {"location": location, "items": [], "samples": []})
+                entry["items"].append(len(keys))
+                entry["samples"].append([ref.epoch, ref.file, ref.row_group, ref.row, consumers[ref.key]])
+                keys.append(ref.key)
+                lengths.append(pick.tokens)
+            return index[ref.key]
+
+        microbatches = {str(b): [[item(p) for p in bin_] for bin_ in plan.bucket_bins(b)]
+                        for b in self.mesh.buckets_of_constructor(constructor, plan.axis)}
+        encoder = None
+        if plan.encoder is not None:  # [item, image index, owner bucket, owner microbatch] per image a rank encodes
+            owner = {p.ref.key: divmod(i, plan.microbatches) for i, bin_ in enumerate(plan.bins) for p in bin_}
+            encoder = {str(b): [[item(p), image, *owner[p.ref.key]] for p, image in plan.encoder[b]]
+                       for b in self.mesh.buckets_of_constructor(constructor, plan.encoder_axis)}
         return {"step": plan.step, "axis": plan.axis, "broadcast": sorted(self.strategy.broadcast),
-                "capacity": plan.capacity, "keys": keys, "lengths": lengths,
-                "microbatches": microbatches, "fetch": list(fetch.values())}
+                "capacity": plan.capacity, "keys": keys, "lengths": lengths, "microbatches": microbatches,
+                "encoder_axis": plan.encoder_axis, "encoder": encoder, "fetch": list(fetch.values())}
+
+    def _consumers(self, plan: StepPlan) -> dict[str, int]:
+        """Per sample, how many constructors fetch it: 2 when an image graph sends its images to a
+        rank of another constructor than its sequence's. The loader keeps it until both have."""
+        if plan.consumers is None:
+            needs: dict[str, set[int]] = {}
+            for bucket in range(plan.num_buckets):
+                c = self.mesh.constructor_of(self.mesh.dp_of_bucket(bucket, plan.axis))
+                for bin_ in plan.bucket_bins(bucket):
+                    for pick in bin_:
+                        needs.setdefault(pick.ref.key, set()).add(c)
+            for bucket, picks in enumerate(plan.encoder or []):
+                c = self.mesh.constructor_of(self.mesh.dp_of_bucket(bucket, plan.encoder_axis))
+                for pick, _ in picks:
+                    needs.setdefault(pick.ref.key, set()).add(c)
+            plan.consumers = {k: len(v) for k, v in needs.items()}
+        return plan.consumers
 
     # -- trainer feedback --------------------------------------------------------------
     def action_report(self, body):

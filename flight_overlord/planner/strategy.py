@@ -31,6 +31,38 @@ class Balancing:
     keep_global_batch: bool = False  # True: every sample drawn for a step is trained in that step
 
 
+@dataclass
+class ImageGraph:
+    """The vision encoder's view of the same samples (the paper's second DGraph): each sample's
+    images go to one encoder bucket, balanced by their own cost, independently of where the
+    sample's sequence goes; trainers exchange the embeddings (all-to-all) before the backbone."""
+    cost_fn: CostFn
+    axis: str = "WORLD"
+    method: str = "karmarkar_karp"
+
+    def cost(self, fn="patches", **params) -> "ImageGraph":
+        self.cost_fn = fn if callable(fn) else _image_cost(fn, params)
+        return self
+
+    def distribute(self, axis: str = "WORLD") -> "ImageGraph":
+        if axis not in DISTRIBUTE_AXES:
+            raise ValueError(f"images().distribute(): unknown axis {axis!r} (axes: {', '.join(DISTRIBUTE_AXES)})")
+        self.axis = axis
+        return self
+
+    def balance(self, method: str = "karmarkar_karp") -> "ImageGraph":
+        if method not in BALANCE_METHODS:
+            raise ValueError(f"images().balance(): unknown method {method!r} (methods: {', '.join(BALANCE_METHODS)})")
+        self.method = method
+        return self
+
+
+def _image_cost(name: str, params: dict) -> CostFn:
+    if name != "patches":
+        raise ValueError(f"images().cost(): unknown cost model {name!r} (built-in: patches; or pass a function)")
+    return patches_cost(**params)
+
+
 class Strategy:
     """The primitives; each returns the strategy, so a program reads as one chained expression."""
 
@@ -44,6 +76,14 @@ class Strategy:
         self.balancing = Balancing(cfg.balance_method)
         self.broadcast: frozenset[str] = frozenset()
         self.raw: Callable | None = None
+        self.image_graph: ImageGraph | None = None
+
+    def images(self) -> ImageGraph:
+        """The image graph: ``s.images().cost("patches").distribute("WORLD").balance("karmarkar_karp")``.
+        Without it, a sample's pixels travel with its sequence to its data-parallel bucket."""
+        if self.image_graph is None:
+            self.image_graph = ImageGraph(patches_cost())
+        return self.image_graph
 
     def mix(self, schedule) -> "Strategy":
         """Source weights per step: a schedule, a mapping of constant weights, or a callable of the step."""
