@@ -95,6 +95,8 @@ class VisionConfig:
     min_pixels: int = 56 * 56
     max_pixels: int = 28 * 28 * 1280
     image_token_id: int = 256  # the placeholder token; 256 is just past the byte tokenizer's vocabulary
+    vision_start_id: int = 257  # wraps every placeholder run (Qwen2-VL's <|vision_start|> ... <|vision_end|>),
+    vision_end_id: int = 258    # so adjacent images stay distinct runs
     decode_at: str = "constructor"  # constructor: compressed bytes cross the network; loader: pixels do
     on_bad_image: str = "skip"  # skip: drop the sample, log its key and count it; fail: stop the run
 
@@ -301,7 +303,8 @@ def _parse_vision(raw: Any) -> VisionConfig:
     d = VisionConfig()
     f = _fields(raw, "vision", {k: getattr(d, k) for k in d.__dataclass_fields__})
     ints = {k: _int(f[k], f"vision.{k}", minimum=1 if k != "image_token_id" else 0)
-            for k in ("patch_size", "merge_size", "min_pixels", "max_pixels", "image_token_id")}
+            for k in ("patch_size", "merge_size", "min_pixels", "max_pixels", "image_token_id", "vision_start_id",
+                      "vision_end_id")}
     if ints["max_pixels"] < ints["min_pixels"]:
         raise ConfigError(f"vision.max_pixels: {ints['max_pixels']} is below vision.min_pixels {ints['min_pixels']}")
     return VisionConfig(**ints, decode_at=_choice(f["decode_at"], "vision.decode_at", ("constructor", "loader")),

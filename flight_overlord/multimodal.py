@@ -3,7 +3,7 @@
 A row is interleaved segments (the OBELICS layout): ``texts[i]`` or ``images[i]`` is set at each
 position. The sample transform tokenizes the text and replaces every image by a run of
 ``image_token_id`` placeholders, as many as the LLM tokens the encoder will produce for it
-(patches / merge_size^2). Only the image *header* is read for that, so a loader stays light;
+(patches / merge_size^2), wrapped in ``vision_start_id`` ... ``vision_end_id``. Only the image *header* is read for that, so a loader stays light;
 decoding happens later, at the constructor by default (compressed bytes cross the network, the
 paper's transformation reordering), or at the loader when ``vision.decode_at: loader``.
 
@@ -54,13 +54,14 @@ def transform_rows(texts: pa.ListArray, images: pa.ListArray, tokenize: Tokenize
                     data = image.as_py()
                     grid = patch_grid(*image_size(data), spec)
                     run = placeholder_tokens(grid, spec)
-                    if used + run > max_tokens:
+                    if used + run + 2 > max_tokens:
                         break  # never split an image's placeholder run
                     kept.append(decode_patches(data, spec)[0].tobytes() if decode else data)
                     grids.extend(grid)
-                    parts.append(np.full(run, cfg.image_token_id, dtype=np.int32))
+                    parts.append(np.concatenate([[cfg.vision_start_id], np.full(run, cfg.image_token_id),
+                                                 [cfg.vision_end_id]]).astype(np.int32))
                     out.patches[row] += num_patches(grid)
-                    used += run
+                    used += run + 2
                 else:
                     text = token_values[token_offsets[seg]:token_offsets[seg + 1]][:max_tokens - used]
                     parts.append(text)

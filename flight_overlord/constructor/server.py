@@ -43,7 +43,7 @@ class ConstructorServer(wire.ActionServer):
         self._deliveries: dict[int, Delivery] = {}  # rank -> what it receives; known from the first plan
         self._encoder_axis: str | None = None  # the image graph's axis, if the plans have one
         self._staged: dict[tuple[int, tuple], pa.Table] = {}  # (step, delivery key) -> table
-        self._served: dict[int, int] = {}  # rank -> last step served
+        self._served: dict[tuple[str, int], int] = {}  # (stream kind, rank) -> last step served
         self._bytes_fetched = 0  # Arrow bytes received from loaders
         self._bad_samples: list[str] = []  # keys skipped for a bad image (vision.on_bad_image: skip)
         self._assembled = -1
@@ -153,15 +153,14 @@ class ConstructorServer(wire.ActionServer):
                     raise KeyError("no encoder stream: this run's plans have no image graph")
                 raise KeyError(f"{kind} of step {step} for rank {rank} was already served and released")
             table = self._staged[key]
-            if kind == "batch":
-                self._release(rank, step)
+            self._release(rank, step, kind)
         return fl.RecordBatchStream(table)
 
-    def _release(self, rank: int, step: int) -> None:
-        """Keep a step until every rank reading from this constructor has moved two steps past it
-        (so a retried fetch still finds it)."""
-        self._served[rank] = max(step, self._served.get(rank, -1))
-        if len(self._served) < len(self.ranks):
+    def _release(self, rank: int, step: int, kind: str) -> None:
+        """Keep a step until every rank reading from this constructor has moved two steps past it in
+        each of its streams (so a retried fetch still finds it)."""
+        self._served[(kind, rank)] = max(step, self._served.get((kind, rank), -1))
+        if len(self._served) < len(self.ranks) * (2 if self._encoder_axis else 1):
             return
         done = min(self._served.values()) - 2
         for key in [k for k in self._staged if k[0] <= done]:

@@ -1,0 +1,210 @@
+"""Image-text sources end to end: real Parquet with real JPEG/PNG bytes, real Flight servers."""
+from __future__ import annotations
+
+import collections
+import io
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as fl
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from flight_overlord import wire
+from flight_overlord.client import StepFetcher
+from flight_overlord.client.trainer import table_to_encoder_inputs, table_to_microbatches
+from flight_overlord.config import load_config
+from flight_overlord.launch import LocalCluster
+from flight_overlord.vision import VisionSpec, unpatchify
+
+from .conftest import write_config
+
+STEPS = 4
+IMAGE_TOKEN, VISION_START, VISION_END = 256, 257, 258
+SOURCES = [
+    {"name": "imagecaps", "paths": "imagecaps/*.parquet", "text_column": "texts", "image_column": "images",
+     "weight": 0.4},
+    {"name": "interleaved", "paths": "interleaved/*.parquet", "text_column": "texts", "image_column": "images",
+     "weight": 0.4},
+    {"name": "captions", "paths": "captions/*.parquet", "weight": 0.2},
+]
+BATCH = {"context_length": 2048, "microbatches": 2, "tokens_per_step": 6000}
+
+
+def run(path, steps=STEPS, encoder=False):
+    cfg = load_config(path)
+    with LocalCluster(path) as cluster:
+        fetchers = [StepFetcher(cluster.planner, r, timeout=60) for r in range(cfg.mesh.world_size)]
+        batches, encoders = {r: [] for r in range(len(fetchers))}, {r: [] for r in range(len(fetchers))}
+        for step in range(steps):  # in lock-step, as trainers go
+            for r, f in enumerate(fetchers):
+                batches[r].append(f.fetch(step))
+                if encoder:
+                    encoders[r].append(f.fetch(step, "encoder"))
+        status = [wire.call(f.planner, "status", {}) for f in fetchers[:1]]
+        for f in fetchers:
+            f.close()
+    return batches, encoders, status
+
+
+def source_row(corpus, key):
+    source, file, rg, row = key.split(":")
+    table = pq.ParquetFile(corpus / file).read_row_group(int(rg))
+    return table.column("texts")[int(row)].as_py(), table.column("images")[int(row)].as_py()
+
+
+def direct_decode(data: bytes, grid, spec: VisionSpec) -> np.ndarray:
+    _, gh, gw = grid
+    with Image.open(io.BytesIO(data)) as im:
+        return np.asarray(im.convert("RGB").resize((gw * spec.patch_size, gh * spec.patch_size),
+                                                   Image.Resampling.BICUBIC))
+
+
+@pytest.fixture(scope="module", params=["constructor", "loader"])
+def image_run(request, corpus, tmp_path_factory):
+    path = write_config(tmp_path_factory.mktemp(f"vlm-{request.param}"), corpus, sources=SOURCES,
+                        global_batch=BATCH, vision={"decode_at": request.param, "max_pixels": 200704})
+    return path, run(path)[0]
+
+
+def test_pixels_placeholders_and_labels(image_run, corpus):
+    """Decoded pixels equal a direct Pillow decode; each image is one whole placeholder run of
+    patches/merge^2 tokens inside its sample; labels are the next token of the same sample, -100
+    on image targets, sample ends and padding."""
+    path, batches = image_run
+    cfg = load_config(path)
+    spec = VisionSpec(cfg.vision.patch_size, cfg.vision.merge_size, cfg.vision.min_pixels, cfg.vision.max_pixels)
+    checked_images = 0
+    for tables in batches.values():
+        for table in tables:
+            for mb in table_to_microbatches(table):
+                ids, labels = mb["input_ids"].numpy(), mb["labels"].numpy()
+                cu = mb["cu_seqlens"].numpy()
+                grids = mb["image_grid_thw"].numpy()
+                pixels = mb["pixel_values"].numpy() if mb["pixel_values"] is not None else np.zeros((0, 588), np.uint8)
+                assert pixels.shape[0] == int(grids.prod(axis=1).sum())
+                image, row = 0, 0
+                for key, start, end in zip(mb["sample_keys"], cu[:-1], cu[1:]):
+                    sample = ids[start:end]
+                    if not key.startswith(("imagecaps", "interleaved")):
+                        assert not (sample == IMAGE_TOKEN).any()
+                        continue
+                    texts, images = source_row(corpus, key)
+                    runs = _runs(sample == IMAGE_TOKEN)  # the row's first images: truncation drops whole ones
+                    assert len(runs) <= len([b for b in images if b is not None]), key
+                    for (run_start, run_len), data in zip(runs, [b for b in images if b is not None]):
+                        grid = grids[image]
+                        assert run_len == grid.prod() // spec.merge_size ** 2, key  # whole run, right length
+                        assert sample[run_start - 1] == VISION_START and sample[run_start + run_len] == VISION_END
+                        n = int(grid.prod())
+                        delivered = unpatchify(pixels[row:row + n], tuple(grid), spec)
+                        assert np.array_equal(delivered, direct_decode(data, grid, spec)), key
+                        image, row, checked_images = image + 1, row + n, checked_images + 1
+                    # labels: next token of the same sample, never an image placeholder
+                    want = np.append(sample[1:], -100).astype(np.int32)
+                    want[want == IMAGE_TOKEN] = -100
+                    assert np.array_equal(labels[start:end], want), key
+                assert image == len(grids)
+                assert (labels[cu[-1]:] == -100).all() and np.array_equal(mb["loss_mask"].numpy(), labels != -100)
+    assert checked_images > 10
+
+
+def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+    return [(int(a), int(b - a)) for a, b in zip(edges[::2], edges[1::2])]
+
+
+def test_truncation_never_splits_an_image_run(corpus, tmp_path):
+    """A context shorter than many interleaved documents: samples are cut before an image that
+    does not fit whole."""
+    path = write_config(tmp_path, corpus, sources=SOURCES[1:2], prefetch=1,
+                        global_batch={"context_length": 256, "microbatches": 2, "tokens_per_step": 400})
+    batches, _, _ = run(path, steps=3)
+    for table in batches[0] + batches[1]:
+        for mb in table_to_microbatches(table):
+            ids, cu, grids = mb["input_ids"].numpy(), mb["cu_seqlens"].numpy(), mb["image_grid_thw"].numpy()
+            runs = [(s + a, n) for s, e in zip(cu[:-1], cu[1:]) for a, n in _runs(ids[s:e] == IMAGE_TOKEN)]
+            assert [n for _, n in runs] == [int(g.prod()) // 4 for g in grids]
+            assert all(ids[a - 1] == VISION_START and ids[a + n] == VISION_END for a, n in runs)
+
+
+def _bad_image_source(directory, corpus):
+    """imagecaps' first file with two rows broken: non-image bytes (caught from the header, at the
+    loader) and a truncated JPEG (valid header, caught when decoded)."""
+    first = sorted((corpus / "imagecaps").glob("*.parquet"))[0]
+    table = pq.read_table(first)
+    images = table.column("images").to_pylist()
+    jpeg = max((i for i, row in enumerate(images) if i > 0 and row[0][:2] == b"\xff\xd8"), key=lambda i: len(images[i][0]))
+    images[0] = [b"this is not an image", None]
+    images[jpeg] = [images[jpeg][0][: len(images[jpeg][0]) // 2], None]
+    out = directory / "bad" / "part-00000.parquet"
+    out.parent.mkdir(parents=True)
+    pq.write_table(table.set_column(table.schema.get_field_index("images"), "images",
+                                    pa.array(images, pa.list_(pa.binary()))), out, row_group_size=table.num_rows)
+    return out, f"bad:{out}:0:0", f"bad:{out}:0:{jpeg}"
+
+
+@pytest.mark.parametrize("policy", ["skip", "fail"])
+def test_bad_images_follow_the_policy(corpus, tmp_path, policy):
+    out, header_key, truncated_key = _bad_image_source(tmp_path, corpus)
+    sources = [{"name": "bad", "paths": str(out), "text_column": "texts", "image_column": "images", "weight": 1.0}]
+    rows = pq.ParquetFile(out).metadata.num_rows
+    path = write_config(tmp_path, corpus, sources=sources, mesh={"dp": 1}, prefetch=1,
+                        global_batch={"context_length": 2048, "microbatches": 1, "tokens_per_step": 1},
+                        vision={"on_bad_image": policy, "max_pixels": 200704})
+    cfg = load_config(path)
+    with LocalCluster(path) as cluster:
+        fetcher = StepFetcher(cluster.planner, 0, timeout=30)
+        if policy == "skip":
+            keys = [k for s in range(rows - 1) for k in fetcher.fetch(s).column("sample_keys")[0].as_py()]
+            assert header_key not in keys and truncated_key not in keys
+            assert len(keys) == rows - 2 and len(set(keys)) == len(keys)  # every other sample, once
+            info = fetcher.planner.get_flight_info(fl.FlightDescriptor.for_path("batch", "0", "0"))
+            status = wire.call(fl.connect(info.endpoints[0].locations[0].uri.decode()), "status", {})
+            assert status["bad_samples"] == [truncated_key]
+        else:
+            with pytest.raises(Exception, match="bad:.*(not an image|truncated)"):
+                for s in range(rows):
+                    fetcher.fetch(s)
+        fetcher.close()
+    logs = "".join(p.read_text() for p in (cfg.run_dir / "logs").glob("*.log"))
+    assert f"sample {header_key}: image 0: not an image" in logs
+    if policy == "skip":
+        assert f"sample {truncated_key}: truncated JPEG" in logs
+
+
+def test_image_graph_encodes_every_image_once_where_planned(corpus, tmp_path):
+    """Strategy.images(): the images are balanced over every rank for the encoder; each image of
+    each delivered sample reaches exactly one rank's encoder stream, with its owner's position,
+    and its pixels are the source image's."""
+    (tmp_path / "vlm.py").write_text(
+        "def build(s):\n"
+        "    s.cost('attention').distribute('DP').balance('greedy')\n"
+        "    s.images().cost('patches').distribute('WORLD').balance('karmarkar_karp')\n"
+        "    return s\n")
+    path = write_config(tmp_path, corpus, sources=SOURCES, global_batch=BATCH, strategy="vlm.py",
+                        mesh={"dp": 2, "tp": 2}, vision={"max_pixels": 200704})
+    cfg = load_config(path)
+    spec = VisionSpec(max_pixels=200704)
+    batches, encoders, _ = run(path, encoder=True)
+    for step in range(STEPS):
+        expected, owners = collections.Counter(), {}
+        for rank in (0, 2):  # the first rank of each data-parallel bucket (tp 0)
+            for mb in table_to_microbatches(batches[rank][step]):
+                assert mb["pixel_values"] is None  # pixels go to the encoder streams instead
+                ids, cu = mb["input_ids"].numpy(), mb["cu_seqlens"].numpy()
+                for key, start, end in zip(mb["sample_keys"], cu[:-1], cu[1:]):
+                    n = len(_runs(ids[start:end] == IMAGE_TOKEN))  # the images the sample kept
+                    expected.update((key, i) for i in range(n))
+                    owners[key] = (mb["bucket"], mb["microbatch"])
+        encoded = collections.Counter()
+        for rank in range(cfg.mesh.world_size):
+            for image in table_to_encoder_inputs(encoders[rank][step]):
+                encoded[(image["sample_key"], image["image_index"])] += 1
+                assert owners[image["sample_key"]] == (image["owner_bucket"], image["owner_microbatch"])
+                data = [b for b in source_row(corpus, image["sample_key"])[1] if b is not None][image["image_index"]]
+                grid = tuple(image["image_grid_thw"][0].tolist())
+                assert np.array_equal(unpatchify(image["pixel_values"].numpy(), grid, spec),
+                                      direct_decode(data, grid, spec))
+        assert encoded == expected and len(expected) > 4
