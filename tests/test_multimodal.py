@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import io
+import pathlib
 
 import numpy as np
 import pyarrow as pa
@@ -208,3 +209,20 @@ def test_image_graph_encodes_every_image_once_where_planned(corpus, tmp_path):
                 assert np.array_equal(unpatchify(image["pixel_values"].numpy(), grid, spec),
                                       direct_decode(data, grid, spec))
         assert encoded == expected and len(expected) > 4
+
+
+def test_cutting_a_sample_drops_whole_images():
+    from flight_overlord.config import parse_config
+    from flight_overlord.constructor.assembly import Sample, truncate
+    cfg = parse_config({"sources": [{"name": "x", "paths": "test_multimodal.py"}],
+                        "global_batch": {"context_length": 64, "samples_per_step": 1}},
+                       base_dir=pathlib.Path(__file__).parent)
+    s, e, p = VISION_START, VISION_END, IMAGE_TOKEN
+    tokens = np.array([1, 2, s, p, p, e, 3, s, p, p, p, p, e, 4, 5], dtype=np.int32)
+    grids = np.array([1, 2, 4, 1, 4, 4], dtype=np.int32)  # 8 and 16 patches: 2 and 4 placeholders
+    sample = Sample("k", tokens, np.arange(24 * 3, dtype=np.uint8).reshape(24, 3), grids)
+    for length, kept_tokens, kept_images in [(15, 15, 2), (14, 14, 2), (12, 7, 1), (6, 6, 1), (5, 2, 0), (1, 1, 0)]:
+        cut = truncate(sample, length, cfg)
+        assert len(cut.tokens) == kept_tokens and len(cut.grids) == 3 * kept_images, length
+        assert len(cut.patches) == [0, 8, 24][kept_images]
+        assert (cut.tokens == p).sum() == [0, 2, 6][kept_images]

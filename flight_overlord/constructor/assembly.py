@@ -66,6 +66,23 @@ def decode_stage(key: str, tokens: np.ndarray, images: list[bytes], grids: list[
     return Sample(key, tokens, patches, np.asarray(grids, dtype=np.int32))
 
 
+def truncate(sample: Sample, length: int, cfg: Config) -> Sample:
+    """Cut a sample to the length the plan gave it (a CP-axis capacity can be below the loader's
+    limit) without splitting an image's run: an image that would be cut is dropped whole, with
+    its pixels and everything after it."""
+    if len(sample.tokens) <= length:
+        return sample
+    if sample.grids is None:
+        return Sample(sample.key, sample.tokens[:length])
+    starts = np.flatnonzero(sample.tokens == cfg.vision.vision_start_id)
+    ends = np.flatnonzero(sample.tokens == cfg.vision.vision_end_id)
+    whole = int(np.sum(ends < length))  # images whose run ends inside the cut
+    cut = length if whole == len(starts) or starts[whole] >= length else int(starts[whole])
+    triples = sample.grids.reshape(-1, 3)[:whole]
+    rows = int(triples.prod(axis=1).sum())
+    return Sample(sample.key, sample.tokens[:cut], sample.patches[:rows], triples.reshape(-1))
+
+
 def drop_bad(samples: dict[int, Sample | Failed], cfg: Config) -> tuple[dict[int, Sample], list[str]]:
     """Skip the samples whose decode failed (logged with their key, and counted) or stop the run."""
     good, bad = {}, []

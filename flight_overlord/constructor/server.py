@@ -21,7 +21,7 @@ import pyarrow.flight as fl
 from .. import wire
 from ..config import Config, load_config
 from ..core.mesh import Delivery, Mesh
-from .assembly import Sample, build_microbatch, decode_or_error, drop_bad, encoder_table, rank_table
+from .assembly import Sample, build_microbatch, decode_or_error, drop_bad, encoder_table, rank_table, truncate
 
 log = logging.getLogger(__name__)
 WAIT_SECONDS = 30.0
@@ -105,8 +105,8 @@ class ConstructorServer(wire.ActionServer):
 
     def _fetch(self, step: int, view: dict) -> dict[int, Sample]:
         """Every loader's samples for this step, concurrently, through the decode stage; item index ->
-        sample (or the failure of its decode). Tokens are cut to the planned length (the plan may
-        truncate a sample to the capacity)."""
+        sample (or the failure of its decode), cut to its planned length (the plan may truncate a
+        sample to the capacity)."""
         lengths = view["lengths"]
 
         def one(entry):
@@ -119,8 +119,9 @@ class ConstructorServer(wire.ActionServer):
             images, grids = table.column("images").to_pylist(), table.column("image_grids").to_pylist()
             out = {}
             for j, item in enumerate(entry["items"]):
-                ids = values[offsets[j]:offsets[j + 1]][:lengths[item]]
-                out[item] = decode_or_error(view["keys"][item], ids, images[j], grids[j], self.cfg)
+                ids = values[offsets[j]:offsets[j + 1]]
+                sample = decode_or_error(view["keys"][item], ids, images[j], grids[j], self.cfg)
+                out[item] = truncate(sample, lengths[item], self.cfg) if isinstance(sample, Sample) else sample
             return out
 
         samples: dict[int, Sample] = {}
