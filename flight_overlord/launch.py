@@ -6,6 +6,7 @@ deployment runs), announces its address in a ready file, and logs to ``run_dir/l
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +110,7 @@ class LocalCluster:
                 child.process.kill()
                 child.process.wait()
         self.children.clear()
+        shutil.rmtree(self._tmp, ignore_errors=True)  # the ready files
 
     def __enter__(self) -> "LocalCluster":
         self.start()

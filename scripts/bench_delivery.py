@@ -724,13 +724,19 @@ def parse_args(argv=None):
     return args
 
 
+def print_header(extra: str = "") -> None:
+    """The command, the machine and its load: the first lines of every benchmark's output.
+    Also makes SIGTERM run the caller's finally blocks (clusters stop, temp dirs go)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    print("$ " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable), *sys.argv]))
+    print(f"machine: {machine()}{extra}")
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks on SIGTERM too
     started = time.monotonic()
-    print("$ " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable), *sys.argv]))
-    print(f"machine: {machine()}")
-    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print_header()
     sources, args.fill, args.seed = demo_sources(args.sources)
     tmp = Path(tempfile.mkdtemp(prefix="bench-delivery-"))
     try:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..config import ConfigError, SourceConfig, VisionConfig
@@ -68,8 +69,10 @@ class RowGroupSamples:
     def metadata(self) -> pa.RecordBatch:
         lengths = np.diff(self.tokens.offsets.to_numpy()).astype(np.int32)
         nbytes = lengths.astype(np.int64) * 4
-        if self.images is not None:
-            nbytes += np.array([sum(len(b) for b in row) for row in self.images.to_pylist()], dtype=np.int64)
+        if self.images is not None:  # image bytes per row, without copying them out of Arrow
+            lengths_of_images = pc.fill_null(pc.binary_length(self.images.values), 0).to_numpy()
+            cumulative = np.concatenate([[0], np.cumsum(lengths_of_images, dtype=np.int64)])
+            nbytes += np.diff(cumulative[self.images.offsets.to_numpy()])
         if self.failed:
             lengths[:] = -1
         if self.bad is not None:
