@@ -173,12 +173,14 @@ class PssSampler:
 def microbatch_nbytes(mb: dict) -> int:
     """What the microbatch's row adds to the Arrow ``nbytes`` of a step table (schemas/microbatch.json).
 
-    Fixed columns 8+4+4+4 bytes; each of the four list columns one 4-byte offset plus its values;
-    the key strings one offset each plus their UTF-8 bytes. Checked against real tables below.
+    Fixed columns 8+4+4+4+4 bytes; each of the nine list columns one 4-byte offset plus its values
+    (int32, or one byte for loss_mask and pixel_values); the key strings one offset each plus their
+    UTF-8 bytes. Checked against real tables below.
     """
     keys = mb["sample_keys"]
-    values = mb["input_ids"].numel() + mb["position_ids"].numel() + mb["cu_seqlens"].numel()
-    return 20 + 16 + 4 * (values + len(keys)) + sum(len(k.encode()) for k in keys)
+    int32 = sum(mb[k].numel() for k in ("input_ids", "position_ids", "labels", "cu_seqlens", "image_grid_thw"))
+    bytes8 = mb["loss_mask"].numel() + (mb["pixel_values"].numel() if mb["pixel_values"] is not None else 0)
+    return 24 + 36 + 4 * (int32 + len(mb["token_ranges"]) + len(keys)) + bytes8 + sum(len(k.encode()) for k in keys)
 
 
 @dataclass
@@ -536,6 +538,7 @@ def _make_colocated_dataset(sources, data_dir: str, rank: int, ranks: int, conte
     from torch.utils.data import IterableDataset, get_worker_info
 
     from flight_overlord.core.packing import pack
+    from flight_overlord.multimodal import shifted_labels
 
     class ColocatedDataset(IterableDataset):
         """Every worker opens every file of every source and does all the work itself."""
@@ -573,11 +576,13 @@ def _make_colocated_dataset(sources, data_dir: str, rank: int, ranks: int, conte
         @staticmethod
         def _microbatch(pending):
             packed = pack([t for _, t in pending], context_length, pad_token_id)
+            labels = shifted_labels(packed.input_ids, packed.cu_seqlens, None)  # as the constructor makes them
             return {"input_ids": torch.from_numpy(packed.input_ids),
                     "position_ids": torch.from_numpy(packed.position_ids),
-                    "cu_seqlens": torch.from_numpy(packed.cu_seqlens),
-                    "num_tokens": packed.num_tokens,
-                    "sample_keys": [k for k, _ in pending]}
+                    "labels": torch.from_numpy(labels), "loss_mask": torch.from_numpy((labels != -100).astype(np.int8)),
+                    "token_ranges": [0, context_length], "cu_seqlens": torch.from_numpy(packed.cu_seqlens),
+                    "num_tokens": packed.num_tokens, "sample_keys": [k for k, _ in pending],
+                    "pixel_values": None, "image_grid_thw": torch.zeros((0, 3), dtype=torch.int32)}
 
     return ColocatedDataset()
 
@@ -643,8 +648,9 @@ def ensure_corpus(data_dir: Path, names: list[str], scale: float) -> None:
         log(f"corpus: using {data_dir}")
         return
     from flight_overlord.demo_data import make_demo_data
+    from flight_overlord.demo_images import IMAGE_SOURCE_NAMES
     started = time.monotonic()
-    make_demo_data(data_dir, seed=0, scale=scale)
+    make_demo_data(data_dir, seed=0, scale=scale, images=bool(set(names) & set(IMAGE_SOURCE_NAMES)))
     log(f"corpus: generated at scale {scale} in {data_dir} ({time.monotonic() - started:.1f}s)")
 
 

@@ -18,6 +18,7 @@ class Mixer:
         self._credit = np.zeros(len(sources))
         self.realized = np.zeros(len(sources))  # amount charged so far per source
         self._cached_key: tuple | None = None
+        self._cached_mapping: Mapping[str, float] | None = None
         self._cached = np.zeros(len(sources))
 
     def choose(self, weights: Mapping[str, float]) -> str:
@@ -39,7 +40,11 @@ class Mixer:
         self.realized[i] += amount
 
     def _weights(self, weights: Mapping[str, float]) -> np.ndarray:
-        # Called twice per sample with the same step weights: normalise once per distinct mixture.
+        # Called twice per sample with the same step weights: normalise once per distinct mixture,
+        # and recognise the step's own mapping without even reading it (plans never mutate it).
+        if weights is self._cached_mapping:
+            return self._cached
+        self._cached_mapping = weights
         key = tuple(float(weights.get(s, 0.0)) for s in self.sources)
         if key != self._cached_key:
             w = np.array(key)

@@ -166,16 +166,15 @@ class LoaderServer(wire.ActionServer):
         with self._cond:
             if (step, constructor) in self._served:  # a retried fetch gets the same samples again
                 return self._served[(step, constructor)]
-        keys, parts = [], []
+        parts = []
         for item in wanted:
             _, buffered = self._buffered(*item[:3])
             row = item[3]
             if not 0 <= row < len(buffered.keys) or not buffered.remaining[row]:
                 raise KeyError(f"sample {item} is not in the buffer of loader "
                                f"{self.partition.source.name}[{self.partition.actor}] (already delivered?)")
-            keys.append(buffered.keys[row])
             parts.append((buffered, row))
-        table = self._samples_table(keys, parts)
+        table = self._samples_table(parts)
         self._release(wanted)
         with self._cond:
             self._served[(step, constructor)] = table
@@ -185,18 +184,31 @@ class LoaderServer(wire.ActionServer):
         return table
 
     @staticmethod
-    def _samples_table(keys: list[str], parts: list[tuple[RowGroupSamples, int]]) -> pa.Table:
-        def column(name: str, value_type: pa.DataType) -> pa.Array:
-            pieces = []
-            for buffered, row in parts:
-                values = getattr(buffered, name)
-                pieces.append(values.slice(row, 1) if values is not None else pa.array([[]], value_type))
-            return pa.concat_arrays(pieces) if pieces else pa.array([], value_type)
-        return pa.table({"key": pa.array(keys, pa.string()),
-                         "tokens": column("tokens", pa.list_(pa.int32())),
-                         "images": column("images", pa.list_(pa.binary())),
-                         "image_grids": column("grids", pa.list_(pa.int32()))},
-                        schema=load_schema(SAMPLES))
+    def _samples_table(parts: list[tuple[RowGroupSamples, int]]) -> pa.Table:
+        """The requested rows, in ticket order: one ``take`` per row group, then one reorder."""
+        groups: dict[int, tuple[RowGroupSamples, list[int], list[int]]] = {}
+        for position, (buffered, row) in enumerate(parts):
+            _, rows, positions = groups.setdefault(id(buffered), (buffered, [], []))
+            rows.append(row)
+            positions.append(position)
+        schema = load_schema(SAMPLES)
+        tables, order = [], []
+        for buffered, rows, positions in groups.values():
+            indices = pa.array(rows, pa.int32())
+            n = len(rows)
+            empty = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.binary()))
+            tables.append(pa.table({
+                "key": pa.array([buffered.keys[r] for r in rows], pa.string()),
+                "tokens": buffered.tokens.take(indices),
+                "images": buffered.images.take(indices) if buffered.images is not None else empty,
+                "image_grids": buffered.grids.take(indices) if buffered.grids is not None else empty.cast(
+                    pa.list_(pa.int32())),
+            }, schema=schema))
+            order.extend(positions)
+        if not tables:
+            return schema.empty_table()
+        table = pa.concat_tables(tables)
+        return table.take(pa.array(np.argsort(order), pa.int64())) if len(tables) > 1 else table
 
     def _release(self, wanted: list) -> None:
         """Pop what was fetched. A sample several constructors fetch (its images encoded on another
