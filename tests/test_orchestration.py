@@ -335,3 +335,38 @@ def test_dynamic_mixing_rejects_bad_reports(corpus, tmp_path):
         with pytest.raises(pa.ArrowInvalid, match="rank 9 is outside the mesh"):
             wire.call(planner, "report", {"step": 0, "rank": 9, "losses": {"qa": 1.0}})
         assert wire.call(planner, "status", {})["error"] is None
+
+
+def test_summary_buffer_hook_sees_the_backlog_and_sets_the_mixture(tmp_path, corpus):
+    seen = []
+
+    def drain(step, summary, weights):  # only code from step 2 on
+        seen.append(summary)
+        return {"code": 1.0} if step >= 2 else weights
+    strategy = _strategy(tmp_path, corpus).summary_buffer(drain)
+    feeds, mixer = _feeds({"captions": 64, "code": 300}), Mixer(["captions", "code"])
+    plans = [plan_step(step, feeds, mixer, strategy, {"captions": 0.5, "code": 0.5}) for step in range(4)]
+    assert set(plans[0].stats["samples"]) == {"captions", "code"} and set(plans[3].stats["samples"]) == {"code"}
+    assert seen[0]["code"] == {"deferred": 0, "deferred_tokens": 0, "drawn": 0} and seen[3]["code"]["drawn"] > 0
+
+
+STRATEGY_ORDER = """
+def build(s):
+    return s.constructor_do_plan(lambda step, bucket, mbs: sorted(range(len(mbs)), key=lambda i: -mbs[i]["num_tokens"]))
+"""
+
+
+def test_constructor_do_plan_reorders_delivered_microbatches(corpus, tmp_path):
+    (tmp_path / "order.py").write_text(STRATEGY_ORDER)
+    path = write_config(tmp_path, corpus, strategy="order.py",
+                        global_batch={"context_length": 1024, "microbatches": 4, "tokens_per_step": 6000})
+    with LocalCluster(path) as cluster:
+        fetchers = [StepFetcher(cluster.planner, r, timeout=60) for r in range(2)]
+        tables = [f.fetch(step) for step in range(3) for f in fetchers]
+        for f in fetchers:
+            f.close()
+    planned = collections.Counter(k for rec in journal(path)[:3] for b in rec["bins"] for k in b)
+    assert collections.Counter(delivered_keys(tables)) == planned  # reordered, nothing lost
+    for table in tables:
+        tokens = table.column("num_tokens").to_pylist()
+        assert tokens == sorted(tokens, reverse=True) and table.column("microbatch").to_pylist() == [0, 1, 2, 3]

@@ -21,6 +21,7 @@ import pyarrow.flight as fl
 from .. import wire
 from ..config import Config, load_config
 from ..core.mesh import Delivery, Mesh
+from ..planner.strategy import load_strategy
 from .assembly import Sample, build_microbatch, decode_or_error, drop_bad, encoder_table, rank_table, truncate
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ class ConstructorServer(wire.ActionServer):
         self.cfg = cfg
         self.index = index
         self.mesh = Mesh.from_config(cfg.mesh, cfg.dp_per_constructor)
+        self.strategy = load_strategy(cfg, self.mesh)  # for its constructor_do_plan hook
         if not 0 <= index < self.mesh.num_constructors:
             raise ValueError(f"constructor index {index} out of range (mesh has {self.mesh.num_constructors})")
         self.dp_ranks = self.mesh.dp_ranks_of(index)
@@ -87,6 +89,7 @@ class ConstructorServer(wire.ActionServer):
         for bucket, bins in view["microbatches"].items():
             microbatches = [build_microbatch([samples[i] for i in mb if i in samples], view["capacity"], self.cfg,
                                              image_token) for mb in bins]
+            microbatches = self._ordered(step, int(bucket), microbatches)
             for delivery in {d for d in self._deliveries.values() if d.bucket == int(bucket)}:
                 tables[(step, delivery.key)] = rank_table(step, int(bucket), microbatches, delivery, self.cfg,
                                                           with_pixels=not image_graph)
@@ -94,6 +97,18 @@ class ConstructorServer(wire.ActionServer):
             tables[(step, ("encoder", int(bucket)))] = encoder_table(
                 step, [(samples[i], image, owner, mb) for i, image, owner, mb in rows if i in samples])
         return tables
+
+    def _ordered(self, step: int, bucket: int, microbatches: list) -> list:
+        """The strategy's ``constructor_do_plan`` hook, if any: a checked permutation of the microbatches."""
+        policy = self.strategy.constructor_policy
+        if policy is None:
+            return microbatches
+        order = list(policy(step, bucket, [{"sample_keys": mb.keys, "num_tokens": mb.packed.num_tokens}
+                                           for mb in microbatches]))
+        if sorted(order) != list(range(len(microbatches))):
+            raise ValueError(f"constructor_do_plan returned {order!r}: not a permutation of "
+                             f"range({len(microbatches)}) (step {step}, bucket {bucket})")
+        return [microbatches[i] for i in order]
 
     def _plan(self, planner: fl.FlightClient, step: int) -> dict | None:
         while not self._stopping:

@@ -29,6 +29,7 @@ class SourceFeed:
     def __init__(self, name: str, row_groups: list[RowGroupRef], seed: int, fetch_meta: FetchMeta):
         self.name = name
         self.skipped = 0  # unreadable or empty samples passed over
+        self.drawn = 0    # samples handed out by next() (a deferred one counts each time)
         self._samples = self._walk(sorted(row_groups), seed, fetch_meta)
         self._deferred: collections.deque[Pick] = collections.deque()
 
@@ -47,9 +48,15 @@ class SourceFeed:
 
     def next(self) -> Pick:
         """The next sample to plan: deferred ones first, in their order, then the stream."""
+        self.drawn += 1
         if self._deferred:
             return self._deferred.popleft()
         return next(self._samples)
+
+    def summary(self) -> dict:
+        """What is waiting: the deferred samples (first in line next step) and what was drawn so far."""
+        return {"deferred": len(self._deferred), "deferred_tokens": sum(p.tokens for p in self._deferred),
+                "drawn": self.drawn}
 
     def defer(self, items: list[Pick]) -> None:
         """Give planned-but-unplaced samples back; they come first next time, in the same order."""

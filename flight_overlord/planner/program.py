@@ -171,6 +171,9 @@ def sample_meta(picks: list[Pick]) -> dict[str, np.ndarray]:
 def plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: Strategy,
               weights: dict[str, float], feedback: dict | None = None) -> StepPlan:
     gb = strategy.cfg.global_batch
+    if strategy.buffer_policy is not None:
+        summary = {name: feed.summary() for name, feed in feeds.items()}
+        weights = dict(strategy.buffer_policy(step, summary, dict(weights)))
     picks = draw_mixture(feeds, mixer, weights, strategy)
     meta = sample_meta(picks)
     costs = np.asarray(strategy.cost_fn(meta), dtype=np.float64)

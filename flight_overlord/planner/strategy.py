@@ -77,6 +77,8 @@ class Strategy:
         self.broadcast: frozenset[str] = frozenset()
         self.raw: Callable | None = None
         self.image_graph: ImageGraph | None = None
+        self.buffer_policy: Callable | None = None
+        self.constructor_policy: Callable | None = None
 
     def images(self) -> ImageGraph:
         """The image graph: ``s.images().cost("patches").distribute("WORLD").balance("karmarkar_karp")``.
@@ -137,12 +139,29 @@ class Strategy:
         self.raw = fn
         return self
 
+    def summary_buffer(self, fn: Callable) -> "Strategy":
+        """Low-level hook: ``fn(step, summary, weights) -> weights`` adjusts the step's mixture from
+        a summary of what is waiting per source (``{source: {"deferred", "deferred_tokens",
+        "drawn"}}``), e.g. to drain a backlog of long samples that keep being deferred."""
+        self.buffer_policy = fn
+        return self
+
+    def constructor_do_plan(self, fn: Callable) -> "Strategy":
+        """Low-level hook run by the Data Constructors: ``fn(step, bucket, microbatches) -> order``,
+        a permutation of ``range(len(microbatches))`` giving the order in which a bucket's
+        microbatches are delivered (each microbatch: its sample keys and real token count)."""
+        self.constructor_policy = fn
+        return self
+
     def plan(self) -> "Strategy":
         """Check the program against the mesh; the Planner calls this before the first step."""
         if self.axis == "WORLD" and self.broadcast:
             raise ValueError("broadcast_at() does not apply under distribute('WORLD'): every rank is its own consumer")
         if self.axis == "CP" and "CP" in self.broadcast:
             raise ValueError("broadcast_at('CP') contradicts distribute('CP') (CP ranks consume distinct data)")
+        if self.constructor_policy is not None and self.image_graph is not None:
+            raise ValueError("constructor_do_plan() cannot reorder microbatches under images(): the encoder "
+                             "streams name their owner microbatch by its planned position")
         if self.group_size and self.num_buckets % self.group_size:
             raise ValueError(f"distribute({self.axis!r}, group_size={self.group_size}): the group size must divide "
                              f"the {self.num_buckets} buckets of this mesh")
