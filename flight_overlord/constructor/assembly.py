@@ -98,12 +98,11 @@ def drop_bad(samples: dict[int, Sample | Failed], cfg: Config) -> tuple[dict[int
 
 
 def build_microbatch(items: list[Sample], capacity: int, cfg: Config, image_token_id: int | None) -> Microbatch:
+    """Microbatch transforms: pack, label, and gather the samples' pixels and grids in order."""
     packed = pack([s.tokens for s in items], capacity, cfg.pad_token_id, cfg.global_batch.pad_to_multiple)
     images = [s for s in items if s.patches is not None]
-    patch_dim = 3 * cfg.vision.patch_size ** 2
     pixels = np.concatenate([s.patches.reshape(-1) for s in images]) if images else np.zeros(0, np.uint8)
     grids = np.concatenate([s.grids for s in images]) if images else np.zeros(0, np.int32)
-    assert pixels.size % patch_dim == 0
     return Microbatch(packed, [s.key for s in items], shifted_labels(packed.input_ids, packed.cu_seqlens,
                                                                       image_token_id), pixels, grids)
 
