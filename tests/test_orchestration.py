@@ -370,3 +370,13 @@ def test_constructor_do_plan_reorders_delivered_microbatches(corpus, tmp_path):
     for table in tables:
         tokens = table.column("num_tokens").to_pylist()
         assert tokens == sorted(tokens, reverse=True) and table.column("microbatch").to_pylist() == [0, 1, 2, 3]
+
+
+def test_balance_equal_size_gives_every_bucket_the_same_count(tmp_path, corpus):
+    batch = {"context_length": 4096, "microbatches": 2, "samples_per_step": 64}
+    strategy = _strategy(tmp_path, corpus, mesh={"dp": 4}, global_batch=batch).balance("karmarkar_karp",
+                                                                                      equal_size=True)
+    feeds = _feeds({"captions": 64, "longdocs": 900})
+    plan = plan_step(0, feeds, Mixer(["captions", "longdocs"]), strategy, {"captions": 0.5, "longdocs": 0.5})
+    assert plan.stats["deferred"] == 0
+    assert [len(b) for b in plan.bins] == [8] * 8  # 64 samples over 4 ranks x 2 microbatches

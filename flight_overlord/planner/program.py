@@ -98,9 +98,10 @@ def fill_in_order(sizes: np.ndarray, k: int, capacity: int) -> tuple[list[np.nda
     return [np.array(x, dtype=np.int64) for x in bins], np.array(left, dtype=np.int64)
 
 
-def _split(costs, sizes, k: int, capacity: int, method: str, balanced: bool):
+def _split(costs, sizes, k: int, capacity: int, method: str, balanced: bool, equal_size: bool = False):
     if balanced:
-        return balance.partition(costs, k, method=method, sizes=sizes, capacity=capacity, leftover="return")
+        return balance.partition(costs, k, method=method, sizes=sizes, capacity=capacity, leftover="return",
+                                 equal_size=equal_size)
     return fill_in_order(sizes, k, capacity)
 
 
@@ -121,11 +122,11 @@ def place(ctx: PlanContext, strategy: Strategy) -> tuple[list[np.ndarray], np.nd
     groups, left = _groups(ctx, strategy)
     bins = []
     for members, n_buckets in groups:
-        buckets, unplaced = _split(costs[members], sizes[members], n_buckets, m * cap, b.method, inter)
+        buckets, unplaced = _split(costs[members], sizes[members], n_buckets, m * cap, b.method, inter, b.equal_size)
         left.append(members[unplaced])
         for idx in buckets:
             idx = members[idx]
-            mbs, mb_unplaced = _split(costs[idx], sizes[idx], m, cap, b.method, intra)
+            mbs, mb_unplaced = _split(costs[idx], sizes[idx], m, cap, b.method, intra, b.equal_size)
             bins.extend(idx[x] for x in mbs)
             left.append(idx[mb_unplaced])
     return bins, np.sort(np.concatenate(left)).astype(np.int64)

@@ -29,6 +29,7 @@ class Balancing:
     method: str
     level: str = "both"            # inter: across buckets; intra: across a bucket's microbatches
     keep_global_batch: bool = False  # True: every sample drawn for a step is trained in that step
+    equal_size: bool = False  # True: every bin gets the same number of samples (counts differ by <= 1)
 
 
 @dataclass
@@ -119,12 +120,12 @@ class Strategy:
         return self
 
     def balance(self, method: str = "karmarkar_karp", level: str = "both",
-                keep_global_batch: bool = False) -> "Strategy":
+                keep_global_batch: bool = False, equal_size: bool = False) -> "Strategy":
         if method not in BALANCE_METHODS:
             raise ValueError(f"balance(): unknown method {method!r} (methods: {', '.join(BALANCE_METHODS)})")
         if level not in BALANCE_LEVELS:
             raise ValueError(f"balance(): unknown level {level!r} (levels: {', '.join(BALANCE_LEVELS)})")
-        self.balancing = Balancing(method, level, keep_global_batch)
+        self.balancing = Balancing(method, level, keep_global_batch, equal_size)
         return self
 
     def broadcast_at(self, dim: str) -> "Strategy":
