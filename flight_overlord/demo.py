@@ -64,12 +64,10 @@ def trainer_process(planner: str, rank: int, steps: int, by_tokens: bool, counts
             step = step_batch[0]["step"]
             if counts:  # a stand-in for a model's per-source loss, for dynamic mixing schedules
                 client.report(step, {s: sum(v) / len(v) for s, v in losses.items()})
-            patches = sum(len(x["pixel_values"]) for x in encoder_inputs) + sum(
-                len(mb["pixel_values"]) for mb in step_batch if mb["pixel_values"] is not None)
             results.put((rank, step, counts, sum(len(mb["sample_keys"]) for mb in step_batch) if counts else 0,
                          dict(amounts) if counts else {},
                          sum(mb["input_ids"].numel() for mb in step_batch if mb["input_ids"] is not None),
-                         patches, time.monotonic()))
+                         time.monotonic()))
 
 
 def run_demo(config_path: str | Path, steps: int | None = None) -> dict:
@@ -115,7 +113,7 @@ def _follow(cfg: Config, planner: str, steps: int, ranks: int, results: mp.Queue
     done = 0
     while done < steps:
         try:
-            rank, step, _, n_samples, tokens, padded, patches, when = results.get(timeout=120)
+            rank, step, _, n_samples, tokens, padded, when = results.get(timeout=120)
         except Exception:
             dead = [i for i, t in enumerate(trainers) if not t.is_alive()]
             raise RuntimeError(f"no progress from the trainers for 120s (exited ranks: {dead})") from None
@@ -134,18 +132,24 @@ def _follow(cfg: Config, planner: str, steps: int, ranks: int, results: mp.Queue
         weights.update({k: v / sum(step_weights.values()) / steps for k, v in step_weights.items()})
         elapsed = max(w for *_, w in rows) - t0
         mix = " ".join(f"{s}={100 * step_tokens[s] / max(1, sum(step_tokens.values())):.0f}%" for s in step_weights)
-        encoder = stats["encoder"]
-        vision = (f" | encoder max/mean {encoder['imbalance']:.3f}"
-                  + (f", slowest x{encoder['max_cost_vanilla'] / encoder['max_cost']:.2f} faster than vanilla"
-                     if "max_cost_vanilla" in encoder and encoder["max_cost"] > 0 else "") if encoder["patches"] else "")
         bar.write(f"step {step:3d} | {unit} {sum(step_tokens.values()):6d} | mix {mix} | backbone imbalance "
-                  f"{stats['imbalance']:.3f} (unbalanced {stats['imbalance_unbalanced']:.3f}){vision} | "
+                  f"{stats['imbalance']:.3f} (unbalanced {stats['imbalance_unbalanced']:.3f}){_encoder_line(stats['encoder'])} | "
                   f"{sum(totals.values()) / elapsed if elapsed > 0 else 0:,.0f} {unit}/s")
         bar.update(1)
         done += 1
     bar.close()
     client.close()
     return _summary({s.name: weights[s.name] for s in cfg.sources}, totals, stats_all, elapsed, unit)
+
+
+def _encoder_line(encoder: dict) -> str:
+    """The step line's encoder part: only when the step has images."""
+    if not encoder["patches"]:
+        return ""
+    line = f" | encoder max/mean {encoder['imbalance']:.3f}"
+    if encoder.get("max_cost", 0) > 0 and "max_cost_vanilla" in encoder:
+        line += f", slowest x{encoder['max_cost_vanilla'] / encoder['max_cost']:.2f} faster than vanilla"
+    return line
 
 
 def _summary(weights: dict, totals: Counter, stats: dict, elapsed: float, unit: str) -> dict:

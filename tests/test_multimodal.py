@@ -43,10 +43,9 @@ def run(path, steps=STEPS, encoder=False):
                 batches[r].append(f.fetch(step))
                 if encoder:
                     encoders[r].append(f.fetch(step, "encoder"))
-        status = [wire.call(f.planner, "status", {}) for f in fetchers[:1]]
         for f in fetchers:
             f.close()
-    return batches, encoders, status
+    return batches, encoders
 
 
 def source_row(corpus, key):
@@ -66,7 +65,8 @@ def direct_decode(data: bytes, grid, spec: VisionSpec) -> np.ndarray:
 def image_run(request, corpus, tmp_path_factory):
     path = write_config(tmp_path_factory.mktemp(f"vlm-{request.param}"), corpus, sources=SOURCES,
                         global_batch=BATCH, vision={"decode_at": request.param, "max_pixels": 200704})
-    return path, run(path)[0]
+    batches, _ = run(path)
+    return path, batches
 
 
 def test_pixels_placeholders_and_labels(image_run, corpus):
@@ -121,7 +121,7 @@ def test_truncation_never_splits_an_image_run(corpus, tmp_path):
     does not fit whole."""
     path = write_config(tmp_path, corpus, sources=SOURCES[1:2], prefetch=1,
                         global_batch={"context_length": 256, "microbatches": 2, "tokens_per_step": 400})
-    batches, _, _ = run(path, steps=3)
+    batches, _ = run(path, steps=3)
     for table in batches[0] + batches[1]:
         for mb in table_to_microbatches(table):
             ids, cu, grids = mb["input_ids"].numpy(), mb["cu_seqlens"].numpy(), mb["image_grid_thw"].numpy()
@@ -188,7 +188,7 @@ def test_image_graph_encodes_every_image_once_where_planned(corpus, tmp_path):
                         mesh={"dp": 2, "tp": 2}, vision={"max_pixels": 200704})
     cfg = load_config(path)
     spec = VisionSpec(max_pixels=200704)
-    batches, encoders, _ = run(path, encoder=True)
+    batches, encoders = run(path, encoder=True)
     for step in range(STEPS):
         expected, owners = collections.Counter(), {}
         for rank in (0, 2):  # the first rank of each data-parallel bucket (tp 0)

@@ -13,7 +13,7 @@ import pytest
 from flight_overlord import wire
 from flight_overlord.client import StepFetcher
 from flight_overlord.config import load_config
-from flight_overlord.core.cost import sample_costs
+from flight_overlord.core.cost import config_cost
 from flight_overlord.core.order import epoch_order
 from flight_overlord.launch import LocalCluster
 from flight_overlord.loader.partition import read_catalog
@@ -119,7 +119,8 @@ def test_balancing_lowers_rank_imbalance(main_run):
     assert np.mean(balanced) < 1.1
     # The planner's figure is what the ranks really received.
     for step in range(STEPS):
-        costs = [sample_costs(np.array([n for _, n in sample_lengths([run[r][step]])]), cfg.cost).sum() for r in run]
+        cost = config_cost(cfg.cost)
+        costs = [cost({"num_tokens": np.array([n for _, n in sample_lengths([run[r][step]])])}).sum() for r in run]
         assert np.isclose(max(costs) / np.mean(costs), balanced[step])
 
 

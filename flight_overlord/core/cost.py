@@ -37,6 +37,3 @@ def patches_cost(a: float = 1.0, b: float = 0.0) -> CostFn:
 def config_cost(cfg: CostConfig) -> CostFn:
     return tokens_cost() if cfg.model == "tokens" else attention_cost(cfg.a, cfg.b)
 
-
-def sample_costs(num_tokens: np.ndarray, cfg: CostConfig) -> np.ndarray:
-    return config_cost(cfg)({"num_tokens": num_tokens})

@@ -195,14 +195,16 @@ class LoaderServer(wire.ActionServer):
         tables, order = [], []
         for buffered, rows, positions in groups.values():
             indices = pa.array(rows, pa.int32())
-            n = len(rows)
-            empty = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.binary()))
+
+            def taken(values: pa.ListArray | None, value_type: pa.DataType) -> pa.ListArray:
+                if values is not None:
+                    return values.take(indices)
+                return pa.ListArray.from_arrays(pa.array(np.zeros(len(rows) + 1, np.int32)), pa.array([], value_type))
             tables.append(pa.table({
                 "key": pa.array([buffered.keys[r] for r in rows], pa.string()),
                 "tokens": buffered.tokens.take(indices),
-                "images": buffered.images.take(indices) if buffered.images is not None else empty,
-                "image_grids": buffered.grids.take(indices) if buffered.grids is not None else empty.cast(
-                    pa.list_(pa.int32())),
+                "images": taken(buffered.images, pa.binary()),   # text sources: empty lists
+                "image_grids": taken(buffered.grids, pa.int32()),
             }, schema=schema))
             order.extend(positions)
         if not tables:
