@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from .core.vision import VisionSpec
+
 
 class ConfigError(ValueError):
     """An invalid configuration; the message names the key or file that is wrong."""
@@ -90,15 +92,20 @@ class SourceConfig:
 @dataclass(frozen=True)
 class VisionConfig:
     """Image-text sources: the encoder's patch geometry and where images are decoded."""
-    patch_size: int = 14
-    merge_size: int = 2
-    min_pixels: int = 56 * 56
-    max_pixels: int = 28 * 28 * 1280
+    patch_size: int = VisionSpec.patch_size
+    merge_size: int = VisionSpec.merge_size
+    min_pixels: int = VisionSpec.min_pixels
+    max_pixels: int = VisionSpec.max_pixels
     image_token_id: int = 256  # the placeholder token; 256 is just past the byte tokenizer's vocabulary
     vision_start_id: int = 257  # wraps every placeholder run (Qwen2-VL's <|vision_start|> ... <|vision_end|>),
     vision_end_id: int = 258    # so adjacent images stay distinct runs
     decode_at: str = "constructor"  # constructor: compressed bytes cross the network; loader: pixels do
     on_bad_image: str = "skip"  # skip: drop the sample, log its key and count it; fail: stop the run
+
+    @property
+    def spec(self) -> VisionSpec:
+        """The encoder geometry alone, as the pure image logic takes it."""
+        return VisionSpec(self.patch_size, self.merge_size, self.min_pixels, self.max_pixels)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from .core.cost import attention_cost, patches_cost, tokens_cost
 from .core.schedules import FeedbackLog, Schedule, constant, cosine, dynamic, linear, loss_weighted, staged
 from .planner.program import PlanContext, fill_in_order
 from .planner.strategy import Strategy, load_strategy
-from .balance import partition
+from .core.balance import partition
 
 __all__ = ["FeedbackLog", "PlanContext", "Schedule", "Strategy", "attention_cost", "constant", "cosine", "dynamic",
            "fill_in_order", "linear", "load_strategy", "loss_weighted", "partition", "patches_cost", "staged",

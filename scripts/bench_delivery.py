@@ -385,7 +385,7 @@ def write_config(path: Path, data_dir: Path, args, sources) -> Path:
 
 
 def run_overlord(args, config_path: Path, capture_dir: Path) -> SideResult:
-    from flight_overlord.launch import LocalCluster
+    from flight_overlord.deploy.launch import LocalCluster
 
     cluster = LocalCluster(config_path)
     try:
@@ -538,7 +538,7 @@ def _make_colocated_dataset(sources, data_dir: str, rank: int, ranks: int, conte
     from torch.utils.data import IterableDataset, get_worker_info
 
     from flight_overlord.core.packing import pack
-    from flight_overlord.multimodal import shifted_labels
+    from flight_overlord.core.packing import shifted_labels
 
     class ColocatedDataset(IterableDataset):
         """Every worker opens every file of every source and does all the work itself."""
@@ -647,8 +647,8 @@ def ensure_corpus(data_dir: Path, names: list[str], scale: float) -> None:
     if all(list((data_dir / n).glob("*.parquet")) for n in names):
         log(f"corpus: using {data_dir}")
         return
-    from flight_overlord.demo_data import make_demo_data
-    from flight_overlord.demo_images import IMAGE_SOURCE_NAMES
+    from flight_overlord.demo.data import make_demo_data
+    from flight_overlord.demo.images import IMAGE_SOURCE_NAMES
     started = time.monotonic()
     make_demo_data(data_dir, seed=0, scale=scale, images=bool(set(names) & set(IMAGE_SOURCE_NAMES)))
     log(f"corpus: generated at scale {scale} in {data_dir} ({time.monotonic() - started:.1f}s)")

@@ -50,6 +50,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from flight_overlord import wire
+from flight_overlord.wire.server import ClientPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_delivery import MiB, PssSampler, _plan_imbalance, ensure_corpus, log, print_header  # noqa: E402
@@ -85,7 +86,7 @@ def column_values(data_dir: Path, source: str, column: str) -> list:
 
 def image_classes(data_dir: Path) -> dict[str, list[bytes]]:
     """Every image of the image-text sources, by size class."""
-    from flight_overlord.vision import image_size
+    from flight_overlord.core.vision import image_size
     classes: dict[str, list[bytes]] = {"small image": [], "medium image": [], "large image": []}
     for source in IMAGE_SOURCES:
         for data in column_values(data_dir, source, "images"):
@@ -139,7 +140,7 @@ def text_row(name: str, texts: list[str], tokenize, context_length: int, rounds:
 
 
 def image_row(kind: str, images: list[bytes], spec, rounds: int) -> KindRow:
-    from flight_overlord.vision import decode_patches, image_size, num_patches, patch_grid
+    from flight_overlord.core.vision import decode_patches, image_size, num_patches, patch_grid
     sizes = [image_size(data) for data in images]
     grids = [patch_grid(w, h, spec) for w, h in sizes]
     patches = [num_patches(g) for g in grids]
@@ -167,7 +168,7 @@ class RowGroupRow:
 
 def row_group_rows(data_dir: Path, tokenize, vision, context_length: int, row_groups: int,
                    rounds: int) -> list[RowGroupRow]:
-    from flight_overlord.multimodal import transform_rows
+    from flight_overlord.transforms.image_text import transform_rows
     rows = []
     for source in (*TEXT_SOURCES, *IMAGE_SOURCES):
         path = source_files(data_dir, source)[0]
@@ -197,12 +198,11 @@ def row_group_rows(data_dir: Path, tokenize, vision, context_length: int, row_gr
 
 def run_transforms(args, data_dir: Path) -> tuple[list[KindRow], list[RowGroupRow]]:
     from flight_overlord.config import VisionConfig
-    from flight_overlord.multimodal import vision_spec
     from flight_overlord.transforms import make_transform
     rng = np.random.default_rng(0)
     tokenize = make_transform("byte_tokenizer")
     vision = VisionConfig(patch_size=14, merge_size=2)
-    spec = vision_spec(vision)
+    spec = vision.spec
     kinds = [text_row(name, pick(rng, column_values(data_dir, name, "text"), args.samples), tokenize,
                       args.context_length, args.rounds) for name in TEXT_SOURCES]
     for kind, images in image_classes(data_dir).items():
@@ -237,7 +237,7 @@ class Counters:
     """The wire counters of a running deployment, reached through the Planner."""
 
     def __init__(self, planner: str, ranks: int):
-        self.pool = wire.ClientPool()
+        self.pool = ClientPool()
         client = self.pool.get(planner)
         self.loaders = {name: [e.locations[0].uri.decode() for e in client.get_flight_info(
                             fl.FlightDescriptor.for_path("source", name)).endpoints]
@@ -355,7 +355,7 @@ def process_label(name: str) -> str:
 
 
 def run_deployment(args, config: Path, decode_at: str) -> Deployment:
-    from flight_overlord.launch import LocalCluster
+    from flight_overlord.deploy.launch import LocalCluster
 
     started = time.monotonic()
     with LocalCluster(config) as cluster:

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from .. import wire
+from ..wire.server import ClientPool
 
 
 def _rows(table: pa.Table, name: str) -> list["torch.Tensor"]:
@@ -87,7 +88,7 @@ class StepFetcher:
     def __init__(self, planner: str, rank: int, *, timeout: float = 300.0):
         self.rank = rank
         self.timeout = timeout
-        self._pool = wire.ClientPool()
+        self._pool = ClientPool()
         self.planner = self._pool.get(planner)
 
     def fetch(self, step: int, kind: str = "batch") -> pa.Table:

@@ -17,10 +17,9 @@ import pyarrow as pa
 from ..config import Config
 from ..core.context_parallel import take_ranges, token_ranges
 from ..core.mesh import Delivery
-from ..core.packing import PackedSequence, pack
-from ..multimodal import decode_sample_images, patches_from_bytes, shifted_labels
-from ..schemas import ENCODER_BATCH, MICROBATCH, list_array, load_schema
-from ..vision import ImageError
+from ..core.packing import PackedSequence, pack, shifted_labels
+from ..core.vision import ImageError, decode_sample_images, patches_from_bytes
+from ..wire.schemas import ENCODER_BATCH, MICROBATCH, list_array, load_schema
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from .. import wire
+from ..wire.server import ActionServer, ClientPool, location_of, retry, serve
 from ..config import Config, load_config
 from ..core.mesh import Delivery, Mesh
 from ..planner.strategy import load_strategy
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 WAIT_SECONDS = 30.0
 
 
-class ConstructorServer(wire.ActionServer):
+class ConstructorServer(ActionServer):
     def __init__(self, cfg: Config, index: int, planner: str, *, port: int = 0):
         self.cfg = cfg
         self.index = index
@@ -39,7 +40,7 @@ class ConstructorServer(wire.ActionServer):
         self.dp_ranks = self.mesh.dp_ranks_of(index)
         self.ranks = [r for r in range(self.mesh.world_size) if self.mesh.coord(r).dp in self.dp_ranks]
         self._planner_location = planner
-        self._clients = wire.ClientPool()
+        self._clients = ClientPool()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="fetch")
         self._cond = threading.Condition()
         self._deliveries: dict[int, Delivery] = {}  # rank -> what it receives; known from the first plan
@@ -208,10 +209,10 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     server = ConstructorServer(cfg, args.index, args.planner, port=args.port)
-    location = wire.location_of(server, cfg.host)
+    location = location_of(server, cfg.host)
     planner = fl.connect(args.planner)
-    wire.retry(lambda: wire.call(planner, "register", {"role": "constructor", "index": args.index,
+    retry(lambda: wire.call(planner, "register", {"role": "constructor", "index": args.index,
                                                        "location": location}),
                attempts=50, delay=0.2, what="planner")
     server.start()
-    wire.serve(server, location, args.ready_file)
+    serve(server, location, args.ready_file)

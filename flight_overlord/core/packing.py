@@ -33,3 +33,18 @@ def pack(samples: list[np.ndarray], context_length: int, pad_token_id: int = 0,
     position_ids = np.zeros(length, dtype=np.int32)
     position_ids[:total] = np.arange(total, dtype=np.int32) - np.repeat(cu_seqlens[:-1], lengths)
     return PackedSequence(input_ids, position_ids, cu_seqlens, total)
+
+
+def shifted_labels(input_ids: np.ndarray, cu_seqlens: np.ndarray, image_token_id: int | None) -> np.ndarray:
+    """Next-token targets for a packed sequence: ``labels[i]`` is token i+1 of the same sample, and
+    -100 (ignored) at each sample's last token, on padding and where the target is an image
+    placeholder (the model does not predict image tokens)."""
+    labels = np.full(len(input_ids), -100, dtype=np.int32)
+    end = int(cu_seqlens[-1])
+    if end == 0:
+        return labels
+    labels[:end - 1] = input_ids[1:end]
+    labels[np.asarray(cu_seqlens[1:], dtype=np.int64) - 1] = -100
+    if image_token_id is not None:
+        labels[labels == image_token_id] = -100
+    return labels

@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 
 from ..config import ConfigError, SourceConfig, VisionConfig
 from ..core.order import RowGroupRef, owned_row_groups, sample_key
-from ..multimodal import transform_rows
-from ..schemas import list_array
-from ..vision import ImageError
+from ..core.vision import ImageError
 from ..transforms import make_transform
+from ..transforms.image_text import transform_rows
+from ..wire.schemas import list_array
 
 log = logging.getLogger(__name__)
 

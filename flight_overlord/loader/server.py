@@ -25,17 +25,18 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from .. import wire
+from ..wire.server import ActionServer, location_of, retry, serve
 from ..config import load_config
 from ..core.order import RowGroupRef, epoch_order
-from ..schemas import SAMPLE_METADATA, SAMPLES, load_schema
-from ..vision import ImageError
+from ..core.vision import ImageError
+from ..wire.schemas import SAMPLE_METADATA, SAMPLES, load_schema
 from .partition import RowGroupSamples, SourcePartition
 
 log = logging.getLogger(__name__)
 BufferKey = tuple[int, str, int]  # (epoch, file, row_group)
 
 
-class LoaderServer(wire.ActionServer):
+class LoaderServer(ActionServer):
     def __init__(self, partition: SourcePartition, *, seed: int, read_ahead: int, host: str = "127.0.0.1", port: int = 0):
         # State first: Flight may accept calls during super().__init__.
         self.partition = partition
@@ -270,10 +271,10 @@ def main(argv=None) -> None:
     cfg = load_config(args.config)
     partition = SourcePartition(cfg.source(args.source), args.actor, cfg.global_batch.context_length, cfg.vision)
     server = LoaderServer(partition, seed=cfg.seed, read_ahead=cfg.read_ahead_row_groups, host=cfg.host, port=args.port)
-    location = wire.location_of(server, cfg.host)
+    location = location_of(server, cfg.host)
     planner = fl.connect(args.planner)
-    wire.retry(lambda: wire.call(planner, "register", {
+    retry(lambda: wire.call(planner, "register", {
         "role": "loader", "source": args.source, "actor": args.actor, "location": location,
         "row_groups": [[rg.file, rg.row_group, rg.num_rows] for rg in partition.row_groups],
     }), attempts=50, delay=0.2, what="planner")
-    wire.serve(server, location, args.ready_file)
+    serve(server, location, args.ready_file)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import balance
+from ..core import balance
 from ..core.mesh import Mesh
 from ..core.mixing import Mixer
 from .feed import Pick, SourceFeed

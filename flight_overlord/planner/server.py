@@ -19,12 +19,13 @@ import numpy as np
 import pyarrow.flight as fl
 
 from .. import wire
+from ..wire.server import ActionServer, ClientPool, location_of, serve
 from ..config import Config, load_config
 from ..core.mesh import Mesh
 from ..core.mixing import Mixer
 from ..core.order import RowGroupRef
 from ..core.schedules import FeedbackLog, weights_at
-from ..schemas import ENCODER_BATCH, MICROBATCH, SAMPLE_METADATA, load_schema
+from ..wire.schemas import ENCODER_BATCH, MICROBATCH, SAMPLE_METADATA, load_schema
 from .feed import SourceFeed
 from .program import StepPlan, plan_step
 from .strategy import load_strategy
@@ -49,7 +50,7 @@ class Journal:
         self._file.close()
 
 
-class PlannerServer(wire.ActionServer):
+class PlannerServer(ActionServer):
     def __init__(self, cfg: Config, *, port: int | None = None):
         self.cfg = cfg
         self.mesh = Mesh.from_config(cfg.mesh, cfg.dp_per_constructor)
@@ -68,7 +69,7 @@ class PlannerServer(wire.ActionServer):
         self._error: str | None = None
         self._stopping = False
         self._started = False
-        self._clients = wire.ClientPool()
+        self._clients = ClientPool()
         self._journal = Journal(cfg.run_dir / "plan-journal.jsonl")
         super().__init__(f"grpc://{cfg.host}:{cfg.planner_port if port is None else port}")
 
@@ -367,4 +368,4 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     server = PlannerServer(cfg, port=args.port)
-    wire.serve(server, wire.location_of(server, cfg.host), args.ready_file)
+    serve(server, location_of(server, cfg.host), args.ready_file)

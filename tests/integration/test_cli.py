@@ -10,11 +10,11 @@ import psutil
 import pyarrow.flight as fl
 import pytest
 
-from .conftest import write_config
+from ..helpers import write_config
 
 
 def _start_up(config) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "flight_overlord.cli", "up", str(config)],
+    proc = subprocess.Popen([sys.executable, "-m", "flight_overlord.deploy.cli", "up", str(config)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     address = proc.stdout.readline().strip()  # printed once every role is ready
     assert address.startswith("grpc://127.0.0.1:"), address
@@ -44,7 +44,7 @@ def test_up_serves_then_shuts_everything_down_on_signal(corpus, tmp_path, sig):
 def test_inspect_uses_the_stock_api_and_shows_a_stream_head(corpus, tmp_path):
     proc, address = _start_up(write_config(tmp_path, corpus))
     try:
-        out = subprocess.run([sys.executable, "-m", "flight_overlord.cli", "inspect", address],
+        out = subprocess.run([sys.executable, "-m", "flight_overlord.deploy.cli", "inspect", address],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert "batch/0/0" in out.stdout and "source/captions" in out.stdout
@@ -56,6 +56,6 @@ def test_inspect_uses_the_stock_api_and_shows_a_stream_head(corpus, tmp_path):
 
 def test_up_with_an_invalid_config_names_the_problem(corpus, tmp_path):
     config = write_config(tmp_path, corpus, balance={"method": "magic"})
-    out = subprocess.run([sys.executable, "-m", "flight_overlord.cli", "up", str(config)],
+    out = subprocess.run([sys.executable, "-m", "flight_overlord.deploy.cli", "up", str(config)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "balance.method: 'magic' is not one of" in out.stderr

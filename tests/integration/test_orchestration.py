@@ -19,13 +19,12 @@ from flight_overlord.core.mixing import Mixer
 from flight_overlord.core.order import RowGroupRef
 from flight_overlord.core.schedules import (FeedbackLog, constant, cosine, dynamic, linear, loss_weighted, staged,
                                             weights_at)
-from flight_overlord.launch import LocalCluster
+from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.planner.feed import SourceFeed
 from flight_overlord.planner.program import plan_step
 from flight_overlord.planner.strategy import Strategy, load_strategy
 
-from .conftest import WEIGHTS, write_config
-from .test_system import delivered_keys, journal
+from ..helpers import WEIGHTS, delivered_keys, journal, write_config
 
 
 # -- ClientPlaceTree -------------------------------------------------------------------

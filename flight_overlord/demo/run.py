@@ -18,18 +18,18 @@ import numpy as np
 import yaml
 from tqdm import tqdm
 
-from . import wire
-from .config import Config, load_config
-from .launch import LocalCluster
-from .planner.strategy import load_strategy
+from .. import wire
+from ..config import Config, load_config
+from ..deploy.launch import LocalCluster
+from ..planner.strategy import load_strategy
 
 DEFAULT_STEPS = 40
 
 
 def ensure_demo_data(config_path: str | Path) -> None:
     """Make the demo corpus where the config reads it, if (part of) it is not there yet."""
-    from .demo_data import make_demo_data
-    from .demo_images import IMAGE_SOURCE_NAMES, make_image_demo_data
+    from .data import make_demo_data
+    from .images import IMAGE_SOURCE_NAMES, make_image_demo_data
     config_path = Path(config_path).resolve()
     raw = yaml.safe_load(config_path.read_text()) or {}
     data_root = (config_path.parent / str(raw.get("data_root", "."))).resolve()
@@ -49,7 +49,7 @@ def trainer_process(planner: str, rank: int, steps: int, by_tokens: bool, counts
     """One simulated trainer. ``counts``: this rank is its bucket's first, so its sample keys are the
     ones the mixture is counted from (other ranks of the bucket get the same samples, or a share).
     ``encoder``: the strategy has an image graph, so the rank also fetches the images it encodes."""
-    from .client import TrainerClient
+    from ..client import TrainerClient
     with TrainerClient(planner, rank, num_steps=steps, encoder=encoder) as client:
         for item in client:
             step_batch, encoder_inputs = item if encoder else (item, [])

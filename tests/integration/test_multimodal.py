@@ -16,10 +16,10 @@ from flight_overlord import wire
 from flight_overlord.client import StepFetcher
 from flight_overlord.client.trainer import table_to_encoder_inputs, table_to_microbatches
 from flight_overlord.config import load_config
-from flight_overlord.launch import LocalCluster
-from flight_overlord.vision import VisionSpec, unpatchify
+from flight_overlord.deploy.launch import LocalCluster
+from flight_overlord.core.vision import VisionSpec, unpatchify
 
-from .conftest import write_config
+from ..helpers import write_config
 
 STEPS = 4
 IMAGE_TOKEN, VISION_START, VISION_END = 256, 257, 258

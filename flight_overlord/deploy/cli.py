@@ -8,9 +8,9 @@ import sys
 import threading
 from pathlib import Path
 
-from .config import ConfigError
+from ..config import ConfigError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
 DEFAULT_DATA_DIR = REPO_ROOT / "data" / "demo"  # where the shipped configs read from
 
@@ -40,7 +40,7 @@ def _up(args) -> None:
 
 
 def _make_demo_data(args) -> None:
-    from .demo_data import make_demo_data
+    from ..demo.data import make_demo_data
     out = Path(args.dir) if args.dir else DEFAULT_DATA_DIR
     written = make_demo_data(out, seed=args.seed, scale=args.scale)
     for source, files in written.items():
@@ -48,7 +48,7 @@ def _make_demo_data(args) -> None:
 
 
 def _demo(args) -> None:
-    from .demo import run_demo
+    from ..demo.run import run_demo
     run_demo(args.config, steps=args.steps)
 
 

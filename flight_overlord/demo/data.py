@@ -483,6 +483,6 @@ def make_demo_data(out_dir: str | os.PathLike, *, seed: int = 0, scale: float = 
         texts = spec.generate(mat, np.random.default_rng(int(seed) + spec.seed_offset), rows)
         result[name] = _write_source(out / name, pa.table({"text": pa.array(texts, pa.string())}), n_files)
     if images:
-        from .demo_images import make_image_demo_data    # it imports this module's helpers
+        from .images import make_image_demo_data    # it imports this module's helpers
         result.update(make_image_demo_data(out, seed=seed, scale=scale))
     return result

@@ -1,4 +1,4 @@
-"""Tests for flight_overlord.vision on real images encoded with Pillow here."""
+"""Tests for flight_overlord.core.vision on real images encoded with Pillow here."""
 from __future__ import annotations
 
 import io
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFile, features
 
-from flight_overlord.vision import (FORMATS, ImageError, VisionSpec, decode_patches, image_patch_counts,
+from flight_overlord.core.vision import (FORMATS, ImageError, VisionSpec, decode_patches, image_patch_counts,
                                     image_size, patch_grid, placeholder_tokens, smart_resize, unpatchify)
 
 SPECS = [VisionSpec(patch_size=p, merge_size=m) for p in (14, 16) for m in (1, 2)]

@@ -20,7 +20,7 @@ from flight_overlord.balance import (
     partition_stats,
 )
 
-BALANCE_FILE = str(pathlib.Path(__file__).resolve().parents[1] / "flight_overlord" / "balance.py")
+BALANCE_FILE = str(pathlib.Path(__file__).resolve().parents[2] / "flight_overlord" / "core" / "balance.py")
 
 # --------------------------------------------------------------------------- helpers
 

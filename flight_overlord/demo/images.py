@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 from PIL import Image, ImageChops, ImageDraw, ImageFont, features
 
-from . import demo_data as dd
+from . import data as dd
 
 IMAGE_SOURCE_NAMES: tuple[str, ...] = ("imagecaps", "interleaved")
 

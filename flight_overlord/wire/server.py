@@ -1,13 +1,6 @@
-"""Flight plumbing shared by every role: JSON tickets and actions, a thin server base.
-
-Tickets and action bodies are small JSON objects, so any stock Flight client can read
-and forge them. Bad requests raise ``ValueError`` (the client sees ``ArrowInvalid``)
-or ``KeyError`` (``ArrowKeyError``) with a message naming what is wrong; the server
-stays up because pyarrow turns handler exceptions into error statuses.
-"""
+"""The one Flight server base every role uses, its client pool and its lifecycle helpers."""
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -17,51 +10,9 @@ from typing import Any, Callable
 
 import pyarrow.flight as fl
 
+from . import decode, encode
+
 log = logging.getLogger(__name__)
-
-
-def encode(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
-
-
-def decode(raw: bytes, what: str) -> dict:
-    """Parse a JSON object from a ticket or action body, or raise ValueError naming ``what``."""
-    try:
-        obj = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"malformed {what}: not a JSON object ({exc.msg if hasattr(exc, 'msg') else exc}): {raw[:80]!r}") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"malformed {what}: expected a JSON object, got {type(obj).__name__}")
-    return obj
-
-
-def field(obj: dict, name: str, kind: type, what: str) -> Any:
-    """``obj[name]`` checked to be of ``kind``; ValueError naming the field otherwise."""
-    if name not in obj:
-        raise ValueError(f"malformed {what}: missing field {name!r}")
-    value = obj[name]
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ValueError(f"malformed {what}: field {name!r} must be an integer, got {value!r}")
-    if not isinstance(value, kind):
-        raise ValueError(f"malformed {what}: field {name!r} must be {kind.__name__}, got {value!r}")
-    return value
-
-
-def ticket(obj: dict) -> fl.Ticket:
-    return fl.Ticket(encode(obj))
-
-
-def call(client: fl.FlightClient, name: str, body: Any = None, *, timeout: float | None = None) -> Any:
-    """Run one action and decode its single JSON result (None if the action returns nothing)."""
-    options = fl.FlightCallOptions(timeout=timeout) if timeout else None
-    results = list(client.do_action(fl.Action(name, encode(body if body is not None else {})), options))
-    return json.loads(results[0].body.to_pybytes()) if results else None
-
-
-def wait_until(cond: threading.Condition, predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Wait on ``cond`` (held by the caller) for ``predicate``; FlightTimedOutError naming ``what`` after ``timeout``."""
-    if not cond.wait_for(predicate, timeout):
-        raise fl.FlightTimedOutError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 class ActionServer(fl.FlightServerBase):

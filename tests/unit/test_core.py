@@ -15,7 +15,7 @@ from flight_overlord.core.order import RowGroupRef, epoch_order, owned_row_group
 from flight_overlord.core.packing import pack
 from flight_overlord.transforms import make_transform
 
-from .conftest import write_config
+from ..helpers import write_config
 
 CATALOG = [RowGroupRef(f"f{f}.parquet", g, 5 + g) for f in range(3) for g in range(4)]
 

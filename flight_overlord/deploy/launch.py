@@ -1,6 +1,6 @@
 """Local deployment: every role as its own process on this machine, on loopback ports.
 
-Each child is ``python -m flight_overlord.cli serve ROLE ...`` (the same command a manual
+Each child is ``python -m flight_overlord.deploy.cli serve ROLE ...`` (the same command a manual
 deployment runs), announces its address in a ready file, and logs to ``run_dir/logs``.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pyarrow.flight as fl
 
-from . import wire
-from .config import Config, load_config
+from .. import wire
+from ..config import Config, load_config
 
 
 @dataclass
@@ -61,7 +61,7 @@ class LocalCluster:
         logs.mkdir(parents=True, exist_ok=True)
         ready_file = self._tmp / f"{name}.ready"
         log_path = logs / f"{name}.log"
-        cmd = [sys.executable, "-m", "flight_overlord.cli", "serve", *args,
+        cmd = [sys.executable, "-m", "flight_overlord.deploy.cli", "serve", *args,
                "--config", str(self.config_path), "--ready-file", str(ready_file)]
         with open(log_path, "w") as log_file:
             process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

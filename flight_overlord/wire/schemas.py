@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 
 
 def parse_type(spec: str) -> pa.DataType:
@@ -33,7 +33,6 @@ SAMPLE_METADATA = "sample_metadata"
 SAMPLES = "samples"
 MICROBATCH = "microbatch"
 ENCODER_BATCH = "encoder_batch"
-ROW_GROUP_CATALOG = "row_group_catalog"
 
 
 def list_array(rows, value_type: pa.DataType = pa.int32()) -> pa.ListArray:

@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from flight_overlord.demo_data import SOURCE_NAMES, make_demo_data
-from flight_overlord.demo_images import IMAGE_SOURCE_NAMES, make_image_demo_data
-from flight_overlord.vision import decode_patches, image_size, patch_grid
+from flight_overlord.demo.data import SOURCE_NAMES, make_demo_data
+from flight_overlord.demo.images import IMAGE_SOURCE_NAMES, make_image_demo_data
+from flight_overlord.core.vision import decode_patches, image_size, patch_grid
 
 SCALE = 0.03
 

@@ -15,46 +15,11 @@ from flight_overlord.client import StepFetcher
 from flight_overlord.config import load_config
 from flight_overlord.core.cost import config_cost
 from flight_overlord.core.order import epoch_order
-from flight_overlord.launch import LocalCluster
+from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.loader.partition import read_catalog
-from flight_overlord.schemas import MICROBATCH, load_schema
+from flight_overlord.wire.schemas import MICROBATCH, load_schema
 
-from .conftest import WEIGHTS, write_config
-
-STEPS = 12
-
-
-def fetch_run(config_path, steps: int = STEPS) -> dict[int, list[pa.Table]]:
-    """Bring a deployment up, read ``steps`` steps for every rank, tear it down."""
-    cfg = load_config(config_path)
-    with LocalCluster(config_path) as cluster:
-        fetchers = [StepFetcher(cluster.planner, r, timeout=60) for r in range(cfg.mesh.world_size)]
-        # Ranks advance in lock-step, as trainers do.
-        out = {r: [] for r in range(len(fetchers))}
-        for step in range(steps):
-            for r, f in enumerate(fetchers):
-                out[r].append(f.fetch(step))
-        for f in fetchers:
-            f.close()
-    return out
-
-
-def journal(config_path) -> list[dict]:
-    cfg = load_config(config_path)
-    lines = (cfg.run_dir / "plan-journal.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if "step" in r]  # plans; trainer reports are journaled too
-
-
-def delivered_keys(tables: list[pa.Table]) -> list[str]:
-    return [k for t in tables for keys in t.column("sample_keys").to_pylist() for k in keys]
-
-
-def sample_lengths(tables: list[pa.Table]):
-    """(key, tokens) of every delivered sample, from cu_seqlens."""
-    for t in tables:
-        for keys, cu in zip(t.column("sample_keys").to_pylist(), t.column("cu_seqlens").to_pylist()):
-            yield from zip(keys, np.diff(cu).tolist())
-
+from ..helpers import STEPS, WEIGHTS, delivered_keys, fetch_run, journal, sample_lengths, write_config
 
 @pytest.fixture(scope="module")
 def main_run(corpus, tmp_path_factory):

@@ -1,0 +1,71 @@
+"""Helpers shared by the test modules: configs over the test corpus, and reading runs back."""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import pyarrow as pa
+import yaml
+
+from flight_overlord.client import StepFetcher
+from flight_overlord.config import load_config
+from flight_overlord.deploy.launch import LocalCluster
+
+WEIGHTS = {"captions": 0.15, "longdocs": 0.25, "code": 0.20, "docstrings": 0.15, "manuals": 0.15, "qa": 0.10}
+
+
+def write_config(directory: pathlib.Path, corpus: pathlib.Path, *, loaders: dict | None = None, **overrides) -> pathlib.Path:
+    """A small run config over ``corpus``; ``overrides`` replace top-level keys."""
+    loaders = loaders or {}
+    raw = {
+        "seed": 7,
+        "data_root": str(corpus),
+        "run_dir": str(directory / "run"),
+        "sources": [{"name": n, "paths": f"{n}/*.parquet", "weight": w, "loaders": loaders.get(n, 1)}
+                    for n, w in WEIGHTS.items()],
+        "mesh": {"dp": 2},
+        "global_batch": {"context_length": 1024, "microbatches": 2, "tokens_per_step": 3600},
+        "balance": {"method": "greedy"},
+        "prefetch": 2,
+    }
+    raw.update(overrides)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+STEPS = 12
+
+
+def fetch_run(config_path, steps: int = STEPS) -> dict[int, list[pa.Table]]:
+    """Bring a deployment up, read ``steps`` steps for every rank, tear it down."""
+    cfg = load_config(config_path)
+    with LocalCluster(config_path) as cluster:
+        fetchers = [StepFetcher(cluster.planner, r, timeout=60) for r in range(cfg.mesh.world_size)]
+        # Ranks advance in lock-step, as trainers do.
+        out = {r: [] for r in range(len(fetchers))}
+        for step in range(steps):
+            for r, f in enumerate(fetchers):
+                out[r].append(f.fetch(step))
+        for f in fetchers:
+            f.close()
+    return out
+
+
+def journal(config_path) -> list[dict]:
+    cfg = load_config(config_path)
+    lines = (cfg.run_dir / "plan-journal.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "step" in r]  # plans; trainer reports are journaled too
+
+
+def delivered_keys(tables: list[pa.Table]) -> list[str]:
+    return [k for t in tables for keys in t.column("sample_keys").to_pylist() for k in keys]
+
+
+def sample_lengths(tables: list[pa.Table]):
+    """(key, tokens) of every delivered sample, from cu_seqlens."""
+    for t in tables:
+        for keys, cu in zip(t.column("sample_keys").to_pylist(), t.column("cu_seqlens").to_pylist()):
+            yield from zip(keys, np.diff(cu).tolist())
