@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import numpy as np
 
@@ -57,21 +57,3 @@ def epoch_order(row_groups: Iterable[RowGroupRef], *, seed: int, source: str, ep
 def row_permutation(rg: RowGroupRef, *, seed: int, source: str, epoch: int) -> np.ndarray:
     rng = np.random.default_rng(stable_hash("rows", seed, source, epoch, rg.file, rg.row_group))
     return rng.permutation(rg.num_rows).astype(np.int32)
-
-
-def epoch_row_groups(row_groups: list[RowGroupRef], *, seed: int, source: str) -> Iterator[tuple[int, RowGroupRef]]:
-    """(epoch, row group) forever: each epoch visits every row group once, in a new seeded order."""
-    if not any(rg.num_rows for rg in row_groups):
-        raise ValueError(f"source {source!r} has no rows")
-    epoch = 0
-    while True:
-        for rg in epoch_order(row_groups, seed=seed, source=source, epoch=epoch):
-            yield epoch, rg
-        epoch += 1
-
-
-def source_samples(row_groups: list[RowGroupRef], *, seed: int, source: str) -> Iterator[SampleRef]:
-    """A source's global sample stream, epoch after epoch."""
-    for epoch, rg in epoch_row_groups(row_groups, seed=seed, source=source):
-        for row in row_permutation(rg, seed=seed, source=source, epoch=epoch):
-            yield SampleRef(source, epoch, rg.file, rg.row_group, int(row))

@@ -1,16 +1,18 @@
 """One source as the Planner sees it: its global sample order plus each sample's metadata.
 
-Metadata comes from the owning loader (fetched through a callback, once per row group and
-epoch), so this class is pure given that callback and easy to test.
+The position in the order is an explicit cursor of plain numbers (epoch, index of the row group
+in that epoch's seeded order, index of the row in the row group's seeded permutation), so the
+feed can be saved and restored exactly. Metadata comes from the owning loader through a callback,
+once per row group and epoch, so this class is pure given that callback and easy to test.
 """
 from __future__ import annotations
 
 import collections
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
-from ..core.order import RowGroupRef, SampleRef, epoch_row_groups, row_permutation
+from ..core.order import RowGroupRef, SampleRef, epoch_order, row_permutation
 
 
 class Pick(NamedTuple):
@@ -20,6 +22,16 @@ class Pick(NamedTuple):
     patches: int = 0  # image patches: the vision encoder's work
     image_sizes: tuple[int, ...] = ()  # patches of each image
 
+    def to_list(self) -> list:
+        r = self.ref
+        return [r.epoch, r.file, r.row_group, r.row, self.tokens, self.patches, list(self.image_sizes)]
+
+    @classmethod
+    def from_list(cls, source: str, item: list) -> "Pick":
+        epoch, file, row_group, row, tokens, patches, sizes = item
+        return cls(SampleRef(source, int(epoch), str(file), int(row_group), int(row)), int(tokens), int(patches),
+                   tuple(int(s) for s in sizes))
+
 
 # (epoch, row group) -> {"num_tokens": per row, optional "image_patches": per row, "image_sizes": list per row}
 FetchMeta = Callable[[int, RowGroupRef], dict[str, np.ndarray]]
@@ -27,31 +39,58 @@ FetchMeta = Callable[[int, RowGroupRef], dict[str, np.ndarray]]
 
 class SourceFeed:
     def __init__(self, name: str, row_groups: list[RowGroupRef], seed: int, fetch_meta: FetchMeta):
+        if not any(rg.num_rows for rg in row_groups):
+            raise ValueError(f"source {name!r} has no rows")
         self.name = name
+        self.seed = seed
+        self.row_groups = sorted(row_groups)
+        self.fetch_meta = fetch_meta
+        self.epoch, self.rg_index, self.row_index = 0, 0, 0  # the cursor: the next sample of the stream
         self.skipped = 0  # unreadable or empty samples passed over
         self.drawn = 0    # samples handed out by next() (a deferred one counts each time)
-        self._samples = self._walk(sorted(row_groups), seed, fetch_meta)
         self._deferred: collections.deque[Pick] = collections.deque()
-
-    def _walk(self, row_groups, seed, fetch_meta) -> Iterator[Pick]:
-        for epoch, rg in epoch_row_groups(row_groups, seed=seed, source=self.name):
-            meta = fetch_meta(epoch, rg)
-            tokens = meta["num_tokens"]
-            patches = meta.get("image_patches", np.zeros(len(tokens), dtype=np.int64))
-            sizes = meta.get("image_sizes")
-            for row in row_permutation(rg, seed=seed, source=self.name, epoch=epoch):
-                if tokens[row] <= 0:
-                    self.skipped += 1
-                    continue
-                yield Pick(SampleRef(self.name, epoch, rg.file, rg.row_group, int(row)), int(tokens[row]),
-                           int(patches[row]), tuple(sizes[row]) if sizes is not None else ())
+        self._order: tuple[int, list[RowGroupRef]] | None = None  # (epoch, its row-group order)
+        self._current: tuple[tuple[int, int], RowGroupRef, np.ndarray, dict] | None = None
 
     def next(self) -> Pick:
         """The next sample to plan: deferred ones first, in their order, then the stream."""
         self.drawn += 1
         if self._deferred:
             return self._deferred.popleft()
-        return next(self._samples)
+        while True:
+            rg, permutation, meta = self._row_group()
+            if self.row_index >= len(permutation):
+                self._advance()
+                continue
+            row = int(permutation[self.row_index])
+            self.row_index += 1
+            tokens = int(meta["num_tokens"][row])
+            if tokens <= 0:
+                self.skipped += 1
+                continue
+            patches = meta.get("image_patches")
+            sizes = meta.get("image_sizes")
+            return Pick(SampleRef(self.name, self.epoch, rg.file, rg.row_group, row), tokens,
+                        int(patches[row]) if patches is not None else 0,
+                        tuple(sizes[row]) if sizes is not None else ())
+
+    def _advance(self) -> None:
+        self.row_index = 0
+        self.rg_index += 1
+        if self.rg_index == len(self.row_groups):
+            self.epoch, self.rg_index = self.epoch + 1, 0
+
+    def _row_group(self) -> tuple[RowGroupRef, np.ndarray, dict]:
+        """The row group under the cursor, its row permutation and its metadata (fetched once)."""
+        where = (self.epoch, self.rg_index)
+        if self._current is None or self._current[0] != where:
+            if self._order is None or self._order[0] != self.epoch:
+                self._order = (self.epoch, epoch_order(self.row_groups, seed=self.seed, source=self.name,
+                                                       epoch=self.epoch))
+            rg = self._order[1][self.rg_index]
+            permutation = row_permutation(rg, seed=self.seed, source=self.name, epoch=self.epoch)
+            self._current = (where, rg, permutation, self.fetch_meta(self.epoch, rg))
+        return self._current[1:]
 
     def summary(self) -> dict:
         """What is waiting: the deferred samples (first in line next step) and what was drawn so far."""
@@ -61,3 +100,13 @@ class SourceFeed:
     def defer(self, items: list[Pick]) -> None:
         """Give planned-but-unplaced samples back; they come first next time, in the same order."""
         self._deferred.extendleft(reversed(items))
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "row_group": self.rg_index, "row": self.row_index, "skipped": self.skipped,
+                "drawn": self.drawn, "deferred": [p.to_list() for p in self._deferred]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.rg_index, self.row_index = int(state["epoch"]), int(state["row_group"]), int(state["row"])
+        self.skipped, self.drawn = int(state["skipped"]), int(state["drawn"])
+        self._deferred = collections.deque(Pick.from_list(self.name, item) for item in state["deferred"])
+        self._current = None
