@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+import flight_overlord.balance as public_balance
 from flight_overlord.balance import (
     METHODS,
     CapacityError,
@@ -18,9 +19,11 @@ from flight_overlord.balance import (
     lower_bound,
     partition,
     partition_stats,
+    register_balancer,
 )
+from flight_overlord.core import balance as core_balance
 
-BALANCE_FILE = str(pathlib.Path(__file__).resolve().parents[2] / "flight_overlord" / "core" / "balance.py")
+BALANCE_DIR = pathlib.Path(__file__).resolve().parents[2] / "flight_overlord" / "core" / "balance"
 
 # --------------------------------------------------------------------------- helpers
 
@@ -405,14 +408,71 @@ def test_lower_bound_and_stats_validate():
 
 
 def test_module_is_self_contained():
-    """balance.py runs from its own file with only numpy, so other frameworks can vendor it."""
+    """The balance package runs from its own directory with only numpy, so other frameworks can vendor it."""
+    init, folder = str(BALANCE_DIR / "__init__.py"), str(BALANCE_DIR)
     code = (
         "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('balance', {BALANCE_FILE!r})\n"
+        f"spec = importlib.util.spec_from_file_location('balance', {init!r}, "
+        f"submodule_search_locations=[{folder!r}])\n"
         "module = importlib.util.module_from_spec(spec)\n"
         "sys.modules['balance'] = module\n"
         "spec.loader.exec_module(module)\n"
         "assert not any(m.startswith(('pyarrow', 'flight_overlord')) for m in sys.modules)\n"
-        "print(module.partition([3, 2, 1], 2))\n"
+        "assert module.METHODS == ('greedy', 'karmarkar_karp'), module.METHODS\n"
+        "bins = module.partition([3, 2, 1], 2)\n"
+        "assert [b.tolist() for b in bins] == [[0], [1, 2]], bins\n"
+        "print(bins)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+# --------------------------------------------------------------------------- registry
+
+
+@pytest.fixture
+def registry():
+    """Leave the balancer registry as it was, whatever the test registered."""
+    before = dict(core_balance._BALANCERS)
+    yield core_balance._BALANCERS
+    core_balance._BALANCERS.clear()
+    core_balance._BALANCERS.update(before)
+
+
+def test_registered_balancer_is_used(registry):
+    calls = []
+
+    @register_balancer("mine")
+    def round_robin(problem, items):
+        calls.append(items.tolist())
+        bin_of = np.full(problem.costs.size, -1, dtype=np.int64)
+        bin_of[items] = np.arange(items.size) % problem.k
+        return bin_of
+
+    assert core_balance.METHODS == ("greedy", "karmarkar_karp", "mine")
+    assert public_balance.METHODS == core_balance.METHODS
+    costs = [1.0, 5.0, 3.0, 4.0, 2.0]
+    bins = partition(costs, 2, method="mine", refine=False)
+    assert calls == [[1, 3, 2, 4, 0]]  # placeable items by descending cost
+    assert [b.tolist() for b in bins] == [[1, 2, 0], [3, 4]]
+    refined = partition(costs, 2, method="mine")  # the refinement runs on custom plans too
+    assert_valid(refined, costs, 2)
+    assert makespan(costs, refined) == 8.0
+
+
+def test_registry_rejects_duplicates_and_bad_plans(registry):
+    with pytest.raises(ValueError, match="greedy.*already registered"):
+        register_balancer("greedy")(lambda problem, items: None)
+    with pytest.raises(TypeError, match="name"):
+        register_balancer("")
+    register_balancer("short")(lambda problem, items: np.zeros(1, dtype=np.int64))
+    with pytest.raises(TypeError, match="short"):
+        partition([1.0, 2.0], 2, method="short")
+    register_balancer("outside")(lambda problem, items: np.full(problem.costs.size, problem.k))
+    with pytest.raises(ValueError, match="outside"):
+        partition([1.0, 2.0], 2, method="outside")
+
+
+def test_registry_is_restored_between_tests():
+    assert METHODS == core_balance.METHODS == ("greedy", "karmarkar_karp")
+    with pytest.raises(ValueError, match="mine.*allowed: greedy, karmarkar_karp$"):
+        partition([1.0], 1, method="mine")

@@ -1,0 +1,144 @@
+"""Makespan balancing: place weighted items into k bins so the heaviest bin is as light as possible.
+
+A training step waits for its slowest data-parallel rank (and a rank for its slowest
+microbatch), so samples with a compute cost are spread over k bins to minimise the
+heaviest bin's total cost.  Pure numpy, no I/O: callers from other frameworks can use it
+on plain lists of costs (the package imports only numpy and itself, so it can be vendored).
+
+Constructions (a registry, see :func:`register_balancer`): ``greedy`` (LPT, greedy.py) and
+``karmarkar_karp`` (multiway largest differencing, karmarkar_karp.py).  Both are followed by
+a local search (``refine``, refine.py) that moves or swaps items out of the heaviest bin,
+which closes most of the gap LPT/LDM leave on skewed cost distributions (and under
+``equal_size``, where balanced differencing alone can be several % off).  Optional
+``sizes``/``capacity`` (e.g. tokens per microbatch) are a hard limit per bin.
+Validation, bounds and stats live in problem.py.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from . import greedy, karmarkar_karp
+from .problem import (
+    CapacityError,
+    PartitionStats,
+    _as_weights,
+    _check_k,
+    _check_leftover,
+    _check_sizes,
+    _group,
+    _leftover_error,
+    _Problem,
+    _split_oversize,
+    lower_bound,
+    partition_stats,
+)
+from .refine import _Refiner
+
+__all__ = [
+    "METHODS",
+    "CapacityError",
+    "PartitionStats",
+    "lower_bound",
+    "partition",
+    "partition_stats",
+    "register_balancer",
+]
+
+Balancer = Callable[[_Problem, np.ndarray], np.ndarray]
+_BALANCERS: dict[str, Balancer] = {}
+
+
+def register_balancer(name: str) -> Callable[[Balancer], Balancer]:
+    """Decorator adding a construction algorithm as ``partition(method=name)``.
+
+    The balancer is called as ``fn(problem, items)``: ``problem`` describes the call
+    (``costs``, ``k``, ``sizes``/``capacity``, ``quota`` = ``(q, r)`` under ``equal_size``:
+    every bin gets q or q+1 items, at most r of them q+1), ``items`` are the placeable
+    items by descending cost, ties by index.  It returns one bin (0..k-1) per item of
+    ``costs``, -1 for items it leaves unplaced; it must keep ``capacity`` and ``quota``,
+    which the refinement then preserves.  Names are unique; ``METHODS`` lists them.
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"balancer name must be a non-empty string, got {name!r}")
+
+    def decorate(fn: Balancer) -> Balancer:
+        if name in _BALANCERS:
+            raise ValueError(f"balancer {name!r} is already registered")
+        _BALANCERS[name] = fn
+        return fn
+
+    return decorate
+
+
+register_balancer("greedy")(greedy.construct)
+register_balancer("karmarkar_karp")(karmarkar_karp.construct)
+
+
+def __getattr__(name: str):
+    if name == "METHODS":  # computed, so it always matches the registry
+        return tuple(_BALANCERS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def partition(
+    costs,
+    k,
+    *,
+    method: str = "karmarkar_karp",
+    equal_size: bool = False,
+    sizes=None,
+    capacity=None,
+    refine: bool = True,
+    leftover: str = "raise",
+):
+    """Split items into ``k`` bins minimising the heaviest bin's total cost.
+
+    Returns ``k`` int64 index arrays (each sorted by descending cost, then index), or
+    ``(bins, unplaced)`` when ``leftover="return"``.  ``method`` names a registered
+    balancer: ``"greedy"`` (LPT), ``"karmarkar_karp"`` (largest differencing) or one added
+    with :func:`register_balancer`.  ``equal_size`` makes bin counts differ
+    by at most one.  ``sizes``/``capacity`` bound each bin's total size, which is never
+    exceeded: items that cannot be placed raise :class:`CapacityError` or are returned as
+    ``unplaced`` (ascending).  ``refine`` runs the local search on the construction; it
+    stops when no improving exchange is left, within 0.01% of :func:`lower_bound`, or at
+    its step/work budget.  Deterministic: ties are broken by index.
+    """
+    c = _as_weights(costs, "costs")
+    k = _check_k(k)
+    if method not in _BALANCERS:
+        raise ValueError(f"unknown method {method!r}; allowed: {', '.join(_BALANCERS)}")
+    _check_leftover(leftover)
+    s, cap = _check_sizes(sizes, capacity, c.size)
+    items, oversize = _split_oversize(s, cap, c.size, leftover)
+    quota = divmod(items.size, k) if equal_size else None
+    problem = _Problem(c, k, s, cap, quota, np.argsort(-c, kind="stable"))
+    bin_of, leftovers = _construct(problem, items, method)
+    if leftovers.size and leftover == "raise":
+        raise _leftover_error(s, cap, leftovers)
+    if refine:
+        _Refiner(problem, bin_of).run()
+    bins = [b.astype(np.int64) for b in _group(problem.desc, bin_of, k)]
+    if leftover == "return":
+        return bins, np.sort(np.concatenate([oversize, leftovers])).astype(np.int64)
+    return bins
+
+
+def _construct(problem: _Problem, items: np.ndarray, method: str):
+    """Initial plan for ``items``: (bin per item with -1 = unplaced, left-over items)."""
+    bin_of = np.asarray(_BALANCERS[method](problem, problem.by_cost(items)))
+    if bin_of.shape != problem.costs.shape or bin_of.dtype.kind not in "iu":
+        raise TypeError(
+            f"balancer {method!r} must return one integer bin per cost, "
+            f"got dtype {bin_of.dtype} and shape {bin_of.shape}"
+        )
+    bin_of = bin_of.astype(np.int64, copy=False)
+    placed = bin_of >= 0
+    leftovers = items[~placed[items]]
+    if bin_of.max(initial=-1) >= problem.k or bin_of.min(initial=-1) < -1 or (
+        np.count_nonzero(placed) != items.size - leftovers.size
+    ):
+        raise ValueError(f"balancer {method!r} placed items outside 0..k-1 or items not given to it")
+    return bin_of, leftovers
