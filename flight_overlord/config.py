@@ -101,11 +101,13 @@ class VisionConfig:
     vision_end_id: int = 258    # so adjacent images stay distinct runs
     decode_at: str = "constructor"  # constructor: compressed bytes cross the network; loader: pixels do
     on_bad_image: str = "skip"  # skip: drop the sample, log its key and count it; fail: stop the run
+    background: tuple[int, int, int] = VisionSpec.background  # RGB under transparent pixels (Qwen2-VL: white)
 
     @property
     def spec(self) -> VisionSpec:
-        """The encoder geometry alone, as the pure image logic takes it."""
-        return VisionSpec(self.patch_size, self.merge_size, self.min_pixels, self.max_pixels)
+        """The encoder geometry and decoding options, as the pure image logic takes them."""
+        return VisionSpec(self.patch_size, self.merge_size, self.min_pixels, self.max_pixels,
+                          background=self.background)
 
 
 @dataclass(frozen=True)
@@ -314,8 +316,14 @@ def _parse_vision(raw: Any) -> VisionConfig:
                       "vision_end_id")}
     if ints["max_pixels"] < ints["min_pixels"]:
         raise ConfigError(f"vision.max_pixels: {ints['max_pixels']} is below vision.min_pixels {ints['min_pixels']}")
+    background = f["background"]
+    if not (isinstance(background, (list, tuple)) and len(background) == 3
+            and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 255 for v in background)):
+        raise ConfigError(f"vision.background: expected a list of three integers 0..255 (R, G, B), "
+                          f"got {background!r}")
     return VisionConfig(**ints, decode_at=_choice(f["decode_at"], "vision.decode_at", ("constructor", "loader")),
-                        on_bad_image=_choice(f["on_bad_image"], "vision.on_bad_image", ("skip", "fail")))
+                        on_bad_image=_choice(f["on_bad_image"], "vision.on_bad_image", ("skip", "fail")),
+                        background=tuple(background))
 
 
 def _parse_strategy(raw: Any, base_dir: Path) -> StrategyConfig | None:

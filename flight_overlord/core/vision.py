@@ -9,6 +9,11 @@ Sizes are the raw stored sizes: EXIF orientation is NOT applied, neither when re
 nor when decoding. If only one path honoured it, rotated JPEGs would get their width and height
 swapped on that path, and the two grids would disagree. Qwen2-VL's image processor does not
 transpose either: it resizes the image it is handed, as it is.
+
+Transparency is composited onto a background colour (``VisionSpec.background``, white by default)
+before the resize, as Qwen2-VL's processor does (transformers' ``image_transforms.convert_to_rgb``).
+Dropping the alpha channel instead would turn the transparent areas of logos and icons black, or
+whatever colour the encoder left under them. Opaque images are converted to RGB as they are.
 """
 from __future__ import annotations
 
@@ -44,8 +49,14 @@ class VisionSpec:
     merge_size: int = 2                 # merge_size x merge_size patches become one LLM token
     min_pixels: int = 56 * 56           # bounds on the resized image's area
     max_pixels: int = 28 * 28 * 1280
+    background: tuple[int, int, int] = (255, 255, 255)  # RGB that transparent pixels are composited onto
 
     def __post_init__(self) -> None:
+        # A list or numpy ints would make the spec unhashable or compare unequal: store a tuple of ints.
+        bg = self.background
+        if isinstance(bg, (tuple, list)) and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                                                 for v in bg):
+            object.__setattr__(self, "background", tuple(int(v) for v in bg))
         self.validate()
 
     def validate(self) -> None:
@@ -62,6 +73,10 @@ class VisionSpec:
         if self.max_pixels < self.min_pixels:
             raise ValueError(f"VisionSpec.max_pixels must be >= min_pixels ({self.min_pixels}), "
                              f"got {self.max_pixels}")
+        bg = self.background
+        if not (isinstance(bg, tuple) and len(bg) == 3
+                and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 255 for v in bg)):
+            raise ValueError(f"VisionSpec.background must be three integers 0..255 (R, G, B), got {bg!r}")
 
     @property
     def factor(self) -> int:
@@ -143,8 +158,31 @@ _TO_PATCHES = (0, 3, 1, 4, 6, 2, 5)
 _FROM_PATCHES = tuple(int(i) for i in np.argsort(_TO_PATCHES))
 
 
+def _has_alpha(im: Image.Image) -> bool:
+    """Whether the image has transparency: an alpha band (RGBA, LA, PA) or a transparency key
+    (``info["transparency"]``: a PNG tRNS chunk on a P, L or RGB image, a GIF's transparent index).
+    The same test as transformers' ``convert_to_rgb``."""
+    return "A" in im.getbands() or im.info.get("transparency") is not None
+
+
+def _to_rgb(im: Image.Image, background: tuple[int, int, int] = (255, 255, 255)) -> Image.Image:
+    """An RGB image, with any transparency composited onto ``background``.
+
+    Transformers' ``convert_to_rgb`` step for step: an image with transparency goes to RGBA first
+    (which applies a palette's or a colour key's transparency, and makes LA and PA consistent with
+    RGBA), is alpha-composited over an opaque canvas of the background colour, and then converted
+    to RGB. An opaque image is only converted (an RGB image is returned as it is), so its pixels
+    are what ``convert("RGB")`` gives.
+    """
+    if _has_alpha(im):
+        rgba = im.convert("RGBA")
+        canvas = Image.new("RGBA", rgba.size, (*background, 255))
+        return Image.alpha_composite(canvas, rgba).convert("RGB")
+    return im if im.mode == "RGB" else im.convert("RGB")
+
+
 def decode_patches(data: bytes, spec: VisionSpec = VisionSpec()) -> tuple[np.ndarray, tuple[int, int, int]]:
-    """Decode, convert to RGB, resize to ``smart_resize`` (bicubic) and patchify.
+    """Decode, convert to RGB over ``spec.background``, resize to ``smart_resize`` (bicubic) and patchify.
 
     Returns ``(patches, grid)``. ``patches`` is uint8 ``[num_patches, 3 * p * p]`` and ``grid`` is
     ``(1, gh, gw)``, the same as ``patch_grid(*image_size(data), spec)``. The rows are in Qwen2-VL's
@@ -156,9 +194,11 @@ def decode_patches(data: bytes, spec: VisionSpec = VisionSpec()) -> tuple[np.nda
     (C, T, p, p). To get that from a row here, reshape it to (C, 1, p, p) and expand T on the GPU.
 
     The pixels are left as uint8, not rescaled or normalised: that is cheap on the GPU, and uint8
-    puts 4x fewer bytes on the wire than float32. ``convert("RGB")`` drops an alpha channel
-    without compositing it onto a background, and EXIF orientation is not applied (see the module
-    docstring). Any decoding problem, a truncated file included, raises ImageError.
+    puts 4x fewer bytes on the wire than float32. An image with transparency (an alpha channel, or
+    a palette or colour key with a transparent entry) is alpha-composited onto ``spec.background``
+    (white by default) before the resize, as in Qwen2-VL's processor; opaque images are only
+    converted to RGB (see ``_to_rgb``). EXIF orientation is not applied (see the module docstring).
+    Any decoding problem, a truncated file included, raises ImageError.
     """
     # Pillow raises "image file is truncated" unless someone set ImageFile.LOAD_TRUNCATED_IMAGES, in
     # which case it fills the missing part with grey: refuse rather than train on filler pixels.
@@ -170,7 +210,7 @@ def decode_patches(data: bytes, spec: VisionSpec = VisionSpec()) -> tuple[np.nda
         grid = patch_grid(width, height, spec)
         try:
             im.load()
-            rgb = im if im.mode == "RGB" else im.convert("RGB")
+            rgb = _to_rgb(im, spec.background)
         except _PIL_ERRORS as e:
             what = "truncated" if "truncated" in str(e).lower() else "corrupt"
             raise ImageError(f"{what} {fmt}: {e}") from None

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFile, features
 
+from flight_overlord.config import ConfigError, VisionConfig, _parse_vision
 from flight_overlord.core.vision import (FORMATS, ImageError, VisionSpec, decode_patches, image_patch_counts,
                                     image_size, patch_grid, placeholder_tokens, smart_resize, unpatchify)
+from flight_overlord.demo.images import _gen_imagecaps
 
 SPECS = [VisionSpec(patch_size=p, merge_size=m) for p in (14, 16) for m in (1, 2)]
 SIZES = [(1, 1), (10, 500), (500, 10), (13, 17), (28, 28), (57, 29), (101, 333), (640, 480)]
@@ -43,7 +45,8 @@ def encode(width: int, height: int, fmt: str = "JPEG", mode: str = "RGB", seed: 
 
 
 def direct_decode(data: bytes, grid, spec: VisionSpec) -> np.ndarray:
-    """What decode_patches must reproduce: Pillow decode, RGB, bicubic resize to the grid's size."""
+    """What decode_patches did before transparency was composited, and must still give for opaque
+    images bit for bit: Pillow decode, ``convert("RGB")``, bicubic resize to the grid's size."""
     _, gh, gw = grid
     im = Image.open(io.BytesIO(data)).convert("RGB")
     return np.asarray(im.resize((gw * spec.patch_size, gh * spec.patch_size), Image.Resampling.BICUBIC))
@@ -87,21 +90,29 @@ def test_patch_counts_from_headers(images, decoded):
 
 
 def test_unpatchify_equals_direct_pillow_decode(images, decoded):
+    """The fixture's images are all opaque (its RGBA ones have alpha 255 throughout)."""
     for key, data in images.items():
         for spec in SPECS:
             patches, grid = decoded[key, spec]
             assert np.array_equal(unpatchify(patches, grid, spec), direct_decode(data, grid, spec)), (key, spec)
 
 
+def qwen2_vl_patchify(image: np.ndarray, spec: VisionSpec) -> np.ndarray:
+    """The row layout of Qwen2-VL's processor (transformers, torch code written out in numpy), T = 1:
+    an [H, W, 3] image -> [gh * gw, 3 * p * p]."""
+    m, p = spec.merge_size, spec.patch_size
+    gh, gw = image.shape[0] // p, image.shape[1] // p
+    frames = image.transpose(2, 0, 1)[None, None]                                      # (t, T, C, H, W)
+    return (frames.reshape(1, 1, 3, gh // m, m, p, gw // m, m, p)
+            .transpose(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(gh * gw, 3 * p * p))
+
+
 def test_patch_order_matches_qwen2_vl():
-    """The row layout of Qwen2-VL's processor (transformers, torch code written out in numpy), T = 1."""
     spec = VisionSpec()
     patches, (t, gh, gw) = decode_patches(encode(300, 200), spec)
-    m, p = spec.merge_size, spec.patch_size
+    p = spec.patch_size
     image = unpatchify(patches, (t, gh, gw), spec).transpose(2, 0, 1)[None, None]      # (t, T, C, H, W)
-    expected = (image.reshape(t, 1, 3, gh // m, m, p, gw // m, m, p)
-                .transpose(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(t * gh * gw, 3 * p * p))
-    assert np.array_equal(patches, expected)
+    assert np.array_equal(patches, qwen2_vl_patchify(unpatchify(patches, (t, gh, gw), spec), spec))
     # The first row is the top-left patch, the second its right neighbour (same merge window).
     top_left = image[0, 0, :, :p, :p].reshape(-1)
     right = image[0, 0, :, :p, p:2 * p].reshape(-1)
@@ -225,3 +236,223 @@ def test_spec_factor_and_unpatchify_checks_shape():
     patches, grid = decode_patches(encode(60, 60))
     with pytest.raises(ValueError, match="do not match"):
         unpatchify(patches[1:], grid)
+
+
+# --- Transparency: Qwen2-VL's preprocessing composites onto white --------------------------------
+
+WHITE = (255, 255, 255)
+
+
+def qwen2_vl_convert_to_rgb(im: Image.Image, background=WHITE) -> Image.Image:
+    """transformers' ``image_transforms.convert_to_rgb`` for a PIL image (background white there),
+    written out here: an image with an alpha band or a transparency key goes to RGBA and is
+    alpha-composited over an opaque canvas, the rest is ``convert("RGB")``."""
+    if "A" in im.getbands() or im.info.get("transparency") is not None:
+        im = im.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", im.size, (*background, 255)), im).convert("RGB")
+    return im.convert("RGB")
+
+
+def qwen2_vl_preprocess(data: bytes, spec: VisionSpec, background=WHITE) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """Qwen2-VL's image processor up to (not including) rescale/normalise and the temporal repeat:
+    convert_to_rgb, smart_resize's size, PIL bicubic resize, patchify. Independent of the code
+    under test except for Pillow itself."""
+    with Image.open(io.BytesIO(data)) as im:
+        rgb = qwen2_vl_convert_to_rgb(im, background)
+    h, w = qwen2_vl_reference(rgb.height, rgb.width, spec.factor, spec.min_pixels, spec.max_pixels)
+    pixels = np.asarray(rgb.resize((w, h), Image.Resampling.BICUBIC))
+    return qwen2_vl_patchify(pixels, spec), (1, h // spec.patch_size, w // spec.patch_size)
+
+
+def png(im: Image.Image, **params) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, "PNG", **params)
+    return buf.getvalue()
+
+
+def _alpha(width: int, height: int) -> np.ndarray:
+    """Alpha with fully transparent, half, opaque and graded regions (left to right), so edges
+    between them go through the resize."""
+    a = np.empty((height, width), np.uint8)
+    q = width // 4
+    a[:, :q], a[:, q:2 * q], a[:, 2 * q:3 * q] = 0, 128, 255
+    a[:, 3 * q:] = np.linspace(0, 255, height, dtype=np.uint8)[:, None]
+    a[: height // 5] = 64                                          # a translucent band across the top
+    return a
+
+
+def _colours(width: int, height: int, fmt: str = "PNG") -> Image.Image:
+    """Opaque RGB content (under the alpha: dark, so dropping alpha would show, not white)."""
+    return Image.open(io.BytesIO(encode(width, height, fmt, "RGB", seed=width + height)))
+
+
+def rgba_png(width: int, height: int) -> bytes:
+    rgb = np.asarray(_colours(width, height)) // 2                # darker: far from white
+    return png(Image.fromarray(np.dstack([rgb, _alpha(width, height)]), "RGBA"))
+
+
+def la_png(width: int, height: int) -> bytes:
+    grey = np.asarray(_colours(width, height).convert("L")) // 2
+    return png(Image.fromarray(np.dstack([grey, _alpha(width, height)]), "LA"))
+
+
+def palette_png(width: int, height: int, per_entry: bool) -> bytes:
+    """P mode with a tRNS chunk: one transparent index, or an alpha per palette entry."""
+    im = _colours(width, height).quantize(32)
+    im.paste(0, (0, 0, width // 3, height))                       # a region of index 0
+    if per_entry:
+        return png(im, transparency=bytes([0] + [(255, 128, 64)[i % 3] for i in range(1, 32)]))
+    return png(im, transparency=0)
+
+
+def keyed_png(width: int, height: int, mode: str) -> bytes:
+    """RGB or L with a tRNS colour key: one colour is transparent."""
+    im = _colours(width, height)
+    key = (0, 0, 0) if mode == "RGB" else 0
+    im = im.convert(mode)
+    im.paste(key, (width // 4, height // 4, width // 2, height // 2))
+    return png(im, transparency=key)
+
+
+def transparent_gif(width: int, height: int) -> bytes:
+    im = _colours(width, height).quantize(32)
+    im.paste(5, (0, 0, width // 2, height // 2))
+    buf = io.BytesIO()
+    im.save(buf, "GIF", transparency=5)
+    return buf.getvalue()
+
+
+TRANSPARENT = {
+    "RGBA PNG": rgba_png, "LA PNG": la_png,
+    "P PNG, transparent index": lambda w, h: palette_png(w, h, per_entry=False),
+    "P PNG, alpha per entry": lambda w, h: palette_png(w, h, per_entry=True),
+    "RGB PNG, colour key": lambda w, h: keyed_png(w, h, "RGB"),
+    "L PNG, colour key": lambda w, h: keyed_png(w, h, "L"),
+    "GIF, transparent index": transparent_gif,
+}
+OPAQUE = {
+    "RGB JPEG": lambda w, h: encode(w, h, "JPEG", "RGB"), "L JPEG": lambda w, h: encode(w, h, "JPEG", "L"),
+    "RGB PNG": lambda w, h: encode(w, h, "PNG", "RGB"), "P PNG": lambda w, h: encode(w, h, "PNG", "P"),
+    "opaque RGBA PNG": lambda w, h: encode(w, h, "PNG", "RGBA"),
+}
+if features.check("webp"):
+    TRANSPARENT["RGBA WEBP"] = lambda w, h: _webp(Image.open(io.BytesIO(rgba_png(w, h))))
+
+
+def _webp(im: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, "WEBP", lossless=True)
+    return buf.getvalue()
+
+
+TRANSPARENCY_SIZES = [(64, 48), (33, 90), (150, 101)]       # small; not multiples of the factor
+
+
+@pytest.mark.filterwarnings("ignore:Palette images with Transparency")   # from convert("RGB")
+def test_transparent_test_images_are_what_they_say():
+    """The fixtures really have transparency, and dropping it would give other pixels."""
+    for name, make in TRANSPARENT.items():
+        data = make(64, 48)
+        with Image.open(io.BytesIO(data)) as im:
+            im.load()
+            assert "A" in im.getbands() or im.info.get("transparency") is not None, name
+            alpha = np.asarray(im.convert("RGBA"))[..., 3]
+            assert alpha.min() == 0 and alpha.max() == 255, name
+            if name == "P PNG, alpha per entry":
+                assert {64, 128} <= set(np.unique(alpha)), name
+            assert not np.array_equal(np.asarray(im.convert("RGB")), np.asarray(qwen2_vl_convert_to_rgb(im))), name
+    with Image.open(io.BytesIO(rgba_png(64, 48))) as im:
+        assert set(np.unique(np.asarray(im)[..., 3])) >= {0, 64, 128, 255}
+    for mode, make in (("LA", la_png), ("RGBA", rgba_png)):
+        assert Image.open(io.BytesIO(make(64, 48))).mode == mode
+    assert Image.open(io.BytesIO(palette_png(64, 48, True))).mode == "P"
+
+
+@pytest.mark.parametrize("name", list(TRANSPARENT) + list(OPAQUE))
+def test_decode_matches_qwen2_vl_preprocessing(name):
+    """Decoded patches equal Qwen2-VL's preprocessing (convert_to_rgb onto white, smart_resize,
+    bicubic, patchify) exactly, transparent and opaque images alike."""
+    make = {**TRANSPARENT, **OPAQUE}[name]
+    for w, h in TRANSPARENCY_SIZES:
+        data = make(w, h)
+        for spec in SPECS:
+            patches, grid = decode_patches(data, spec)
+            expected, expected_grid = qwen2_vl_preprocess(data, spec)
+            assert grid == expected_grid, (name, w, h, spec)
+            assert np.array_equal(patches, expected), (name, w, h, spec)
+
+
+@pytest.mark.parametrize("name", list(OPAQUE))
+def test_opaque_images_decode_as_before(name):
+    """No alpha, no change: bit for bit the old ``convert("RGB")`` path, whatever the background."""
+    data = OPAQUE[name](101, 77)
+    for spec in (VisionSpec(), VisionSpec(background=(0, 0, 0))):
+        patches, grid = decode_patches(data, spec)
+        assert np.array_equal(unpatchify(patches, grid, spec), direct_decode(data, grid, spec)), name
+
+
+@pytest.mark.parametrize("background", [(0, 0, 0), (30, 200, 90), (255, 0, 255)])
+@pytest.mark.parametrize("name", ["RGBA PNG", "LA PNG", "P PNG, alpha per entry", "RGB PNG, colour key"])
+def test_custom_background_matches_reference(name, background):
+    spec = VisionSpec(background=background)
+    data = TRANSPARENT[name](64, 48)
+    patches, grid = decode_patches(data, spec)
+    expected, expected_grid = qwen2_vl_preprocess(data, spec, background)
+    assert grid == expected_grid and np.array_equal(patches, expected)
+    assert not np.array_equal(patches, decode_patches(data)[0])     # the background did matter
+
+
+def test_composite_values():
+    """The compositing arithmetic, checked against values worked out by hand (not through Pillow's
+    alpha_composite): flat regions big enough that the resize leaves their middles alone."""
+    colour, size = (200, 40, 10), (112, 112)                       # 112 = 4 * 28: no resize at all
+    rgba = np.zeros((*size, 4), np.uint8)
+    rgba[..., :3] = colour
+    rgba[:, 28:56, 3], rgba[:, 56:84, 3], rgba[:, 84:, 3] = 128, 255, 0   # columns 0..27 stay alpha 0
+    data = png(Image.fromarray(rgba, "RGBA"))
+    for background in (WHITE, (0, 0, 0), (10, 100, 250)):
+        spec = VisionSpec(background=background)
+        patches, grid = decode_patches(data, spec)
+        assert grid == (1, 8, 8)
+        image = unpatchify(patches, grid, spec).astype(int)
+        half = [(c * 128 + b * 127) / 255 for c, b in zip(colour, background)]
+        assert (image[:, :28] == background).all() and (image[:, 84:] == background).all()
+        assert (image[:, 56:84] == colour).all()
+        assert (np.abs(image[:, 28:56] - half) <= 1).all(), (background, image[0, 30], half)
+
+
+def test_background_validation():
+    assert VisionSpec().background == WHITE
+    assert VisionSpec(background=[1, 2, np.int64(3)]).background == (1, 2, 3)    # stored as a tuple
+    assert hash(VisionSpec(background=[1, 2, 3])) == hash(VisionSpec(background=(1, 2, 3)))
+    for bad in [(1, 2), (1, 2, 3, 4), (0, 0, 256), (-1, 0, 0), (0.0, 0, 0), (True, 0, 0), "white", None]:
+        with pytest.raises(ValueError, match="VisionSpec.background"):
+            VisionSpec(background=bad)
+
+
+def test_config_background():
+    assert VisionConfig().background == WHITE and VisionConfig().spec.background == WHITE
+    assert _parse_vision(None).spec == VisionSpec()
+    cfg = _parse_vision({"background": [0, 128, 255], "patch_size": 16})
+    assert cfg.background == (0, 128, 255) and cfg.spec == VisionSpec(patch_size=16, background=(0, 128, 255))
+    for bad in [[0, 0], [0, 0, 256], [0, 0, -1], [0, 0, 1.5], [True, 0, 0], "white", 255, None]:
+        with pytest.raises(ConfigError, match=r"^vision\.background: "):
+            _parse_vision({"background": bad})
+
+
+def test_demo_corpus_decodes_like_qwen2_vl():
+    """The demo generator's pictures, its transparent PNG "logos" included, decode as Qwen2-VL's
+    preprocessing does. The imagecaps rows are drawn directly: make_image_demo_data would also
+    build the interleaved source's text material, which takes seconds."""
+    table = _gen_imagecaps([np.random.default_rng([0, row]) for row in range(150)])
+    images = [b for row in table.column("images").to_pylist() for b in row if b]
+    spec = VisionSpec(max_pixels=200704)
+    transparent = 0
+    for data in images:
+        with Image.open(io.BytesIO(data)) as im:
+            if im.mode == "RGBA" and np.asarray(im)[..., 3].min() < 255:
+                transparent += 1
+        patches, grid = decode_patches(data, spec)
+        expected, expected_grid = qwen2_vl_preprocess(data, spec)
+        assert grid == expected_grid and np.array_equal(patches, expected)
+    assert transparent >= 3, transparent
