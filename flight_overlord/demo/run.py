@@ -24,6 +24,26 @@ from ..deploy.launch import LocalCluster
 from ..planner.strategy import load_strategy
 
 DEFAULT_STEPS = 40
+SHIPPED_CONFIGS = "flight_overlord.demo.configs"  # the repository's configs/ (pyproject.toml package-dir)
+
+
+def shipped_demo_config(data_root: str | Path, run_dir: str | Path) -> Path:
+    """The shipped ``demo.yaml`` pointed at ``data_root`` and ``run_dir``, written as ``run_dir/demo.yaml``.
+
+    The shipped file's relative paths (``../data/demo``) would resolve inside the installation, so the
+    copy states both absolutely (relative ones are taken from the current directory). The roles
+    reload the config from that file, so it lives with the run.
+    """
+    from importlib.resources import files
+    raw = yaml.safe_load((files(SHIPPED_CONFIGS) / "demo.yaml").read_text())
+    data_root, run_dir = Path(data_root).resolve(), Path(run_dir).resolve()
+    raw.update(data_root=str(data_root), run_dir=str(run_dir))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "demo.yaml"
+    path.write_text("# Written by `overlord demo`: the shipped configs/demo.yaml with data_root and run_dir\n"
+                    "# made absolute. Edit that file (or pass --config) rather than this copy.\n"
+                    + yaml.safe_dump(raw, sort_keys=False))
+    return path
 
 
 def ensure_demo_data(config_path: str | Path) -> None:

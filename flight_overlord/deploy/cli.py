@@ -10,9 +10,10 @@ from pathlib import Path
 
 from ..config import ConfigError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
-DEFAULT_DATA_DIR = REPO_ROOT / "data" / "demo"  # where the shipped configs read from
+# Relative to the current directory (an installed package has no repository to default into);
+# from the repository's top they are the folders configs/*.yaml read (../data/demo, ../runs/demo).
+DEFAULT_DATA_DIR = Path("data") / "demo"
+DEFAULT_RUN_DIR = Path("runs") / "demo"
 
 
 def _serve(argv: list[str]) -> None:
@@ -48,8 +49,15 @@ def _make_demo_data(args) -> None:
 
 
 def _demo(args) -> None:
-    from ..demo.run import run_demo
-    run_demo(args.config, steps=args.steps)
+    from ..demo.run import run_demo, shipped_demo_config
+    config = args.config
+    if config is None:
+        config = shipped_demo_config(args.data or DEFAULT_DATA_DIR, args.run_dir or DEFAULT_RUN_DIR)
+        print(f"config: {config} (the shipped demo config)", flush=True)
+    elif args.data or args.run_dir:
+        raise SystemExit("error: --data and --run-dir apply to the shipped demo config; "
+                         "with --config, set data_root and run_dir in that file")
+    run_demo(config, steps=args.steps)
 
 
 def _inspect(args) -> None:
@@ -73,12 +81,14 @@ def main(argv: list[str] | None = None) -> None:
     p.set_defaults(func=_up)
     p = sub.add_parser("serve", help="run one role: planner | loader | constructor")
     p = sub.add_parser("make-demo-data", help="write the demo corpus as Parquet")
-    p.add_argument("dir", nargs="?", help=f"default: {DEFAULT_DATA_DIR}")
+    p.add_argument("dir", nargs="?", help=f"default: ./{DEFAULT_DATA_DIR}, where `overlord demo` reads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scale", type=float, default=1.0)
     p.set_defaults(func=_make_demo_data)
     p = sub.add_parser("demo", help="bring the system up and run one simulated trainer per rank")
-    p.add_argument("--config", default=str(DEFAULT_CONFIG))
+    p.add_argument("--config", help="default: the shipped demo config (configs/demo.yaml) over --data, into --run-dir")
+    p.add_argument("--data", help=f"the shipped config's data_root, made if missing (default: ./{DEFAULT_DATA_DIR})")
+    p.add_argument("--run-dir", help=f"the shipped config's run_dir, logs and config copy (default: ./{DEFAULT_RUN_DIR})")
     p.add_argument("--steps", type=int, default=None)
     p.set_defaults(func=_demo)
     p = sub.add_parser("inspect", help="show what a Flight server offers, with the stock Flight API only")

@@ -1,14 +1,18 @@
-"""Wire schemas, loaded from the JSON data files in ``schemas/`` (their single source of truth)."""
+"""Wire schemas, loaded from the JSON data files in ``schemas/`` (their single source of truth).
+
+pyproject.toml maps that folder onto the package ``flight_overlord.wire.schema_files``, so the same
+lookup finds it in the repository (editable install) and in an installed wheel.
+"""
 from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
+from importlib.resources import files
 
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
+SCHEMA_DIR = files("flight_overlord.wire.schema_files")
 
 
 def parse_type(spec: str) -> pa.DataType:
@@ -22,7 +26,7 @@ def parse_type(spec: str) -> pa.DataType:
 @functools.cache
 def load_schema(name: str) -> pa.Schema:
     path = SCHEMA_DIR / f"{name}.json"
-    if not path.exists():
+    if not path.is_file():
         raise KeyError(f"no wire schema named {name!r} in {SCHEMA_DIR}")
     spec = json.loads(path.read_text())
     fields = [pa.field(f["name"], parse_type(f["type"]), nullable=False) for f in spec["fields"]]
