@@ -161,6 +161,8 @@ class Config:
     planner_port: int
     dp_per_constructor: int
     read_ahead_row_groups: int
+    loader_shadows: int  # hot standbys per loader actor (loader.shadows)
+    checkpoint_every: int  # steps between Planner snapshots; loaders snapshot every this many fetches
     pad_token_id: int
     run_dir: Path
     data_root: Path
@@ -199,7 +201,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         "seed": 0, "data_root": ".", "run_dir": "runs/default", "sources": _REQUIRED,
         "mesh": None, "global_batch": _REQUIRED, "cost": None, "balance": None,
         "prefetch": 2, "network": None, "loader": None, "constructor": None,
-        "pad_token_id": 0, "strategy": None, "vision": None,
+        "pad_token_id": 0, "strategy": None, "vision": None, "checkpoint": None,
     })
     data_root = (base_dir / str(top["data_root"])).resolve()
     global_batch = _parse_global_batch(top["global_batch"])
@@ -207,7 +209,8 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
     mesh = _parse_mesh(top["mesh"], global_batch.context_length, global_batch.pad_to_multiple)
     network = _fields(top["network"], "network", {"host": "127.0.0.1", "planner_port": 0})
     balance = _fields(top["balance"], "balance", {"method": "greedy"})
-    loader = _fields(top["loader"], "loader", {"read_ahead_row_groups": 2})
+    loader = _fields(top["loader"], "loader", {"read_ahead_row_groups": 2, "shadows": 0})
+    checkpoint = _fields(top["checkpoint"], "checkpoint", {"every": 50})
     constructor = _fields(top["constructor"], "constructor", {"dp_per_constructor": 1})
     return Config(
         seed=_int(top["seed"], "seed", minimum=0),
@@ -221,6 +224,8 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         planner_port=_int(network["planner_port"], "network.planner_port", minimum=0),
         dp_per_constructor=_int(constructor["dp_per_constructor"], "constructor.dp_per_constructor", minimum=1),
         read_ahead_row_groups=_int(loader["read_ahead_row_groups"], "loader.read_ahead_row_groups", minimum=1),
+        loader_shadows=_int(loader["shadows"], "loader.shadows", minimum=0),
+        checkpoint_every=_int(checkpoint["every"], "checkpoint.every", minimum=1),
         pad_token_id=_int(top["pad_token_id"], "pad_token_id", minimum=0),
         run_dir=(base_dir / str(top["run_dir"])).resolve(),
         data_root=data_root,
@@ -252,7 +257,7 @@ def _parse_sources(raw: Any, data_root: Path) -> tuple[SourceConfig, ...]:
             files=files,
             file_ids=tuple(_file_id(p, data_root) for p in files),
             text_column=str(f["text_column"]),
-            transform=_parse_transform(f["transform"], f"{where}.transform"),
+            transform=_parse_transform(f["transform"], f"{where}.transform", data_root),
             weight=_number(f["weight"], f"{where}.weight", minimum=0.0),
             loaders=_int(f["loaders"], f"{where}.loaders", minimum=1),
             image_column=None if f["image_column"] is None else str(f["image_column"]),
@@ -284,11 +289,21 @@ def _file_id(path: Path, data_root: Path) -> str:
         return str(path)
 
 
-def _parse_transform(raw: Any, where: str) -> TransformConfig:
+def _parse_transform(raw: Any, where: str, data_root: Path) -> TransformConfig:
+    """A name, or a mapping with ``name`` and the factory's options. A ``path`` option (e.g. the
+    ``hf_tokenizer`` file) names a file: a relative one is resolved against ``data_root`` here,
+    because transform factories never see the config, and it must exist."""
     if isinstance(raw, str):
         return TransformConfig(name=raw)
     if isinstance(raw, dict) and "name" in raw:
         options = {k: v for k, v in raw.items() if k != "name"}
+        if "path" in options:
+            if not isinstance(options["path"], str) or not options["path"]:
+                raise ConfigError(f"{where}.path: expected a file path, got {options['path']!r}")
+            file = (data_root / options["path"]).resolve()
+            if not file.is_file():
+                raise ConfigError(f"{where}.path: file not found: {file}")
+            options["path"] = str(file)
         return TransformConfig(name=str(raw["name"]), options=options)
     raise ConfigError(f"{where}: expected a transform name or a mapping with 'name'")
 

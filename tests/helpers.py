@@ -7,6 +7,7 @@ import pathlib
 import numpy as np
 import pyarrow as pa
 import yaml
+from PIL import Image
 
 from flight_overlord.client import StepFetcher
 from flight_overlord.config import load_config
@@ -69,3 +70,13 @@ def sample_lengths(tables: list[pa.Table]):
     for t in tables:
         for keys, cu in zip(t.column("sample_keys").to_pylist(), t.column("cu_seqlens").to_pylist()):
             yield from zip(keys, np.diff(cu).tolist())
+
+
+def qwen2_vl_convert_to_rgb(im: Image.Image, background=(255, 255, 255)) -> Image.Image:
+    """transformers' ``image_transforms.convert_to_rgb`` for a PIL image (background white there),
+    written out here: an image with an alpha band or a transparency key goes to RGBA and is
+    alpha-composited over an opaque canvas, the rest is ``convert("RGB")``."""
+    if "A" in im.getbands() or im.info.get("transparency") is not None:
+        im = im.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", im.size, (*background, 255)), im).convert("RGB")
+    return im.convert("RGB")

@@ -1,7 +1,8 @@
 """Data Constructor: assembles the microbatches of its data-parallel ranks, step by step.
 
-An assembly thread asks the Planner for its share of each step's plan, fetches the samples
-from every loader concurrently, packs each microbatch to the plan's capacity, and stages one
+An assembly thread asks the Planner where its ranks are (``resume_point``: 0 on a fresh run, the
+trainers' position after a restart), then for its share of each step's plan, fetches the samples
+from every loader concurrently (riding out a loader's restart, or failing over to its shadow), packs each microbatch to the plan's capacity, and stages one
 table per distinct delivery: a bucket's full sequences, each context-parallel rank's share of
 them, or metadata only (ClientPlaceTree rules, ``core/mesh.py``). Trainers redeem
 ``{"kind": "batch", "step", "rank"}`` tickets with ``do_get``; the table streams from C++.
@@ -19,11 +20,13 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from .. import wire
-from ..wire.server import ActionServer, ClientPool, location_of, retry, serve
+from ..wire.server import ActionServer, ClientPool, call_any, location_of, register, serve
 from ..config import Config, load_config
 from ..core.mesh import Delivery, Mesh
+from ..wire.plan import ConstructorPlan, FetchGroup
 from ..planner.strategy import load_strategy
 from .assembly import Sample, build_microbatch, decode_or_error, drop_bad, encoder_table, rank_table, truncate
+from .staging import Staging
 
 log = logging.getLogger(__name__)
 WAIT_SECONDS = 30.0
@@ -45,11 +48,9 @@ class ConstructorServer(ActionServer):
         self._cond = threading.Condition()
         self._deliveries: dict[int, Delivery] = {}  # rank -> what it receives; known from the first plan
         self._encoder_axis: str | None = None  # the image graph's axis, if the plans have one
-        self._staged: dict[tuple[int, tuple], pa.Table] = {}  # (step, delivery key) -> table
-        self._served: dict[tuple[str, int], int] = {}  # (stream kind, rank) -> last step served
+        self._staging = Staging(streams=len(self.ranks))
         self._bytes_fetched = 0  # Arrow bytes received from loaders
         self._bad_samples: list[str] = []  # keys skipped for a bad image (vision.on_bad_image: skip)
-        self._assembled = -1
         self._error: str | None = None
         self._stopping = False
         super().__init__(f"grpc://{cfg.host}:{port}")
@@ -59,16 +60,22 @@ class ConstructorServer(ActionServer):
 
     # -- assembly ----------------------------------------------------------------------
     def _assemble_loop(self) -> None:
-        planner = self._clients.get(self._planner_location)
         try:
-            for step in itertools.count():
-                view = self._plan(planner, step)
-                if view is None:
+            start = self._call_planner("resume_point", {"constructor": self.index})
+            if start is None:
+                return
+            with self._cond:
+                self._staging.next_step = start["step"]
+            log.info("constructor %d assembles from step %d", self.index, start["step"])
+            while True:
+                step = self._staging.next_step
+                raw = self._call_planner("plan", {"step": step, "constructor": self.index})
+                if raw is None:
                     return
-                tables = self._assemble(step, view, self._fetch(step, view))
+                plan = ConstructorPlan.from_wire(raw)
+                tables = self._assemble(step, plan, self._fetch(step, plan))
                 with self._cond:
-                    self._staged.update(tables)
-                    self._assembled = step
+                    self._staging.stage(step, tables)
                     self._cond.notify_all()
         except Exception as exc:
             log.exception("assembly failed")
@@ -76,26 +83,27 @@ class ConstructorServer(ActionServer):
                 self._error = f"constructor {self.index}: assembly failed: {type(exc).__name__}: {exc}"
                 self._cond.notify_all()
 
-    def _assemble(self, step: int, view: dict, samples: dict[int, Sample]) -> dict:
+    def _assemble(self, step: int, plan: ConstructorPlan, samples: dict[int, Sample]) -> dict:
         """Build each bucket's microbatches once, then cut one table per distinct delivery of its ranks."""
         if not self._deliveries:
-            broadcast = frozenset(view["broadcast"])
-            self._deliveries = {r: self.mesh.delivery(r, view["axis"], broadcast) for r in self.ranks}
-            self._encoder_axis = view["encoder_axis"]
+            broadcast = frozenset(plan.broadcast)
+            self._deliveries = {r: self.mesh.delivery(r, plan.axis, broadcast) for r in self.ranks}
+            self._encoder_axis = plan.encoder_axis
+            self._staging.streams = len(self.ranks) * (2 if plan.encoder_axis else 1)
         samples, bad = drop_bad(samples, self.cfg)
         self._bad_samples.extend(bad)
         image_token = self.cfg.vision.image_token_id if any(s.image_column for s in self.cfg.sources) else None
         tables = {}
-        image_graph = view["encoder"] is not None
-        for bucket, bins in view["microbatches"].items():
-            microbatches = [build_microbatch([samples[i] for i in mb if i in samples], view["capacity"], self.cfg,
+        image_graph = plan.encoder is not None
+        for bucket, bins in plan.microbatches.items():
+            microbatches = [build_microbatch([samples[i] for i in mb if i in samples], plan.capacity, self.cfg,
                                              image_token) for mb in bins]
-            microbatches = self._ordered(step, int(bucket), microbatches)
-            for delivery in {d for d in self._deliveries.values() if d.bucket == int(bucket)}:
-                tables[(step, delivery.key)] = rank_table(step, int(bucket), microbatches, delivery, self.cfg,
+            microbatches = self._ordered(step, bucket, microbatches)
+            for delivery in {d for d in self._deliveries.values() if d.bucket == bucket}:
+                tables[(step, delivery.key)] = rank_table(step, bucket, microbatches, delivery, self.cfg,
                                                           with_pixels=not image_graph)
-        for bucket, rows in (view["encoder"] or {}).items():
-            tables[(step, ("encoder", int(bucket)))] = encoder_table(
+        for bucket, rows in (plan.encoder or {}).items():
+            tables[(step, ("encoder", bucket))] = encoder_table(
                 step, [(samples[i], image, owner, mb) for i, image, owner, mb in rows if i in samples])
         return tables
 
@@ -111,39 +119,50 @@ class ConstructorServer(ActionServer):
                              f"range({len(microbatches)}) (step {step}, bucket {bucket})")
         return [microbatches[i] for i in order]
 
-    def _plan(self, planner: fl.FlightClient, step: int) -> dict | None:
+    def _call_planner(self, action: str, body: dict) -> dict | None:
+        """A blocking Planner action: again while it times out (trainers have not moved on yet), and
+        through a Planner restart; None once this server stops."""
         while not self._stopping:
             try:
-                return wire.call(planner, "plan", {"step": step, "constructor": self.index})
+                return call_any(self._clients, [self._planner_location], lambda c: wire.call(c, action, body),
+                                what="planner", stop=lambda: self._stopping)
             except fl.FlightTimedOutError:
-                continue  # trainers have not moved on yet: the Planner plans only ahead of them
+                continue
+            except Exception:
+                if self._stopping:
+                    return None
+                raise
         return None
 
-    def _fetch(self, step: int, view: dict) -> dict[int, Sample]:
+    def _fetch(self, step: int, plan: ConstructorPlan) -> dict[int, Sample]:
         """Every loader's samples for this step, concurrently, through the decode stage; item index ->
         sample (or the failure of its decode), cut to its planned length (the plan may truncate a
         sample to the capacity)."""
-        lengths = view["lengths"]
-
-        def one(entry):
-            request = {"kind": "samples", "step": step, "constructor": self.index, "samples": entry["samples"]}
-            table = self._clients.get(entry["location"]).do_get(wire.ticket(request)).read_all()
+        def one(group: FetchGroup) -> dict:
+            request = wire.ticket({"kind": "samples", "step": step, "constructor": self.index,
+                                   "samples": group.samples})
+            table = call_any(self._clients, group.locations, lambda c: c.do_get(request).read_all(),
+                             what=f"the loader of {plan.keys[group.items[0]].rsplit(':', 3)[0]}",
+                             stop=lambda: self._stopping)
             with self._cond:
                 self._bytes_fetched += table.nbytes
-            tokens = table.column("tokens").combine_chunks()
-            offsets, values = tokens.offsets.to_numpy(), tokens.values.to_numpy()
-            images, grids = table.column("images").to_pylist(), table.column("image_grids").to_pylist()
-            out = {}
-            for j, item in enumerate(entry["items"]):
-                ids = values[offsets[j]:offsets[j + 1]]
-                sample = decode_or_error(view["keys"][item], ids, images[j], grids[j], self.cfg)
-                out[item] = truncate(sample, lengths[item], self.cfg) if isinstance(sample, Sample) else sample
-            return out
+            return self._decoded(plan, group, table)
 
         samples: dict[int, Sample] = {}
-        for part in self._pool.map(one, view["fetch"]):
+        for part in self._pool.map(one, plan.fetch):
             samples.update(part)
         return samples
+
+    def _decoded(self, plan: ConstructorPlan, group: FetchGroup, table: pa.Table) -> dict:
+        tokens = table.column("tokens").combine_chunks()
+        offsets, values = tokens.offsets.to_numpy(), tokens.values.to_numpy()
+        images, grids = table.column("images").to_pylist(), table.column("image_grids").to_pylist()
+        out = {}
+        for j, item in enumerate(group.items):
+            ids = values[offsets[j]:offsets[j + 1]]
+            sample = decode_or_error(plan.keys[item], ids, images[j], grids[j], self.cfg)
+            out[item] = truncate(sample, plan.lengths[item], self.cfg) if isinstance(sample, Sample) else sample
+        return out
 
     # -- Flight ------------------------------------------------------------------------
     def do_get(self, context, ticket):
@@ -157,7 +176,7 @@ class ConstructorServer(ActionServer):
             raise KeyError(f"rank {rank} is not served by constructor {self.index} "
                            f"(it serves the ranks of data-parallel groups {list(self.dp_ranks)})")
         with self._cond:
-            wire.wait_until(self._cond, lambda: self._error is not None or step <= self._assembled,
+            wire.wait_until(self._cond, lambda: self._error is not None or self._staging.assembled(step),
                             WAIT_SECONDS, f"step {step} of rank {rank}")
             if self._error:
                 raise RuntimeError(self._error)
@@ -165,29 +184,19 @@ class ConstructorServer(ActionServer):
                 key = (step, self._deliveries[rank].key)
             else:
                 key = (step, ("encoder", self.mesh.bucket_of(rank, self._encoder_axis or "WORLD")))
-            if key not in self._staged:
+            if key not in self._staging.tables:
                 if kind == "encoder" and self._encoder_axis is None:
                     raise KeyError("no encoder stream: this run's plans have no image graph")
                 raise KeyError(f"{kind} of step {step} for rank {rank} was already served and released")
-            table = self._staged[key]
-            self._release(rank, step, kind)
+            table = self._staging.tables[key]
+            self._staging.served(kind, rank, step)
         return fl.RecordBatchStream(table)
-
-    def _release(self, rank: int, step: int, kind: str) -> None:
-        """Keep a step until every rank reading from this constructor has moved two steps past it in
-        each of its streams (so a retried fetch still finds it)."""
-        self._served[(kind, rank)] = max(step, self._served.get((kind, rank), -1))
-        if len(self._served) < len(self.ranks) * (2 if self._encoder_axis else 1):
-            return
-        done = min(self._served.values()) - 2
-        for key in [k for k in self._staged if k[0] <= done]:
-            del self._staged[key]
 
     def action_status(self, body):
         """Assembly progress and staged steps."""
         with self._cond:
-            return {"index": self.index, "dp_ranks": list(self.dp_ranks), "assembled": self._assembled,
-                    "staged_steps": sorted({k[0] for k in self._staged}), "error": self._error,
+            return {"index": self.index, "dp_ranks": list(self.dp_ranks), "assembled": self._staging.next_step - 1,
+                    "staged_steps": self._staging.steps(), "error": self._error,
                     "bad_samples": list(self._bad_samples), "bytes_fetched": self._bytes_fetched}
 
     def shutdown(self):
@@ -210,9 +219,6 @@ def main(argv=None) -> None:
     cfg = load_config(args.config)
     server = ConstructorServer(cfg, args.index, args.planner, port=args.port)
     location = location_of(server, cfg.host)
-    planner = fl.connect(args.planner)
-    retry(lambda: wire.call(planner, "register", {"role": "constructor", "index": args.index,
-                                                       "location": location}),
-               attempts=50, delay=0.2, what="planner")
+    register(args.planner, {"role": "constructor", "index": args.index, "location": location})
     server.start()
     serve(server, location, args.ready_file)

@@ -14,6 +14,7 @@ import numpy as np
 from ..core import balance
 from ..core.mesh import Mesh
 from ..core.mixing import Mixer
+from ..core.order import SampleRef
 from .feed import Pick, SourceFeed
 from .strategy import Strategy
 
@@ -36,14 +37,43 @@ class StepPlan:
     def bucket_bins(self, bucket: int) -> list[list[Pick]]:
         return self.bins[bucket * self.microbatches:(bucket + 1) * self.microbatches]
 
+    def layout(self) -> dict:
+        """The shape of the step's bins: a journaled plan is only reused under the same layout."""
+        return {"axis": self.axis, "buckets": self.num_buckets, "microbatches": self.microbatches,
+                "capacity": self.capacity, "encoder_axis": self.encoder_axis}
+
     def to_record(self) -> dict:
-        record = {"step": self.step, "weights": self.weights, "stats": self.stats,
-                  "bins": [[p.ref.key for p in b] for b in self.bins]}
+        """The journal record: enough to serve this plan again without planning it (every sample's
+        epoch and planned size are in ``samples``)."""
+        picks = {p.ref.key: p for b in self.bins for p in b}
+        if self.encoder is not None:
+            picks.update((p.ref.key, p) for b in self.encoder for p, _ in b)
+        record = {"step": self.step, "layout": self.layout(), "weights": self.weights, "stats": self.stats,
+                  "bins": [[p.ref.key for p in b] for b in self.bins],
+                  "samples": {k: [p.ref.epoch, p.tokens, p.patches, list(p.image_sizes)] for k, p in picks.items()}}
         if self.feedback is not None:
             record["feedback"] = self.feedback
         if self.encoder is not None:
             record["encoder"] = [[[p.ref.key, i] for p, i in b] for b in self.encoder]
         return record
+
+    @classmethod
+    def from_record(cls, record: dict) -> "StepPlan":
+        samples = record["samples"]
+
+        def pick(key: str) -> Pick:
+            epoch, tokens, patches, sizes = samples[key]
+            source, rest = key.split(":", 1)
+            file, row_group, row = rest.rsplit(":", 2)
+            return Pick(SampleRef(source, epoch, file, int(row_group), int(row)), tokens, patches, tuple(sizes))
+
+        layout = record["layout"]
+        encoder = None
+        if record.get("encoder") is not None:
+            encoder = [[(pick(k), i) for k, i in b] for b in record["encoder"]]
+        return cls(record["step"], layout["axis"], layout["buckets"], layout["microbatches"], layout["capacity"],
+                   [[pick(k) for k in b] for b in record["bins"]], record["weights"], record.get("feedback"),
+                   record["stats"], layout["encoder_axis"], encoder)
 
 
 @dataclass

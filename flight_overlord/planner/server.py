@@ -1,77 +1,65 @@
 """Planner: the control path. Metadata in, plans and tickets out; no sample bytes.
 
+A thin Flight adapter over :class:`~.planner.Planner` (the logic and its state):
+
 - Loaders and constructors ``register`` (action) on start; planning begins once all have.
-- A planning thread plans step after step, ``prefetch`` steps ahead of the slowest active
-  trainer, journals each plan, and keeps it until every constructor has fetched it.
+- A planning thread plans step after step, ``prefetch`` steps ahead of the slowest trainer;
+  every plan is journaled, and any journaled step can be served again (to a restarted
+  constructor, or after ``--resume``).
 - Trainers call ``get_flight_info(FlightDescriptor.for_path("batch", step, rank))`` and get
   the serving constructor's location and a ticket.
 """
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
 import logging
 import threading
-from pathlib import Path
 
 import numpy as np
 import pyarrow.flight as fl
 
 from .. import wire
-from ..wire.server import ActionServer, ClientPool, location_of, serve
 from ..config import Config, load_config
 from ..core.mesh import Mesh
-from ..core.mixing import Mixer
 from ..core.order import RowGroupRef
-from ..core.schedules import FeedbackLog, weights_at
+from ..store import write_json_atomic
 from ..wire.schemas import ENCODER_BATCH, MICROBATCH, SAMPLE_METADATA, load_schema
-from .feed import SourceFeed
-from .program import StepPlan, plan_step
+from ..wire.server import ActionServer, ClientPool, call_any, location_of, serve
+from .planner import Planner, constructor_view
+from .program import StepPlan
 from .strategy import load_strategy
 
 log = logging.getLogger(__name__)
 WAIT_SECONDS = 30.0  # a blocking call waits this long server-side, then the client may ask again
 
 
-class Journal:
-    """Append-only JSON lines, one per planned step, flushed as written."""
-
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._file = path.open("w")
-
-    def append(self, record: dict) -> None:
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
-
-
 class PlannerServer(ActionServer):
-    def __init__(self, cfg: Config, *, port: int | None = None):
+    def __init__(self, cfg: Config, *, port: int | None = None, resume: bool = False, recover: bool = False):
+        """``resume``: continue the run in ``run_dir`` from its journal; ``recover``: also take the
+        registrations of the roles still running (a restart of the Planner alone)."""
         self.cfg = cfg
         self.mesh = Mesh.from_config(cfg.mesh, cfg.dp_per_constructor)
         self.strategy = load_strategy(cfg, self.mesh)
-        self._feedback = FeedbackLog(expected=cfg.mesh.dp)  # one report per data-parallel group
+        self._clients = ClientPool()
         self._cond = threading.Condition()
-        self._loaders: dict[tuple[str, int], str] = {}
-        self._row_groups: dict[str, list[RowGroupRef]] = {s.name: [] for s in cfg.sources}
-        self._constructors: dict[int, str] = {}
-        self._owner: dict[tuple[str, str, int], str] = {}
-        self._plans: dict[int, StepPlan] = {}
+        self.planner = Planner(cfg, self.strategy, self._meta_fetcher)
+        self.planner.open(resume=resume or recover)
+        self._registry_file = cfg.run_dir / "planner" / "registry.json"
+        self._resumed = resume or recover
+        if recover and self._registry_file.exists():
+            self.planner.registry.load_state_dict(wire.decode(self._registry_file.read_bytes(), str(self._registry_file)))
+        layout = self.planner.journal_layout
+        self._rewind_pending = layout is not None and layout != self.planner.layout()
+        self._plans: dict[int, StepPlan] = {}      # planned, not yet fetched by every constructor
         self._fetched: dict[int, set[int]] = {}
         self._stats: dict[int, dict] = {}
-        self._planned = -1
-        self._requested: dict[int, int] = {}
+        self._requested: dict[int, int] = {}       # rank -> the step it asked for last
         self._error: str | None = None
         self._stopping = False
         self._started = False
-        self._clients = ClientPool()
-        self._journal = Journal(cfg.run_dir / "plan-journal.jsonl")
         super().__init__(f"grpc://{cfg.host}:{cfg.planner_port if port is None else port}")
+        if self.planner.registry.complete():
+            self._start_planning()
 
     # -- registration ------------------------------------------------------------------
     def action_register(self, body):
@@ -79,61 +67,40 @@ class PlannerServer(ActionServer):
         role = wire.field(body, "role", str, "register")
         location = wire.field(body, "location", str, "register")
         with self._cond:
+            registry = self.planner.registry
             if role == "loader":
-                self._register_loader(body, location)
+                registry.register_loader(self.cfg.source(wire.field(body, "source", str, "register")).name,
+                                         wire.field(body, "actor", int, "register"),
+                                         int(body.get("replica", 0)), location,
+                                         wire.field(body, "row_groups", list, "register"))
             elif role == "constructor":
-                index = wire.field(body, "index", int, "register")
-                if not 0 <= index < self.mesh.num_constructors:
-                    raise ValueError(f"register: constructor index {index} out of range "
-                                     f"(this mesh has {self.mesh.num_constructors})")
-                self._constructors[index] = location
+                registry.register_constructor(wire.field(body, "index", int, "register"), location)
             else:
                 raise ValueError(f"register: unknown role {role!r} (roles: loader, constructor)")
-            if self._all_registered() and not self._started:
-                self._started = True
-                threading.Thread(target=self._plan_loop, name="planning", daemon=True).start()
+            write_json_atomic(self._registry_file, registry.state_dict())
+            if registry.complete():
+                self._start_planning()
         return {"ok": True}
 
-    def _register_loader(self, body: dict, location: str) -> None:
-        source = self.cfg.source(wire.field(body, "source", str, "register"))
-        actor = wire.field(body, "actor", int, "register")
-        if not 0 <= actor < source.loaders:
-            raise ValueError(f"register: actor {actor} out of range for source {source.name!r} "
-                             f"({source.loaders} loaders)")
-        if (source.name, actor) in self._loaders:
-            return  # a retried registration
-        rows = wire.field(body, "row_groups", list, "register")
-        refs = [RowGroupRef(str(f), int(g), int(n)) for f, g, n in rows]
-        self._loaders[(source.name, actor)] = location
-        self._row_groups[source.name].extend(refs)
-        for rg in refs:
-            self._owner[(source.name, rg.file, rg.row_group)] = location
-
-    def _all_registered(self) -> bool:
-        expected = sum(s.loaders for s in self.cfg.sources)
-        return len(self._loaders) == expected and len(self._constructors) == self.mesh.num_constructors
+    def _start_planning(self) -> None:
+        if not self._started:
+            self._started = True
+            self.planner.start_feeds()
+            threading.Thread(target=self._plan_loop, name="planning", daemon=True).start()
 
     # -- planning ----------------------------------------------------------------------
     def _plan_loop(self) -> None:
         try:
-            feeds = {s.name: SourceFeed(s.name, self._row_groups[s.name], self.cfg.seed, self._meta_fetcher(s.name))
-                     for s in self.cfg.sources}
-            mixer = Mixer([s.name for s in self.cfg.sources])
-            for step in itertools.count():
+            while True:
                 with self._cond:
-                    self._cond.wait_for(lambda: self._stopping or (step <= self._horizon()
-                                                                   and self._feedback_ready(step)))
+                    self._cond.wait_for(lambda: self._stopping or self._may_plan(self.planner.next_step))
                     if self._stopping:
                         return
-                    weights, feedback = weights_at(self.strategy.schedule, step, self._feedback)
-                plan = plan_step(step, feeds, mixer, self.strategy, self._checked_weights(step, weights), feedback)
-                plan.stats["skipped"] = sum(f.skipped for f in feeds.values())
-                self._journal.append(plan.to_record())
+                plan = self.planner.plan_next()
                 with self._cond:
-                    self._plans[step] = plan
-                    self._fetched[step] = set()
-                    self._stats[step] = plan.stats
-                    self._planned = step
+                    self._plans[plan.step] = plan
+                    self._fetched[plan.step] = set()
+                    self._stats[plan.step] = plan.stats
                     self._cond.notify_all()
         except Exception as exc:  # surface to every waiting client instead of hanging them
             log.exception("planning failed")
@@ -141,31 +108,21 @@ class PlannerServer(ActionServer):
                 self._error = f"planning failed: {type(exc).__name__}: {exc}"
                 self._cond.notify_all()
 
-    def _feedback_ready(self, step: int) -> bool:
-        """A dynamic schedule plans step s only from the complete feedback of step s - lag."""
-        lag = self.strategy.schedule.lag
-        return not lag or step < lag or self._feedback.complete(step - lag)
-
-    def _checked_weights(self, step: int, weights: dict) -> dict[str, float]:
-        unknown = sorted(set(weights) - set(self.strategy.sources))
-        if unknown:
-            raise ValueError(f"the mixing schedule of step {step} names unknown source {unknown[0]!r} "
-                             f"(sources: {', '.join(self.strategy.sources)})")
-        if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
-            raise ValueError(f"the mixing schedule of step {step} gave weights {weights}: they must be "
-                             f">= 0 with a positive sum")
-        return {k: float(v) for k, v in weights.items()}
-
-    def _horizon(self) -> int:
-        """Plan up to ``prefetch`` steps past the slowest trainer that has asked for data."""
+    def _may_plan(self, step: int) -> bool:
+        """Plan up to ``prefetch`` steps past the slowest trainer that has asked for data, once the
+        feedback a dynamic schedule reads is complete (and, on a new layout, once trainers said
+        where they resume)."""
         slowest = min(self._requested.values()) if self._requested else -1
-        return slowest + self.cfg.prefetch
+        return (not self._rewind_pending and step <= slowest + self.cfg.prefetch
+                and self.planner.feedback_ready(step))
 
     def _meta_fetcher(self, source: str):
         def fetch(epoch: int, rg: RowGroupRef) -> dict[str, np.ndarray]:
-            location = self._owner[(source, rg.file, rg.row_group)]
+            actor = self.planner.registry.owner(source, rg.file, rg.row_group)
             request = {"kind": "metadata", "epoch": epoch, "file": rg.file, "row_group": rg.row_group}
-            table = self._clients.get(location).do_get(wire.ticket(request)).read_all()
+            table = call_any(self._clients, self.planner.registry.locations(actor),
+                             lambda c: c.do_get(wire.ticket(request)).read_all(),
+                             what=f"loader {source}[{actor[1]}]", stop=lambda: self._stopping)
             rows = table.column("row").to_numpy()
             meta = {}
             for name in ("num_tokens", "image_patches"):
@@ -178,8 +135,8 @@ class PlannerServer(ActionServer):
         return fetch
 
     def _wait_for_plan(self, step: int, timeout: float) -> None:
-        wire.wait_until(self._cond, lambda: self._error is not None or self._stopping or step <= self._planned,
-                        timeout, f"the plan of step {step}")
+        wire.wait_until(self._cond, lambda: self._error is not None or self._stopping
+                        or step < self.planner.next_step, timeout, f"the plan of step {step}")
         if self._error:
             raise RuntimeError(self._error)
 
@@ -193,6 +150,9 @@ class PlannerServer(ActionServer):
                                "(images travel with their sequences in ('batch', STEP, RANK))")
             with self._cond:  # asking for a step is how a trainer tells us where it is
                 self._requested[rank] = max(step, self._requested.get(rank, -1))
+                if self._rewind_pending:
+                    self._rewind_pending = False
+                    self.planner.rewind(step)
                 self._cond.notify_all()
                 self._wait_for_plan(step, WAIT_SECONDS)
             return self._batch_info(descriptor, step, rank, parts[0])
@@ -223,7 +183,7 @@ class PlannerServer(ActionServer):
 
     def _batch_info(self, descriptor, step: int, rank: int, kind: str = "batch") -> fl.FlightInfo:
         coord = self.mesh.coord(rank)
-        location = self._constructors[self.mesh.constructor_of(coord.dp)]
+        location = self.planner.registry.constructors[self.mesh.constructor_of(coord.dp)]
         ticket = wire.ticket({"kind": kind, "step": step, "rank": rank})
         endpoint = fl.FlightEndpoint(ticket, [location])
         if kind == "encoder":
@@ -234,14 +194,14 @@ class PlannerServer(ActionServer):
     def _source_info(self, descriptor, name: str) -> fl.FlightInfo:
         source = self.cfg.source(name)
         with self._cond:
-            rows = sum(rg.num_rows for rg in self._row_groups[source.name])
-            endpoints = [fl.FlightEndpoint(wire.ticket({"kind": "buffer"}), [location])
-                         for (src, _), location in sorted(self._loaders.items()) if src == source.name]
+            rows = sum(rg.num_rows for rg in self.planner.registry.source_row_groups(source.name))
+            endpoints = [fl.FlightEndpoint(wire.ticket({"kind": "buffer"}), self.planner.registry.locations(actor))
+                         for actor in sorted(self.planner.registry.loaders) if actor[0] == source.name]
         return fl.FlightInfo(load_schema(SAMPLE_METADATA), descriptor, endpoints, rows, -1)
 
     def list_flights(self, context, criteria):
         with self._cond:
-            upcoming = [s for s in sorted(self._stats) if s > self._planned - self.cfg.prefetch - 1]
+            upcoming = [s for s in sorted(self._stats) if s >= self.planner.next_step - self.cfg.prefetch - 1]
         for step in upcoming:
             for rank in range(self.mesh.world_size):
                 descriptor = fl.FlightDescriptor.for_path("batch", str(step), str(rank))
@@ -261,61 +221,31 @@ class PlannerServer(ActionServer):
             raise ValueError(f"plan: constructor {constructor} out of range")
         with self._cond:
             self._wait_for_plan(step, float(body.get("timeout", WAIT_SECONDS)))
-            if step not in self._plans:
-                raise KeyError(f"plan of step {step} is no longer held (every constructor fetched it)")
-            plan = self._plans[step]
-            self._fetched[step].add(constructor)
-            if len(self._fetched[step]) == self.mesh.num_constructors:
-                del self._plans[step], self._fetched[step]
-        return self._constructor_view(plan, constructor)
+            plan = self._plans.get(step)
+            if plan is not None:
+                self._fetched[step].add(constructor)
+                if len(self._fetched[step]) == self.mesh.num_constructors:
+                    del self._plans[step], self._fetched[step]
+        if plan is None:  # fetched by everyone before, or planned by an earlier Planner process
+            plan = self.planner.journaled(step)
+            if plan is None:
+                raise KeyError(f"plan of step {step} is in no journal of this run")
+        return constructor_view(plan, constructor, self.mesh, self.planner.registry,
+                                self.strategy.broadcast).to_wire()
 
-    def _constructor_view(self, plan: StepPlan, constructor: int) -> dict:
-        """What one constructor assembles: its buckets' microbatches (and, with an image graph, the
-        samples its ranks encode) as indices into ``keys``, the planned length of each sample, and
-        which loader to fetch each sample from, with how many constructors fetch it in all."""
-        consumers = self._consumers(plan)
-        index: dict[str, int] = {}
-        keys, lengths, fetch = [], [], {}
-
-        def item(pick) -> int:
-            ref = pick.ref
-            if ref.key not in index:
-                index[ref.key] = len(keys)
-                location = self._owner[(ref.source, ref.file, ref.row_group)]
-                entry = fetch.setdefault(location, {"location": location, "items": [], "samples": []})
-                entry["items"].append(len(keys))
-                entry["samples"].append([ref.epoch, ref.file, ref.row_group, ref.row, consumers[ref.key]])
-                keys.append(ref.key)
-                lengths.append(pick.tokens)
-            return index[ref.key]
-
-        microbatches = {str(b): [[item(p) for p in bin_] for bin_ in plan.bucket_bins(b)]
-                        for b in self.mesh.buckets_of_constructor(constructor, plan.axis)}
-        encoder = None
-        if plan.encoder is not None:  # [item, image index, owner bucket, owner microbatch] per image a rank encodes
-            owner = {p.ref.key: divmod(i, plan.microbatches) for i, bin_ in enumerate(plan.bins) for p in bin_}
-            encoder = {str(b): [[item(p), image, *owner[p.ref.key]] for p, image in plan.encoder[b]]
-                       for b in self.mesh.buckets_of_constructor(constructor, plan.encoder_axis)}
-        return {"step": plan.step, "axis": plan.axis, "broadcast": sorted(self.strategy.broadcast),
-                "capacity": plan.capacity, "keys": keys, "lengths": lengths, "microbatches": microbatches,
-                "encoder_axis": plan.encoder_axis, "encoder": encoder, "fetch": list(fetch.values())}
-
-    def _consumers(self, plan: StepPlan) -> dict[str, int]:
-        """Per sample, how many constructors fetch it: 2 when an image graph sends its images to a
-        rank of another constructor than its sequence's. The loader keeps it until both have."""
-        if plan.consumers is None:
-            needs: dict[str, set[int]] = {}
-            for bucket in range(plan.num_buckets):
-                c = self.mesh.constructor_of(self.mesh.dp_of_bucket(bucket, plan.axis))
-                for bin_ in plan.bucket_bins(bucket):
-                    for pick in bin_:
-                        needs.setdefault(pick.ref.key, set()).add(c)
-            for bucket, picks in enumerate(plan.encoder or []):
-                c = self.mesh.constructor_of(self.mesh.dp_of_bucket(bucket, plan.encoder_axis))
-                for pick, _ in picks:
-                    needs.setdefault(pick.ref.key, set()).add(c)
-            plan.consumers = {k: len(v) for k, v in needs.items()}
-        return plan.consumers
+    def action_resume_point(self, body):
+        """Where a (re)started constructor begins: the earliest step its ranks are waiting for."""
+        constructor = wire.field(body, "constructor", int, "resume_point")
+        if not 0 <= constructor < self.mesh.num_constructors:
+            raise ValueError(f"resume_point: constructor {constructor} out of range")
+        dps = set(self.mesh.dp_ranks_of(constructor))
+        ranks = [r for r in range(self.mesh.world_size) if self.mesh.coord(r).dp in dps]
+        with self._cond:
+            if not self._resumed and not all(r in self._requested for r in ranks):
+                return {"step": min([self._requested.get(r, 0) for r in ranks])}
+            wire.wait_until(self._cond, lambda: all(r in self._requested for r in ranks), WAIT_SECONDS,
+                            f"the ranks of constructor {constructor} to say where they resume")
+            return {"step": min(self._requested[r] for r in ranks)}
 
     # -- trainer feedback --------------------------------------------------------------
     def action_report(self, body):
@@ -324,31 +254,31 @@ class PlannerServer(ActionServer):
         step = wire.field(body, "step", int, "report")
         rank = wire.field(body, "rank", int, "report")
         losses = wire.field(body, "losses", dict, "report")
-        group = self.mesh.coord(rank).dp
+        self.mesh.coord(rank)
         for source, loss in losses.items():
             self.cfg.source(source)  # names the unknown source
             if isinstance(loss, bool) or not isinstance(loss, (int, float)) or loss != loss:
                 raise ValueError(f"report: loss of source {source!r} must be a number, got {loss!r}")
         with self._cond:
-            if self._feedback.add(step, group, losses):
-                self._journal.append({"report": {"step": step, "group": group, "rank": rank, "losses": losses}})
+            if self.planner.report(step, rank, losses):
                 self._cond.notify_all()
         return {"ok": True}
 
     # -- inspection --------------------------------------------------------------------
     def action_status(self, body):
-        """Registration, planning progress and trainer positions."""
+        """Registration, planning progress, trainer positions, and where every role is."""
         with self._cond:
-            return {"ready": self._all_registered(), "loaders": len(self._loaders),
-                    "constructors": len(self._constructors), "planned": self._planned,
+            registry = self.planner.registry
+            return {"ready": registry.complete(), "loaders": sum(len(r) for r in registry.loaders.values()),
+                    "constructors": len(registry.constructors), "planned": self.planner.next_step - 1,
                     "requested": {str(r): s for r, s in sorted(self._requested.items())},
-                    "error": self._error}
+                    "error": self._error, **registry.state_dict()}
 
     def action_stats(self, body):
         """Per-step plan statistics (mixture, imbalance): {"from": step, "to": step}."""
         first = int(body.get("from", 0))
         with self._cond:
-            last = int(body.get("to", self._planned))
+            last = int(body.get("to", self.planner.next_step - 1))
             return {str(s): self._stats[s] for s in range(first, last + 1) if s in self._stats}
 
     def shutdown(self):
@@ -357,7 +287,7 @@ class PlannerServer(ActionServer):
             self._cond.notify_all()
         super().shutdown()
         self._clients.close()
-        self._journal.close()
+        self.planner.close()
 
 
 def main(argv=None) -> None:
@@ -365,7 +295,10 @@ def main(argv=None) -> None:
     parser.add_argument("--config", required=True)
     parser.add_argument("--port", type=int, help="default: network.planner_port of the config (0: any free port)")
     parser.add_argument("--ready-file")
+    parser.add_argument("--resume", action="store_true", help="continue the run in run_dir from its journal")
+    parser.add_argument("--recover", action="store_true", help="restart of the Planner alone: --resume, and "
+                        "keep the registrations of the roles still running")
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
-    server = PlannerServer(cfg, port=args.port)
+    server = PlannerServer(cfg, port=args.port, resume=args.resume, recover=args.recover)
     serve(server, location_of(server, cfg.host), args.ready_file)

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import pyarrow.flight as fl
 
-from . import decode, encode
+from . import call, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -80,3 +80,35 @@ def retry(fn: Callable[[], Any], *, attempts: int, delay: float, what: str) -> A
             log.info("%s: not reachable yet, retrying", what)
             time.sleep(delay)
 
+
+
+class RoleDown(ConnectionError):
+    """Every replica of a role stayed unreachable for the whole retry window."""
+
+
+def call_any(pool: "ClientPool", locations: list[str], fn: Callable[[fl.FlightClient], Any], *, what: str,
+             timeout: float = 120.0, stop: Callable[[], bool] = lambda: False) -> Any:
+    """``fn(client)`` on the first location that answers, the others in order on
+    ``FlightUnavailableError``; all of them again with back-off until ``timeout``. This is how a
+    role rides out a peer's restart (same address) or fails over to a shadow (the next one)."""
+    deadline, delay, since = time.monotonic() + timeout, 0.05, time.time()
+    while True:
+        for location in locations:
+            try:
+                return fn(pool.get(location))
+            except fl.FlightUnavailableError:
+                continue
+        if time.monotonic() > deadline or stop():
+            raise RoleDown(f"{what}: unreachable at {', '.join(locations)} since "
+                           f"{time.strftime('%H:%M:%S', time.localtime(since))} ({timeout:.0f}s)")
+        time.sleep(delay)
+        delay = min(1.0, delay * 2)
+
+
+def register(planner: str, body: dict) -> None:
+    """Announce this role to the Planner, waiting for it to come up (processes start in any order)."""
+    client = fl.connect(planner)
+    try:
+        retry(lambda: call(client, "register", body), attempts=100, delay=0.2, what="planner")
+    finally:
+        client.close()

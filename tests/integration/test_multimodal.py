@@ -19,7 +19,7 @@ from flight_overlord.config import load_config
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.core.vision import VisionSpec, unpatchify
 
-from ..helpers import write_config
+from ..helpers import qwen2_vl_convert_to_rgb, write_config
 
 STEPS = 4
 IMAGE_TOKEN, VISION_START, VISION_END = 256, 257, 258
@@ -57,8 +57,8 @@ def source_row(corpus, key):
 def direct_decode(data: bytes, grid, spec: VisionSpec) -> np.ndarray:
     _, gh, gw = grid
     with Image.open(io.BytesIO(data)) as im:
-        return np.asarray(im.convert("RGB").resize((gw * spec.patch_size, gh * spec.patch_size),
-                                                   Image.Resampling.BICUBIC))
+        rgb = qwen2_vl_convert_to_rgb(im, spec.background)  # transparent images onto white, as Qwen2-VL
+        return np.asarray(rgb.resize((gw * spec.patch_size, gh * spec.patch_size), Image.Resampling.BICUBIC))
 
 
 @pytest.fixture(scope="module", params=["constructor", "loader"])

@@ -13,6 +13,8 @@ from flight_overlord.core.vision import (FORMATS, ImageError, VisionSpec, decode
                                     image_size, patch_grid, placeholder_tokens, smart_resize, unpatchify)
 from flight_overlord.demo.images import _gen_imagecaps
 
+from ..helpers import qwen2_vl_convert_to_rgb
+
 SPECS = [VisionSpec(patch_size=p, merge_size=m) for p in (14, 16) for m in (1, 2)]
 SIZES = [(1, 1), (10, 500), (500, 10), (13, 17), (28, 28), (57, 29), (101, 333), (640, 480)]
 LARGE = (2000, 1500)                  # decoded in a few formats only: slow, and adds little after one
@@ -241,16 +243,6 @@ def test_spec_factor_and_unpatchify_checks_shape():
 # --- Transparency: Qwen2-VL's preprocessing composites onto white --------------------------------
 
 WHITE = (255, 255, 255)
-
-
-def qwen2_vl_convert_to_rgb(im: Image.Image, background=WHITE) -> Image.Image:
-    """transformers' ``image_transforms.convert_to_rgb`` for a PIL image (background white there),
-    written out here: an image with an alpha band or a transparency key goes to RGBA and is
-    alpha-composited over an opaque canvas, the rest is ``convert("RGB")``."""
-    if "A" in im.getbands() or im.info.get("transparency") is not None:
-        im = im.convert("RGBA")
-        return Image.alpha_composite(Image.new("RGBA", im.size, (*background, 255)), im).convert("RGB")
-    return im.convert("RGB")
 
 
 def qwen2_vl_preprocess(data: bytes, spec: VisionSpec, background=WHITE) -> tuple[np.ndarray, tuple[int, int, int]]:

@@ -1,0 +1,269 @@
+"""One loader actor: its partition of a source, a bounded read-ahead buffer, and its journaled state.
+
+Serving is a function of the request: any replica of the actor (the active one, its restart, a
+shadow) can produce any sample it owns, from its buffer or by reading the row group again. What
+is popped only decides when buffered row groups leave memory; it lives in a journal that every
+replica appends to and follows (``LoaderState``), with a snapshot every ``checkpoint_every`` fetches.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from ..core.order import RowGroupRef, epoch_order
+from ..core.vision import ImageError
+from ..store import Journal, Snapshots, read_journal
+from ..wire.schemas import SAMPLE_METADATA, SAMPLES, load_schema
+from .partition import RowGroupSamples, SourcePartition
+from .state import LoaderState
+
+log = logging.getLogger(__name__)
+FOLLOW_SECONDS = 0.2  # how often a replica folds in what the others journaled
+
+
+class LoaderActor:
+    def __init__(self, partition: SourcePartition, *, seed: int, read_ahead: int, run_dir: Path,
+                 checkpoint_every: int = 50):
+        self.partition = partition
+        self.name = f"{partition.source.name}[{partition.actor}]"
+        self.seed = seed
+        self.read_ahead = read_ahead
+        self.checkpoint_every = checkpoint_every
+        self.state = LoaderState()
+        self._buffer: dict[int, RowGroupSamples] = {}  # position -> read, transformed row group
+        self._cond = threading.Condition()
+        self._reading: set[int] = set()
+        self._fatal: dict[int, str] = {}  # positions whose bad image must stop the run
+        self._served: collections.OrderedDict[tuple[int, int, str], pa.Table] = collections.OrderedDict()
+        self._orders: dict[int, tuple[list[RowGroupRef], dict[tuple[str, int], int]]] = {}
+        self._bytes_served = 0
+        self._stopping = False
+        directory = run_dir / "loaders"
+        stem = f"{partition.source.name}-{partition.actor}"
+        self._journal = Journal(directory / f"{stem}.jsonl")
+        self._snapshots = Snapshots(directory, stem)
+        self._followed = 0  # journal offset folded in so far
+        self._since_snapshot = 0
+        self._restore()
+        self._threads = [threading.Thread(target=self._read_ahead_loop, name="read-ahead", daemon=True),
+                         threading.Thread(target=self._follow_loop, name="follow", daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    # -- this actor's order: position p is row group p % n of epoch p // n ------------
+    def _order(self, epoch: int):
+        if epoch not in self._orders:
+            order = epoch_order(self.partition.row_groups, seed=self.seed, source=self.partition.source.name,
+                                epoch=epoch)
+            self._orders[epoch] = (order, {(rg.file, rg.row_group): i for i, rg in enumerate(order)})
+        return self._orders[epoch]
+
+    def _at(self, position: int) -> RowGroupRef:
+        epoch, index = divmod(position, len(self.partition.row_groups))
+        return self._order(epoch)[0][index]
+
+    def position(self, epoch: int, file: str, row_group: int) -> int:
+        index = self._order(epoch)[1].get((file, row_group))
+        if index is None:
+            raise KeyError(f"row group {file}:{row_group} is not owned by loader {self.name}")
+        return epoch * len(self.partition.row_groups) + index
+
+    # -- journaled state ---------------------------------------------------------------
+    def _restore(self) -> None:
+        snapshot = self._snapshots.latest()
+        if snapshot is not None:
+            self.state.load_state_dict(snapshot[1]["state"])
+            self._followed = snapshot[1]["journal_offset"]
+        self._follow()
+        if snapshot is not None or self._followed:
+            log.info("loader %s restored: demanded %d, %d positions released", self.name, self.state.demanded,
+                     self.state.released_below + len(self.state.released))
+
+    def _record(self, record: dict) -> None:
+        """Journal a change, then apply it here (the other replicas pick it up by following)."""
+        self._journal.append(record)
+        touched = self.state.apply(record)
+        self._release_emptied(touched)
+
+    def _follow(self) -> None:
+        touched = []
+        for end, record in read_journal(self._journal.path, self._followed):
+            touched += self.state.apply(record)
+            self._followed = end
+        self._release_emptied(touched)
+
+    def _follow_loop(self) -> None:
+        while True:
+            with self._cond:
+                if self._cond.wait_for(lambda: self._stopping, FOLLOW_SECONDS):
+                    return
+                self._follow()
+                self._cond.notify_all()
+
+    def _release_emptied(self, positions) -> None:
+        for position in positions:
+            buffered = self._buffer.get(position)
+            if buffered is None:
+                continue
+            buffered.remaining[list(self.state.popped.get(position, ()))] = False
+            if not buffered.remaining.any():
+                del self._buffer[position]
+                if not self.state.is_released(position):
+                    self._journal.append({"release": position})
+                    self.state.release(position)
+
+    def _maybe_snapshot(self) -> None:
+        self._since_snapshot += 1
+        if self._since_snapshot >= self.checkpoint_every:
+            self._since_snapshot = 0
+            self._follow()
+            self._snapshots.write(self._followed, {"state": self.state.state_dict(), "journal_offset": self._followed})
+
+    # -- buffering ---------------------------------------------------------------------
+    def _read_ahead_loop(self) -> None:
+        position = 0
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopping or position <= self.state.demanded + self.read_ahead)
+                if self._stopping:
+                    return
+                position = max(position, self.state.released_below)
+                skip = self.state.is_released(position) or position in self._buffer
+            if not skip:
+                self._ensure(position)
+            position += 1
+
+    def _ensure(self, position: int) -> RowGroupSamples:
+        """The row group at ``position``: from the buffer, or read now. A released one (every row
+        served before) is read again for a retried or replayed request, and not kept."""
+        with self._cond:
+            self._cond.wait_for(lambda: position not in self._reading)
+            if position in self._buffer:
+                return self._buffer[position]
+            self._reading.add(position)
+        try:
+            samples = self._read(position)
+        finally:
+            with self._cond:
+                self._reading.discard(position)
+                self._cond.notify_all()
+        with self._cond:
+            if not self.state.is_released(position):
+                samples.remaining[list(self.state.popped.get(position, ()))] = False
+                self._buffer[position] = samples
+                self._release_emptied([position])
+        return samples
+
+    def _read(self, position: int) -> RowGroupSamples:
+        rg = self._at(position)
+        try:
+            return self.partition.read(rg)
+        except ImageError as exc:  # vision.on_bad_image: fail -> whoever asks for this row group gets the error
+            log.error("source %s: %s; the run stops (vision.on_bad_image: fail)", self.partition.source.name, exc)
+            self._fatal[position] = str(exc)
+        except Exception as exc:  # a corrupt row group must not kill the loader: skip it, loudly
+            log.error("source %s: cannot read %s row group %d: %s; its %d samples are skipped",
+                      self.partition.source.name, rg.file, rg.row_group, exc, rg.num_rows)
+        return RowGroupSamples.failed_read(self.partition.source.name, rg)
+
+    def _checked(self, position: int) -> RowGroupSamples:
+        samples = self._ensure(position)
+        if position in self._fatal:
+            raise RuntimeError(self._fatal[position])
+        return samples
+
+    # -- requests ----------------------------------------------------------------------
+    def metadata(self, epoch: int, file: str, row_group: int) -> pa.Table:
+        """Every row's metadata of one row group (the Planner's view); moves the read-ahead on."""
+        position = self.position(epoch, file, row_group)
+        with self._cond:
+            if position > self.state.demanded:
+                self._record({"demand": position})
+                self._cond.notify_all()
+        return pa.Table.from_batches([self._checked(position).metadata()]).cast(load_schema(SAMPLE_METADATA))
+
+    def samples(self, step: int, constructor: int, wanted: list[list]) -> pa.Table:
+        """The named samples, in order; their pop is journaled (idempotent, so a retry is harmless)."""
+        cache_key = (step, constructor, repr(wanted[:1]))
+        with self._cond:
+            if cache_key in self._served:
+                return self._served[cache_key]
+        parts, rows = [], []
+        for epoch, file, row_group, row, *rest in wanted:
+            position = self.position(epoch, file, row_group)
+            buffered = self._checked(position)
+            if not 0 <= row < len(buffered.keys) or (buffered.bad is not None and buffered.bad[row]) or buffered.failed:
+                raise KeyError(f"sample {[epoch, file, row_group, row]} is not servable by loader {self.name}")
+            parts.append((buffered, row))
+            rows.append([position, row, rest[0] if rest else 1])
+        table = samples_table(parts)
+        with self._cond:
+            self._record({"fetch": step, "constructor": constructor, "rows": rows})
+            self._served[cache_key] = table
+            self._bytes_served += table.nbytes
+            while len(self._served) > 64:
+                self._served.popitem(last=False)
+            self._maybe_snapshot()
+        return table
+
+    def buffer_metadata(self) -> pa.Table:
+        """What this loader holds right now (samples not yet popped), for inspection."""
+        with self._cond:
+            batches = [b.metadata().filter(pa.array(b.remaining)) for b in self._buffer.values() if not b.failed]
+        schema = load_schema(SAMPLE_METADATA)
+        return pa.Table.from_batches(batches).cast(schema) if batches else schema.empty_table()
+
+    def buffered_samples(self) -> int:
+        with self._cond:
+            return int(sum(b.remaining.sum() for b in self._buffer.values()))
+
+    def status(self) -> dict:
+        with self._cond:
+            return {"source": self.partition.source.name, "actor": self.partition.actor,
+                    "row_groups_owned": len(self.partition.row_groups),
+                    "buffered_row_groups": len(self._buffer),
+                    "buffered_samples": int(sum(b.remaining.sum() for b in self._buffer.values())),
+                    "buffered_bytes": int(sum(b.nbytes for b in self._buffer.values())),
+                    "bytes_served": self._bytes_served, "demanded": self.state.demanded,
+                    "released_below": self.state.released_below}
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self.partition.close()
+        self._journal.close()
+
+
+def samples_table(parts: list[tuple[RowGroupSamples, int]]) -> pa.Table:
+    """The requested rows, in request order: one ``take`` per row group, then one reorder."""
+    groups: dict[int, tuple[RowGroupSamples, list[int], list[int]]] = {}
+    for position, (buffered, row) in enumerate(parts):
+        _, rows, positions = groups.setdefault(id(buffered), (buffered, [], []))
+        rows.append(row)
+        positions.append(position)
+    schema = load_schema(SAMPLES)
+    tables, order = [], []
+    for buffered, rows, positions in groups.values():
+        indices = pa.array(rows, pa.int32())
+
+        def taken(values: pa.ListArray | None, value_type: pa.DataType) -> pa.ListArray:
+            if values is not None:
+                return values.take(indices)
+            return pa.ListArray.from_arrays(pa.array(np.zeros(len(rows) + 1, np.int32)), pa.array([], value_type))
+        tables.append(pa.table({
+            "key": pa.array([buffered.keys[r] for r in rows], pa.string()),
+            "tokens": buffered.tokens.take(indices),
+            "images": taken(buffered.images, pa.binary()),   # text sources: empty lists
+            "image_grids": taken(buffered.grids, pa.int32()),
+        }, schema=schema))
+        order.extend(positions)
+    if not tables:
+        return schema.empty_table()
+    table = pa.concat_tables(tables)
+    return table.take(pa.array(np.argsort(order), pa.int64())) if len(tables) > 1 else table

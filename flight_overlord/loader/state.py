@@ -1,0 +1,70 @@
+"""A loader actor's state, without I/O: how far the Planner has asked, and what has been popped.
+
+Positions number this actor's infinite read order (position p is row group p % n of epoch p // n).
+Changes arrive as records (``demand``, ``fetch``) that are appended to the actor's journal and
+applied here; applying is idempotent, so the active loader, its restart and its shadows all fold
+the same journal into the same state (the paper's differential checkpointing: a snapshot every
+so often, the journal in between).
+"""
+from __future__ import annotations
+
+
+class LoaderState:
+    def __init__(self):
+        self.demanded = -1                       # furthest position the Planner asked metadata for
+        self.popped: dict[int, set[int]] = {}    # position -> rows served to every constructor that needs them
+        self.partial: dict[tuple[int, int], set[int]] = {}  # (position, row) -> constructors that have it
+        self.released_below = 0                  # every position below this was served whole
+        self.released: set[int] = set()          # positions at or above released_below served whole
+
+    def apply(self, record: dict) -> list[int]:
+        """Fold one journal record in; returns the positions whose popped rows changed."""
+        if "demand" in record:
+            self.demanded = max(self.demanded, int(record["demand"]))
+            return []
+        if "fetch" in record:
+            constructor = int(record["constructor"])
+            touched = set()
+            for position, row, consumers in record["rows"]:
+                if self._fetched(int(position), int(row), int(consumers), constructor):
+                    touched.add(int(position))
+            return sorted(touched)
+        if "release" in record:
+            self.release(int(record["release"]))
+            return []
+        raise ValueError(f"unknown loader journal record {sorted(record)}")
+
+    def _fetched(self, position: int, row: int, consumers: int, constructor: int) -> bool:
+        """A constructor has a sample; it is popped once every constructor that needs it has it."""
+        if consumers > 1:
+            have = self.partial.setdefault((position, row), set())
+            have.add(constructor)
+            if len(have) < consumers:
+                return False
+            del self.partial[(position, row)]
+        self.popped.setdefault(position, set()).add(row)
+        return True
+
+    def release(self, position: int) -> None:
+        """Every servable row of ``position`` is popped: forget it (its buffer is dropped)."""
+        self.popped.pop(position, None)
+        self.released.add(position)
+        while self.released_below in self.released:
+            self.released.discard(self.released_below)
+            self.released_below += 1
+
+    def is_released(self, position: int) -> bool:
+        return position < self.released_below or position in self.released
+
+    def state_dict(self) -> dict:
+        return {"demanded": self.demanded,
+                "popped": {str(p): sorted(rows) for p, rows in sorted(self.popped.items())},
+                "partial": [[p, r, sorted(c)] for (p, r), c in sorted(self.partial.items())],
+                "released_below": self.released_below, "released": sorted(self.released)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.demanded = int(state["demanded"])
+        self.popped = {int(p): set(rows) for p, rows in state["popped"].items()}
+        self.partial = {(int(p), int(r)): set(c) for p, r, c in state["partial"]}
+        self.released_below = int(state["released_below"])
+        self.released = set(state["released"])

@@ -1,0 +1,63 @@
+"""Who is where: the loader actors (each with its shadows), their row groups, and the constructors."""
+from __future__ import annotations
+
+from ..config import Config
+from ..core.order import RowGroupRef
+
+
+class Registry:
+    def __init__(self, cfg: Config, num_constructors: int):
+        self.cfg = cfg
+        self.num_constructors = num_constructors
+        self.loaders: dict[tuple[str, int], dict[int, str]] = {}  # (source, actor) -> replica -> location
+        self.row_groups: dict[tuple[str, int], list[RowGroupRef]] = {}
+        self.constructors: dict[int, str] = {}
+        self._owner: dict[tuple[str, str, int], tuple[str, int]] = {}
+
+    def register_loader(self, source: str, actor: int, replica: int, location: str, row_groups: list) -> None:
+        """``replica`` 0 is the active loader actor, 1.. its shadows."""
+        spec = self.cfg.source(source)
+        if not 0 <= actor < spec.loaders:
+            raise ValueError(f"register: actor {actor} out of range for source {source!r} ({spec.loaders} loaders)")
+        if not 0 <= replica <= self.cfg.loader_shadows:
+            raise ValueError(f"register: replica {replica} out of range (loader.shadows: {self.cfg.loader_shadows})")
+        refs = [RowGroupRef(str(f), int(g), int(n)) for f, g, n in row_groups]
+        known = self.row_groups.get((source, actor))
+        if known is not None and known != refs:
+            raise ValueError(f"register: loader {source}[{actor}] announced different row groups than its peers")
+        self.loaders.setdefault((source, actor), {})[replica] = location
+        self.row_groups[(source, actor)] = refs
+        for rg in refs:
+            self._owner[(source, rg.file, rg.row_group)] = (source, actor)
+
+    def register_constructor(self, index: int, location: str) -> None:
+        if not 0 <= index < self.num_constructors:
+            raise ValueError(f"register: constructor index {index} out of range (this mesh has {self.num_constructors})")
+        self.constructors[index] = location
+
+    def complete(self) -> bool:
+        actors = sum(s.loaders for s in self.cfg.sources)
+        replicas = 1 + self.cfg.loader_shadows
+        return (sum(len(r) for r in self.loaders.values()) == actors * replicas
+                and len(self.constructors) == self.num_constructors)
+
+    def source_row_groups(self, source: str) -> list[RowGroupRef]:
+        return sorted(rg for (src, _), refs in self.row_groups.items() if src == source for rg in refs)
+
+    def owner(self, source: str, file: str, row_group: int) -> tuple[str, int]:
+        return self._owner[(source, file, row_group)]
+
+    def locations(self, actor: tuple[str, int]) -> list[str]:
+        """The replicas of one loader actor, active first: any of them can serve its samples."""
+        return [loc for _, loc in sorted(self.loaders[actor].items())]
+
+    def state_dict(self) -> dict:
+        return {"loaders": [[s, a, r, loc, [[rg.file, rg.row_group, rg.num_rows] for rg in self.row_groups[(s, a)]]]
+                            for (s, a), replicas in sorted(self.loaders.items()) for r, loc in sorted(replicas.items())],
+                "constructors": {str(i): loc for i, loc in sorted(self.constructors.items())}}
+
+    def load_state_dict(self, state: dict) -> None:
+        for source, actor, replica, location, row_groups in state["loaders"]:
+            self.register_loader(source, actor, replica, location, row_groups)
+        for index, location in state["constructors"].items():
+            self.register_constructor(int(index), location)
