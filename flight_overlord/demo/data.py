@@ -26,6 +26,13 @@ source          rows @1.0 text
 the image-text sources of ``demo_images`` (``imagecaps``, ``interleaved``) unless
 ``images=False``. Output is byte-identical for the same seed and scale on the same machine; the
 gathered material is cached per process.
+
+It also trains a small byte-level BPE tokenizer (``DEMO_VOCAB_SIZE`` tokens, ``<|endoftext|>`` is
+id 0, the default ``pad_token_id``) on a bounded sample of the generated text and writes it as
+``out_dir/tokenizer.json``, for the ``hf_tokenizer`` transform (``configs/demo_bpe.yaml``). That
+needs the ``tokenizers`` package (the project's ``tokenizers`` extra); without it the tokenizer is
+skipped with a printed note. Training is deterministic: the same seed and scale give a
+byte-identical ``tokenizer.json`` (with tokenizers 0.23, whatever the thread count).
 """
 from __future__ import annotations
 
@@ -35,6 +42,7 @@ import gzip
 import math
 import os
 import re
+import sys
 import sysconfig
 import textwrap
 from dataclasses import dataclass, field
@@ -428,6 +436,61 @@ _SOURCES: dict[str, _SourceSpec] = {
 
 
 # ---------------------------------------------------------------------------------------------
+# The demo tokenizer.
+# ---------------------------------------------------------------------------------------------
+
+TOKENIZER_FILE = "tokenizer.json"
+DEMO_VOCAB_SIZE = 4096
+TOKENIZER_SAMPLE_BYTES = 4 * 1024 * 1024   # trained on at most this much text: ~1 s on two cores
+SPECIAL_TOKENS = ("<|endoftext|>",)         # id 0: the configs' default pad_token_id
+
+
+def _tokenizer_sample(texts: dict[str, list[str]], budget: int = TOKENIZER_SAMPLE_BYTES) -> list[str]:
+    """An equal byte share of every source: its first rows (they are in random order already)."""
+    share = budget // max(1, len(texts))
+    sample = []
+    for rows in texts.values():
+        used = 0
+        for text in rows:
+            if used >= share:
+                break
+            sample.append(text)
+            used += _nbytes(text)
+    return sample
+
+
+def train_demo_tokenizer(texts: list[str], vocab_size: int = DEMO_VOCAB_SIZE):
+    """A byte-level BPE (GPT-2 style, no prefix space: decoding gives the text back exactly)
+    trained on ``texts``; a ``tokenizers.Tokenizer``. Raises ImportError without ``tokenizers``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=2, special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer)
+    return tokenizer
+
+
+def _write_tokenizer(out: Path, texts: dict[str, list[str]]) -> Path | None:
+    """Train the demo tokenizer on a sample of ``texts``; write ``out/tokenizer.json``. Without the
+    ``tokenizers`` package: print a note, write nothing and return None."""
+    try:
+        tokenizer = train_demo_tokenizer(_tokenizer_sample(texts))
+    except ImportError:
+        print(f"note: the 'tokenizers' package is not installed, so no {TOKENIZER_FILE} was written "
+              f"(the Parquet data was); the 'hf_tokenizer' transform and configs/demo_bpe.yaml need "
+              f"it: pip install tokenizers", file=sys.stderr)
+        return None
+    path = out / TOKENIZER_FILE
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(path))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
 # Writing.
 # ---------------------------------------------------------------------------------------------
 
@@ -463,7 +526,7 @@ def _check_arguments(seed: int, scale: float) -> None:
 
 
 def make_demo_data(out_dir: str | os.PathLike, *, seed: int = 0, scale: float = 1.0,
-                   images: bool = True) -> dict[str, list[Path]]:
+                   images: bool = True, tokenizer: bool = True) -> dict[str, list[Path]]:
     """Write out_dir/<source>/part-00000.parquet ... ; return {source: [paths]}. Deterministic from seed (byte-identical files for the same seed+scale on the same machine).
 
     The text sources (``SOURCE_NAMES``, in that order) have columns ``text`` (string) and
@@ -472,16 +535,22 @@ def make_demo_data(out_dir: str | os.PathLike, *, seed: int = 0, scale: float = 
     ``doc_id``. Every file has several row groups. At ``scale=1.0`` each source has 4 files of
     ~6 row groups; row counts scale linearly, clamped to at least 2 files x 2 row groups.
     Existing ``part-*.parquet`` files in the source directories are replaced.
+
+    With ``tokenizer`` (and the ``tokenizers`` package) it also writes ``out_dir/tokenizer.json``,
+    a byte-level BPE trained on the text sources (see the module docstring); it is not in the
+    returned mapping.
     """
     _check_arguments(seed, scale)
     mat = _material()
     out = Path(out_dir)
-    result = {}
+    result, texts = {}, {}
     for name in SOURCE_NAMES:
         spec = _SOURCES[name]
         rows, n_files = _layout(spec.rows_at_scale_1, scale)
-        texts = spec.generate(mat, np.random.default_rng(int(seed) + spec.seed_offset), rows)
-        result[name] = _write_source(out / name, pa.table({"text": pa.array(texts, pa.string())}), n_files)
+        texts[name] = spec.generate(mat, np.random.default_rng(int(seed) + spec.seed_offset), rows)
+        result[name] = _write_source(out / name, pa.table({"text": pa.array(texts[name], pa.string())}), n_files)
+    if tokenizer:
+        _write_tokenizer(out, texts)
     if images:
         from .images import make_image_demo_data    # it imports this module's helpers
         result.update(make_image_demo_data(out, seed=seed, scale=scale))

@@ -53,19 +53,35 @@ def byte_tokenizer() -> Tokenize:
 
 @register_transform("hf_tokenizer")
 def hf_tokenizer(path: str, add_special_tokens: bool = False) -> Tokenize:
-    """A Hugging Face ``tokenizers`` JSON file (``pip install tokenizers``)."""
+    """A Hugging Face ``tokenizers`` JSON file (``pip install tokenizers``), e.g. the byte-level BPE
+    ``overlord make-demo-data`` writes as ``tokenizer.json``.
+
+    ``path`` is taken as given: configs resolve a relative one against ``data_root``. Null texts
+    give empty token lists (as for ``byte_tokenizer``). The whole row group is encoded with one
+    ``encode_batch`` call (in parallel, in Rust); the token lists then go to Arrow in one
+    conversion, truncated to ``max_tokens``.
+    """
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise ValueError("transform 'hf_tokenizer' needs the 'tokenizers' package: pip install tokenizers") from None
-    tokenizer = Tokenizer.from_file(str(path))
+        raise ValueError("transform 'hf_tokenizer' needs the 'tokenizers' package: "
+                         "pip install tokenizers (or the project's 'tokenizers' extra)") from None
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception for a missing or malformed file
+        raise ValueError(f"transform 'hf_tokenizer': cannot load tokenizer file {str(path)!r}: {exc}") from None
+    # encode_batch_fast (tokenizers >= 0.20) skips the character offsets nobody here reads.
+    encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
 
     def tokenize(column: pa.Array, max_tokens: int) -> pa.ListArray:
-        texts = [t or "" for t in column.to_pylist()]
-        ids = [e.ids[:max_tokens] for e in tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)]
-        lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
-        offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        values = np.fromiter((t for seq in ids for t in seq), dtype=np.int32, count=int(offsets[-1]))
-        return _list_array(offsets, values)
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        if not pa.types.is_string(column.type):
+            column = column.cast(pa.string())  # large_string/string_view; binary must be valid UTF-8
+        texts = pc.fill_null(column, "").to_pylist()
+        encodings = encode_batch(texts, add_special_tokens=add_special_tokens)
+        return pa.array([e.ids[:max_tokens] for e in encodings], _TOKEN_LISTS)
     return tokenize
+
+
+_TOKEN_LISTS = pa.list_(pa.int32())
