@@ -89,28 +89,45 @@ class StepFetcher:
         self.rank = rank
         self.timeout = timeout
         self._pool = ClientPool()
+        self.planner_location = planner
         self.planner = self._pool.get(planner)
 
     def fetch(self, step: int, kind: str = "batch") -> pa.Table:
         """``kind`` "batch": the rank's microbatches; "encoder": the images its vision encoder
         processes (only when the strategy has an image graph)."""
         descriptor = fl.FlightDescriptor.for_path(kind, str(step), str(self.rank))
-        info = self._retry(lambda: self.planner.get_flight_info(descriptor), f"ticket of step {step}")
+        info = self.retry(lambda: self.planner.get_flight_info(descriptor), f"ticket of step {step}",
+                           f"the planner at {self.planner_location}")
         tables = []
         for endpoint in info.endpoints:
             # pyarrow does not follow endpoint locations: redeem the ticket where the Planner says.
-            client = self._pool.get(endpoint.locations[0].uri.decode()) if endpoint.locations else self.planner
-            tables.append(self._retry(lambda: client.do_get(endpoint.ticket).read_all(), f"data of step {step}"))
+            location = endpoint.locations[0].uri.decode() if endpoint.locations else self.planner_location
+            client = self._pool.get(location)
+            tables.append(self.retry(lambda: client.do_get(endpoint.ticket).read_all(), f"data of step {step}",
+                                      f"the constructor at {location}"))
         return pa.concat_tables(tables)
 
-    def _retry(self, call, what: str):
+    def retry(self, call, what: str, server: str):
+        """Server-side waits time out and are asked again; an unreachable server (a role restarting)
+        is retried with back-off; after ``timeout`` the error says which role is down since when."""
         deadline = time.monotonic() + self.timeout
+        down_since, delay = None, 0.05
         while True:
             try:
                 return call()
             except fl.FlightTimedOutError:  # the server waited its share; the data is still coming
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"rank {self.rank}: no {what} after {self.timeout:.0f}s") from None
+                pass
+            except fl.FlightUnavailableError:
+                down_since = down_since or time.time()
+                time.sleep(delay)
+                delay = min(1.0, 2 * delay)
+            else:
+                down_since = None
+            if time.monotonic() > deadline:
+                if down_since is not None:
+                    raise TimeoutError(f"rank {self.rank}: no {what}: {server} has been unreachable since "
+                                       f"{time.strftime('%H:%M:%S', time.localtime(down_since))}") from None
+                raise TimeoutError(f"rank {self.rank}: no {what} after {self.timeout:.0f}s") from None
 
     def close(self) -> None:
         self._pool.close()
@@ -136,7 +153,9 @@ class TrainerClient:
 
     def report(self, step: int, losses: dict[str, float]) -> None:
         """Per-source training loss of ``step``, for dynamic mixing schedules (``dynamic(...)``)."""
-        wire.call(self._fetcher.planner, "report", {"step": step, "rank": self.rank, "losses": losses})
+        fetcher = self._fetcher
+        fetcher.retry(lambda: wire.call(fetcher.planner, "report", {"step": step, "rank": self.rank, "losses": losses}),
+                      f"report of step {step}", f"the planner at {fetcher.planner_location}")
 
     def state_dict(self) -> dict:
         return {"rank": self.rank, "next_step": self.next_step}

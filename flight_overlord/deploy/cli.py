@@ -27,7 +27,7 @@ def _serve(argv: list[str]) -> None:
 
 def _up(args) -> None:
     from .launch import LocalCluster
-    cluster = LocalCluster(args.config)
+    cluster = LocalCluster(args.config, mode="resume" if args.resume else "fresh" if args.fresh else "new")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -76,8 +76,12 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="overlord", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("up", help="start every role locally; print the Planner's address")
+    p = sub.add_parser("up", help="start every role locally, supervised; print the Planner's address")
     p.add_argument("config")
+    start = p.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true", help="continue the run in the config's run_dir from its "
+                       "latest checkpoint (trainers continue with TrainerClient.load_state_dict)")
+    start.add_argument("--fresh", action="store_true", help="start over: move a previous run in run_dir aside")
     p.set_defaults(func=_up)
     p = sub.add_parser("serve", help="run one role: planner | loader | constructor")
     p = sub.add_parser("make-demo-data", help="write the demo corpus as Parquet")

@@ -1,52 +1,76 @@
-"""Local deployment: every role as its own process on this machine, on loopback ports.
+"""Local deployment: every role as its own process on this machine, on loopback ports, supervised.
 
 Each child is ``python -m flight_overlord.deploy.cli serve ROLE ...`` (the same command a manual
-deployment runs), announces its address in a ready file, and logs to ``run_dir/logs``.
+deployment runs), announces its address in a ready file, and logs to ``run_dir/logs``. A child
+that exits without being asked is restarted on the same address; it rebuilds its state from the
+run's journals and snapshots (the Planner with ``--recover``), and the other roles ride out the
+gap by retrying (or fail over to a shadow loader).
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow.flight as fl
 
 from .. import wire
-from ..config import Config, load_config
+from ..config import Config, ConfigError, load_config
+
+log = logging.getLogger(__name__)
+MODES = ("new", "resume", "fresh")
 
 
 @dataclass
 class Child:
     name: str
+    args: list[str]
     process: subprocess.Popen
     ready_file: Path
     log_path: Path
+    location: str | None = None
+    restarts: list[float] = field(default_factory=list)  # when it was restarted (time.time())
 
 
 class LocalCluster:
-    """Start with ``start()`` (or as a context manager); ``planner`` is then the Planner's address."""
+    """Start with ``start()`` (or as a context manager); ``planner`` is then the Planner's address.
 
-    def __init__(self, config_path: str | os.PathLike, *, startup_timeout: float = 120.0):
+    ``mode``: ``new`` refuses a ``run_dir`` that holds a previous run, ``resume`` continues it from
+    its latest checkpoint, ``fresh`` moves it aside first (never deletes it)."""
+
+    def __init__(self, config_path: str | os.PathLike, *, mode: str = "new", supervise: bool = True,
+                 startup_timeout: float = 120.0):
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r} (modes: {', '.join(MODES)})")
         self.config_path = Path(config_path).resolve()
         self.cfg: Config = load_config(self.config_path)  # fail fast, before any process starts
+        self.mode = mode
+        self.supervise = supervise
         self.startup_timeout = startup_timeout
         self.children: list[Child] = []
         self.planner: str | None = None
+        self.moved_aside: Path | None = None
         self._tmp = Path(tempfile.mkdtemp(prefix="overlord-ready-"))
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
 
     def start(self) -> str:
+        self._prepare_run_dir()
         try:
-            planner = self._spawn("planner", ["planner"])
+            planner = self._spawn("planner", ["planner", *(["--resume"] if self.mode == "resume" else [])])
             self.planner = self._await_ready([planner])[0]
-            children = [self._spawn(f"loader-{s.name}-{a}",
-                                    ["loader", "--source", s.name, "--actor", str(a), "--planner", self.planner])
-                        for s in self.cfg.sources for a in range(s.loaders)]
+            children = [self._spawn(f"loader-{s.name}-{a}" + (f"-shadow{r}" if r else ""),
+                                    ["loader", "--source", s.name, "--actor", str(a), "--replica", str(r),
+                                     "--planner", self.planner])
+                        for s in self.cfg.sources for a in range(s.loaders) for r in range(1 + self.cfg.loader_shadows)]
             children += [self._spawn(f"constructor-{c}", ["constructor", "--index", str(c), "--planner", self.planner])
                          for c in range(self.cfg.num_constructors)]
             self._await_ready(children)
@@ -54,20 +78,71 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
+        if self.supervise:
+            threading.Thread(target=self._supervise, name="supervisor", daemon=True).start()
         return self.planner
 
-    def _spawn(self, name: str, args: list[str]) -> Child:
+    def _prepare_run_dir(self) -> None:
+        run_dir = self.cfg.run_dir
+        used = (run_dir / "plan-journal.jsonl").exists()
+        if self.mode == "new" and used:
+            raise ConfigError(f"run_dir {run_dir} holds a previous run: continue it with --resume, or start "
+                              f"over with --fresh (which moves it aside, it deletes nothing)")
+        if self.mode == "fresh" and run_dir.exists():
+            self.moved_aside = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+            run_dir.rename(self.moved_aside)
+            log.info("moved the previous run aside to %s", self.moved_aside)
+
+    def _spawn(self, name: str, args: list[str], *, restart_of: Child | None = None) -> Child:
         logs = self.cfg.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         ready_file = self._tmp / f"{name}.ready"
         log_path = logs / f"{name}.log"
-        cmd = [sys.executable, "-m", "flight_overlord.deploy.cli", "serve", *args,
+        extra = []
+        if restart_of is not None:  # same address; the Planner also keeps the others' registrations
+            ready_file.unlink(missing_ok=True)
+            extra = ["--port", restart_of.location.rsplit(":", 1)[1]] + (["--recover"] if name == "planner" else [])
+        cmd = [sys.executable, "-m", "flight_overlord.deploy.cli", "serve", *args, *extra,
                "--config", str(self.config_path), "--ready-file", str(ready_file)]
-        with open(log_path, "w") as log_file:
+        with open(log_path, "a") as log_file:  # a restart appends: the crashed process's log stays
             process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        child = Child(name, process, ready_file, log_path)
+        if restart_of is not None:
+            restart_of.process, restart_of.restarts = process, restart_of.restarts + [time.time()]
+            return restart_of
+        child = Child(name, args, process, ready_file, log_path)
         self.children.append(child)
         return child
+
+    def _supervise(self) -> None:
+        """Restart every child that exits without being asked, on its own address."""
+        while not self._stopping.wait(0.1):
+            with self._lock:
+                for child in self.children:
+                    if child.process.poll() is not None and not self._stopping.is_set():
+                        log.warning("%s exited with code %s; restarting it at %s", child.name,
+                                    child.process.returncode, child.location)
+                        self._spawn(child.name, child.args, restart_of=child)
+
+    def child(self, name: str) -> Child:
+        for c in self.children:
+            if c.name == name:
+                return c
+        raise KeyError(f"no role named {name!r} (roles: {', '.join(c.name for c in self.children)})")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
+        """Signal one role (a test's ``kill -9``); the supervisor brings it back. Returns the pid."""
+        pid = self.child(name).process.pid
+        os.kill(pid, sig)
+        return pid
+
+    def wait_restarted(self, name: str, restarts: int = 1, timeout: float = 60.0) -> None:
+        """Block until role ``name`` was restarted ``restarts`` times and serves again."""
+        child = self.child(name)
+        deadline = time.monotonic() + timeout
+        while len(child.restarts) < restarts or not child.ready_file.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} did not come back within {timeout:.0f}s:\n" + _tail(child.log_path))
+            time.sleep(0.05)
 
     def _await_ready(self, children: list[Child]) -> list[str]:
         deadline = time.monotonic() + self.startup_timeout
@@ -77,7 +152,9 @@ class LocalCluster:
                     raise RuntimeError(f"{child.name} exited with code {child.process.returncode} during start-up:\n"
                                        + _tail(child.log_path))
             if all(c.ready_file.exists() for c in children):
-                return [c.ready_file.read_text() for c in children]
+                for c in children:
+                    c.location = c.ready_file.read_text()
+                return [c.location for c in children]
             if time.monotonic() > deadline:
                 late = [c.name for c in children if not c.ready_file.exists()]
                 raise TimeoutError(f"not ready after {self.startup_timeout:.0f}s: {', '.join(late)}")
@@ -99,6 +176,12 @@ class LocalCluster:
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM every child (constructors and loaders first), then SIGKILL what is left."""
+        self._stopping.set()
+        with self._lock:
+            self._terminate(timeout)
+        shutil.rmtree(self._tmp, ignore_errors=True)  # the ready files
+
+    def _terminate(self, timeout: float) -> None:
         for child in reversed(self.children):
             if child.process.poll() is None:
                 child.process.send_signal(signal.SIGTERM)
@@ -109,8 +192,6 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 child.process.kill()
                 child.process.wait()
-        self.children.clear()
-        shutil.rmtree(self._tmp, ignore_errors=True)  # the ready files
 
     def __enter__(self) -> "LocalCluster":
         self.start()

@@ -36,7 +36,8 @@ class Planner:
         self.registry = Registry(cfg, self.mesh.num_constructors)
         self.feedback = FeedbackLog(expected=cfg.mesh.dp)  # one report per data-parallel group
         self.next_step = 0
-        self.feeds: dict[str, SourceFeed] = {}
+        self.feeds: dict[str, SourceFeed] = {}   # built once every loader has registered (start_feeds)
+        self._feed_states: dict[str, dict] = {}  # restored cursors, applied by start_feeds
         self.mixer = Mixer([s.name for s in cfg.sources])
         self._fetch_meta = fetch_meta
         self._dir = cfg.run_dir / "planner"
@@ -56,10 +57,9 @@ class Planner:
 
     def start_feeds(self) -> None:
         """Build the source feeds once every loader has registered (they announce the row groups)."""
-        state = {name: feed.state_dict() for name, feed in self.feeds.items()}
         self.feeds = {s.name: SourceFeed(s.name, self.registry.source_row_groups(s.name), self.cfg.seed,
                                          self._fetch_meta(s.name)) for s in self.cfg.sources}
-        for name, feed_state in state.items():
+        for name, feed_state in self._feed_states.items():
             self.feeds[name].load_state_dict(feed_state)
 
     # -- planning ----------------------------------------------------------------------
@@ -123,8 +123,8 @@ class Planner:
 
     # -- state -------------------------------------------------------------------------
     def _planning_state(self) -> dict:
-        return {"feeds": {name: feed.state_dict() for name, feed in self.feeds.items()},
-                "mixer": self.mixer.state_dict()}
+        feeds = {name: feed.state_dict() for name, feed in self.feeds.items()} if self.feeds else self._feed_states
+        return {"feeds": feeds, "mixer": self.mixer.state_dict()}
 
     def state_dict(self) -> dict:
         lag = self.strategy.schedule.lag
@@ -135,11 +135,10 @@ class Planner:
     def load_state_dict(self, state: dict) -> None:
         self.next_step = int(state["next_step"])
         self.mixer.load_state_dict(state["mixer"])
-        for name, feed_state in state["feeds"].items():
+        self._feed_states = dict(state["feeds"])
+        for name, feed_state in self._feed_states.items():
             if name in self.feeds:
                 self.feeds[name].load_state_dict(feed_state)
-            else:  # feeds are built once loaders register; keep the cursor for then
-                self.feeds[name] = _PendingFeed(name, feed_state)
         for step, groups in state["feedback"].items():
             for group, losses in groups.items():
                 self.feedback.add(int(step), int(group), losses)
@@ -205,16 +204,6 @@ class Planner:
     def close(self) -> None:
         if self._journal is not None:
             self._journal.close()
-
-
-class _PendingFeed:
-    """A restored cursor waiting for its loaders to register (``Planner.start_feeds`` applies it)."""
-
-    def __init__(self, name: str, state: dict):
-        self.name, self._state = name, state
-
-    def state_dict(self) -> dict:
-        return self._state
 
 
 def constructor_view(plan: StepPlan, constructor: int, mesh: Mesh, registry: Registry,

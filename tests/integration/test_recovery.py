@@ -1,0 +1,192 @@
+"""Failure is normal input: kill -9 a role mid-run (or the whole cluster, then --resume) and every
+rank's stream must equal the stream of an undisturbed run with the same config and seed."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+
+from flight_overlord import wire
+from flight_overlord.client import TrainerClient
+from flight_overlord.config import ConfigError, load_config
+from flight_overlord.deploy.launch import LocalCluster
+
+from ..helpers import write_config
+
+STEPS = 40
+RANKS = 2
+
+
+def digest(table: pa.Table) -> tuple:
+    """One step of one rank: its sample keys per microbatch and a hash of every token it holds."""
+    ids = table.column("input_ids").combine_chunks()
+    return (tuple(tuple(k) for k in table.column("sample_keys").to_pylist()),
+            hashlib.blake2b(ids.values.to_numpy().tobytes(), digest_size=8).hexdigest())
+
+
+def losses(table: pa.Table) -> dict[str, float]:
+    """A deterministic stand-in for a model's per-source loss (for dynamic mixing)."""
+    out: dict[str, list[float]] = {}
+    for keys, cu in zip(table.column("sample_keys").to_pylist(), table.column("cu_seqlens").to_pylist()):
+        for key, n in zip(keys, np.diff(cu)):
+            out.setdefault(key.split(":", 1)[0], []).append(math.log1p(int(n)))
+    return {s: sum(v) / len(v) for s, v in out.items()}
+
+
+def train(planner: str, start: int, end: int, *, ranks: int = RANKS, report: bool = False,
+          on_step=None) -> dict[int, list]:
+    """One trainer thread per rank, each through TrainerClient (retries, prefetch), steps [start, end)."""
+    streams: dict[int, list] = {r: [] for r in range(ranks)}
+    errors: list[BaseException] = []
+
+    def rank_loop(rank: int) -> None:
+        try:
+            with TrainerClient(planner, rank, num_steps=end - start, as_tensors=False, timeout=120) as client:
+                client.load_state_dict({"rank": rank, "next_step": start})
+                for table in client:
+                    step = table.column("step")[0].as_py()
+                    streams[rank].append((step, digest(table)))
+                    if report:
+                        client.report(step, losses(table))
+                    if on_step is not None:
+                        on_step(rank, step)
+        except BaseException as exc:  # surfaced below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank_loop, args=(r,)) for r in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    if errors:
+        raise errors[0]
+    return streams
+
+
+def config(directory, corpus, **overrides):
+    overrides.setdefault("checkpoint", {"every": 8})
+    return write_config(directory, corpus, loaders={"captions": 2}, **overrides)
+
+
+def run(path, *, kill: str | None = None, at: int = 0, report: bool = False, check=None) -> dict[int, list]:
+    """An undisturbed run, or one where role ``kill`` gets SIGKILL when rank 0 reaches step ``at``;
+    ``check(cluster)`` runs before the cluster stops."""
+    with LocalCluster(path) as cluster:
+        fired = threading.Event()
+
+        def on_step(rank: int, step: int) -> None:
+            if kill and rank == 0 and step == at and not fired.is_set():
+                fired.set()
+                cluster.kill(kill)
+        streams = train(cluster.planner, 0, STEPS, report=report, on_step=on_step)
+        if kill:
+            assert cluster.child(kill).restarts, f"{kill} was not restarted"
+        if check is not None:
+            check(cluster)
+    return streams
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, tmp_path_factory):
+    return run(config(tmp_path_factory.mktemp("reference"), corpus))
+
+
+@pytest.mark.parametrize("role, seed", [("loader-captions-1", 1), ("loader-code-0", 2), ("planner", 3),
+                                        ("constructor-0", 4), ("constructor-1", 5)])
+def test_kill_9_of_a_role_changes_no_rank_stream(reference, corpus, tmp_path, role, seed):
+    at = int(np.random.default_rng(seed).integers(3, STEPS - 10))
+    assert run(config(tmp_path, corpus), kill=role, at=at) == reference
+
+
+def test_kill_9_of_a_loader_with_a_shadow_fails_over(reference, corpus, tmp_path):
+    served = {}
+
+    def shadow_served(cluster):
+        client = fl.connect(cluster.child("loader-longdocs-0-shadow1").location)
+        served.update(wire.call(client, "status"))
+        client.close()
+    path = config(tmp_path, corpus, loader={"shadows": 1})
+    assert run(path, kill="loader-longdocs-0", at=11, check=shadow_served) == reference  # shadows change no stream
+    assert served["bytes_served"] > 0, "constructors did not fail over to the shadow"
+    assert served["demanded"] >= 0, "the shadow did not follow the active loader's read-ahead"
+
+
+def test_full_cluster_kill_then_resume_continues_exactly(reference, corpus, tmp_path):
+    path = config(tmp_path, corpus)
+    cut = 17
+    with LocalCluster(path) as cluster:
+        first = train(cluster.planner, 0, cut)
+        for child in cluster.children:  # the whole cluster dies at once
+            child.process.kill()
+    _tear_journal(load_config(path).run_dir / "plan-journal.jsonl")
+    with pytest.raises(ConfigError, match="--resume"):
+        LocalCluster(path).start()  # a fresh start never silently reuses (or wipes) a run
+    with LocalCluster(path, mode="resume") as cluster:
+        rest = train(cluster.planner, cut, STEPS)
+    assert {r: first[r] + rest[r] for r in first} == reference
+
+
+def test_resume_with_a_dynamic_schedule_replays_the_feedback(corpus, tmp_path):
+    (tmp_path / "dyn.py").write_text(
+        "from flight_overlord.orchestration import dynamic, loss_weighted\n"
+        "def build(s):\n"
+        "    return s.mix(dynamic(loss_weighted({'captions': 1, 'longdocs': 1, 'code': 1, 'docstrings': 1,"
+        " 'manuals': 1, 'qa': 1}, temperature=0.5), lag=2))\n")
+    undisturbed = run(config(tmp_path / "a", corpus, strategy=str(tmp_path / "dyn.py")), report=True)
+    path = config(tmp_path / "b", corpus, strategy=str(tmp_path / "dyn.py"))
+    with LocalCluster(path) as cluster:
+        first = train(cluster.planner, 0, 21, report=True)
+        for child in cluster.children:
+            child.process.kill()
+    with LocalCluster(path, mode="resume") as cluster:
+        rest = train(cluster.planner, 21, STEPS, report=True)
+    assert {r: first[r] + rest[r] for r in first} == undisturbed
+    weights = {json.dumps(r["weights"], sort_keys=True) for r in _plans(path)}
+    assert len(weights) > 3, "the dynamic schedule never moved the weights"
+
+
+def test_resume_on_a_larger_data_parallel_mesh_delivers_each_sample_once(corpus, tmp_path):
+    path = config(tmp_path, corpus)
+    cut = 15
+    with LocalCluster(path) as cluster:
+        before = train(cluster.planner, 0, cut)
+        for child in cluster.children:
+            child.process.kill()
+    planned_ahead = [k for r in _plans(path) if r["step"] >= cut for b in r["bins"] for k in b]
+    assert planned_ahead, "the Planner had planned past the checkpoint (prefetch)"
+    # dp 2 -> 4, the same global batch: a new layout, so plans from the checkpoint on are made again
+    config(tmp_path, corpus, mesh={"dp": 4})
+    with LocalCluster(path, mode="resume") as cluster:
+        after = train(cluster.planner, cut, cut + 12, ranks=4)
+    delivered_before = [(k, s) for r in before for s, (mbs, _) in before[r] for mb in mbs for k in mb]
+    delivered_after = [(k, s) for r in after for s, (mbs, _) in after[r] for mb in mbs for k in mb]
+    epochs = _epochs(path)
+    occurrences = [(k, epochs[(s, k)]) for k, s in delivered_before + delivered_after]
+    assert len(occurrences) == len(set(occurrences)), "a sample was delivered twice across the resume"
+    assert set(planned_ahead) <= {k for k, _ in delivered_after}, "planned-but-undelivered samples were lost"
+
+
+def _plans(path) -> list[dict]:
+    lines = (load_config(path).run_dir / "plan-journal.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "bins" in r]
+
+
+def _epochs(path) -> dict[tuple[int, str], int]:
+    """(step, key) -> epoch, from the journal (the last record of a step wins, as after a rewind)."""
+    out = {}
+    for record in _plans(path):
+        for key, (epoch, *_) in record["samples"].items():
+            out[(record["step"], key)] = epoch
+    return out
+
+
+def _tear_journal(path) -> None:
+    """A crash mid-write leaves half a line at the end of the journal."""
+    with open(path, "a") as f:
+        f.write('{"step": 99999, "layout": {"axis": "DP", "bu')
