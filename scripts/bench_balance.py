@@ -10,14 +10,11 @@ the rank level and the microbatch level, plus the latency of the 4096 x 72 speed
 from __future__ import annotations
 
 import argparse
-import os
 import platform
-import shlex
-import sys
-import time
 
 import numpy as np
 
+from benchlib import command_line, timed_runs
 from flight_overlord.balance import lower_bound, partition
 
 MICROBATCHES = 8
@@ -66,11 +63,7 @@ def plan(method: str, costs: np.ndarray, k: int) -> list[np.ndarray]:
 
 def timed(method: str, costs: np.ndarray, k: int, reps: int):
     """(bins, median latency in ms) over ``reps`` runs."""
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        bins = plan(method, costs, k)
-        times.append(time.perf_counter() - start)
+    bins, times = timed_runs(lambda: plan(method, costs, k), reps)
     return bins, 1000 * float(np.median(times))
 
 
@@ -110,11 +103,7 @@ def speed_rows(reps: int) -> list[str]:
     runs += [(m, True, dict(sizes=lengths, capacity=capacity)) for m in ("greedy", "karmarkar_karp")]
     rows = []
     for method, refine, constraint in runs:
-        times = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            bins = partition(costs, k, method=method, refine=refine, **constraint)
-            times.append(time.perf_counter() - start)
+        bins, times = timed_runs(lambda: partition(costs, k, method=method, refine=refine, **constraint), reps)
         label = f"<= {capacity:.0f} tokens" if constraint else "-"
         rows.append(
             f"| {method} | {refine} | {label} | {costs.size} | {max_bin(costs, bins) / bound:.5f} "
@@ -129,7 +118,7 @@ def main() -> None:
     args = parser.parse_args()
     dp_sizes = [dp for dp in DP_SIZES if dp <= 512] if args.quick else list(DP_SIZES)
     reps = 3
-    print(f"$ {shlex.join([os.path.basename(sys.executable), *sys.argv])}")
+    print(command_line())
     print()
     print(
         f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}, "

@@ -31,17 +31,8 @@ shared: the report says how much CPU everything else used while each side was ti
 """
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
-import os
-import platform
 import queue
-import shlex
-import shutil
-import signal
-import sys
-import tempfile
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -52,6 +43,9 @@ import psutil
 import pyarrow as pa
 import yaml
 
+from benchlib import (MiB, PssSampler, add_corpus_args, add_mesh_args, argument_parser, cluster_roots, log,
+                      plan_imbalance, print_header, workspace, write_config)
+
 REPO = Path(__file__).resolve().parent.parent
 DEMO_CONFIG = REPO / "configs" / "demo.yaml"
 # Used when configs/demo.yaml is missing: the demo's token-share weights and loader counts.
@@ -59,116 +53,11 @@ FALLBACK_SOURCES = [("captions", 0.15, 2), ("longdocs", 0.25, 1), ("code", 0.20,
                     ("docstrings", 0.15, 1), ("manuals", 0.15, 1), ("qa", 0.10, 1)]
 FALLBACK_FILL = 29000 / (2 * 4 * 4096)  # the demo's tokens_per_step over its slots
 CAPTURED_PER_RANK = 4  # real step tables per rank kept for the ceiling side
-PSS_INTERVAL = 1.0
-MiB = 1024 * 1024
 
 
 # ---------------------------------------------------------------------------------------------
-# Measurement helpers
+# What a rank received
 # ---------------------------------------------------------------------------------------------
-
-Root = tuple[int, str, str]  # (pid, label of the process, label of its descendants)
-
-
-def tree_usage(roots: list[Root]) -> dict[int, tuple[str, int, float]]:
-    """pid -> (label, PSS bytes, CPU seconds so far) for every process of the trees under ``roots``."""
-    procs: dict[int, tuple[psutil.Process, str]] = {}
-    for pid, label, child_label in roots:
-        try:
-            root = psutil.Process(pid)
-            procs[root.pid] = (root, label)
-            for child in root.children(recursive=True):
-                procs[child.pid] = (child, child_label)
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-    usage = {}
-    for pid, (proc, label) in procs.items():
-        try:
-            with proc.oneshot():
-                cpu = proc.cpu_times()
-                usage[pid] = (label, proc.memory_full_info().pss, cpu.user + cpu.system)
-        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-            continue
-    return usage
-
-
-def _busy_cpu_seconds() -> float:
-    """Machine-wide non-idle CPU seconds since boot."""
-    t = psutil.cpu_times()
-    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
-
-
-class PssSampler:
-    """Samples ``tree_usage(roots())`` now and every ``interval`` seconds until ``stop()``.
-
-    Keeps the max of the summed PSS (with its per-label split) and, from the first and last
-    samples, the CPU seconds each label used in between.
-    """
-
-    def __init__(self, roots, interval: float = PSS_INTERVAL):
-        self.roots = roots
-        self.interval = interval
-        self.max_pss = 0
-        self.processes = 0
-        self.samples = 0
-        self.pss_by_label: dict[str, tuple[int, int]] = {}  # label -> (processes, PSS) at the max
-        self.cpu_by_label: dict[str, float] = {}
-        self._first: dict[int, tuple[str, int, float]] | None = None
-        self._window = (0.0, 0.0)
-        self._busy = (0.0, 0.0)  # machine-wide busy CPU seconds at the first and the last sample
-        self.deployment_cpu = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pss", daemon=True)
-
-    def start(self) -> "PssSampler":
-        self._thread.start()
-        return self
-
-    def sample(self) -> None:
-        now, usage, busy = time.monotonic(), tree_usage(self.roots()), _busy_cpu_seconds()
-        self.samples += 1
-        if self._first is None:
-            self._first, self._window, self._busy = usage, (now, now), (busy, busy)
-        self._window, self._busy = (self._window[0], now), (self._busy[0], busy)
-        total = sum(pss for _, pss, _ in usage.values())
-        if total > self.max_pss:
-            self.max_pss, self.processes = total, len(usage)
-            self.pss_by_label = {}
-            for label, pss, _ in usage.values():
-                n, sum_pss = self.pss_by_label.get(label, (0, 0))
-                self.pss_by_label[label] = (n + 1, sum_pss + pss)
-        self.cpu_by_label = {}
-        for pid, (label, _, cpu) in usage.items():
-            if pid in self._first:
-                self.cpu_by_label[label] = self.cpu_by_label.get(label, 0.0) + cpu - self._first[pid][2]
-        self.deployment_cpu = sum(self.cpu_by_label.values())
-
-    def summary(self) -> list[str]:
-        memory = ", ".join(f"{label} {n}x {pss / MiB:.0f}" for label, (n, pss) in self.pss_by_label.items())
-        seconds = self._window[1] - self._window[0]
-        lines = [f"PSS by process kind at the max (MiB): {memory}"]
-        if seconds < 1.0:
-            lines.append("CPU shares: the timed phase was too short to measure them (use more --steps)")
-        else:
-            cpu = ", ".join(f"{label} {c / seconds:.2f}" for label, c in self.cpu_by_label.items())
-            other = max(0.0, self._busy[1] - self._busy[0] - self.deployment_cpu) / seconds
-            lines.append(f"CPU in cores while timed ({seconds:.1f}s between first and last sample): {cpu}; "
-                         f"total {self.deployment_cpu / seconds:.2f}; everything else on the machine "
-                         f"(this driver, other users): {other:.2f}")
-        return lines
-
-    def _run(self) -> None:
-        while True:
-            self.sample()
-            if self._stop.wait(self.interval):
-                return
-
-    def stop(self) -> None:
-        """Stop, after one last sample (every process of the deployment is still alive here)."""
-        self._stop.set()
-        self._thread.join()
-        self.sample()
-
 
 def microbatch_nbytes(mb: dict) -> int:
     """What the microbatch's row adds to the Arrow ``nbytes`` of a step table (schemas/microbatch.json).
@@ -366,24 +255,6 @@ def overlord_trainer(channel: RankChannel, planner: str, warmup: int, steps: int
     channel.result(tally)
 
 
-def write_config(path: Path, data_dir: Path, args, sources) -> Path:
-    slots = args.ranks * args.microbatches * args.context_length
-    config = {
-        "seed": args.seed,
-        "data_root": str(data_dir),
-        "run_dir": str(path.parent / "run"),
-        "sources": [{"name": name, "paths": f"{name}/*.parquet", "weight": weight, "loaders": loaders}
-                    for name, weight, loaders in sources],
-        "mesh": {"dp": args.ranks},
-        "global_batch": {"context_length": args.context_length, "microbatches": args.microbatches,
-                         "tokens_per_step": int(slots * args.fill)},
-        "balance": {"method": "greedy"},
-        "network": {"host": "127.0.0.1", "planner_port": 0},
-    }
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
-
-
 def run_overlord(args, config_path: Path, capture_dir: Path) -> SideResult:
     from flight_overlord.deploy.launch import LocalCluster
 
@@ -391,14 +262,14 @@ def run_overlord(args, config_path: Path, capture_dir: Path) -> SideResult:
     try:
         started = time.monotonic()
         planner = cluster.start()
-        roles = [(c.process.pid, c.name.split("-")[0], "child") for c in cluster.children]
+        roles = cluster_roots(cluster)
         cluster_pids = [pid for pid, _, _ in roles]
         log(f"[flight_overlord] {len(roles)} role processes up in {time.monotonic() - started:.1f}s")
         tallies, sampler = run_ranks(
             "flight_overlord", overlord_trainer,
             [(planner, args.warmup, args.steps, str(capture_dir)) for _ in range(args.ranks)],
             label="trainer", extra_roots=lambda: roles, timeout=args.timeout)
-        imbalance = _plan_imbalance(planner, args.warmup, args.warmup + args.steps - 1)
+        imbalance = plan_imbalance(planner, args.warmup, args.warmup + args.steps - 1)
     finally:
         cluster.stop()
     result = SideResult("flight_overlord", tallies, sampler.max_pss, sampler.processes, sampler.samples,
@@ -406,26 +277,9 @@ def run_overlord(args, config_path: Path, capture_dir: Path) -> SideResult:
     result.notes.append(f"{len(cluster_pids)} role processes (1 planner, "
                         f"{len(cluster_pids) - 1 - args.ranks} loaders, {args.ranks} constructors) "
                         f"+ {args.ranks} trainers")
-    if imbalance:
-        result.notes.append(imbalance)
+    result.notes.append(imbalance)
     result.notes += sampler.summary()
     return result
-
-
-def _plan_imbalance(planner: str, first: int, last: int) -> str | None:
-    """The Planner's own per-step stats over the timed steps (best effort: for the notes only)."""
-    import pyarrow.flight as fl
-    from flight_overlord import wire
-    try:
-        client = fl.connect(planner)
-        stats = wire.call(client, "stats", {"from": first, "to": last}, timeout=10)
-        client.close()
-        balanced = [s["imbalance"] for s in stats.values()]
-        unbalanced = [s["imbalance_unbalanced"] for s in stats.values()]
-        return (f"plan rank-cost imbalance (max/mean) over the timed steps: {np.mean(balanced):.3f} "
-                f"(same samples unbalanced: {np.mean(unbalanced):.3f})")
-    except Exception as exc:  # noqa: BLE001 - informational only
-        return f"(plan stats unavailable: {type(exc).__name__})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -610,11 +464,11 @@ def baseline_rank(channel: RankChannel, sources, data_dir: str, ranks: int, work
     del batches
 
 
-def run_baseline(args, data_dir: Path, sources) -> SideResult:
+def run_baseline(args, data_dir: Path, sources, seed: int) -> SideResult:
     tallies, sampler = run_ranks(
         "baseline", baseline_rank,
         [(sources, str(data_dir), args.ranks, args.workers, args.context_length, args.microbatches,
-          args.warmup, args.steps, args.seed) for _ in range(args.ranks)],
+          args.warmup, args.steps, seed) for _ in range(args.ranks)],
         label="rank", child_label="worker", timeout=args.timeout)
     result = SideResult("baseline (colocated)", tallies, sampler.max_pss, sampler.processes, sampler.samples,
                         args.context_length)
@@ -643,17 +497,6 @@ def demo_sources(count: int) -> tuple[list[tuple[str, float, int]], float, int]:
     return sources[:count], fill, seed
 
 
-def ensure_corpus(data_dir: Path, names: list[str], scale: float) -> None:
-    if all(list((data_dir / n).glob("*.parquet")) for n in names):
-        log(f"corpus: using {data_dir}")
-        return
-    from flight_overlord.demo.data import make_demo_data
-    from flight_overlord.demo.images import IMAGE_SOURCE_NAMES
-    started = time.monotonic()
-    make_demo_data(data_dir, seed=0, scale=scale, images=bool(set(names) & set(IMAGE_SOURCE_NAMES)))
-    log(f"corpus: generated at scale {scale} in {data_dir} ({time.monotonic() - started:.1f}s)")
-
-
 def check_byte_accounting(capture_dir: Path) -> str:
     """The baseline's byte count must equal Arrow's nbytes of the same microbatches."""
     from flight_overlord.client.trainer import table_to_microbatches
@@ -662,14 +505,6 @@ def check_byte_accounting(capture_dir: Path) -> str:
     ours = sum(microbatch_nbytes(mb) for t in tables for mb in table_to_microbatches(t))
     status = "equal" if arrow == ours else "DIFFERENT"
     return f"byte accounting: Arrow nbytes {arrow} vs per-microbatch count {ours} on {len(tables)} tables: {status}"
-
-
-def machine() -> str:
-    from importlib.metadata import version
-    ram = psutil.virtual_memory().total / 2**30
-    return (f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}), {ram:.1f} GiB RAM, "
-            f"{platform.system()} {platform.release()}; Python {platform.python_version()}, "
-            f"pyarrow {pa.__version__}, torch {version('torch')}, numpy {np.__version__}")
 
 
 def report(results: list[SideResult], args, sources) -> None:
@@ -705,22 +540,14 @@ def report(results: list[SideResult], args, sources) -> None:
             print(f"- {r.side}: {note}")
 
 
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", type=int, default=2, help="data-parallel trainer ranks (default 2)")
+    p = argument_parser(__doc__)
+    add_mesh_args(p, microbatches=4)
     p.add_argument("--workers", type=int, default=2, help="baseline DataLoader workers per rank (default 2)")
     p.add_argument("--steps", type=int, default=None, help="timed steps per rank (default 30, --quick 8)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
-    p.add_argument("--context-length", type=int, default=4096)
-    p.add_argument("--microbatches", type=int, default=4, help="per rank and step (default 4)")
     p.add_argument("--sources", type=int, default=6, help="the first N demo sources (default all 6)")
-    p.add_argument("--scale", type=float, default=1.0, help="demo corpus scale when generating (default 1.0)")
-    p.add_argument("--data", type=Path, help="demo corpus dir (generated there if empty; default: a temp dir)")
+    add_corpus_args(p, scale=1.0)
     p.add_argument("--quick", action="store_true", help="fewer steps (8)")
     p.add_argument("--timeout", type=float, default=600.0, help="per side, against hangs (seconds)")
     args = p.parse_args(argv)
@@ -730,39 +557,27 @@ def parse_args(argv=None):
     return args
 
 
-def print_header(extra: str = "") -> None:
-    """The command, the machine and its load: the first lines of every benchmark's output.
-    Also makes SIGTERM run the caller's finally blocks (clusters stop, temp dirs go)."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    print("$ " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable), *sys.argv]))
-    print(f"machine: {machine()}{extra}")
-    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-
-
 def main(argv=None) -> None:
     args = parse_args(argv)
-    started = time.monotonic()
     print_header()
-    sources, args.fill, args.seed = demo_sources(args.sources)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-delivery-"))
-    try:
-        data_dir = (args.data or tmp / "data").resolve()
-        ensure_corpus(data_dir, [n for n, _, _ in sources], args.scale)
+    sources, fill, seed = demo_sources(args.sources)
+    with workspace("bench-delivery-", args.data, [n for n, _, _ in sources], args.scale) as (tmp, data_dir):
         capture_dir = tmp / "captured"
         capture_dir.mkdir()
-        config = write_config(tmp / "bench.yaml", data_dir, args, sources)
+        config = write_config(tmp / "bench.yaml", data_dir,
+                              [{"name": name, "weight": weight, "loaders": loaders} for name, weight, loaders in sources],
+                              ranks=args.ranks, context_length=args.context_length, microbatches=args.microbatches,
+                              tokens_per_step=int(args.ranks * args.microbatches * args.context_length * fill),
+                              seed=seed, run_dir=tmp / "run", balance={"method": "greedy"})
         overlord = run_overlord(args, config, capture_dir)
         log(f"[flight_overlord] {overlord.batches_per_s:.1f} batches/s")
         ceiling = run_ceiling(args, capture_dir)
         log(f"[ceiling] {ceiling.batches_per_s:.1f} batches/s")
-        baseline = run_baseline(args, data_dir, sources)
+        baseline = run_baseline(args, data_dir, sources, seed)
         log(f"[baseline] {baseline.batches_per_s:.1f} batches/s")
         print()
         report([ceiling, overlord, baseline], args, sources)
         print(f"- {check_byte_accounting(capture_dir)}")
-        print(f"\nwall time: {time.monotonic() - started:.0f}s")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

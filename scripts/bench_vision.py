@@ -17,9 +17,10 @@ Two parts, measured in one run on the same demo corpus (``make_demo_data(seed=0,
                    reads steps with ``StepFetcher``: --warmup steps, then --steps timed steps, the
                    ranks starting the timed phase together. Wire bytes are the loaders'
                    ``bytes_served`` and the constructors' ``bytes_fetched`` (Arrow nbytes of the
-                   samples tables; gRPC/IPC framing not counted) read before and after the timed
-                   phase, so they include the same prefetch offset at both ends. CPU and PSS per
-                   process kind come from psutil over the cluster's child processes.
+                   samples tables; gRPC/IPC framing not counted) read with ``cluster_status``
+                   before and after the timed phase, so they include the same prefetch offset at
+                   both ends. CPU and PSS per process kind come from psutil over the cluster's
+                   child processes.
 
     .venv/bin/python scripts/bench_vision.py                # defaults: ~1 min on 2 cores
     .venv/bin/python scripts/bench_vision.py --steps 300    # longer timed phases
@@ -30,13 +31,8 @@ everything else used while each deployment was timed.
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import hashlib
-import os
-import shutil
-import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -45,15 +41,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.flight as fl
 import pyarrow.parquet as pq
-import yaml
 
-from flight_overlord import wire
+from benchlib import (MiB, PssSampler, add_corpus_args, add_mesh_args, argument_parser, cluster_roots, log,
+                      plan_imbalance, print_header, workspace, write_config)
+from flight_overlord.deploy.status import cluster_status
 from flight_overlord.wire.server import ClientPool
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_delivery import MiB, PssSampler, _plan_imbalance, ensure_corpus, log, print_header  # noqa: E402
 
 SMALL_PIXELS = 160 * 160  # small: width * height at most this
 LARGE_SIDE = 512          # large: the long side at least this; medium: neither
@@ -215,54 +208,27 @@ def run_transforms(args, data_dir: Path) -> tuple[list[KindRow], list[RowGroupRo
 # Part 2: end to end, decode_at constructor vs loader
 # ---------------------------------------------------------------------------------------------
 
-def write_config(path: Path, data_dir: Path, args, decode_at: str) -> Path:
-    config = {
-        "seed": 0,
-        "data_root": str(data_dir),
-        "run_dir": str(path.parent / f"run-{decode_at}"),
-        "sources": [{"name": name, "paths": f"{name}/*.parquet", "weight": weight,
-                     **({"text_column": "texts", "image_column": "images"} if image_text else {})}
-                    for name, weight, image_text in DEPLOYMENT_SOURCES],
-        "mesh": {"dp": args.ranks},
-        "global_batch": {"context_length": args.context_length, "microbatches": args.microbatches,
-                         "tokens_per_step": args.tokens_per_step},
-        "vision": {"decode_at": decode_at, "patch_size": 14, "merge_size": 2},
-        "network": {"host": "127.0.0.1", "planner_port": 0},
-    }
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+def deployment_config(path: Path, data_dir: Path, args, decode_at: str) -> Path:
+    sources = [{"name": name, "weight": weight, **({"text_column": "texts", "image_column": "images"} if image_text else {})}
+               for name, weight, image_text in DEPLOYMENT_SOURCES]
+    return write_config(path, data_dir, sources, ranks=args.ranks, context_length=args.context_length,
+                        microbatches=args.microbatches, tokens_per_step=args.tokens_per_step, seed=0,
+                        run_dir=path.parent / f"run-{decode_at}",
+                        vision={"decode_at": decode_at, "patch_size": 14, "merge_size": 2})
 
 
-class Counters:
-    """The wire counters of a running deployment, reached through the Planner."""
-
-    def __init__(self, planner: str, ranks: int):
-        self.pool = ClientPool()
-        client = self.pool.get(planner)
-        self.loaders = {name: [e.locations[0].uri.decode() for e in client.get_flight_info(
-                            fl.FlightDescriptor.for_path("source", name)).endpoints]
-                        for name, _, _ in DEPLOYMENT_SOURCES}
-        self.constructors = sorted({client.get_flight_info(fl.FlightDescriptor.for_path("batch", "0", str(r)))
-                                    .endpoints[0].locations[0].uri.decode() for r in range(ranks)})
-
-    def status(self, location: str) -> dict:
-        return wire.call(self.pool.get(location), "status", {}, timeout=10)
-
-    def read(self) -> dict[str, int | None]:
-        """Bytes served by the loaders of each source, fetched by all constructors (None: no such counter)."""
-        out: dict[str, int | None] = {}
-        for name, locations in self.loaders.items():
-            served = [self.status(loc).get("bytes_served") for loc in locations]
-            out[f"served:{name}"] = None if None in served else sum(served)
-        fetched = [self.status(loc).get("bytes_fetched") for loc in self.constructors]
-        out["fetched"] = None if None in fetched else sum(fetched)
-        return out
-
-    def bad_samples(self) -> int:
-        return sum(len(self.status(loc).get("bad_samples", [])) for loc in self.constructors)
-
-    def close(self) -> None:
-        self.pool.close()
+def wire_counters(planner: str, pool: ClientPool) -> dict[str, int | None]:
+    """Bytes served by the loaders of each source, fetched by all constructors (None: no such source),
+    and the constructors' bad samples: from ``cluster_status``, which must find every role up."""
+    status = cluster_status(planner, pool=pool)
+    if not status["up"]:
+        raise RuntimeError(f"roles down: {'; '.join(status['totals']['down'])}")
+    totals = status["totals"]
+    out: dict[str, int | None] = {f"served:{name}": totals["bytes_served_by_source"].get(name)
+                                  for name, _, _ in DEPLOYMENT_SOURCES}
+    out["fetched"] = totals["bytes_fetched"]
+    out["bad_samples"] = totals["bad_samples"]
+    return out
 
 
 @dataclass
@@ -348,26 +314,20 @@ class Deployment:
         return sum(c for label, c in self.sampler.cpu_by_label.items() if label.startswith(prefix)) / self.steps
 
 
-def process_label(name: str) -> str:
-    """planner, loader:SOURCE or constructor, from a LocalCluster child's name."""
-    parts = name.split("-")
-    return f"loader:{parts[1]}" if parts[0] == "loader" else parts[0]
-
-
 def run_deployment(args, config: Path, decode_at: str) -> Deployment:
     from flight_overlord.deploy.launch import LocalCluster
 
     started = time.monotonic()
     with LocalCluster(config) as cluster:
         log(f"[{decode_at}] {len(cluster.children)} role processes up in {time.monotonic() - started:.1f}s")
-        roles = [(c.process.pid, process_label(c.name), "child") for c in cluster.children]
-        counters = Counters(cluster.planner, args.ranks)
+        roles = cluster_roots(cluster, by_source=True)
+        pool = ClientPool()
         sampler = PssSampler(lambda: roles)
         start: dict = {}
 
         def begin_timing() -> None:  # run by the last rank to finish warming up, before any timed fetch
             try:
-                start["counters"] = counters.read()
+                start["counters"] = wire_counters(cluster.planner, pool)
                 sampler.sample()
                 sampler.start()
                 start["cpu"], start["t0"] = time.process_time(), time.monotonic()
@@ -392,14 +352,14 @@ def run_deployment(args, config: Path, decode_at: str) -> Deployment:
                 raise TimeoutError(f"[{decode_at}] ranks not done after {args.timeout:.0f}s")
             sampler.stop()
             driver_cpu = time.process_time() - start["cpu"]
-            after = counters.read()
-            bad = counters.bad_samples()
-            imbalance = _plan_imbalance(cluster.planner, args.warmup, args.warmup + args.steps - 1)
+            after = wire_counters(cluster.planner, pool)
+            imbalance = plan_imbalance(cluster.planner, args.warmup, args.warmup + args.steps - 1)
         finally:
-            counters.close()  # on an error the sampler's daemon thread samples on until the script exits
+            pool.close()  # on an error the sampler's daemon thread samples on until the script exits
     elapsed = max(t.t1 for t in tallies) - start["t0"]
-    result = Deployment(decode_at, tallies, elapsed, start["counters"], after, sampler, driver_cpu, args.steps, bad)
-    result.notes += [imbalance] if imbalance else []
+    result = Deployment(decode_at, tallies, elapsed, start["counters"], after, sampler, driver_cpu, args.steps,
+                        after["bad_samples"])
+    result.notes.append(imbalance)
     result.notes.append(f"image patches per rank, max/mean, mean over the timed steps: {result.patch_imbalance:.3f}")
     result.notes += sampler.summary()
     return result
@@ -559,18 +519,14 @@ def report_reading(kinds: list[KindRow], groups: list[RowGroupRow], runs: list[D
 # ---------------------------------------------------------------------------------------------
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argument_parser(__doc__)
     p.add_argument("--steps", type=int, default=100, help="timed steps per rank and placement (default 100)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
-    p.add_argument("--scale", type=float, default=0.3, help="demo corpus scale when generating (default 0.3)")
-    p.add_argument("--data", type=Path, help="demo corpus dir (generated there if empty; default: a temp dir)")
+    add_corpus_args(p, scale=0.3)
     p.add_argument("--samples", type=int, default=120, help="samples per kind for part 1 (default 120)")
     p.add_argument("--rounds", type=int, default=3, help="times each sample is timed in part 1 (default 3)")
     p.add_argument("--row-groups", type=int, default=2, help="row groups per source for the loader transform")
-    p.add_argument("--ranks", type=int, default=2, help="data-parallel trainer ranks (default 2)")
-    p.add_argument("--context-length", type=int, default=4096)
-    p.add_argument("--microbatches", type=int, default=2, help="per rank and step (default 2)")
+    add_mesh_args(p, microbatches=2)
     p.add_argument("--tokens-per-step", type=int, default=12000)
     p.add_argument("--timeout", type=float, default=300.0, help="per placement, against hangs (seconds)")
     args = p.parse_args(argv)
@@ -586,27 +542,21 @@ def main(argv=None) -> None:
     from PIL import features
 
     args = parse_args(argv)
-    started = time.monotonic()
     print_header(f"; Pillow {PIL.__version__} (libjpeg {features.version('jpg')}, zlib {features.version('zlib')})")
     print()
-    tmp = Path(tempfile.mkdtemp(prefix="bench-vision-"))
-    try:
-        data_dir = (args.data or tmp / "data").resolve()
-        ensure_corpus(data_dir, [*TEXT_SOURCES, *IMAGE_SOURCES], args.scale)
+    with workspace("bench-vision-", args.data, [*TEXT_SOURCES, *IMAGE_SOURCES], args.scale) as (tmp, data_dir):
         part1 = time.monotonic()
         kinds, groups = run_transforms(args, data_dir)
         log(f"[transforms] {time.monotonic() - part1:.1f}s")
         runs = []
         for decode_at in PLACEMENTS:
-            run = run_deployment(args, write_config(tmp / f"{decode_at}.yaml", data_dir, args, decode_at), decode_at)
+            run = run_deployment(args, deployment_config(tmp / f"{decode_at}.yaml", data_dir, args, decode_at),
+                                 decode_at)
             log(f"[{decode_at}] {run.steps / run.elapsed:.1f} steps/s")
             runs.append(run)
         report_transforms(kinds, groups, args)
         report_deployments(runs, args)
         report_reading(kinds, groups, runs)
-        print(f"\nwall time: {time.monotonic() - started:.0f}s")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

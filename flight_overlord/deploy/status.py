@@ -1,0 +1,92 @@
+"""One look at a running deployment: every role's ``status`` action, reached through the Planner.
+
+``cluster_status(planner)`` asks the Planner where every loader replica and constructor is (its
+``status`` action lists them), then asks each of them for its own ``status``, and returns one dict::
+
+    {"up": bool,                       # every role answered
+     "planner": ROLE, "loaders": [ROLE, ...], "constructors": [ROLE, ...],
+     "totals": {"roles", "roles_up", "down", "bytes_served", "bytes_served_by_source",
+                "bytes_fetched", "bad_samples", "buffered_samples"}}
+
+where a ROLE is ``{"role", "address", "up", "reason", "counters", ...}``: ``counters`` is what the
+role's ``status`` action answered (``{}`` when it did not), ``reason`` why it is down (None when up).
+Loaders also carry ``source``, ``actor``, ``replica`` and ``row_groups`` (how many the Planner has
+registered for the actor), constructors ``index``. A role that does not answer within ``timeout`` is
+reported down, never raised; if the Planner itself is down, the other roles are unknown (empty lists).
+Totals are summed over the roles that answered.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from .. import wire
+from ..wire.server import ClientPool
+
+
+def cluster_status(planner_address: str, *, timeout: float = 10.0, pool: ClientPool | None = None) -> dict:
+    """The status of the deployment whose Planner is at ``planner_address`` (see the module doc).
+
+    ``pool``: reuse these clients (kept open) across calls; by default a pool is made and closed here.
+    """
+    own_pool = pool is None
+    pool = pool or ClientPool()
+    try:
+        planner = _ask(pool, planner_address, timeout, role="planner")
+        answer = planner.pop("counters")
+        planner["counters"] = {k: answer[k] for k in ("ready", "planned", "requested", "error") if k in answer}
+        where_loaders, where_constructors = answer.get("loaders"), answer.get("constructors")
+        loaders = [{"role": "loader", "source": source, "actor": actor, "replica": replica, "address": location,
+                    "row_groups": len(row_groups)}
+                   for source, actor, replica, location, row_groups in
+                   (where_loaders if isinstance(where_loaders, list) else [])]
+        constructors = [{"role": "constructor", "index": int(index), "address": location}
+                        for index, location in sorted((where_constructors if isinstance(where_constructors, dict)
+                                                       else {}).items(), key=lambda kv: int(kv[0]))]
+        roles = loaders + constructors
+        if roles:
+            with ThreadPoolExecutor(max_workers=min(16, len(roles)), thread_name_prefix="status") as threads:
+                answers = list(threads.map(lambda r: _ask(pool, r["address"], timeout), roles))
+            for role, answered in zip(roles, answers):
+                role.update(answered)
+    finally:
+        if own_pool:
+            pool.close()
+    everyone = [planner, *roles]
+    return {"up": all(r["up"] for r in everyone), "planner": planner, "loaders": loaders,
+            "constructors": constructors, "totals": _totals(everyone, loaders, constructors)}
+
+
+def _ask(pool: ClientPool, address: str, timeout: float, **identity) -> dict[str, Any]:
+    """``status`` of the role at ``address``: up with its counters, or down with the reason."""
+    try:
+        counters = wire.call(pool.get(address), "status", {}, timeout=timeout)
+    except Exception as exc:  # noqa: BLE001 - unreachable, timed out, refused: all mean "down" here
+        return {**identity, "address": address, "up": False, "reason": f"{type(exc).__name__}: {exc}",
+                "counters": {}}
+    return {**identity, "address": address, "up": True, "reason": None,
+            "counters": counters if isinstance(counters, dict) else {}}
+
+
+def _totals(everyone: list[dict], loaders: list[dict], constructors: list[dict]) -> dict:
+    by_source: dict[str, int] = {}
+    for loader in loaders:
+        by_source[loader["source"]] = by_source.get(loader["source"], 0) + int(loader["counters"].get("bytes_served", 0))
+    return {
+        "roles": len(everyone),
+        "roles_up": sum(r["up"] for r in everyone),
+        "down": [_name(r) for r in everyone if not r["up"]],
+        "bytes_served": sum(by_source.values()),
+        "bytes_served_by_source": by_source,
+        "bytes_fetched": sum(int(c["counters"].get("bytes_fetched", 0)) for c in constructors),
+        "bad_samples": sum(len(c["counters"].get("bad_samples", [])) for c in constructors),
+        "buffered_samples": sum(int(lo["counters"].get("buffered_samples", 0)) for lo in loaders),
+    }
+
+
+def _name(role: dict) -> str:
+    if role["role"] == "loader":
+        return f"loader {role['source']}[{role['actor']}] replica {role['replica']} at {role['address']}"
+    if role["role"] == "constructor":
+        return f"constructor {role['index']} at {role['address']}"
+    return f"planner at {role['address']}"
