@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import glob
 import os
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .core import balance
+from .core.context_parallel import CP_SPLITS, chunk_count
+from .core.cost import COST_MODELS
+from .core.mesh import MEGATRON_ORDER, Mesh
 from .core.vision import VisionSpec
 
 
@@ -116,7 +120,7 @@ class MeshConfig:
     dp: int = 1
     cp: int = 1
     tp: int = 1
-    order: tuple[str, ...] = ("tp", "cp", "dp", "pp")  # rank order, fastest-varying axis first (Megatron)
+    order: tuple[str, ...] = MEGATRON_ORDER  # rank order, fastest-varying axis first
     cp_split: str = "load_balanced"  # how a sequence is split across CP ranks: load_balanced | contiguous
 
     @property
@@ -135,9 +139,36 @@ class GlobalBatchConfig:
 
 @dataclass(frozen=True)
 class CostConfig:
-    model: str = "attention"  # "attention": a*l + b*l^2 ; "tokens": l
+    model: str = "attention"  # a registered cost model (core/cost.py): "attention": a*l + b*l^2 ; "tokens": l
     a: float = 1.0
     b: float = 1.0 / 4096
+
+
+@dataclass(frozen=True)
+class BalanceConfig:
+    method: str = "greedy"  # a registered balancer (core/balance), or "none"
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    host: str = "127.0.0.1"
+    planner_port: int = 0  # 0: any free port
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    read_ahead_row_groups: int = 2
+    shadows: int = 0  # hot standbys per loader actor
+
+
+@dataclass(frozen=True)
+class ConstructorConfig:
+    dp_per_constructor: int = 1
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 50  # steps between Planner snapshots; loaders snapshot every this many fetches
 
 
 @dataclass(frozen=True)
@@ -155,14 +186,12 @@ class Config:
     mesh: MeshConfig
     global_batch: GlobalBatchConfig
     cost: CostConfig
-    balance_method: str
+    balance: BalanceConfig
     prefetch: int
-    host: str
-    planner_port: int
-    dp_per_constructor: int
-    read_ahead_row_groups: int
-    loader_shadows: int  # hot standbys per loader actor (loader.shadows)
-    checkpoint_every: int  # steps between Planner snapshots; loaders snapshot every this many fetches
+    network: NetworkConfig
+    loader: LoaderConfig
+    constructor: ConstructorConfig
+    checkpoint: CheckpointConfig
     pad_token_id: int
     run_dir: Path
     data_root: Path
@@ -171,8 +200,13 @@ class Config:
     path: Path | None = None  # the YAML file this came from, so child processes can reload it
 
     @property
+    def trainer_mesh(self) -> Mesh:
+        """The ClientPlaceTree of this run's trainers (mesh plus constructor grouping)."""
+        return Mesh.from_config(self.mesh, self.constructor.dp_per_constructor)
+
+    @property
     def num_constructors(self) -> int:
-        return -(-self.mesh.dp // self.dp_per_constructor)
+        return self.trainer_mesh.num_constructors
 
     def source(self, name: str) -> SourceConfig:
         for src in self.sources:
@@ -181,7 +215,15 @@ class Config:
         raise ConfigError(f"no source named {name!r} (have: {', '.join(s.name for s in self.sources)})")
 
 
-BALANCE_METHODS = ("greedy", "karmarkar_karp", "none")
+def balance_methods() -> tuple[str, ...]:
+    """The registered balancers, and "none" (samples in arrival order)."""
+    return (*balance.METHODS, "none")
+
+
+def _defaults(cls) -> dict[str, Any]:
+    """A section's keys and defaults, from its dataclass: the one place a default is written."""
+    return {f.name: (_REQUIRED if f.default is MISSING and f.default_factory is MISSING else
+                     f.default if f.default is not MISSING else f.default_factory()) for f in fields(cls)}
 
 
 def load_config(path: str | os.PathLike) -> Config:
@@ -207,25 +249,26 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
     global_batch = _parse_global_batch(top["global_batch"])
     sources = _parse_sources(top["sources"], data_root)
     mesh = _parse_mesh(top["mesh"], global_batch.context_length, global_batch.pad_to_multiple)
-    network = _fields(top["network"], "network", {"host": "127.0.0.1", "planner_port": 0})
-    balance = _fields(top["balance"], "balance", {"method": "greedy"})
-    loader = _fields(top["loader"], "loader", {"read_ahead_row_groups": 2, "shadows": 0})
-    checkpoint = _fields(top["checkpoint"], "checkpoint", {"every": 50})
-    constructor = _fields(top["constructor"], "constructor", {"dp_per_constructor": 1})
+    network = _fields(top["network"], "network", _defaults(NetworkConfig))
+    balancing = _fields(top["balance"], "balance", _defaults(BalanceConfig))
+    loader = _fields(top["loader"], "loader", _defaults(LoaderConfig))
+    checkpoint = _fields(top["checkpoint"], "checkpoint", _defaults(CheckpointConfig))
+    constructor = _fields(top["constructor"], "constructor", _defaults(ConstructorConfig))
     return Config(
         seed=_int(top["seed"], "seed", minimum=0),
         sources=sources,
         mesh=mesh,
         global_batch=global_batch,
         cost=_parse_cost(top["cost"]),
-        balance_method=_choice(balance["method"], "balance.method", BALANCE_METHODS),
+        balance=BalanceConfig(_choice(balancing["method"], "balance.method", balance_methods())),
         prefetch=_int(top["prefetch"], "prefetch", minimum=1),
-        host=str(network["host"]),
-        planner_port=_int(network["planner_port"], "network.planner_port", minimum=0),
-        dp_per_constructor=_int(constructor["dp_per_constructor"], "constructor.dp_per_constructor", minimum=1),
-        read_ahead_row_groups=_int(loader["read_ahead_row_groups"], "loader.read_ahead_row_groups", minimum=1),
-        loader_shadows=_int(loader["shadows"], "loader.shadows", minimum=0),
-        checkpoint_every=_int(checkpoint["every"], "checkpoint.every", minimum=1),
+        network=NetworkConfig(str(network["host"]),
+                              _int(network["planner_port"], "network.planner_port", minimum=0)),
+        loader=LoaderConfig(_int(loader["read_ahead_row_groups"], "loader.read_ahead_row_groups", minimum=1),
+                            _int(loader["shadows"], "loader.shadows", minimum=0)),
+        constructor=ConstructorConfig(_int(constructor["dp_per_constructor"], "constructor.dp_per_constructor",
+                                           minimum=1)),
+        checkpoint=CheckpointConfig(_int(checkpoint["every"], "checkpoint.every", minimum=1)),
         pad_token_id=_int(top["pad_token_id"], "pad_token_id", minimum=0),
         run_dir=(base_dir / str(top["run_dir"])).resolve(),
         data_root=data_root,
@@ -309,13 +352,13 @@ def _parse_transform(raw: Any, where: str, data_root: Path) -> TransformConfig:
 
 
 def _parse_mesh(raw: Any, context_length: int, pad_to_multiple: int | None) -> MeshConfig:
-    f = _fields(raw, "mesh", {"pp": 1, "dp": 1, "cp": 1, "tp": 1, "order": "tp,cp,dp,pp", "cp_split": "load_balanced"})
+    f = _fields(raw, "mesh", {**_defaults(MeshConfig), "order": ",".join(MeshConfig.order)})
     sizes = {k: _int(f[k], f"mesh.{k}", minimum=1) for k in ("pp", "dp", "cp", "tp")}
     order = tuple(a.strip() for a in str(f["order"]).split(","))
     if sorted(order) != sorted(sizes):
         raise ConfigError(f"mesh.order: {f['order']!r} must list each of pp, dp, cp, tp once, fastest-varying first")
-    cp_split = _choice(f["cp_split"], "mesh.cp_split", ("load_balanced", "contiguous"))
-    chunks = sizes["cp"] * (2 if cp_split == "load_balanced" else 1)
+    cp_split = _choice(f["cp_split"], "mesh.cp_split", tuple(CP_SPLITS))
+    chunks = chunk_count(sizes["cp"], cp_split)
     for length, key in ((context_length, "context_length"), (pad_to_multiple, "pad_to_multiple")):
         if sizes["cp"] > 1 and length and length % chunks:
             raise ConfigError(f"mesh.cp: global_batch.{key} {length} must divide into "
@@ -375,9 +418,9 @@ def _parse_global_batch(raw: Any) -> GlobalBatchConfig:
 
 
 def _parse_cost(raw: Any) -> CostConfig:
-    f = _fields(raw, "cost", {"model": "attention", "a": 1.0, "b": 1.0 / 4096})
+    f = _fields(raw, "cost", _defaults(CostConfig))
     return CostConfig(
-        model=_choice(f["model"], "cost.model", ("attention", "tokens")),
+        model=_choice(f["model"], "cost.model", tuple(COST_MODELS)),
         a=_number(f["a"], "cost.a", minimum=0.0),
         b=_number(f["b"], "cost.b", minimum=0.0),
     )

@@ -36,7 +36,7 @@ class ConstructorServer(ActionServer):
     def __init__(self, cfg: Config, index: int, planner: str, *, port: int = 0):
         self.cfg = cfg
         self.index = index
-        self.mesh = Mesh.from_config(cfg.mesh, cfg.dp_per_constructor)
+        self.mesh = cfg.trainer_mesh
         self.strategy = load_strategy(cfg, self.mesh)  # for its constructor_do_plan hook
         if not 0 <= index < self.mesh.num_constructors:
             raise ValueError(f"constructor index {index} out of range (mesh has {self.mesh.num_constructors})")
@@ -53,7 +53,7 @@ class ConstructorServer(ActionServer):
         self._bad_samples: list[str] = []  # keys skipped for a bad image (vision.on_bad_image: skip)
         self._error: str | None = None
         self._stopping = False
-        super().__init__(f"grpc://{cfg.host}:{port}")
+        super().__init__(f"grpc://{cfg.network.host}:{port}")
 
     def start(self) -> None:
         threading.Thread(target=self._assemble_loop, name="assemble", daemon=True).start()
@@ -218,7 +218,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     server = ConstructorServer(cfg, args.index, args.planner, port=args.port)
-    location = location_of(server, cfg.host)
+    location = location_of(server, cfg.network.host)
     register(args.planner, {"role": "constructor", "index": args.index, "location": location})
     server.start()
     serve(server, location, args.ready_file)

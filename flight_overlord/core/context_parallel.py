@@ -10,15 +10,33 @@ delivered alongside the tokens, so the trainer (and the tests) can put the piece
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import numpy as np
 
-CP_SPLITS = ("load_balanced", "contiguous")
+
+@dataclass(frozen=True)
+class CPSplit:
+    """A split of a sequence into ``chunks_per_rank * cp`` equal chunks; ``picks(cp, rank)`` are a rank's."""
+    chunks_per_rank: int
+    picks: Callable[[int, int], list[int]]
+
+
+CP_SPLITS: dict[str, CPSplit] = {
+    "load_balanced": CPSplit(2, lambda cp, rank: [rank, 2 * cp - 1 - rank]),
+    "contiguous": CPSplit(1, lambda cp, rank: [rank]),
+}
+
+
+def cp_split(mode: str) -> CPSplit:
+    if mode not in CP_SPLITS:
+        raise ValueError(f"unknown context-parallel split {mode!r} (splits: {', '.join(CP_SPLITS)})")
+    return CP_SPLITS[mode]
 
 
 def chunk_count(cp: int, mode: str) -> int:
-    if mode not in CP_SPLITS:
-        raise ValueError(f"unknown context-parallel split {mode!r} (splits: {', '.join(CP_SPLITS)})")
-    return 2 * cp if mode == "load_balanced" else cp
+    return cp_split(mode).chunks_per_rank * cp
 
 
 def token_ranges(length: int, cp: int, cp_rank: int, mode: str) -> list[int]:
@@ -29,7 +47,7 @@ def token_ranges(length: int, cp: int, cp_rank: int, mode: str) -> list[int]:
     if not 0 <= cp_rank < cp:
         raise ValueError(f"cp rank {cp_rank} outside 0..{cp - 1}")
     size = length // chunks
-    picks = [cp_rank, 2 * cp - 1 - cp_rank] if mode == "load_balanced" else [cp_rank]
+    picks = cp_split(mode).picks(cp, cp_rank)
     return [p for c in picks for p in (c * size, (c + 1) * size)]
 
 

@@ -70,7 +70,7 @@ class LocalCluster:
             children = [self._spawn(f"loader-{s.name}-{a}" + (f"-shadow{r}" if r else ""),
                                     ["loader", "--source", s.name, "--actor", str(a), "--replica", str(r),
                                      "--planner", self.planner])
-                        for s in self.cfg.sources for a in range(s.loaders) for r in range(1 + self.cfg.loader_shadows)]
+                        for s in self.cfg.sources for a in range(s.loaders) for r in range(1 + self.cfg.loader.shadows)]
             children += [self._spawn(f"constructor-{c}", ["constructor", "--index", str(c), "--planner", self.planner])
                          for c in range(self.cfg.num_constructors)]
             self._await_ready(children)

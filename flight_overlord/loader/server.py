@@ -80,10 +80,10 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     partition = SourcePartition(cfg.source(args.source), args.actor, cfg.global_batch.context_length, cfg.vision)
-    actor = LoaderActor(partition, seed=cfg.seed, read_ahead=cfg.read_ahead_row_groups, run_dir=cfg.run_dir,
-                        checkpoint_every=cfg.checkpoint_every)
-    server = LoaderServer(actor, host=cfg.host, port=args.port)
-    location = location_of(server, cfg.host)
+    actor = LoaderActor(partition, seed=cfg.seed, read_ahead=cfg.loader.read_ahead_row_groups, run_dir=cfg.run_dir,
+                        checkpoint_every=cfg.checkpoint.every)
+    server = LoaderServer(actor, host=cfg.network.host, port=args.port)
+    location = location_of(server, cfg.network.host)
     register(args.planner, {"role": "loader", "source": args.source, "actor": args.actor, "replica": args.replica,
                             "location": location,
                             "row_groups": [[rg.file, rg.row_group, rg.num_rows] for rg in partition.row_groups]})

@@ -71,7 +71,7 @@ class Planner:
     def plan_next(self) -> StepPlan:
         """Plan ``next_step``, journal it with the state after it, snapshot when due."""
         step = self.next_step
-        if step % self.cfg.checkpoint_every == 0:
+        if step % self.cfg.checkpoint.every == 0:
             self._snapshot()
         weights, feedback = weights_at(self.strategy.schedule, step, self.feedback)
         plan = plan_step(step, self.feeds, self.mixer, self.strategy, self._checked_weights(step, weights), feedback)

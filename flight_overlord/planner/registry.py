@@ -19,8 +19,8 @@ class Registry:
         spec = self.cfg.source(source)
         if not 0 <= actor < spec.loaders:
             raise ValueError(f"register: actor {actor} out of range for source {source!r} ({spec.loaders} loaders)")
-        if not 0 <= replica <= self.cfg.loader_shadows:
-            raise ValueError(f"register: replica {replica} out of range (loader.shadows: {self.cfg.loader_shadows})")
+        if not 0 <= replica <= self.cfg.loader.shadows:
+            raise ValueError(f"register: replica {replica} out of range (loader.shadows: {self.cfg.loader.shadows})")
         refs = [RowGroupRef(str(f), int(g), int(n)) for f, g, n in row_groups]
         known = self.row_groups.get((source, actor))
         if known is not None and known != refs:
@@ -37,7 +37,7 @@ class Registry:
 
     def complete(self) -> bool:
         actors = sum(s.loaders for s in self.cfg.sources)
-        replicas = 1 + self.cfg.loader_shadows
+        replicas = 1 + self.cfg.loader.shadows
         return (sum(len(r) for r in self.loaders.values()) == actors * replicas
                 and len(self.constructors) == self.num_constructors)
 

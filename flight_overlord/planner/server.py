@@ -38,7 +38,7 @@ class PlannerServer(ActionServer):
         """``resume``: continue the run in ``run_dir`` from its journal; ``recover``: also take the
         registrations of the roles still running (a restart of the Planner alone)."""
         self.cfg = cfg
-        self.mesh = Mesh.from_config(cfg.mesh, cfg.dp_per_constructor)
+        self.mesh = cfg.trainer_mesh
         self.strategy = load_strategy(cfg, self.mesh)
         self._clients = ClientPool()
         self._cond = threading.Condition()
@@ -57,7 +57,7 @@ class PlannerServer(ActionServer):
         self._error: str | None = None
         self._stopping = False
         self._started = False
-        super().__init__(f"grpc://{cfg.host}:{cfg.planner_port if port is None else port}")
+        super().__init__(f"grpc://{cfg.network.host}:{cfg.network.planner_port if port is None else port}")
         if self.planner.registry.complete():
             self._start_planning()
 
@@ -269,8 +269,7 @@ class PlannerServer(ActionServer):
         """Registration, planning progress, trainer positions, and where every role is."""
         with self._cond:
             registry = self.planner.registry
-            return {"ready": registry.complete(), "loaders": sum(len(r) for r in registry.loaders.values()),
-                    "constructors": len(registry.constructors), "planned": self.planner.next_step - 1,
+            return {"ready": registry.complete(), "planned": self.planner.next_step - 1,
                     "requested": {str(r): s for r, s in sorted(self._requested.items())},
                     "error": self._error, **registry.state_dict()}
 
@@ -301,4 +300,4 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     server = PlannerServer(cfg, port=args.port, resume=args.resume, recover=args.recover)
-    serve(server, location_of(server, cfg.host), args.ready_file)
+    serve(server, location_of(server, cfg.network.host), args.ready_file)

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..config import BALANCE_METHODS, Config, ConfigError
-from ..core.cost import CostFn, attention_cost, config_cost, patches_cost, tokens_cost
+from ..config import Config, ConfigError, balance_methods
+from ..core.cost import CostFn, config_cost, make_cost, patches_cost
 from ..core.mesh import BROADCAST_DIMS, DISTRIBUTE_AXES, Mesh
 from ..core.schedules import Schedule, as_schedule, constant
 
@@ -52,8 +52,8 @@ class ImageGraph:
         return self
 
     def balance(self, method: str = "karmarkar_karp") -> "ImageGraph":
-        if method not in BALANCE_METHODS:
-            raise ValueError(f"images().balance(): unknown method {method!r} (methods: {', '.join(BALANCE_METHODS)})")
+        if method not in balance_methods():
+            raise ValueError(f"images().balance(): unknown method {method!r} (methods: {', '.join(balance_methods())})")
         self.method = method
         return self
 
@@ -69,12 +69,12 @@ class Strategy:
 
     def __init__(self, cfg: Config, mesh: Mesh | None = None):
         self.cfg = cfg
-        self.mesh = mesh or Mesh.from_config(cfg.mesh, cfg.dp_per_constructor)
+        self.mesh = mesh or cfg.trainer_mesh
         self.sources = [s.name for s in cfg.sources]
         self.schedule: Schedule = constant({s.name: s.weight for s in cfg.sources})
         self.cost_fn: CostFn = config_cost(cfg.cost)
         self.axis, self.group_size = "DP", None
-        self.balancing = Balancing(cfg.balance_method)
+        self.balancing = Balancing(cfg.balance.method)
         self.broadcast: frozenset[str] = frozenset()
         self.raw: Callable | None = None
         self.image_graph: ImageGraph | None = None
@@ -94,19 +94,15 @@ class Strategy:
         return self
 
     def cost(self, fn="attention", **params) -> "Strategy":
-        """``"tokens"``, ``"attention"`` (a, b default to the config's), ``"patches"``, or any
-        function of the sample metadata arrays returning one cost per sample."""
+        """A registered cost model by name (``"tokens"``, ``"attention"`` with a, b defaulting to the
+        config's, ``"patches"``, or one of yours), or any function of the sample metadata arrays
+        returning one cost per sample."""
         if callable(fn):
             self.cost_fn = fn
-        elif fn == "tokens":
-            self.cost_fn = tokens_cost()
-        elif fn == "attention":
-            self.cost_fn = attention_cost(params.get("a", self.cfg.cost.a), params.get("b", self.cfg.cost.b))
-        elif fn == "patches":
-            self.cost_fn = patches_cost(**params)
         else:
-            raise ValueError(f"cost(): unknown cost model {fn!r} (built-ins: tokens, attention, patches; "
-                             f"or pass a function of the sample metadata)")
+            if fn == "attention":
+                params = {"a": self.cfg.cost.a, "b": self.cfg.cost.b, **params}
+            self.cost_fn = make_cost(fn, **params)
         return self
 
     def distribute(self, axis: str = "DP", group_size: int | None = None) -> "Strategy":
@@ -121,8 +117,8 @@ class Strategy:
 
     def balance(self, method: str = "karmarkar_karp", level: str = "both",
                 keep_global_batch: bool = False, equal_size: bool = False) -> "Strategy":
-        if method not in BALANCE_METHODS:
-            raise ValueError(f"balance(): unknown method {method!r} (methods: {', '.join(BALANCE_METHODS)})")
+        if method not in balance_methods():
+            raise ValueError(f"balance(): unknown method {method!r} (methods: {', '.join(balance_methods())})")
         if level not in BALANCE_LEVELS:
             raise ValueError(f"balance(): unknown level {level!r} (levels: {', '.join(BALANCE_LEVELS)})")
         self.balancing = Balancing(method, level, keep_global_batch, equal_size)
