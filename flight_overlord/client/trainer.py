@@ -16,7 +16,6 @@ import time
 import warnings
 from typing import Iterator
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.flight as fl
 

@@ -59,9 +59,9 @@ def decode_stage(key: str, tokens: np.ndarray, images: list[bytes], grids: list[
     if not images:
         return Sample(key, tokens)
     if cfg.vision.decode_at == "loader":
-        patches = patches_from_bytes(images, cfg.vision)
+        patches = patches_from_bytes(images, cfg.vision.spec)
     else:
-        patches = decode_sample_images(images, grids, cfg.vision)
+        patches = decode_sample_images(images, grids, cfg.vision.spec)
     return Sample(key, tokens, patches, np.asarray(grids, dtype=np.int32))
 
 

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import itertools
 import logging
 import threading
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.flight as fl
 
 from .. import wire
 from ..wire.server import ActionServer, ClientPool, call_any, location_of, register, serve
 from ..config import Config, load_config
-from ..core.mesh import Delivery, Mesh
+from ..core.mesh import Delivery
 from ..wire.plan import ConstructorPlan, FetchGroup
 from ..planner.strategy import load_strategy
 from .assembly import Sample, build_microbatch, decode_or_error, drop_bad, encoder_table, rank_table, truncate

@@ -234,11 +234,10 @@ def unpatchify(patches: np.ndarray, grid: tuple[int, int, int], spec: VisionSpec
     return np.ascontiguousarray(windows).reshape(gh * p, gw * p, 3)
 
 
-def decode_sample_images(images: list[bytes], grids: list[int], cfg: "VisionConfig") -> np.ndarray:
+def decode_sample_images(images: list[bytes], grids: list[int], spec: VisionSpec) -> np.ndarray:
     """The constructor's decode stage: a sample's images -> uint8 patches [sum of patches, 3*p*p].
     The grids were budgeted from the headers; a decode that disagrees is an error, not a silent
     change of the sample's length."""
-    spec = cfg.spec
     out = []
     for i, data in enumerate(images):
         patches, grid = decode_patches(data, spec)
@@ -248,9 +247,9 @@ def decode_sample_images(images: list[bytes], grids: list[int], cfg: "VisionConf
     return np.concatenate(out) if out else np.zeros((0, 3 * spec.patch_size ** 2), np.uint8)
 
 
-def patches_from_bytes(images: list[bytes], cfg: "VisionConfig") -> np.ndarray:
+def patches_from_bytes(images: list[bytes], spec: VisionSpec) -> np.ndarray:
     """Patches decoded at the loader travel as raw bytes: view them back as [n, 3*p*p] uint8."""
-    dim = 3 * cfg.patch_size ** 2
+    dim = 3 * spec.patch_size ** 2
     if not images:
         return np.zeros((0, dim), np.uint8)
     return np.frombuffer(b"".join(images), dtype=np.uint8).reshape(-1, dim)

@@ -38,6 +38,8 @@ import pyarrow as pa
 from PIL import Image, ImageChops, ImageDraw, ImageFont, features
 
 from . import data as dd
+from .material import gather_material
+from .text import cut, fill, log_uniform
 
 IMAGE_SOURCE_NAMES: tuple[str, ...] = ("imagecaps", "interleaved")
 
@@ -66,7 +68,7 @@ def _picture_size(rng: np.random.Generator, tiers: tuple) -> tuple[int, int]:
     """(width, height): the long side from ``tiers``, the aspect ratio mostly within 2.5:1, rarely 6:1."""
     probs, lows, highs = zip(*tiers)
     tier = int(rng.choice(len(tiers), p=probs))
-    long_side = dd._log_uniform(rng, lows[tier], highs[tier])
+    long_side = log_uniform(rng, lows[tier], highs[tier])
     aspect = math.exp(rng.uniform(0, math.log(6 if rng.random() < 0.05 else 2.5)))
     short_side = max(8, round(long_side / aspect))
     return (long_side, short_side) if rng.random() < 0.6 else (short_side, long_side)
@@ -202,7 +204,7 @@ def _gen_imagecaps(rngs: list[np.random.Generator]) -> pa.Table:
 
 
 def _gen_interleaved(rngs: list[np.random.Generator]) -> pa.Table:
-    pool = dd._material().paragraphs
+    pool = gather_material().paragraphs
     texts, images = [], []
     for rng in rngs:
         is_image = rng.permutation([True] * int(rng.integers(2, 7)) + [False] * int(rng.integers(2, 9)))
@@ -212,8 +214,8 @@ def _gen_interleaved(rngs: list[np.random.Generator]) -> pa.Table:
                 row_texts.append(None)
                 row_images.append(_picture(rng, _INTERLEAVED_SIZES, p_photo=0.75)[0])
             else:
-                target = dd._log_uniform(rng, 100, 1500)
-                row_texts.append(dd._cut(dd._fill(rng, pool, target + 1), target, 100))
+                target = log_uniform(rng, 100, 1500)
+                row_texts.append(cut(fill(rng, pool, target + 1), target, 100))
                 row_images.append(None)
         texts.append(row_texts)
         images.append(row_images)
@@ -236,10 +238,10 @@ def make_image_demo_data(out_dir: str | os.PathLike, *, seed: int = 0, scale: fl
     ``demo_data.make_demo_data``. Existing ``part-*.parquet`` files in the source directories are
     replaced.
     """
-    dd._check_arguments(seed, scale)
+    dd.check_arguments(seed, scale)
     result = {}
     for name in IMAGE_SOURCE_NAMES:
-        rows, n_files = dd._layout(_ROWS_AT_SCALE_1[name], scale)
+        rows, n_files = dd.layout(_ROWS_AT_SCALE_1[name], scale)
         rngs = [np.random.default_rng([int(seed), _SEED_OFFSET[name], row]) for row in range(rows)]
-        result[name] = dd._write_source(Path(out_dir) / name, _GENERATORS[name](rngs), n_files)
+        result[name] = dd.write_source(Path(out_dir) / name, _GENERATORS[name](rngs), n_files)
     return result

@@ -11,7 +11,6 @@ exactly the plans an undisturbed one would.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Callable
 
 from ..config import Config

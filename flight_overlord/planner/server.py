@@ -20,7 +20,7 @@ import pyarrow.flight as fl
 
 from .. import wire
 from ..config import Config, load_config
-from ..core.mesh import Mesh
+
 from ..core.order import RowGroupRef
 from ..store import write_json_atomic
 from ..wire.schemas import ENCODER_BATCH, MICROBATCH, SAMPLE_METADATA, load_schema

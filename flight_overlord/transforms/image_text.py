@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..config import VisionConfig
+from . import Tokenize
 from ..core.vision import ImageError, decode_patches, image_size, num_patches, patch_grid, placeholder_tokens
 
 
@@ -31,7 +32,7 @@ class ImageTextRows:
     errors: dict[int, str] = field(default_factory=dict)  # row -> what is wrong (the row is not served)
 
 
-def transform_rows(texts: pa.ListArray, images: pa.ListArray, tokenize: "Tokenize", cfg: VisionConfig,
+def transform_rows(texts: pa.ListArray, images: pa.ListArray, tokenize: Tokenize, cfg: VisionConfig,
                    max_tokens: int, *, decode: bool = False) -> ImageTextRows:
     spec = cfg.spec
     flat_tokens = tokenize(texts.values, max_tokens)  # every text segment at once (vectorised)

@@ -12,6 +12,7 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from flight_overlord.config import ConfigError, parse_config  # noqa: E402
 from flight_overlord.demo import data as demo_data  # noqa: E402
+from flight_overlord.demo import tokenizer as demo_tokenizer  # noqa: E402
 from flight_overlord.transforms import make_transform  # noqa: E402
 
 TEXTS = [
@@ -27,7 +28,7 @@ TEXTS = [
 @pytest.fixture(scope="module")
 def tokenizer_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    demo_data.train_demo_tokenizer(TEXTS * 20, vocab_size=400).save(str(path))
+    demo_tokenizer.train_demo_tokenizer(TEXTS * 20, vocab_size=400).save(str(path))
     return path
 
 
@@ -111,10 +112,10 @@ def test_without_the_tokenizers_package(monkeypatch, tmp_path, capsys):
 
 def test_demo_tokenizer_is_deterministic_and_byte_level():
     texts = {"a": TEXTS * 10, "b": [t.upper() for t in TEXTS] * 10}
-    sample = demo_data._tokenizer_sample(texts, budget=4000)
+    sample = demo_tokenizer._tokenizer_sample(texts, budget=4000)
     assert 4000 <= sum(len(t.encode()) for t in sample) < 4000 + 2 * max(len(t.encode()) for t in TEXTS)
-    first = demo_data.train_demo_tokenizer(sample, vocab_size=300)
-    second = demo_data.train_demo_tokenizer(sample, vocab_size=300)
+    first = demo_tokenizer.train_demo_tokenizer(sample, vocab_size=300)
+    second = demo_tokenizer.train_demo_tokenizer(sample, vocab_size=300)
     assert first.to_str() == second.to_str()
     assert first.token_to_id("<|endoftext|>") == 0   # the configs' default pad_token_id
     assert first.get_vocab_size() == 300
