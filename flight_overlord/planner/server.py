@@ -31,6 +31,7 @@ from .strategy import load_strategy
 
 log = logging.getLogger(__name__)
 WAIT_SECONDS = 30.0  # a blocking call waits this long server-side, then the client may ask again
+STEPS_AHEAD = 16    # beyond prefetch: how far past the planned steps a trainer may ask before it is an error
 
 
 class PlannerServer(ActionServer):
@@ -134,6 +135,14 @@ class PlannerServer(ActionServer):
             return meta
         return fetch
 
+    def _check_horizon(self, step: int) -> None:
+        """A step far past what is planned is a client's mistake (or abuse), answered at once rather
+        than by holding a server thread until the client gives up."""
+        horizon = max(self.planner.next_step, max(self._requested.values(), default=0)) + self.cfg.prefetch + STEPS_AHEAD
+        if step > horizon and not self._rewind_pending:
+            raise ValueError(f"step {step} is beyond the planning horizon: planned up to step "
+                             f"{self.planner.next_step - 1}, trainers may ask at most {horizon}")
+
     def _wait_for_plan(self, step: int, timeout: float) -> None:
         wire.wait_until(self._cond, lambda: self._error is not None or self._stopping
                         or step < self.planner.next_step, timeout, f"the plan of step {step}")
@@ -149,6 +158,7 @@ class PlannerServer(ActionServer):
                 raise KeyError("no encoder streams: this run's strategy has no image graph "
                                "(images travel with their sequences in ('batch', STEP, RANK))")
             with self._cond:  # asking for a step is how a trainer tells us where it is
+                self._check_horizon(step)
                 self._requested[rank] = max(step, self._requested.get(rank, -1))
                 if self._rewind_pending:
                     self._rewind_pending = False
@@ -220,7 +230,8 @@ class PlannerServer(ActionServer):
         if not 0 <= constructor < self.mesh.num_constructors:
             raise ValueError(f"plan: constructor {constructor} out of range")
         with self._cond:
-            self._wait_for_plan(step, float(body.get("timeout", WAIT_SECONDS)))
+            self._check_horizon(step)
+            self._wait_for_plan(step, WAIT_SECONDS)
             plan = self._plans.get(step)
             if plan is not None:
                 self._fetched[step].add(constructor)

@@ -17,8 +17,13 @@ def encode(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
+MAX_MESSAGE = 64 << 20  # bytes of one JSON ticket or action body (a step's sample list is far below)
+
+
 def decode(raw: bytes, what: str) -> dict:
     """Parse a JSON object from a ticket or action body, or raise ValueError naming ``what``."""
+    if len(raw) > MAX_MESSAGE:
+        raise ValueError(f"malformed {what}: {len(raw):,} bytes, over the {MAX_MESSAGE:,} limit")
     try:
         obj = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -51,7 +56,21 @@ def call(client: fl.FlightClient, name: str, body: Any = None, *, timeout: float
     return json.loads(results[0].body.to_pybytes()) if results else None
 
 
+MAX_WAITERS = 512  # blocking calls one server process holds at once; more are refused, not queued
+_waiters = threading.BoundedSemaphore(MAX_WAITERS)
+
+
 def wait_until(cond: threading.Condition, predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Wait on ``cond`` (held by the caller) for ``predicate``; FlightTimedOutError naming ``what`` after ``timeout``."""
-    if not cond.wait_for(predicate, timeout):
-        raise fl.FlightTimedOutError(f"timed out after {timeout:.0f}s waiting for {what}")
+    """Wait on ``cond`` (held by the caller) for ``predicate``; FlightTimedOutError naming ``what`` after
+    ``timeout``. At most ``MAX_WAITERS`` calls wait at once, so a flood of waiting requests cannot
+    hold every thread of the server."""
+    if predicate():
+        return
+    if not _waiters.acquire(blocking=False):
+        raise fl.FlightServerError(f"busy: {MAX_WAITERS} calls are already waiting on this server (for {what}); "
+                                   f"retry later")
+    try:
+        if not cond.wait_for(predicate, timeout):
+            raise fl.FlightTimedOutError(f"timed out after {timeout:.0f}s waiting for {what}")
+    finally:
+        _waiters.release()

@@ -15,8 +15,52 @@ from . import call, decode, encode
 log = logging.getLogger(__name__)
 
 
+HANDLERS = ("do_get", "do_action", "get_flight_info", "get_schema", "list_flights", "list_actions", "do_put",
+            "do_exchange")
+MAX_ACTION_BODY = 1 << 20  # bytes; an action body is a small JSON object
+
+
+def client_error(exc: BaseException, where: str) -> fl.FlightError:
+    """What a client gets for an exception in a handler: its message, never the server's traceback.
+    Flight errors (time-outs, auth) pass through; a bad request says what is wrong; anything else is
+    logged here with its traceback and reported as an internal error."""
+    if isinstance(exc, fl.FlightError):
+        return exc
+    if isinstance(exc, (ValueError, TypeError)):
+        return fl.FlightServerError(f"invalid request: {exc}")
+    if isinstance(exc, KeyError):
+        return fl.FlightServerError(f"not found: {exc.args[0] if exc.args else exc}")
+    log.error("%s failed", where, exc_info=exc)
+    return fl.FlightServerError(f"internal error in {where}: {type(exc).__name__}: {exc} (details in the server log)")
+
+
+def _guarded(name: str, handler: Callable) -> Callable:
+    if name in ("list_flights", "do_action", "list_actions"):  # generators: errors surface while iterating
+        def generate(self, context, *args):
+            try:
+                yield from handler(self, context, *args)
+            except BaseException as exc:
+                raise client_error(exc, f"{type(self).__name__}.{name}") from None
+        return generate
+
+    def call_handler(self, context, *args):
+        try:
+            return handler(self, context, *args)
+        except BaseException as exc:
+            raise client_error(exc, f"{type(self).__name__}.{name}") from None
+    return call_handler
+
+
 class ActionServer(fl.FlightServerBase):
-    """A Flight server whose actions are methods named ``action_<name>(body: dict) -> JSON-able``."""
+    """The base of every role's Flight adapter. Actions are methods ``action_<name>(body: dict) ->
+    JSON-able``; every handler a subclass defines is wrapped so that a client's bad request gets a
+    clear error naming what is wrong, and never a traceback, and the server stays up."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in HANDLERS:
+            if name in cls.__dict__:
+                setattr(cls, name, _guarded(name, cls.__dict__[name]))
 
     def list_actions(self, context):
         return [(name[len("action_"):], (getattr(self, name).__doc__ or "").strip().split("\n")[0])
@@ -27,10 +71,16 @@ class ActionServer(fl.FlightServerBase):
         if handler is None:
             known = ", ".join(name for name, _ in self.list_actions(context))
             raise KeyError(f"unknown action {action.type!r} (known: {known})")
-        body = decode(action.body.to_pybytes() or b"{}", f"body of action {action.type!r}")
-        result = handler(body)
+        raw = action.body.to_pybytes()
+        if len(raw) > MAX_ACTION_BODY:
+            raise ValueError(f"body of action {action.type!r} is {len(raw):,} bytes, over the {MAX_ACTION_BODY:,} limit")
+        result = handler(decode(raw or b"{}", f"body of action {action.type!r}"))
         if result is not None:
             yield fl.Result(encode(result))
+
+
+for _name in ("do_action", "list_actions"):
+    setattr(ActionServer, _name, _guarded(_name, ActionServer.__dict__[_name]))
 
 
 class ClientPool:

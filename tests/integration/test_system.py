@@ -131,23 +131,23 @@ def test_bad_requests_get_clear_errors_and_servers_stay_up(corpus, tmp_path):
         buffered = loader.do_get(source_info.endpoints[0].ticket).read_all()
         assert buffered.num_rows > 0 and all(k.startswith("captions:") for k in buffered.column("key").to_pylist())
 
-        with pytest.raises(pa.ArrowInvalid, match="malformed ticket"):
+        with pytest.raises(fl.FlightServerError, match="invalid request: .*malformed ticket"):
             constructor.do_get(fl.Ticket(b"not json")).read_all()
-        with pytest.raises(pa.ArrowInvalid, match="field 'step'"):
+        with pytest.raises(fl.FlightServerError, match="invalid request: .*field 'step'"):
             constructor.do_get(wire.ticket({"kind": "batch", "rank": 0})).read_all()
-        with pytest.raises(pa.ArrowInvalid, match="malformed ticket"):
+        with pytest.raises(fl.FlightServerError, match="invalid request: .*malformed ticket"):
             loader.do_get(wire.ticket({"kind": "nope"})).read_all()
-        with pytest.raises(pa.ArrowInvalid, match="is not \\[epoch, file, row_group, row\\]"):
+        with pytest.raises(fl.FlightServerError, match="invalid request: .*is not \\[epoch, file, row_group, row\\]"):
             loader.do_get(wire.ticket({"kind": "samples", "step": 0, "constructor": 0, "samples": [[1]]})).read_all()
-        with pytest.raises(pa.ArrowKeyError, match="unknown descriptor"):
+        with pytest.raises(fl.FlightServerError, match="not found: .*unknown descriptor"):
             planner.get_flight_info(fl.FlightDescriptor.for_path("nope"))
-        with pytest.raises(pa.ArrowInvalid, match="rank 99 is outside the mesh"):
+        with pytest.raises(fl.FlightServerError, match="invalid request: .*rank 99 is outside the mesh"):
             planner.get_flight_info(fl.FlightDescriptor.for_path("batch", "0", "99"))
-        with pytest.raises(pa.ArrowInvalid, match="step and rank must be integers"):
+        with pytest.raises(fl.FlightServerError, match="invalid request: .*step and rank must be integers"):
             planner.get_flight_info(fl.FlightDescriptor.for_path("batch", "x", "0"))
-        with pytest.raises(pa.ArrowKeyError, match="unknown action 'explode'"):
+        with pytest.raises(fl.FlightServerError, match="not found: .*unknown action 'explode'"):
             wire.call(planner, "explode")
-        with pytest.raises(pa.ArrowInvalid, match="malformed body"):
+        with pytest.raises(fl.FlightServerError, match="invalid request: .*malformed body"):
             list(planner.do_action(fl.Action("register", b"[1,2")))
 
         # Everyone is still up and the data still flows.

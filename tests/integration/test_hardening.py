@@ -1,0 +1,82 @@
+"""Bad and hostile input against live servers: clear errors that name the problem, no server
+traceback to any client, no thread held by an absurd request, and the run unharmed."""
+from __future__ import annotations
+
+import json
+import time
+
+import pyarrow.flight as fl
+import pytest
+
+from flight_overlord.client import StepFetcher
+from flight_overlord.config import load_config
+from flight_overlord.deploy.launch import LocalCluster
+
+from ..helpers import delivered_keys, journal, write_config
+
+
+@pytest.fixture(scope="module")
+def cluster(corpus, tmp_path_factory):
+    path = write_config(tmp_path_factory.mktemp("hardening"), corpus)
+    with LocalCluster(path) as running:
+        yield running, path
+
+
+def _error(call) -> str:
+    with pytest.raises(fl.FlightError) as info:
+        call()
+    return str(info.value)
+
+
+def test_no_error_carries_a_server_traceback(cluster):
+    running, _ = cluster
+    planner = fl.connect(running.planner)
+    constructor = fl.connect(running.child("constructor-0").location)
+    loader = fl.connect(running.child("loader-code-0").location)
+    calls = [
+        lambda: planner.get_flight_info(fl.FlightDescriptor.for_path("batch", "x", "0")),
+        lambda: planner.get_flight_info(fl.FlightDescriptor.for_path("nope")),
+        lambda: list(planner.do_action(fl.Action("plan", b"[1, 2"))),
+        lambda: list(planner.do_action(fl.Action("register", json.dumps({"role": "loader"}).encode()))),
+        lambda: constructor.do_get(fl.Ticket(b"\xff\xfe")).read_all(),
+        lambda: constructor.do_get(fl.Ticket(json.dumps({"kind": "batch", "step": 0, "rank": 77}).encode())).read_all(),
+        lambda: loader.do_get(fl.Ticket(json.dumps({"kind": "samples", "step": 0, "constructor": 0,
+                                                    "samples": [[0, "../../etc/passwd", 0, 0]]}).encode())).read_all(),
+        lambda: loader.do_get(fl.Ticket(json.dumps({"kind": "metadata", "epoch": -5, "file": 3,
+                                                    "row_group": 0}).encode())).read_all(),
+    ]
+    for call in calls:
+        message = _error(call)
+        assert "Traceback" not in message and 'File "' not in message, message
+        assert "invalid request" in message or "not found" in message, message
+
+
+def test_absurd_steps_are_refused_at_once(cluster):
+    running, _ = cluster
+    planner = fl.connect(running.planner)
+    started = time.monotonic()
+    message = _error(lambda: planner.get_flight_info(fl.FlightDescriptor.for_path("batch", str(10 ** 12), "0")))
+    assert "beyond the planning horizon" in message
+    assert time.monotonic() - started < 5, "an absurd step held a server thread"
+    assert "step must be >= 0" in _error(lambda: planner.get_flight_info(fl.FlightDescriptor.for_path("batch", "-1", "0")))
+    assert "beyond the planning horizon" in _error(
+        lambda: list(planner.do_action(fl.Action("plan", json.dumps({"step": 10 ** 9, "constructor": 0}).encode()))))
+
+
+def test_oversized_action_body_is_refused(cluster):
+    running, _ = cluster
+    planner = fl.connect(running.planner)
+    message = _error(lambda: list(planner.do_action(fl.Action("report", b" " * (2 << 20)))))
+    assert "over the" in message and "limit" in message
+
+
+def test_the_run_is_unharmed_after_the_abuse(cluster):
+    """After every bad request above, the run still delivers each planned sample exactly once."""
+    running, path = cluster
+    ranks = load_config(path).mesh.world_size
+    fetchers = [StepFetcher(running.planner, r, timeout=60) for r in range(ranks)]
+    delivered = [k for step in range(6) for f in fetchers for k in delivered_keys([f.fetch(step)])]
+    planned = [k for record in journal(path)[:6] for b in record["bins"] for k in b]
+    assert sorted(delivered) == sorted(planned) and len(set(delivered)) == len(delivered)
+    for f in fetchers:
+        f.close()
