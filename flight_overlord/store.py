@@ -61,14 +61,33 @@ def read_journal(path: Path, offset: int = 0) -> Iterator[tuple[int, dict]]:
 
 class Snapshots:
     """``<dir>/<name>-<step>.json`` files, written atomically; the latest at or before a step is found
-    from the file names alone."""
+    from the file names alone. Old ones are pruned: the newest ``keep`` stay and, when ``bucket`` is
+    given, the first one of every ``bucket`` steps before them, so a resume at an old step still finds
+    a snapshot at most ``bucket`` steps before it while the folder grows that much slower than the run."""
 
-    def __init__(self, directory: Path, name: str):
+    def __init__(self, directory: Path, name: str, *, keep: int = 4, bucket: int | None = None):
         self.directory = directory
         self.name = name
+        self.keep, self.bucket = keep, bucket
         self._pattern = re.compile(rf"^{re.escape(name)}-(\d+)\.json$")
+        self._written = 0
 
     def write(self, step: int, state: dict) -> Path:
+        path = self._write(step, state)
+        self._written += 1
+        if self._written % self.keep == 0:
+            self._prune()
+        return path
+
+    def _prune(self) -> None:
+        seen: set[int] = set()
+        for step in self.steps()[:-self.keep]:
+            if self.bucket is not None and step // self.bucket not in seen:
+                seen.add(step // self.bucket)  # the first snapshot of its bucket stays
+                continue
+            (self.directory / f"{self.name}-{step:09d}.json").unlink(missing_ok=True)
+
+    def _write(self, step: int, state: dict) -> Path:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"{self.name}-{step:09d}.json"
         tmp = path.with_suffix(f".tmp{os.getpid()}")

@@ -43,10 +43,9 @@ class LoaderActor:
         self._orders: dict[int, tuple[list[RowGroupRef], dict[tuple[str, int], int]]] = {}
         self._bytes_served = 0
         self._stopping = False
-        directory = run_dir / "loaders"
-        stem = f"{partition.source.name}-{partition.actor}"
-        self._journal = Journal(directory / f"{stem}.jsonl")
-        self._snapshots = Snapshots(directory, stem)
+        directory = run_dir / "loaders" / f"{partition.source.name}-{partition.actor}"
+        self._journal = Journal(directory / "journal.jsonl")
+        self._snapshots = Snapshots(directory, "state", keep=2)  # a loader only ever restores its latest
         self._followed = 0  # journal offset folded in so far
         self._since_snapshot = 0
         self._restore()

@@ -46,8 +46,11 @@ class LoaderState:
         return True
 
     def release(self, position: int) -> None:
-        """Every servable row of ``position`` is popped: forget it (its buffer is dropped)."""
+        """Every servable row of ``position`` is popped: forget it (its buffer is dropped). Idempotent:
+        a replica folds its own release records in again when it follows the journal."""
         self.popped.pop(position, None)
+        if position < self.released_below:
+            return
         self.released.add(position)
         while self.released_below in self.released:
             self.released.discard(self.released_below)

@@ -41,7 +41,7 @@ class Planner:
         self._fetch_meta = fetch_meta
         self._dir = cfg.run_dir / "planner"
         self._journal_path = cfg.run_dir / "plan-journal.jsonl"
-        self._snapshots = Snapshots(self._dir, "planner")
+        self._snapshots = Snapshots(self._dir, "planner", bucket=10 * cfg.checkpoint.every)
         self._journal: Journal | None = None
         self._index: dict[int, int] = {}  # step -> journal offset of its record (steps since the last restore)
         self.rewound_at: int | None = None  # a resume on a new layout re-plans from this step

@@ -146,3 +146,22 @@ def test_trainer_client(next_step):
     client.load_state_dict({"rank": 3, "next_step": next_step})
     assert client.state_dict() == {"rank": 3, "next_step": next_step}
     client.close()
+
+
+def test_snapshots_are_pruned_but_every_step_keeps_one_not_far_before(tmp_path):
+    from flight_overlord.store import Snapshots
+    snapshots = Snapshots(tmp_path, "p", keep=3, bucket=100)
+    for step in range(0, 2000, 10):
+        snapshots.write(step, {"step": step})
+    kept = snapshots.steps()
+    assert len(kept) < 30 and kept[-3:] == [1970, 1980, 1990]
+    for step in range(0, 2000, 7):  # a resume anywhere finds a snapshot at most one bucket back
+        found, state = snapshots.latest(at_most=step)
+        assert step - found < 100 + 10 and state == {"step": found}
+
+
+def test_a_release_folded_in_twice_is_forgotten_once():
+    state = LoaderState()
+    for record in [{"release": 0}, {"release": 1}, {"release": 0}, {"release": 1}]:
+        state.apply(record)
+    assert state.released_below == 2 and state.released == set()
