@@ -172,6 +172,35 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class TLSConfig:
+    """TLS for every role (``grpc+tls://``): the role's certificate and key, the CA that signed the
+    certificates, and ``verify_client`` for mutual TLS (clients then need a certificate the CA signed,
+    with the client-auth usage). ``enabled``: None turns TLS on when ``cert`` is given."""
+    cert: Path | None = None
+    key: Path | None = None
+    ca: Path | None = None
+    verify_client: bool = False
+    enabled: bool | None = None
+
+    @property
+    def on(self) -> bool:
+        return self.cert is not None if self.enabled is None else self.enabled
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    """Who may call what (``wire/security.py``). Internal calls always need the cluster secret: from
+    ``cluster_secret_file``, else ``$OVERLORD_CLUSTER_SECRET``, else made fresh by ``overlord up``.
+    Trainer calls need a token only when ``trainer_tokens_file`` is set (one per line); inspection
+    calls only when ``inspect_token_file`` is set."""
+    cluster_secret_file: Path | None = None
+    trainer_tokens_file: Path | None = None
+    inspect_token_file: Path | None = None
+    tls: TLSConfig = TLSConfig()
+    ticket_ttl_seconds: float = 3600.0  # how long a ticket from the Planner can be redeemed
+
+
+@dataclass(frozen=True)
 class StrategyConfig:
     """A strategy file: ``function(strategy, **options)`` programs the Planner (planner/strategy.py)."""
     file: Path
@@ -197,6 +226,7 @@ class Config:
     data_root: Path
     strategy: StrategyConfig | None = None
     vision: VisionConfig = VisionConfig()
+    security: SecurityConfig = SecurityConfig()
     path: Path | None = None  # the YAML file this came from, so child processes can reload it
 
     @property
@@ -243,7 +273,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         "seed": 0, "data_root": ".", "run_dir": "runs/default", "sources": _REQUIRED,
         "mesh": None, "global_batch": _REQUIRED, "cost": None, "balance": None,
         "prefetch": 2, "network": None, "loader": None, "constructor": None,
-        "pad_token_id": 0, "strategy": None, "vision": None, "checkpoint": None,
+        "pad_token_id": 0, "strategy": None, "vision": None, "checkpoint": None, "security": None,
     })
     data_root = (base_dir / str(top["data_root"])).resolve()
     global_batch = _parse_global_batch(top["global_batch"])
@@ -274,6 +304,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         data_root=data_root,
         strategy=_parse_strategy(top["strategy"], base_dir),
         vision=_parse_vision(top["vision"]),
+        security=_parse_security(top["security"], base_dir),
         path=path,
     )
 
@@ -382,6 +413,43 @@ def _parse_vision(raw: Any) -> VisionConfig:
     return VisionConfig(**ints, decode_at=_choice(f["decode_at"], "vision.decode_at", ("constructor", "loader")),
                         on_bad_image=_choice(f["on_bad_image"], "vision.on_bad_image", ("skip", "fail")),
                         background=tuple(background))
+
+
+def _parse_security(raw: Any, base_dir: Path) -> SecurityConfig:
+    f = _fields(raw, "security", {**_defaults(SecurityConfig), "tls": None})
+    t = _fields(f["tls"], "security.tls", _defaults(TLSConfig))
+
+    def file(value: Any, where: str) -> Path | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{where}: expected a file path, got {value!r}")
+        path = (base_dir / value).resolve()
+        if not path.is_file():
+            raise ConfigError(f"{where}: file not found: {path}")
+        return path
+
+    for key in ("verify_client", "enabled"):
+        if not (isinstance(t[key], bool) or (key == "enabled" and t[key] is None)):
+            raise ConfigError(f"security.tls.{key}: expected true or false, got {t[key]!r}")
+    tls = TLSConfig(file(t["cert"], "security.tls.cert"), file(t["key"], "security.tls.key"),
+                    file(t["ca"], "security.tls.ca"), t["verify_client"], t["enabled"])
+    if (tls.cert is None) != (tls.key is None):
+        raise ConfigError("security.tls: give both cert and key (the role's certificate and its private key)")
+    if tls.on and tls.cert is None:
+        raise ConfigError("security.tls.enabled: TLS needs security.tls.cert and security.tls.key")
+    if tls.verify_client and not tls.on:
+        raise ConfigError("security.tls.verify_client: mutual TLS needs TLS on (security.tls.cert and key)")
+    if tls.verify_client and tls.ca is None:
+        raise ConfigError("security.tls.ca: mutual TLS (verify_client: true) needs the CA that signs client "
+                          "certificates")
+    return SecurityConfig(
+        cluster_secret_file=file(f["cluster_secret_file"], "security.cluster_secret_file"),
+        trainer_tokens_file=file(f["trainer_tokens_file"], "security.trainer_tokens_file"),
+        inspect_token_file=file(f["inspect_token_file"], "security.inspect_token_file"),
+        tls=tls,
+        ticket_ttl_seconds=_number(f["ticket_ttl_seconds"], "security.ticket_ttl_seconds", minimum=1),
+    )
 
 
 def _parse_strategy(raw: Any, base_dir: Path) -> StrategyConfig | None:

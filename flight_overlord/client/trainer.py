@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from .. import wire
+from ..wire.security import Credentials
 from ..wire.server import ClientPool
 
 
@@ -82,12 +83,22 @@ def table_to_encoder_inputs(table: pa.Table) -> list[dict]:
 
 
 class StepFetcher:
-    """Fetches one rank's raw Arrow tables step by step: Planner ticket, then the constructor's do_get."""
+    """Fetches one rank's raw Arrow tables step by step: Planner ticket, then the constructor's do_get.
 
-    def __init__(self, planner: str, rank: int, *, timeout: float = 300.0):
+    ``token``: a trainer token (default ``$OVERLORD_TRAINER_TOKEN``), needed when the run's config
+    names trainer tokens; ``credentials`` (``wire.security.Credentials``): token and TLS material at
+    once (default: the token, and the CA / client certificate files of ``$OVERLORD_TLS_CA``,
+    ``$OVERLORD_TLS_CERT``, ``$OVERLORD_TLS_KEY``)."""
+
+    def __init__(self, planner: str, rank: int, *, timeout: float = 300.0, token: str | None = None,
+                 credentials: Credentials | None = None):
         self.rank = rank
         self.timeout = timeout
-        self._pool = ClientPool()
+        if credentials is None:
+            credentials = Credentials.for_trainer(token)
+        elif token is not None:
+            credentials = credentials.with_token(token)
+        self._pool = ClientPool(credentials)
         self.planner_location = planner
         self.planner = self._pool.get(planner)
 
@@ -136,16 +147,18 @@ class TrainerClient:
     """Iterates steps from ``start_step`` on, prefetching ``prefetch`` steps in a background thread."""
 
     def __init__(self, planner: str, rank: int, *, start_step: int = 0, num_steps: int | None = None,
-                 prefetch: int = 2, timeout: float = 300.0, as_tensors: bool = True, encoder: bool = False):
+                 prefetch: int = 2, timeout: float = 300.0, as_tensors: bool = True, encoder: bool = False,
+                 token: str | None = None, credentials: Credentials | None = None):
         """``encoder=True`` (strategies with an image graph): each step yields ``(microbatches,
-        encoder_inputs)``, the second being the images this rank's vision encoder processes."""
+        encoder_inputs)``, the second being the images this rank's vision encoder processes.
+        ``token`` / ``credentials``: as for :class:`StepFetcher` (trainer token, TLS)."""
         self.rank = rank
         self.encoder = encoder
         self.next_step = start_step
         self.num_steps = num_steps
         self.prefetch = prefetch
         self.as_tensors = as_tensors
-        self._fetcher = StepFetcher(planner, rank, timeout=timeout)
+        self._fetcher = StepFetcher(planner, rank, timeout=timeout, token=token, credentials=credentials)
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()

@@ -5,7 +5,9 @@ trainers' position after a restart), then for its share of each step's plan, fet
 from every loader concurrently (riding out a loader's restart, or failing over to its shadow), packs each microbatch to the plan's capacity, and stages one
 table per distinct delivery: a bucket's full sequences, each context-parallel rank's share of
 them, or metadata only (ClientPlaceTree rules, ``core/mesh.py``). Trainers redeem
-``{"kind": "batch", "step", "rank"}`` tickets with ``do_get``; the table streams from C++.
+``{"kind": "batch", "step", "rank", "exp", "sig"}`` tickets (signed by the Planner, checked here)
+with ``do_get``; the table streams from C++. Redeeming is a trainer call, ``status`` an inspection
+call; the constructor's own calls to the Planner and loaders carry the cluster secret.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from .. import wire
+from ..wire.security import INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, ClientPool, call_any, location_of, register, serve
 from ..config import Config, load_config
 from ..core.mesh import Delivery
@@ -31,8 +34,9 @@ WAIT_SECONDS = 30.0
 
 
 class ConstructorServer(ActionServer):
-    def __init__(self, cfg: Config, index: int, planner: str, *, port: int = 0):
+    def __init__(self, cfg: Config, index: int, planner: str, *, port: int = 0, security: Security | None = None):
         self.cfg = cfg
+        security = security or Security.from_config(cfg)
         self.index = index
         self.mesh = cfg.trainer_mesh
         self.strategy = load_strategy(cfg, self.mesh)  # for its constructor_do_plan hook
@@ -41,7 +45,7 @@ class ConstructorServer(ActionServer):
         self.dp_ranks = self.mesh.dp_ranks_of(index)
         self.ranks = [r for r in range(self.mesh.world_size) if self.mesh.coord(r).dp in self.dp_ranks]
         self._planner_location = planner
-        self._clients = ClientPool()
+        self._clients = ClientPool(security.credentials)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="fetch")
         self._cond = threading.Condition()
         self._deliveries: dict[int, Delivery] = {}  # rank -> what it receives; known from the first plan
@@ -51,7 +55,7 @@ class ConstructorServer(ActionServer):
         self._bad_samples: list[str] = []  # keys skipped for a bad image (vision.on_bad_image: skip)
         self._error: str | None = None
         self._stopping = False
-        super().__init__(f"grpc://{cfg.network.host}:{port}")
+        super().__init__(cfg.network.host, port, security)
 
     def start(self) -> None:
         threading.Thread(target=self._assemble_loop, name="assemble", daemon=True).start()
@@ -168,11 +172,13 @@ class ConstructorServer(ActionServer):
         kind = request.get("kind")
         if kind not in ("batch", "encoder"):
             raise ValueError(f"malformed ticket: kind {kind!r}, a constructor serves 'batch' and 'encoder' tickets")
+        self.authorize(context, TRAINER, f"do_get of a {kind!r} ticket")
         step = wire.field(request, "step", int, "batch ticket")
         rank = wire.field(request, "rank", int, "batch ticket")
         if rank not in self.ranks:
             raise KeyError(f"rank {rank} is not served by constructor {self.index} "
                            f"(it serves the ranks of data-parallel groups {list(self.dp_ranks)})")
+        self.security.verify_ticket(request)  # forged, altered or expired: FlightUnauthorizedError
         with self._cond:
             wire.wait_until(self._cond, lambda: self._error is not None or self._staging.assembled(step),
                             WAIT_SECONDS, f"step {step} of rank {rank}")
@@ -190,6 +196,7 @@ class ConstructorServer(ActionServer):
             self._staging.served(kind, rank, step)
         return fl.RecordBatchStream(table)
 
+    @requires(INSPECT)
     def action_status(self, body):
         """Assembly progress and staged steps."""
         with self._cond:
@@ -210,13 +217,14 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="overlord serve constructor")
     parser.add_argument("--config", required=True)
     parser.add_argument("--index", type=int, default=0)
-    parser.add_argument("--planner", required=True, help="grpc://host:port of the Planner")
+    parser.add_argument("--planner", required=True, help="grpc://host:port (or grpc+tls://) of the Planner")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--ready-file")
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     server = ConstructorServer(cfg, args.index, args.planner, port=args.port)
     location = location_of(server, cfg.network.host)
-    register(args.planner, {"role": "constructor", "index": args.index, "location": location})
+    register(args.planner, {"role": "constructor", "index": args.index, "location": location},
+             server.security.credentials)
     server.start()
     serve(server, location, args.ready_file)

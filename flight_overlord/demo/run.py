@@ -13,7 +13,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import pyarrow.flight as fl
 import numpy as np
 import yaml
 from tqdm import tqdm
@@ -22,6 +21,8 @@ from .. import wire
 from ..config import Config, load_config
 from ..deploy.launch import LocalCluster
 from ..planner.strategy import load_strategy
+from ..wire.security import Credentials
+from ..wire.server import connect
 
 DEFAULT_STEPS = 40
 SHIPPED_CONFIGS = "flight_overlord.demo.configs"  # the repository's configs/ (pyproject.toml package-dir)
@@ -65,12 +66,13 @@ def ensure_demo_data(config_path: str | Path) -> None:
 
 
 def trainer_process(planner: str, rank: int, steps: int, by_tokens: bool, counts: bool, encoder: bool,
-                    results: mp.Queue) -> None:
+                    results: mp.Queue, credentials: Credentials | None = None) -> None:
     """One simulated trainer. ``counts``: this rank is its bucket's first, so its sample keys are the
     ones the mixture is counted from (other ranks of the bucket get the same samples, or a share).
-    ``encoder``: the strategy has an image graph, so the rank also fetches the images it encodes."""
+    ``encoder``: the strategy has an image graph, so the rank also fetches the images it encodes.
+    ``credentials``: the demo's trainers are the run's own, so they present its credentials."""
     from ..client import TrainerClient
-    with TrainerClient(planner, rank, num_steps=steps, encoder=encoder) as client:
+    with TrainerClient(planner, rank, num_steps=steps, encoder=encoder, credentials=credentials) as client:
         for item in client:
             step_batch, encoder_inputs = item if encoder else (item, [])
             amounts = Counter()  # per source: tokens, or samples when the batch is counted in samples
@@ -109,12 +111,13 @@ def run_demo(config_path: str | Path, steps: int | None = None) -> dict:
         ctx = mp.get_context("spawn")
         results = ctx.Queue()
         trainers = [ctx.Process(target=trainer_process, args=(cluster.planner, r, steps, cfg.global_batch.tokens_per_step is not None,
-                                                         r in counting, strategy.image_graph is not None, results), daemon=True)
+                                                         r in counting, strategy.image_graph is not None, results,
+                                                         cluster.credentials), daemon=True)
                     for r in range(ranks)]
         for t in trainers:
             t.start()
         try:
-            summary = _follow(cfg, cluster.planner, steps, ranks, results, trainers)
+            summary = _follow(cfg, cluster.planner, steps, ranks, results, trainers, cluster.credentials)
         finally:
             for t in trainers:
                 t.join(timeout=5)
@@ -123,8 +126,9 @@ def run_demo(config_path: str | Path, steps: int | None = None) -> dict:
     return summary
 
 
-def _follow(cfg: Config, planner: str, steps: int, ranks: int, results: mp.Queue, trainers) -> dict:
-    client = fl.connect(planner)
+def _follow(cfg: Config, planner: str, steps: int, ranks: int, results: mp.Queue, trainers,
+            credentials: Credentials | None = None) -> dict:
+    client = connect(planner, credentials)
     weights = Counter()  # the schedule's weights, normalised per step and averaged over the steps
     per_step: dict[int, list] = {}
     unit = "tokens" if cfg.global_batch.tokens_per_step is not None else "samples"

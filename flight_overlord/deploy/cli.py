@@ -61,8 +61,27 @@ def _demo(args) -> None:
 
 
 def _inspect(args) -> None:
+    from ..wire.security import Credentials, Security
     from .inspection import inspect_server
-    inspect_server(args.address, rows=args.rows)
+    if args.config:  # the run's own credentials: its cluster secret and TLS settings
+        from ..config import load_config
+        credentials = Security.from_config(load_config(args.config)).credentials
+        if args.token_file:
+            credentials = credentials.with_token(Credentials.from_files(token_file=args.token_file).token)
+    else:
+        credentials = Credentials.from_files(token_file=args.token_file, ca=args.ca, cert=args.cert, key=args.key)
+    import pyarrow.flight as fl
+    try:
+        inspect_server(args.address, rows=args.rows, credentials=credentials)
+    except fl.FlightError as exc:  # refused, unreachable: say so, without a client-side traceback
+        raise SystemExit(f"error: {args.address}: {type(exc).__name__}: {str(exc).split('. Detail:')[0]}") from None
+
+
+def _certs(args) -> None:
+    from .certs import config_snippet, make_certs
+    files = make_certs(args.dir, hosts=tuple(args.host), days=args.days)
+    print(f"wrote {', '.join(sorted(files))} to {Path(args.dir).resolve()}")
+    print(config_snippet(files), end="")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -98,7 +117,19 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("inspect", help="show what a Flight server offers, with the stock Flight API only")
     p.add_argument("address")
     p.add_argument("--rows", type=int, default=2)
+    p.add_argument("--token-file", help="a file holding an inspection or trainer token (first line)")
+    p.add_argument("--ca", help="PEM file of the CA that signed the servers' certificates (grpc+tls://)")
+    p.add_argument("--cert", help="client certificate (PEM), for mutual TLS")
+    p.add_argument("--key", help="the client certificate's private key (PEM)")
+    p.add_argument("--config", help="use the run's own credentials: its cluster secret (security.cluster_secret_file, "
+                   "$OVERLORD_CLUSTER_SECRET or run_dir/secrets/) and TLS settings")
     p.set_defaults(func=_inspect)
+    p = sub.add_parser("certs", help="make a development CA and server/client certificates for TLS and mutual TLS")
+    p.add_argument("dir")
+    p.add_argument("--host", action="append", default=[], help="another name or IP for the server certificate "
+                   "(127.0.0.1 and localhost are always in it); repeatable")
+    p.add_argument("--days", type=int, default=365)
+    p.set_defaults(func=_certs)
     args = parser.parse_args(argv)
     try:
         args.func(args)

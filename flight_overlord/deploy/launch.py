@@ -5,6 +5,11 @@ deployment runs), announces its address in a ready file, and logs to ``run_dir/l
 that exits without being asked is restarted on the same address; it rebuilds its state from the
 run's journals and snapshots (the Planner with ``--recover``), and the other roles ride out the
 gap by retrying (or fail over to a shadow loader).
+
+The run's cluster secret (the config's ``security.cluster_secret_file``, else
+``$OVERLORD_CLUSTER_SECRET``, else a fresh random one per start) reaches the children through their
+environment, never their command line (``ps`` shows command lines), and is written 0600 to
+``run_dir/secrets/cluster-secret`` for ``overlord serve`` processes and tools of the same run.
 """
 from __future__ import annotations
 
@@ -20,10 +25,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow.flight as fl
-
 from .. import wire
 from ..config import Config, ConfigError, load_config
+from ..wire.security import SECRET_ENV, Credentials, Security, cluster_secret, secret_path, write_secret
+from ..wire.server import connect
 
 log = logging.getLogger(__name__)
 MODES = ("new", "resume", "fresh")
@@ -44,7 +49,10 @@ class LocalCluster:
     """Start with ``start()`` (or as a context manager); ``planner`` is then the Planner's address.
 
     ``mode``: ``new`` refuses a ``run_dir`` that holds a previous run, ``resume`` continues it from
-    its latest checkpoint, ``fresh`` moves it aside first (never deletes it)."""
+    its latest checkpoint, ``fresh`` moves it aside first (never deletes it).
+
+    ``secret`` is the run's cluster secret and ``credentials`` what the run's own clients present
+    (the secret, and the TLS settings of the config): ``wire.server.connect(location, cluster.credentials)``."""
 
     def __init__(self, config_path: str | os.PathLike, *, mode: str = "new", supervise: bool = True,
                  startup_timeout: float = 120.0):
@@ -52,6 +60,9 @@ class LocalCluster:
             raise ValueError(f"unknown mode {mode!r} (modes: {', '.join(MODES)})")
         self.config_path = Path(config_path).resolve()
         self.cfg: Config = load_config(self.config_path)  # fail fast, before any process starts
+        self.secret, self._secret_source = cluster_secret(self.cfg, create=True)
+        self.security = Security.from_config(self.cfg, self.secret)  # reads tokens and certificates: fail fast
+        self.credentials: Credentials = self.security.credentials
         self.mode = mode
         self.supervise = supervise
         self.startup_timeout = startup_timeout
@@ -64,6 +75,8 @@ class LocalCluster:
 
     def start(self) -> str:
         self._prepare_run_dir()
+        if self._secret_source != "file":  # the tools and manual `overlord serve` of this run read it there
+            write_secret(secret_path(self.cfg), self.secret)
         try:
             planner = self._spawn("planner", ["planner", *(["--resume"] if self.mode == "resume" else [])])
             self.planner = self._await_ready([planner])[0]
@@ -104,8 +117,10 @@ class LocalCluster:
             extra = ["--port", restart_of.location.rsplit(":", 1)[1]] + (["--recover"] if name == "planner" else [])
         cmd = [sys.executable, "-m", "flight_overlord.deploy.cli", "serve", *args, *extra,
                "--config", str(self.config_path), "--ready-file", str(ready_file)]
+        env = {**os.environ, SECRET_ENV: self.secret}  # never on the command line
         with open(log_path, "a") as log_file:  # a restart appends: the crashed process's log stays
-            process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       env=env)
         if restart_of is not None:
             restart_of.process, restart_of.restarts = process, restart_of.restarts + [time.time()]
             return restart_of
@@ -161,7 +176,7 @@ class LocalCluster:
             time.sleep(0.05)
 
     def _await_planner_ready(self) -> None:
-        client = fl.connect(self.planner)
+        client = connect(self.planner, self.credentials)
         deadline = time.monotonic() + self.startup_timeout
         try:
             while not wire.call(client, "status")["ready"]:

@@ -21,16 +21,20 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .. import wire
+from ..wire.security import Credentials
 from ..wire.server import ClientPool
 
 
-def cluster_status(planner_address: str, *, timeout: float = 10.0, pool: ClientPool | None = None) -> dict:
+def cluster_status(planner_address: str, *, timeout: float = 10.0, pool: ClientPool | None = None,
+                   credentials: Credentials | None = None) -> dict:
     """The status of the deployment whose Planner is at ``planner_address`` (see the module doc).
 
-    ``pool``: reuse these clients (kept open) across calls; by default a pool is made and closed here.
+    ``pool``: reuse these clients (kept open) across calls; by default a pool is made and closed here,
+    with ``credentials`` (the run's, ``LocalCluster.credentials``, when inspection needs a token or
+    the run uses TLS).
     """
     own_pool = pool is None
-    pool = pool or ClientPool()
+    pool = pool or ClientPool(credentials)
     try:
         planner = _ask(pool, planner_address, timeout, role="planner")
         answer = planner.pop("counters")

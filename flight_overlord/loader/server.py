@@ -5,7 +5,9 @@ Three kinds of ``do_get`` ticket:
   sure that row group is buffered for epoch ``e`` and stream its samples' metadata.
 - ``{"kind": "samples", "step": s, "constructor": c, "samples": [[e, f, g, row, consumers], ...]}``
   (from a Data Constructor): stream those samples, in that order, and pop them.
-- ``{"kind": "buffer"}`` (anyone): the metadata of every buffered, not yet popped sample.
+- ``{"kind": "buffer"}`` (inspection): the metadata of every buffered, not yet popped sample.
+
+``metadata`` and ``samples`` are internal calls: they need the run's cluster secret.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pyarrow.flight as fl
 from .. import wire
 from ..config import load_config
 from ..wire.schemas import SAMPLE_METADATA, load_schema
+from ..wire.security import CLUSTER, INSPECT, Security, requires
 from ..wire.server import ActionServer, location_of, register, serve
 from .actor import LoaderActor
 from .partition import SourcePartition
@@ -24,14 +27,19 @@ from .partition import SourcePartition
 log = logging.getLogger(__name__)
 
 
+TICKET_ROLES = {"metadata": CLUSTER, "samples": CLUSTER, "buffer": INSPECT}
+
+
 class LoaderServer(ActionServer):
-    def __init__(self, actor: LoaderActor, *, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, actor: LoaderActor, security: Security, *, host: str = "127.0.0.1", port: int = 0):
         self.actor = actor  # state first: Flight may accept calls during super().__init__
-        super().__init__(f"grpc://{host}:{port}")
+        super().__init__(host, port, security)
 
     def do_get(self, context, ticket):
         request = wire.decode(ticket.ticket, "ticket")
         kind = request.get("kind")
+        self.authorize(context, TICKET_ROLES.get(kind, INSPECT) if isinstance(kind, str) else INSPECT,
+                       f"do_get of a {kind!r} ticket")
         if kind == "metadata":
             return fl.RecordBatchStream(self.actor.metadata(wire.field(request, "epoch", int, "metadata ticket"),
                                                             wire.field(request, "file", str, "metadata ticket"),
@@ -45,10 +53,12 @@ class LoaderServer(ActionServer):
         raise ValueError(f"malformed ticket: unknown kind {kind!r} (loader tickets: 'metadata', 'samples', 'buffer')")
 
     def list_flights(self, context, criteria):
+        self.authorize(context, INSPECT, "list_flights")
         source = self.actor.partition.source.name
         descriptor = fl.FlightDescriptor.for_path("source", source, str(self.actor.partition.actor))
         yield fl.FlightInfo(load_schema(SAMPLE_METADATA), descriptor, [], self.actor.buffered_samples(), -1)
 
+    @requires(INSPECT)
     def action_status(self, body):
         """Buffer occupancy of this loader."""
         return self.actor.status()
@@ -74,7 +84,7 @@ def main(argv=None) -> None:
     parser.add_argument("--source", required=True)
     parser.add_argument("--actor", type=int, default=0)
     parser.add_argument("--replica", type=int, default=0, help="0: the active loader actor; 1..: its shadows")
-    parser.add_argument("--planner", required=True, help="grpc://host:port of the Planner")
+    parser.add_argument("--planner", required=True, help="grpc://host:port (or grpc+tls://) of the Planner")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--ready-file")
     args = parser.parse_args(argv)
@@ -82,9 +92,11 @@ def main(argv=None) -> None:
     partition = SourcePartition(cfg.source(args.source), args.actor, cfg.global_batch.context_length, cfg.vision)
     actor = LoaderActor(partition, seed=cfg.seed, read_ahead=cfg.loader.read_ahead_row_groups, run_dir=cfg.run_dir,
                         checkpoint_every=cfg.checkpoint.every)
-    server = LoaderServer(actor, host=cfg.network.host, port=args.port)
+    security = Security.from_config(cfg)
+    server = LoaderServer(actor, security, host=cfg.network.host, port=args.port)
     location = location_of(server, cfg.network.host)
     register(args.planner, {"role": "loader", "source": args.source, "actor": args.actor, "replica": args.replica,
                             "location": location,
-                            "row_groups": [[rg.file, rg.row_group, rg.num_rows] for rg in partition.row_groups]})
+                            "row_groups": [[rg.file, rg.row_group, rg.num_rows] for rg in partition.row_groups]},
+             security.credentials)
     serve(server, location, args.ready_file)

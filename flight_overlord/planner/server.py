@@ -7,7 +7,11 @@ A thin Flight adapter over :class:`~.planner.Planner` (the logic and its state):
   every plan is journaled, and any journaled step can be served again (to a restarted
   constructor, or after ``--resume``).
 - Trainers call ``get_flight_info(FlightDescriptor.for_path("batch", step, rank))`` and get
-  the serving constructor's location and a ticket.
+  the serving constructor's location and a ticket signed with the run's secret.
+
+Who may call what (``wire/security.py``): ``register``, ``plan``, ``resume_point`` need the cluster
+secret; batch/encoder tickets and ``report`` are trainer calls; ``list_flights``, ``get_schema``,
+source infos, ``status``, ``stats`` and ``list_actions`` are inspection calls.
 """
 from __future__ import annotations
 
@@ -24,7 +28,8 @@ from ..config import Config, load_config
 from ..core.order import RowGroupRef
 from ..store import write_json_atomic
 from ..wire.schemas import ENCODER_BATCH, MICROBATCH, SAMPLE_METADATA, load_schema
-from ..wire.server import ActionServer, ClientPool, call_any, location_of, serve
+from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
+from ..wire.server import ActionServer, ClientPool, call_any, connect, location_of, serve
 from .planner import Planner, constructor_view
 from .program import StepPlan
 from .strategy import load_strategy
@@ -35,13 +40,16 @@ STEPS_AHEAD = 16    # beyond prefetch: how far past the planned steps a trainer 
 
 
 class PlannerServer(ActionServer):
-    def __init__(self, cfg: Config, *, port: int | None = None, resume: bool = False, recover: bool = False):
+    def __init__(self, cfg: Config, *, port: int | None = None, resume: bool = False, recover: bool = False,
+                 security: Security | None = None):
         """``resume``: continue the run in ``run_dir`` from its journal; ``recover``: also take the
-        registrations of the roles still running (a restart of the Planner alone)."""
+        registrations of the roles still running (a restart of the Planner alone). ``security``: the
+        run's secrets (default: from the config and environment)."""
         self.cfg = cfg
+        security = security or Security.from_config(cfg)
         self.mesh = cfg.trainer_mesh
         self.strategy = load_strategy(cfg, self.mesh)
-        self._clients = ClientPool()
+        self._clients = ClientPool(security.credentials)
         self._cond = threading.Condition()
         self.planner = Planner(cfg, self.strategy, self._meta_fetcher)
         self.planner.open(resume=resume or recover)
@@ -58,30 +66,70 @@ class PlannerServer(ActionServer):
         self._error: str | None = None
         self._stopping = False
         self._started = False
-        super().__init__(f"grpc://{cfg.network.host}:{cfg.network.planner_port if port is None else port}")
+        super().__init__(cfg.network.host, cfg.network.planner_port if port is None else port, security)
         if self.planner.registry.complete():
             self._start_planning()
 
     # -- registration ------------------------------------------------------------------
+    @requires(CLUSTER)
     def action_register(self, body):
-        """A loader or constructor announces itself: {"role", "location", ...}."""
+        """A loader or constructor announces itself: {"role", "location", ...}. A registered role
+        moves to another location only when its registered one no longer answers (recovery restarts a
+        role on its own address), so not even a holder of the secret can redirect a live role."""
         role = wire.field(body, "role", str, "register")
         location = wire.field(body, "location", str, "register")
+        scheme = self.security.scheme
+        if not location.startswith(f"{scheme}://") or not location.rsplit(":", 1)[-1].isdigit():
+            raise ValueError(f"register: location {location!r} must be {scheme}://HOST:PORT (the scheme of this run)")
+        registry = self.planner.registry
+        if role == "loader":
+            source = self.cfg.source(wire.field(body, "source", str, "register")).name
+            actor = wire.field(body, "actor", int, "register")
+            replica = body.get("replica", 0)
+            if isinstance(replica, bool) or not isinstance(replica, int):
+                raise ValueError(f"malformed register: field 'replica' must be an integer, got {replica!r}")
+            row_groups = wire.field(body, "row_groups", list, "register")
+            name = f"loader {source}[{actor}] replica {replica}"
+            with self._cond:
+                current = registry.loaders.get((source, actor), {}).get(replica)
+        elif role == "constructor":
+            index = wire.field(body, "index", int, "register")
+            name = f"constructor {index}"
+            with self._cond:
+                current = registry.constructors.get(index)
+        else:
+            raise ValueError(f"register: unknown role {role!r} (roles: loader, constructor)")
+        if current is not None and current != location and self._answers(current):
+            raise ValueError(f"register: {name} is registered at {current}, which still answers; a registered role "
+                             f"moves only when its address no longer answers (restart it on the same address)")
         with self._cond:
-            registry = self.planner.registry
             if role == "loader":
-                registry.register_loader(self.cfg.source(wire.field(body, "source", str, "register")).name,
-                                         wire.field(body, "actor", int, "register"),
-                                         int(body.get("replica", 0)), location,
-                                         wire.field(body, "row_groups", list, "register"))
-            elif role == "constructor":
-                registry.register_constructor(wire.field(body, "index", int, "register"), location)
+                registry.register_loader(source, actor, replica, location, row_groups)
             else:
-                raise ValueError(f"register: unknown role {role!r} (roles: loader, constructor)")
+                registry.register_constructor(index, location)
+            if current is not None and current != location:
+                log.warning("%s moved from %s (not answering) to %s", name, current, location)
             write_json_atomic(self._registry_file, registry.state_dict())
             if registry.complete():
                 self._start_planning()
         return {"ok": True}
+
+    def _answers(self, location: str) -> bool:
+        """Whether a role's registered address still answers (any reply, even an error, counts), on a
+        fresh channel (a pooled one may be in reconnect back-off)."""
+        try:
+            client = connect(location, self.security.credentials)
+        except Exception:  # noqa: BLE001 - an unusable address does not answer
+            return False
+        try:
+            client.list_actions(options=fl.FlightCallOptions(timeout=3.0))
+            return True
+        except (fl.FlightUnavailableError, fl.FlightTimedOutError):
+            return False
+        except Exception:  # noqa: BLE001 - a server is there: it answered with an error
+            return True
+        finally:
+            client.close()
 
     def _start_planning(self) -> None:
         if not self._started:
@@ -152,7 +200,10 @@ class PlannerServer(ActionServer):
     # -- trainer-facing ----------------------------------------------------------------
     def get_flight_info(self, context, descriptor):
         parts = [p.decode() if isinstance(p, bytes) else p for p in (descriptor.path or [])]
-        if len(parts) == 3 and parts[0] in ("batch", "encoder"):
+        batch = len(parts) == 3 and parts[0] in ("batch", "encoder")
+        self.authorize(context, TRAINER if batch else INSPECT,
+                       f"get_flight_info of {parts[0] if batch else 'this descriptor'!r}")
+        if batch:
             step, rank = self._parse_batch(parts)
             if parts[0] == "encoder" and self.strategy.image_graph is None:
                 raise KeyError("no encoder streams: this run's strategy has no image graph "
@@ -172,6 +223,7 @@ class PlannerServer(ActionServer):
                        f"('batch', STEP, RANK), ('encoder', STEP, RANK) and ('source', NAME)")
 
     def get_schema(self, context, descriptor):
+        self.authorize(context, INSPECT, "get_schema")
         parts = [p.decode() if isinstance(p, bytes) else p for p in (descriptor.path or [])]
         if len(parts) == 3 and parts[0] in ("batch", "encoder"):
             self._parse_batch(parts)
@@ -194,7 +246,7 @@ class PlannerServer(ActionServer):
     def _batch_info(self, descriptor, step: int, rank: int, kind: str = "batch") -> fl.FlightInfo:
         coord = self.mesh.coord(rank)
         location = self.planner.registry.constructors[self.mesh.constructor_of(coord.dp)]
-        ticket = wire.ticket({"kind": kind, "step": step, "rank": rank})
+        ticket = wire.ticket(self.security.sign_ticket(kind, step, rank))
         endpoint = fl.FlightEndpoint(ticket, [location])
         if kind == "encoder":
             return fl.FlightInfo(load_schema(ENCODER_BATCH), descriptor, [endpoint], -1, -1)
@@ -210,6 +262,7 @@ class PlannerServer(ActionServer):
         return fl.FlightInfo(load_schema(SAMPLE_METADATA), descriptor, endpoints, rows, -1)
 
     def list_flights(self, context, criteria):
+        self.authorize(context, INSPECT, "list_flights")
         with self._cond:
             upcoming = [s for s in sorted(self._stats) if s >= self.planner.next_step - self.cfg.prefetch - 1]
         for step in upcoming:
@@ -223,6 +276,7 @@ class PlannerServer(ActionServer):
             yield self._source_info(fl.FlightDescriptor.for_path("source", source.name), source.name)
 
     # -- constructor-facing ------------------------------------------------------------
+    @requires(CLUSTER)
     def action_plan(self, body):
         """A constructor's share of one step's plan: {"step", "constructor"}."""
         step = wire.field(body, "step", int, "plan")
@@ -244,6 +298,7 @@ class PlannerServer(ActionServer):
         return constructor_view(plan, constructor, self.mesh, self.planner.registry,
                                 self.strategy.broadcast).to_wire()
 
+    @requires(CLUSTER)
     def action_resume_point(self, body):
         """Where a (re)started constructor begins: the earliest step its ranks are waiting for."""
         constructor = wire.field(body, "constructor", int, "resume_point")
@@ -259,6 +314,7 @@ class PlannerServer(ActionServer):
             return {"step": min(self._requested[r] for r in ranks)}
 
     # -- trainer feedback --------------------------------------------------------------
+    @requires(TRAINER)
     def action_report(self, body):
         """A trainer's per-source loss for one step: {"step", "rank", "losses": {source: loss}}.
         One report per data-parallel group counts; it is journaled before any plan reads it."""
@@ -276,6 +332,7 @@ class PlannerServer(ActionServer):
         return {"ok": True}
 
     # -- inspection --------------------------------------------------------------------
+    @requires(INSPECT)
     def action_status(self, body):
         """Registration, planning progress, trainer positions, and where every role is."""
         with self._cond:
@@ -284,6 +341,7 @@ class PlannerServer(ActionServer):
                     "requested": {str(r): s for r, s in sorted(self._requested.items())},
                     "error": self._error, **registry.state_dict()}
 
+    @requires(INSPECT)
     def action_stats(self, body):
         """Per-step plan statistics (mixture, imbalance): {"from": step, "to": step}."""
         first = int(body.get("from", 0))

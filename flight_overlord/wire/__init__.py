@@ -1,7 +1,8 @@
 """The wire between roles: JSON tickets and action bodies (any stock Flight client can read them).
 
 Tickets and action bodies are small JSON objects, so any stock Flight client can read
-and forge them. Bad requests raise ``ValueError`` (the client sees ``ArrowInvalid``)
+them; the tickets for a rank's data carry the Planner's signature (``wire/security.py``), so
+nobody can forge or alter them, and who may send what is checked per role. Bad requests raise ``ValueError`` (the client sees ``ArrowInvalid``)
 or ``KeyError`` (``ArrowKeyError``) with a message naming what is wrong; the server
 stays up because pyarrow turns handler exceptions into error statuses.
 """

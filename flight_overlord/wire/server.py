@@ -11,6 +11,7 @@ from typing import Any, Callable
 import pyarrow.flight as fl
 
 from . import call, decode, encode
+from .security import CLUSTER, INSPECT, MIDDLEWARE_KEY, Credentials, Security
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +36,13 @@ def client_error(exc: BaseException, where: str) -> fl.FlightError:
 
 
 def _guarded(name: str, handler: Callable) -> Callable:
-    if name in ("list_flights", "do_action", "list_actions"):  # generators: errors surface while iterating
-        def generate(self, context, *args):
-            try:
-                yield from handler(self, context, *args)
-            except BaseException as exc:
-                raise client_error(exc, f"{type(self).__name__}.{name}") from None
-        return generate
+    eager = name in ("list_flights", "do_action", "list_actions")  # generators: run them here, while the
+    # call's context (and its caller identity) is certainly alive, and so that errors surface as the call's
 
     def call_handler(self, context, *args):
         try:
-            return handler(self, context, *args)
+            result = handler(self, context, *args)
+            return list(result) if eager and result is not None else result
         except BaseException as exc:
             raise client_error(exc, f"{type(self).__name__}.{name}") from None
     return call_handler
@@ -53,8 +50,14 @@ def _guarded(name: str, handler: Callable) -> Callable:
 
 class ActionServer(fl.FlightServerBase):
     """The base of every role's Flight adapter. Actions are methods ``action_<name>(body: dict) ->
-    JSON-able``; every handler a subclass defines is wrapped so that a client's bad request gets a
-    clear error naming what is wrong, and never a traceback, and the server stays up."""
+    JSON-able``, marked with the role they need (``@requires(TRAINER)``; unmarked: the cluster
+    secret); other handlers call ``self.authorize(context, ROLE, what)`` first. Every handler a
+    subclass defines is wrapped so that a client's bad request gets a clear error naming what is
+    wrong, and never a traceback, and the server stays up."""
+
+    def __init__(self, host: str, port: int, security: Security):
+        self.security = security  # before super().__init__: Flight may accept calls during it
+        super().__init__(f"{security.scheme}://{host}:{port}", **security.server_options())
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -62,38 +65,57 @@ class ActionServer(fl.FlightServerBase):
             if name in cls.__dict__:
                 setattr(cls, name, _guarded(name, cls.__dict__[name]))
 
+    def authorize(self, context, needed: str, what: str) -> None:
+        """Raise FlightUnauthenticatedError / FlightUnauthorizedError unless the caller may make a
+        call that needs role ``needed`` (``wire.security``)."""
+        self.security.authorize(context.get_middleware(MIDDLEWARE_KEY), needed, what)
+
+    def _actions(self) -> list[tuple[str, Callable]]:
+        return [(name[len("action_"):], getattr(self, name)) for name in sorted(dir(self)) if name.startswith("action_")]
+
     def list_actions(self, context):
-        return [(name[len("action_"):], (getattr(self, name).__doc__ or "").strip().split("\n")[0])
-                for name in sorted(dir(self)) if name.startswith("action_")]
+        self.authorize(context, INSPECT, "list_actions")
+        return [(name, f"{(fn.__doc__ or '').strip().split(chr(10))[0]} [needs: {getattr(fn, 'role', CLUSTER)}]")
+                for name, fn in self._actions()]
 
     def do_action(self, context, action):
         handler = getattr(self, f"action_{action.type}", None)
+        what = f"action {action.type!r}"
         if handler is None:
-            known = ", ".join(name for name, _ in self.list_actions(context))
+            self.authorize(context, INSPECT, what)
+            known = ", ".join(name for name, _ in self._actions())
             raise KeyError(f"unknown action {action.type!r} (known: {known})")
+        self.authorize(context, getattr(handler, "role", CLUSTER), what)
         raw = action.body.to_pybytes()
         if len(raw) > MAX_ACTION_BODY:
             raise ValueError(f"body of action {action.type!r} is {len(raw):,} bytes, over the {MAX_ACTION_BODY:,} limit")
         result = handler(decode(raw or b"{}", f"body of action {action.type!r}"))
-        if result is not None:
-            yield fl.Result(encode(result))
+        return [] if result is None else [fl.Result(encode(result))]
 
 
 for _name in ("do_action", "list_actions"):
     setattr(ActionServer, _name, _guarded(_name, ActionServer.__dict__[_name]))
 
 
-class ClientPool:
-    """One reusable Flight client per location (clients are thread-safe)."""
+def connect(location: str, credentials: Credentials | None = None) -> fl.FlightClient:
+    """The one place this package opens a Flight client: with ``credentials`` it carries their
+    bearer token on every call and, for ``grpc+tls://``, their CA and client certificate."""
+    return fl.FlightClient(location, **(credentials.client_options(location) if credentials else {}))
 
-    def __init__(self):
+
+class ClientPool:
+    """One reusable Flight client per location (clients are thread-safe), each made by
+    :func:`connect` with the pool's ``credentials``."""
+
+    def __init__(self, credentials: Credentials | None = None):
+        self.credentials = credentials
         self._clients: dict[str, fl.FlightClient] = {}
         self._lock = threading.Lock()
 
     def get(self, location: str) -> fl.FlightClient:
         with self._lock:
             if location not in self._clients:
-                self._clients[location] = fl.connect(location)
+                self._clients[location] = connect(location, self.credentials)
             return self._clients[location]
 
     def close(self) -> None:
@@ -104,7 +126,9 @@ class ClientPool:
 
 
 def location_of(server: fl.FlightServerBase, host: str) -> str:
-    return f"grpc://{host}:{server.port}"
+    """``grpc://HOST:PORT``, or ``grpc+tls://`` for a server with TLS."""
+    security = getattr(server, "security", None)
+    return f"{security.scheme if security else 'grpc'}://{host}:{server.port}"
 
 
 def serve(server: fl.FlightServerBase, location: str, ready_file: str | None) -> None:
@@ -155,9 +179,10 @@ def call_any(pool: "ClientPool", locations: list[str], fn: Callable[[fl.FlightCl
         delay = min(1.0, delay * 2)
 
 
-def register(planner: str, body: dict) -> None:
-    """Announce this role to the Planner, waiting for it to come up (processes start in any order)."""
-    client = fl.connect(planner)
+def register(planner: str, body: dict, credentials: Credentials) -> None:
+    """Announce this role to the Planner, waiting for it to come up (processes start in any order).
+    Registration needs the run's cluster secret (``credentials``)."""
+    client = connect(planner, credentials)
     try:
         retry(lambda: call(client, "register", body), attempts=100, delay=0.2, what="planner")
     finally:

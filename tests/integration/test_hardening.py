@@ -11,6 +11,7 @@ import pytest
 from flight_overlord.client import StepFetcher
 from flight_overlord.config import load_config
 from flight_overlord.deploy.launch import LocalCluster
+from flight_overlord.wire.server import connect
 
 from ..helpers import delivered_keys, journal, write_config
 
@@ -30,9 +31,10 @@ def _error(call) -> str:
 
 def test_no_error_carries_a_server_traceback(cluster):
     running, _ = cluster
-    planner = fl.connect(running.planner)
-    constructor = fl.connect(running.child("constructor-0").location)
-    loader = fl.connect(running.child("loader-code-0").location)
+    # plan, register and a loader's tickets are internal calls: the clients carry the run's secret
+    planner = connect(running.planner, running.credentials)
+    constructor = connect(running.child("constructor-0").location, running.credentials)
+    loader = connect(running.child("loader-code-0").location, running.credentials)
     calls = [
         lambda: planner.get_flight_info(fl.FlightDescriptor.for_path("batch", "x", "0")),
         lambda: planner.get_flight_info(fl.FlightDescriptor.for_path("nope")),
@@ -53,7 +55,7 @@ def test_no_error_carries_a_server_traceback(cluster):
 
 def test_absurd_steps_are_refused_at_once(cluster):
     running, _ = cluster
-    planner = fl.connect(running.planner)
+    planner = connect(running.planner, running.credentials)
     started = time.monotonic()
     message = _error(lambda: planner.get_flight_info(fl.FlightDescriptor.for_path("batch", str(10 ** 12), "0")))
     assert "beyond the planning horizon" in message

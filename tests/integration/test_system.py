@@ -18,6 +18,7 @@ from flight_overlord.core.order import epoch_order
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.loader.partition import read_catalog
 from flight_overlord.wire.schemas import MICROBATCH, load_schema
+from flight_overlord.wire.server import connect
 
 from ..helpers import STEPS, WEIGHTS, delivered_keys, fetch_run, journal, sample_lengths, write_config
 
@@ -123,11 +124,12 @@ def test_stock_flight_client_follows_the_planner_endpoint(corpus, tmp_path):
 def test_bad_requests_get_clear_errors_and_servers_stay_up(corpus, tmp_path):
     path = write_config(tmp_path, corpus)
     with LocalCluster(path) as cluster:
-        planner = fl.connect(cluster.planner)
+        # register and a loader's samples are internal calls: these clients carry the run's secret
+        planner = connect(cluster.planner, cluster.credentials)
         info = planner.get_flight_info(fl.FlightDescriptor.for_path("batch", "0", "0"))
         constructor = fl.connect(info.endpoints[0].locations[0].uri.decode())
         source_info = planner.get_flight_info(fl.FlightDescriptor.for_path("source", "captions"))
-        loader = fl.connect(source_info.endpoints[0].locations[0].uri.decode())
+        loader = connect(source_info.endpoints[0].locations[0].uri.decode(), cluster.credentials)
         buffered = loader.do_get(source_info.endpoints[0].ticket).read_all()
         assert buffered.num_rows > 0 and all(k.startswith("captions:") for k in buffered.column("key").to_pylist())
 
