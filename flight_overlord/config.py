@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from .core import balance
-from .core.context_parallel import CP_SPLITS, chunk_count
+from .core.context_parallel import CP_FORMATS, CP_SPLITS, chunk_count
 from .core.cost import COST_MODELS
 from .core.mesh import MEGATRON_ORDER, Mesh
 from .core.vision import VisionSpec
@@ -121,7 +121,8 @@ class MeshConfig:
     cp: int = 1
     tp: int = 1
     order: tuple[str, ...] = MEGATRON_ORDER  # rank order, fastest-varying axis first
-    cp_split: str = "load_balanced"  # how a sequence is split across CP ranks: load_balanced | contiguous
+    cp_split: str = "load_balanced"  # bshd: how the buffer is split across CP ranks: load_balanced | contiguous
+    cp_format: str = "thd"  # thd: each packed sequence padded to 2*cp and split on its own (TransformerEngine)
 
     @property
     def world_size(self) -> int:
@@ -389,12 +390,14 @@ def _parse_mesh(raw: Any, context_length: int, pad_to_multiple: int | None) -> M
     if sorted(order) != sorted(sizes):
         raise ConfigError(f"mesh.order: {f['order']!r} must list each of pp, dp, cp, tp once, fastest-varying first")
     cp_split = _choice(f["cp_split"], "mesh.cp_split", tuple(CP_SPLITS))
-    chunks = chunk_count(sizes["cp"], cp_split)
+    cp_format = _choice(f["cp_format"], "mesh.cp_format", CP_FORMATS)
+    chunks = 2 * sizes["cp"] if cp_format == "thd" else chunk_count(sizes["cp"], cp_split)
+    split = "thd (per-sequence, 2*cp chunks)" if cp_format == "thd" else cp_split
     for length, key in ((context_length, "context_length"), (pad_to_multiple, "pad_to_multiple")):
         if sizes["cp"] > 1 and length and length % chunks:
             raise ConfigError(f"mesh.cp: global_batch.{key} {length} must divide into "
-                              f"{chunks} equal chunks for the {cp_split} split over cp={sizes['cp']}")
-    return MeshConfig(**sizes, order=order, cp_split=cp_split)
+                              f"{chunks} equal chunks for the {split} split over cp={sizes['cp']}")
+    return MeshConfig(**sizes, order=order, cp_split=cp_split, cp_format=cp_format)
 
 
 def _parse_vision(raw: Any) -> VisionConfig:

@@ -67,7 +67,8 @@ def microbatch_nbytes(mb: dict) -> int:
     UTF-8 bytes. Checked against real tables below.
     """
     keys = mb["sample_keys"]
-    int32 = sum(mb[k].numel() for k in ("input_ids", "position_ids", "labels", "cu_seqlens", "image_grid_thw"))
+    int32 = sum(mb[k].numel() for k in ("input_ids", "position_ids", "labels", "cu_seqlens", "cu_seqlens_padded",
+                                     "image_grid_thw"))
     bytes8 = mb["loss_mask"].numel() + (mb["pixel_values"].numel() if mb["pixel_values"] is not None else 0)
     return 24 + 36 + 4 * (int32 + len(mb["token_ranges"]) + len(keys)) + bytes8 + sum(len(k.encode()) for k in keys)
 
@@ -430,11 +431,12 @@ def _make_colocated_dataset(sources, data_dir: str, rank: int, ranks: int, conte
         @staticmethod
         def _microbatch(pending):
             packed = pack([t for _, t in pending], context_length, pad_token_id)
-            labels = shifted_labels(packed.input_ids, packed.cu_seqlens, None)  # as the constructor makes them
+            labels = shifted_labels(packed, None)  # as the constructor makes them
             return {"input_ids": torch.from_numpy(packed.input_ids),
                     "position_ids": torch.from_numpy(packed.position_ids),
                     "labels": torch.from_numpy(labels), "loss_mask": torch.from_numpy((labels != -100).astype(np.int8)),
                     "token_ranges": [0, context_length], "cu_seqlens": torch.from_numpy(packed.cu_seqlens),
+                    "cu_seqlens_padded": torch.from_numpy(packed.cu_seqlens_padded),
                     "num_tokens": packed.num_tokens, "sample_keys": [k for k, _ in pending],
                     "pixel_values": None, "image_grid_thw": torch.zeros((0, 3), dtype=torch.int32)}
 

@@ -48,7 +48,7 @@ def table_to_microbatches(table: pa.Table) -> list[dict]:
     tensors = {name: _rows(table, name) for name in ("input_ids", "position_ids", "labels", "loss_mask",
                                                      "pixel_values", "image_grid_thw")}
     lists = {name: table.column(name).to_pylist()
-             for name in ("step", "bucket", "token_ranges", "sequence_length", "cu_seqlens", "sample_keys",
+             for name in ("step", "bucket", "token_ranges", "sequence_length", "cu_seqlens", "cu_seqlens_padded", "sample_keys",
                           "num_tokens")}
     out = []
     for i in range(table.num_rows):
@@ -61,6 +61,7 @@ def table_to_microbatches(table: pa.Table) -> list[dict]:
                    for name in ("input_ids", "position_ids", "labels", "loss_mask")})
         mb["microbatch"] = i
         mb["cu_seqlens"] = torch.tensor(lists["cu_seqlens"][i], dtype=torch.int32)
+        mb["cu_seqlens_padded"] = torch.tensor(lists["cu_seqlens_padded"][i], dtype=torch.int32)
         mb["image_grid_thw"] = grid
         mb["pixel_values"] = pixels.view(patches, -1) if patches and len(pixels) else None
         out.append(mb)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from ..config import Config
-from ..core.context_parallel import take_ranges, token_ranges
+from ..config import Config, MeshConfig
+from ..core.context_parallel import take_ranges, thd_token_ranges, token_ranges
 from ..core.mesh import Delivery
 from ..core.packing import PackedSequence, pack, shifted_labels
 from ..core.vision import ImageError, decode_sample_images, patches_from_bytes
@@ -96,23 +96,29 @@ def drop_bad(samples: dict[int, Sample | Failed], cfg: Config) -> tuple[dict[int
     return good, bad
 
 
-def build_microbatch(items: list[Sample], capacity: int, cfg: Config, image_token_id: int | None) -> Microbatch:
-    """Microbatch transforms: pack, label, and gather the samples' pixels and grids in order."""
-    packed = pack([s.tokens for s in items], capacity, cfg.pad_token_id, cfg.global_batch.pad_to_multiple)
+def build_microbatch(items: list[Sample], capacity: int, cfg: Config, image_token_id: int | None,
+                     seq_multiple: int = 1) -> Microbatch:
+    """Microbatch transforms: pack (each sample in a slot of a multiple of ``seq_multiple``: 2*cp under
+    THD context parallelism), label, and gather the samples' pixels and grids in order."""
+    packed = pack([s.tokens for s in items], capacity, cfg.pad_token_id, cfg.global_batch.pad_to_multiple,
+                  seq_multiple)
     images = [s for s in items if s.patches is not None]
     pixels = np.concatenate([s.patches.reshape(-1) for s in images]) if images else np.zeros(0, np.uint8)
     grids = np.concatenate([s.grids for s in images]) if images else np.zeros(0, np.int32)
-    return Microbatch(packed, [s.key for s in items], shifted_labels(packed.input_ids, packed.cu_seqlens,
-                                                                      image_token_id), pixels, grids)
+    return Microbatch(packed, [s.key for s in items], shifted_labels(packed, image_token_id), pixels,
+                      grids)
 
 
-def delivery_ranges(delivery: Delivery, length: int, cp: int, cp_split: str) -> list[int]:
-    """The positions of a packed sequence that a rank with this delivery receives."""
+def delivery_ranges(delivery: Delivery, packed: PackedSequence, mesh: MeshConfig) -> list[int]:
+    """The positions of a packed sequence that a rank with this delivery receives: all, none (metadata
+    only), or its context-parallel share: chunks of every sequence (THD) or of the whole buffer (BSHD)."""
     if not delivery.tokens:
         return []
     if delivery.cp_rank is None:
-        return [0, length]
-    return token_ranges(length, cp, delivery.cp_rank, cp_split)
+        return [0, len(packed.input_ids)]
+    if mesh.cp_format == "thd":
+        return thd_token_ranges(packed.cu_seqlens_padded, mesh.cp, delivery.cp_rank)
+    return token_ranges(len(packed.input_ids), mesh.cp, delivery.cp_rank, mesh.cp_split)
 
 
 def image_patches(sample: Sample, image: int) -> tuple[np.ndarray, np.ndarray]:
@@ -144,8 +150,7 @@ def rank_table(step: int, bucket: int, microbatches: list[Microbatch], delivery:
     image graph sends them to the encoder ranks instead (``with_pixels=False``)."""
     with_pixels = with_pixels and delivery.tokens
     n = len(microbatches)
-    ranges = [delivery_ranges(delivery, len(mb.packed.input_ids), cfg.mesh.cp, cfg.mesh.cp_split)
-              for mb in microbatches]
+    ranges = [delivery_ranges(delivery, mb.packed, cfg.mesh) for mb in microbatches]
 
     def kept(values: np.ndarray, r: list[int]) -> np.ndarray:
         return take_ranges(values, r) if r else values[:0]
@@ -164,6 +169,7 @@ def rank_table(step: int, bucket: int, microbatches: list[Microbatch], delivery:
         "token_ranges": flat(np.array(r, dtype=np.int32) for r in ranges),
         "sequence_length": pa.array(np.array([len(mb.packed.input_ids) for mb in microbatches], dtype=np.int32)),
         "cu_seqlens": flat(mb.packed.cu_seqlens for mb in microbatches),
+        "cu_seqlens_padded": flat(mb.packed.cu_seqlens_padded for mb in microbatches),
         "sample_keys": pa.ListArray.from_arrays(
             pa.array(np.cumsum([0] + [len(mb.keys) for mb in microbatches], dtype=np.int32)),
             pa.array([k for mb in microbatches for k in mb.keys], pa.string())),

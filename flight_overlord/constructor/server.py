@@ -99,7 +99,7 @@ class ConstructorServer(ActionServer):
         image_graph = plan.encoder is not None
         for bucket, bins in plan.microbatches.items():
             microbatches = [build_microbatch([samples[i] for i in mb if i in samples], plan.capacity, self.cfg,
-                                             image_token) for mb in bins]
+                                             image_token, self.strategy.seq_multiple) for mb in bins]
             microbatches = self._ordered(step, bucket, microbatches)
             for delivery in {d for d in self._deliveries.values() if d.bucket == bucket}:
                 tables[(step, delivery.key)] = rank_table(step, bucket, microbatches, delivery, self.cfg,

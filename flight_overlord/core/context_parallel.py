@@ -51,6 +51,32 @@ def token_ranges(length: int, cp: int, cp_rank: int, mode: str) -> list[int]:
     return [p for c in picks for p in (c * size, (c + 1) * size)]
 
 
+CP_FORMATS = ("thd", "bshd")  # thd: each packed sequence split on its own; bshd: the whole buffer split
+
+
+def thd_token_ranges(cu_seqlens_padded, cp: int, cp_rank: int) -> list[int]:
+    """TransformerEngine's THD split: every sequence (slot) is cut into 2*cp chunks and rank c holds
+    chunks c and 2*cp-1-c of each, in sequence order; flat [start, end, ...] in the full buffer,
+    adjacent ranges merged."""
+    if not 0 <= cp_rank < cp:
+        raise ValueError(f"cp rank {cp_rank} outside 0..{cp - 1}")
+    ranges: list[int] = []
+    for start, end in zip(cu_seqlens_padded[:-1], cu_seqlens_padded[1:]):
+        start, end = int(start), int(end)
+        if (end - start) % (2 * cp):
+            raise ValueError(f"sequence slot [{start}, {end}) is not a multiple of 2*cp = {2 * cp}")
+        chunk = (end - start) // (2 * cp)
+        for c in (cp_rank, 2 * cp - 1 - cp_rank):
+            lo, hi = start + c * chunk, start + (c + 1) * chunk
+            if hi == lo:
+                continue
+            if ranges and ranges[-1] == lo:
+                ranges[-1] = hi
+            else:
+                ranges += [lo, hi]
+    return ranges
+
+
 def take_ranges(values: np.ndarray, ranges: list[int]) -> np.ndarray:
     """The positions named by ``ranges``, concatenated in order (a view when there is one range)."""
     parts = [values[ranges[i]:ranges[i + 1]] for i in range(0, len(ranges), 2)]

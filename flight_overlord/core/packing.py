@@ -1,4 +1,10 @@
-"""Packing samples into one fixed-length sequence with per-sample position ids."""
+"""Packing samples into one fixed-length sequence with per-sample position ids, and their labels.
+
+Each sample occupies a *slot*: its tokens, then (with ``seq_multiple`` > 1) padding up to the next
+multiple, as TransformerEngine's THD layout for context parallelism wants (every sequence padded to a
+multiple of 2 * cp, then split on its own). ``cu_seqlens`` counts real tokens; ``cu_seqlens_padded``
+gives the slots' boundaries in the buffer (equal to ``cu_seqlens`` without per-sample padding).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,43 +14,56 @@ import numpy as np
 
 @dataclass
 class PackedSequence:
-    input_ids: np.ndarray     # int32 [sequence length]
-    position_ids: np.ndarray  # int32 [sequence length], restart at every sample, 0 on padding
-    cu_seqlens: np.ndarray    # int32 [num_samples + 1]
-    num_tokens: int           # real tokens, the rest is padding
+    input_ids: np.ndarray          # int32 [sequence length]
+    position_ids: np.ndarray       # int32 [sequence length], restart at every sample, 0 on padding
+    cu_seqlens: np.ndarray         # int32 [num_samples + 1]: cumulative real lengths
+    cu_seqlens_padded: np.ndarray  # int32 [num_samples + 1]: slot boundaries in the buffer
+    num_tokens: int                # real tokens, the rest is padding
+
+
+def round_up(values, multiple: int):
+    """``values`` rounded up to a multiple of ``multiple`` (arrays or ints)."""
+    return -(-values // multiple) * multiple
 
 
 def pack(samples: list[np.ndarray], context_length: int, pad_token_id: int = 0,
-         pad_to_multiple: int | None = None) -> PackedSequence:
-    """Samples back to back, padded to ``context_length`` or, with ``pad_to_multiple``, only up to
-    the next multiple of it (at least one multiple, at most the context length)."""
-    lengths = np.array([len(s) for s in samples], dtype=np.int32)
-    total = int(lengths.sum())
-    if total > context_length:
-        raise ValueError(f"samples hold {total} tokens, more than the context length {context_length}")
+         pad_to_multiple: int | None = None, seq_multiple: int = 1) -> PackedSequence:
+    """Samples back to back, each in a slot of a multiple of ``seq_multiple`` tokens; the buffer is
+    padded to ``context_length`` or, with ``pad_to_multiple``, only up to the next multiple of it (at
+    least one multiple, at most the context length). With per-sample padding the tail padding joins
+    the last slot (a padding-only slot when there is no sample), so the slots cover the buffer."""
+    lengths = np.array([len(s) for s in samples], dtype=np.int64)
+    slots = round_up(lengths, seq_multiple)
+    used = int(slots.sum())
+    if used > context_length:
+        raise ValueError(f"samples take {used} tokens, more than the context length {context_length}")
     length = context_length
     if pad_to_multiple:
-        length = min(context_length, max(1, -(-total // pad_to_multiple)) * pad_to_multiple)
+        length = min(context_length, max(1, -(-used // pad_to_multiple)) * pad_to_multiple)
+    cu_seqlens = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    cu_padded = np.concatenate([[0], np.cumsum(slots)]).astype(np.int32)
     input_ids = np.full(length, pad_token_id, dtype=np.int32)
-    if samples:
-        input_ids[:total] = np.concatenate(samples)
-    cu_seqlens = np.zeros(len(samples) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=cu_seqlens[1:])
     position_ids = np.zeros(length, dtype=np.int32)
-    position_ids[:total] = np.arange(total, dtype=np.int32) - np.repeat(cu_seqlens[:-1], lengths)
-    return PackedSequence(input_ids, position_ids, cu_seqlens, total)
+    for sample, start, n in zip(samples, cu_padded[:-1], lengths):
+        input_ids[start:start + n] = sample
+        position_ids[start:start + n] = np.arange(n, dtype=np.int32)
+    if seq_multiple > 1:
+        if len(samples):
+            cu_padded[-1] = length
+        else:
+            cu_seqlens, cu_padded = np.zeros(2, np.int32), np.array([0, length], np.int32)
+    return PackedSequence(input_ids, position_ids, cu_seqlens, cu_padded, int(lengths.sum()))
 
 
-def shifted_labels(input_ids: np.ndarray, cu_seqlens: np.ndarray, image_token_id: int | None) -> np.ndarray:
+def shifted_labels(packed: PackedSequence, image_token_id: int | None) -> np.ndarray:
     """Next-token targets for a packed sequence: ``labels[i]`` is token i+1 of the same sample, and
     -100 (ignored) at each sample's last token, on padding and where the target is an image
     placeholder (the model does not predict image tokens)."""
-    labels = np.full(len(input_ids), -100, dtype=np.int32)
-    end = int(cu_seqlens[-1])
-    if end == 0:
-        return labels
-    labels[:end - 1] = input_ids[1:end]
-    labels[np.asarray(cu_seqlens[1:], dtype=np.int64) - 1] = -100
+    ids = packed.input_ids
+    labels = np.full(len(ids), -100, dtype=np.int32)
+    starts, lengths = packed.cu_seqlens_padded[:-1], np.diff(packed.cu_seqlens)
+    for start, n in zip(starts, lengths):
+        labels[start:start + n - 1] = ids[start + 1:start + n]
     if image_token_id is not None:
         labels[labels == image_token_id] = -100
     return labels

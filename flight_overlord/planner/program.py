@@ -15,6 +15,7 @@ from ..core import balance
 from ..core.mesh import Mesh
 from ..core.mixing import Mixer
 from ..core.order import SampleRef
+from ..core.packing import round_up
 from .feed import Pick, SourceFeed
 from .strategy import Strategy
 
@@ -87,10 +88,12 @@ class PlanContext:
     microbatches: int
     capacity: int
     mesh: Mesh
+    seq_multiple: int = 1  # slots are padded to this (THD context parallelism)
 
     @property
     def sizes(self) -> np.ndarray:
-        return self.meta["num_tokens"]
+        """The tokens each sample takes in a microbatch: its length, padded to its slot."""
+        return round_up(self.meta["num_tokens"], self.seq_multiple)
 
 
 def draw_mixture(feeds: dict[str, SourceFeed], mixer: Mixer, weights: dict[str, float],
@@ -211,7 +214,7 @@ def plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: S
     if costs.shape != (len(picks),):
         raise ValueError(f"cost function returned shape {costs.shape}, expected ({len(picks)},)")
     ctx = PlanContext(step, picks, meta, costs, strategy.num_buckets, gb.microbatches, strategy.capacity,
-                      strategy.mesh)
+                      strategy.mesh, strategy.seq_multiple)
     bin_indices, unplaced = place(ctx, strategy)
     if len(unplaced) and strategy.balancing.keep_global_batch:
         raise ValueError(f"step {step}: {len(unplaced)} drawn samples fit in no microbatch and "

@@ -172,6 +172,14 @@ class Strategy:
         return self.mesh.num_buckets(self.axis)
 
     @property
+    def seq_multiple(self) -> int:
+        """Each sequence's slot is a multiple of this: 2*cp when packed sequences are split across CP
+        ranks in the THD layout (each padded and split on its own), else 1."""
+        mesh = self.cfg.mesh
+        splits = self.axis == "DP" and mesh.cp > 1 and "CP" not in self.broadcast
+        return 2 * mesh.cp if splits and mesh.cp_format == "thd" else 1
+
+    @property
     def capacity(self) -> int:
         """Tokens per packed microbatch of one bucket: under axis CP a rank holds 1/cp of the context."""
         length = self.cfg.global_batch.context_length
