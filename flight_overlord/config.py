@@ -6,6 +6,7 @@ because a config is the first thing a user gets wrong.
 from __future__ import annotations
 
 import glob
+import math
 import os
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -33,7 +34,7 @@ def _fields(raw: Any, where: str, spec: dict[str, Any]) -> dict[str, Any]:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - set(spec))
+    unknown = sorted(map(str, set(raw) - set(spec)))
     if unknown:
         raise ConfigError(
             f"unknown key {_join(where, unknown[0])!r} (allowed: {', '.join(sorted(spec))})")
@@ -63,6 +64,8 @@ def _int(value: Any, where: str, *, minimum: int | None = None) -> int:
 def _number(value: Any, where: str, *, minimum: float | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(f"{where}: must be a finite number, got {value!r}")
     if minimum is not None and value < minimum:
         raise ConfigError(f"{where}: must be >= {minimum}, got {value}")
     return float(value)
@@ -263,7 +266,9 @@ def load_config(path: str | os.PathLike) -> Config:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     return parse_config(raw, base_dir=path.parent, path=path)
@@ -276,7 +281,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         "prefetch": 2, "network": None, "loader": None, "constructor": None,
         "pad_token_id": 0, "strategy": None, "vision": None, "checkpoint": None, "security": None,
     })
-    data_root = (base_dir / str(top["data_root"])).resolve()
+    data_root = _path(base_dir, top["data_root"], "data_root")
     global_batch = _parse_global_batch(top["global_batch"])
     sources = _parse_sources(top["sources"], data_root)
     mesh = _parse_mesh(top["mesh"], global_batch.context_length, global_batch.pad_to_multiple)
@@ -301,7 +306,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
                                            minimum=1)),
         checkpoint=CheckpointConfig(_int(checkpoint["every"], "checkpoint.every", minimum=1)),
         pad_token_id=_int(top["pad_token_id"], "pad_token_id", minimum=0),
-        run_dir=(base_dir / str(top["run_dir"])).resolve(),
+        run_dir=_path(base_dir, top["run_dir"], "run_dir"),
         data_root=data_root,
         strategy=_parse_strategy(top["strategy"], base_dir),
         vision=_parse_vision(top["vision"]),
@@ -342,13 +347,22 @@ def _parse_sources(raw: Any, data_root: Path) -> tuple[SourceConfig, ...]:
     return tuple(sources)
 
 
+def _path(base: Path, value: Any, where: str, *, resolve: bool = True) -> Path:
+    """``value`` as a path relative to ``base``; a value no file system takes (a NUL byte) names its key."""
+    text = str(value)
+    if "\x00" in text:
+        raise ConfigError(f"{where}: a path may not contain a NUL byte: {text!r}")
+    path = base / text
+    return path.resolve() if resolve else path
+
+
 def _resolve_paths(raw: Any, data_root: Path, where: str) -> tuple[Path, ...]:
     patterns = [raw] if isinstance(raw, str) else raw
     if not isinstance(patterns, list) or not patterns:
         raise ConfigError(f"{where}: expected a path, a glob or a list of them")
     files: list[Path] = []
     for pattern in patterns:
-        full = str(data_root / str(pattern))
+        full = str(_path(data_root, pattern, where, resolve=False))
         matches = sorted(glob.glob(full, recursive=True))
         if not matches:
             what = "no file matches the glob" if glob.has_magic(full) else "file not found"

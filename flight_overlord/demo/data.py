@@ -96,7 +96,8 @@ def write_source(directory: Path, table: pa.Table, n_files: int) -> list[Path]:
         part = table.slice(first_id, len(rows))
         part = part.append_column("doc_id", pa.array(np.arange(first_id, first_id + len(rows)), pa.int64()))
         path = directory / f"part-{i:05d}.parquet"
-        pq.write_table(part, path, row_group_size=math.ceil(len(rows) / n_groups), compression="zstd")
+        pq.write_table(part, path, row_group_size=math.ceil(len(rows) / n_groups), compression="zstd",
+                       write_page_checksum=True)  # readers verify them: a flipped bit is caught, not trained on
         paths.append(path)
         first_id += len(rows)
     return paths

@@ -8,6 +8,7 @@ replica appends to and follows (``LoaderState``), with a snapshot every ``checkp
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import threading
 from pathlib import Path
@@ -131,7 +132,9 @@ class LoaderActor:
                 self._cond.wait_for(lambda: self._stopping or position <= self.state.demanded + self.read_ahead)
                 if self._stopping:
                     return
-                position = max(position, self.state.released_below)
+                # read ahead of the furthest demand only: what lies behind it is read when asked for,
+                # so a far demand (a bad request, or a jump) never makes this loop read everything between
+                position = max(position, self.state.released_below, self.state.demanded + 1)
                 skip = self.state.is_released(position) or position in self._buffer
             if not skip:
                 self._ensure(position)
@@ -188,7 +191,7 @@ class LoaderActor:
 
     def samples(self, step: int, constructor: int, wanted: list[list]) -> pa.Table:
         """The named samples, in order; their pop is journaled (idempotent, so a retry is harmless)."""
-        cache_key = (step, constructor, repr(wanted[:1]))
+        cache_key = (step, constructor, hashlib.blake2b(repr(wanted).encode(), digest_size=16).digest())
         with self._cond:
             if cache_key in self._served:
                 return self._served[cache_key]

@@ -27,13 +27,29 @@ def read_catalog(source: SourceConfig) -> list[RowGroupRef]:
             meta = pq.read_metadata(path)
         except (OSError, pa.ArrowException) as exc:
             raise ConfigError(f"source {source.name!r}: cannot read Parquet file {path}: {exc}") from None
-        names = meta.schema.to_arrow_schema().names
-        for column in filter(None, (source.text_column, source.image_column)):
-            if column not in names:
-                raise ConfigError(f"source {source.name!r}: file {path} has no column {column!r} "
-                                  f"(columns: {', '.join(names)})")
+        _check_columns(source, path, meta.schema.to_arrow_schema())
         catalog.extend(RowGroupRef(file_id, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups))
     return sorted(catalog)
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+
+
+def _check_columns(source: SourceConfig, path, schema: pa.Schema) -> None:
+    """The source's columns exist with types it can read: text (string) for a text source; lists of
+    text and of images (binary) for an image-text one. Found at start-up, not row group by row group."""
+    wanted = {source.text_column: "string"}
+    if source.image_column:
+        wanted = {source.text_column: "list<string>", source.image_column: "list<binary>"}
+    for column, kind in wanted.items():
+        if column not in schema.names:
+            raise ConfigError(f"source {source.name!r}: file {path} has no column {column!r} "
+                              f"(columns: {', '.join(schema.names)})")
+        t = schema.field(column).type
+        ok = _is_text(t) if kind == "string" else (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_text(t.value_type)
+        if not ok:
+            raise ConfigError(f"source {source.name!r}: column {column!r} of file {path} is {t}, expected {kind}")
 
 
 @dataclass
@@ -135,7 +151,8 @@ class SourcePartition:
     def _file(self, file_id: str) -> pq.ParquetFile:
         # One handle per owned file, opened on first use: the footer stays in this process only.
         if file_id not in self._open:
-            self._open[file_id] = pq.ParquetFile(self._paths[file_id], pre_buffer=False)
+            self._open[file_id] = pq.ParquetFile(self._paths[file_id], pre_buffer=False,
+                                                 page_checksum_verification=True)  # where the file has CRCs
         return self._open[file_id]
 
     def close(self) -> None:

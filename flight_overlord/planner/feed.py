@@ -44,6 +44,7 @@ class SourceFeed:
         self.name = name
         self.seed = seed
         self.row_groups = sorted(row_groups)
+        self._rows = sum(rg.num_rows for rg in self.row_groups)
         self.fetch_meta = fetch_meta
         self.epoch, self.rg_index, self.row_index = 0, 0, 0  # the cursor: the next sample of the stream
         self.skipped = 0  # unreadable or empty samples passed over
@@ -57,6 +58,7 @@ class SourceFeed:
         self.drawn += 1
         if self._deferred:
             return self._deferred.popleft()
+        passed = 0  # rows passed over since the last sample: a whole epoch of them means nothing is readable
         while True:
             rg, permutation, meta = self._row_group()
             if self.row_index >= len(permutation):
@@ -67,6 +69,10 @@ class SourceFeed:
             tokens = int(meta["num_tokens"][row])
             if tokens <= 0:
                 self.skipped += 1
+                passed += 1
+                if passed > self._rows:
+                    raise ValueError(f"source {self.name!r}: no readable sample in a whole epoch (every row group "
+                                     f"failed to read, or every sample is empty): see its loaders' logs")
                 continue
             patches = meta.get("image_patches")
             sizes = meta.get("image_sizes")

@@ -16,6 +16,7 @@ source infos, ``status``, ``stats`` and ``list_actions`` are inspection calls.
 from __future__ import annotations
 
 import argparse
+import math
 import logging
 import threading
 
@@ -324,8 +325,10 @@ class PlannerServer(ActionServer):
         self.mesh.coord(rank)
         for source, loss in losses.items():
             self.cfg.source(source)  # names the unknown source
-            if isinstance(loss, bool) or not isinstance(loss, (int, float)) or loss != loss:
-                raise ValueError(f"report: loss of source {source!r} must be a number, got {loss!r}")
+            if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
+                raise ValueError(f"report: loss of source {source!r} must be a finite number, got {loss!r}")
+        if not 0 <= step < self.planner.next_step:
+            raise ValueError(f"report: step {step} was not planned (planned: 0..{self.planner.next_step - 1})")
         with self._cond:
             if self.planner.report(step, rank, losses):
                 self._cond.notify_all()
@@ -344,10 +347,10 @@ class PlannerServer(ActionServer):
     @requires(INSPECT)
     def action_stats(self, body):
         """Per-step plan statistics (mixture, imbalance): {"from": step, "to": step}."""
-        first = int(body.get("from", 0))
+        first = wire.field({"from": 0, **body}, "from", int, "stats")
         with self._cond:
-            last = int(body.get("to", self.planner.next_step - 1))
-            return {str(s): self._stats[s] for s in range(first, last + 1) if s in self._stats}
+            last = wire.field({"to": self.planner.next_step - 1, **body}, "to", int, "stats")
+            return {str(s): stats for s, stats in self._stats.items() if first <= s <= last}  # never walks the range
 
     def shutdown(self):
         with self._cond:

@@ -27,6 +27,8 @@ def decode(raw: bytes, what: str) -> dict:
         raise ValueError(f"malformed {what}: {len(raw):,} bytes, over the {MAX_MESSAGE:,} limit")
     try:
         obj = json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"malformed {what}: JSON nested too deep") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"malformed {what}: not a JSON object ({exc.msg if hasattr(exc, 'msg') else exc}): {raw[:80]!r}") from None
     if not isinstance(obj, dict):

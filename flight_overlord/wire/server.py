@@ -26,13 +26,24 @@ def client_error(exc: BaseException, where: str) -> fl.FlightError:
     Flight errors (time-outs, auth) pass through; a bad request says what is wrong; anything else is
     logged here with its traceback and reported as an internal error."""
     if isinstance(exc, fl.FlightError):
-        return exc
-    if isinstance(exc, (ValueError, TypeError)):
-        return fl.FlightServerError(f"invalid request: {exc}")
+        return type(exc)(_bounded(str(exc)))
+    if isinstance(exc, (ValueError, TypeError, ArithmeticError, RecursionError)):
+        return fl.FlightServerError(_bounded(f"invalid request: {exc}"))
     if isinstance(exc, KeyError):
-        return fl.FlightServerError(f"not found: {exc.args[0] if exc.args else exc}")
+        return fl.FlightServerError(_bounded(f"not found: {exc.args[0] if exc.args else exc}"))
     log.error("%s failed", where, exc_info=exc)
-    return fl.FlightServerError(f"internal error in {where}: {type(exc).__name__}: {exc} (details in the server log)")
+    return fl.FlightServerError(_bounded(f"internal error in {where}: {type(exc).__name__}: {exc} "
+                                         f"(details in the server log)"))
+
+
+MAX_ERROR = 1000  # characters of an error message: gRPC drops status metadata over 8-16 KiB
+
+
+def _bounded(message: str) -> str:
+    """An error message echoes the request at most this much, so the refusal itself always arrives."""
+    if len(message) <= MAX_ERROR:
+        return message
+    return f"{message[:MAX_ERROR]}... ({len(message):,} characters in all)"
 
 
 def _guarded(name: str, handler: Callable) -> Callable:
@@ -92,8 +103,14 @@ class ActionServer(fl.FlightServerBase):
         result = handler(decode(raw or b"{}", f"body of action {action.type!r}"))
         return [] if result is None else [fl.Result(encode(result))]
 
+    def do_put(self, context, descriptor, reader, writer):
+        raise fl.FlightServerError("not supported: no role of flight_overlord accepts do_put")
 
-for _name in ("do_action", "list_actions"):
+    def do_exchange(self, context, descriptor, reader, writer):
+        raise fl.FlightServerError("not supported: no role of flight_overlord accepts do_exchange")
+
+
+for _name in ("do_action", "list_actions", "do_put", "do_exchange"):
     setattr(ActionServer, _name, _guarded(_name, ActionServer.__dict__[_name]))
 
 
