@@ -21,7 +21,7 @@ import pyarrow.flight as fl
 
 from .. import wire
 from ..wire.security import Credentials
-from ..wire.server import ClientPool
+from ..wire.server import RETRY_SECONDS, ClientPool
 
 
 def _rows(table: pa.Table, name: str) -> list["torch.Tensor"]:
@@ -101,43 +101,45 @@ class StepFetcher:
             credentials = credentials.with_token(token)
         self._pool = ClientPool(credentials)
         self.planner_location = planner
-        self.planner = self._pool.get(planner)
+
+    @property
+    def planner(self) -> fl.FlightClient:
+        """A client of the Planner (for calls of your own: it carries the credentials)."""
+        return self._pool.get(self.planner_location)
 
     def fetch(self, step: int, kind: str = "batch") -> pa.Table:
         """``kind`` "batch": the rank's microbatches; "encoder": the images its vision encoder
         processes (only when the strategy has an image graph)."""
         descriptor = fl.FlightDescriptor.for_path(kind, str(step), str(self.rank))
-        info = self.retry(lambda: self.planner.get_flight_info(descriptor), f"ticket of step {step}",
-                           f"the planner at {self.planner_location}")
+        info = self.retry(lambda client: client.get_flight_info(descriptor), self.planner_location,
+                          f"ticket of step {step}", "the planner")
         tables = []
         for endpoint in info.endpoints:
             # pyarrow does not follow endpoint locations: redeem the ticket where the Planner says.
             location = endpoint.locations[0].uri.decode() if endpoint.locations else self.planner_location
-            client = self._pool.get(location)
-            tables.append(self.retry(lambda: client.do_get(endpoint.ticket).read_all(), f"data of step {step}",
-                                      f"the constructor at {location}"))
+            tables.append(self.retry(lambda client: client.do_get(endpoint.ticket).read_all(), location,
+                                     f"data of step {step}", "the constructor"))
         return pa.concat_tables(tables)
 
-    def retry(self, call, what: str, server: str):
-        """Server-side waits time out and are asked again; an unreachable server (a role restarting)
-        is retried with back-off; after ``timeout`` the error says which role is down since when."""
+    def retry(self, call, location: str, what: str, role: str):
+        """``call(client)`` at ``location``. Server-side waits time out and are asked again; an
+        unreachable role (restarting) is polled every ``RETRY_SECONDS`` on a fresh connection; after
+        ``timeout`` the error says which role is down, where, and since when."""
         deadline = time.monotonic() + self.timeout
-        down_since, delay = None, 0.05
+        down_since = None
         while True:
             try:
-                return call()
+                return call(self._pool.get(location))
             except fl.FlightTimedOutError:  # the server waited its share; the data is still coming
-                pass
+                down_since = None
             except fl.FlightUnavailableError:
                 down_since = down_since or time.time()
-                time.sleep(delay)
-                delay = min(1.0, 2 * delay)
-            else:
-                down_since = None
+                self._pool.forget(location)
+                time.sleep(RETRY_SECONDS)
             if time.monotonic() > deadline:
                 if down_since is not None:
-                    raise TimeoutError(f"rank {self.rank}: no {what}: {server} has been unreachable since "
-                                       f"{time.strftime('%H:%M:%S', time.localtime(down_since))}") from None
+                    raise TimeoutError(f"rank {self.rank}: no {what}: {role} at {location} has been unreachable "
+                                       f"since {time.strftime('%H:%M:%S', time.localtime(down_since))}") from None
                 raise TimeoutError(f"rank {self.rank}: no {what} after {self.timeout:.0f}s") from None
 
     def close(self) -> None:
@@ -167,8 +169,8 @@ class TrainerClient:
     def report(self, step: int, losses: dict[str, float]) -> None:
         """Per-source training loss of ``step``, for dynamic mixing schedules (``dynamic(...)``)."""
         fetcher = self._fetcher
-        fetcher.retry(lambda: wire.call(fetcher.planner, "report", {"step": step, "rank": self.rank, "losses": losses}),
-                      f"report of step {step}", f"the planner at {fetcher.planner_location}")
+        fetcher.retry(lambda client: wire.call(client, "report", {"step": step, "rank": self.rank, "losses": losses}),
+                      fetcher.planner_location, f"report of step {step}", "the planner")
 
     def state_dict(self) -> dict:
         return {"rank": self.rank, "next_step": self.next_step}
