@@ -1,15 +1,40 @@
-"""Shared fixtures: one small real demo corpus on disk for the whole session."""
+"""Shared fixtures: one small real demo corpus on disk for the whole session, and one deployment
+over it that tests only look at."""
 from __future__ import annotations
 
 import pathlib
+from typing import NamedTuple
 
 import pytest
 
 from flight_overlord.demo.data import make_demo_data
+from flight_overlord.deploy.launch import LocalCluster
+
+from .helpers import DEMO_SCALE, DEMO_SEED, write_config
+
+
+class DemoCorpus(NamedTuple):
+    root: pathlib.Path
+    files: dict[str, list[pathlib.Path]]  # make_demo_data's answer: {source: [parquet paths]}, in its order
 
 
 @pytest.fixture(scope="session")
-def corpus(tmp_path_factory) -> pathlib.Path:
+def demo_corpus(tmp_path_factory) -> DemoCorpus:
+    """The demo corpus, made once: text and image-text sources and tokenizer.json. Read-only: a test
+    that breaks files works on a copy."""
     root = tmp_path_factory.mktemp("corpus")
-    make_demo_data(root, seed=0, scale=0.03)
-    return root
+    return DemoCorpus(root, make_demo_data(root, seed=DEMO_SEED, scale=DEMO_SCALE))
+
+
+@pytest.fixture(scope="session")
+def corpus(demo_corpus) -> pathlib.Path:
+    return demo_corpus.root
+
+
+@pytest.fixture(scope="session")
+def idle_cluster(corpus, tmp_path_factory):
+    """A deployment of ``write_config``'s default config that no trainer advances, for tests that
+    only look at what it offers (list, describe, read step 0, in any order). A test that asks for a
+    later step, sends bad input or stops a role starts its own cluster."""
+    with LocalCluster(write_config(tmp_path_factory.mktemp("idle"), corpus)) as cluster:
+        yield cluster

@@ -4,7 +4,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pyarrow.flight as fl
@@ -41,17 +40,12 @@ def test_up_serves_then_shuts_everything_down_on_signal(corpus, tmp_path, sig):
             proc.kill()
 
 
-def test_inspect_uses_the_stock_api_and_shows_a_stream_head(corpus, tmp_path):
-    proc, address = _start_up(write_config(tmp_path, corpus))
-    try:
-        out = subprocess.run([sys.executable, "-m", "flight_overlord.deploy.cli", "inspect", address],
-                             capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-        assert "batch/0/0" in out.stdout and "source/captions" in out.stdout
-        assert "head of the stream (2 rows" in out.stdout and "sample_keys=" in out.stdout
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+def test_inspect_uses_the_stock_api_and_shows_a_stream_head(idle_cluster):
+    out = subprocess.run([sys.executable, "-m", "flight_overlord.deploy.cli", "inspect", idle_cluster.planner],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "batch/0/0" in out.stdout and "source/captions" in out.stdout
+    assert "head of the stream (2 rows" in out.stdout and "sample_keys=" in out.stdout
 
 
 def test_up_with_an_invalid_config_names_the_problem(corpus, tmp_path):

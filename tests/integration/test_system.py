@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import collections
-import json
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.flight as fl
 import pyarrow.parquet as pq
 import pytest
@@ -21,6 +19,7 @@ from flight_overlord.wire.schemas import MICROBATCH, load_schema
 from flight_overlord.wire.server import connect
 
 from ..helpers import STEPS, WEIGHTS, delivered_keys, fetch_run, journal, sample_lengths, write_config
+
 
 @pytest.fixture(scope="module")
 def main_run(corpus, tmp_path_factory):
@@ -107,18 +106,17 @@ def test_different_seed_different_stream(main_run, corpus, tmp_path):
     assert delivered_keys(other[0]) != delivered_keys(run[0][:2])
 
 
-def test_stock_flight_client_follows_the_planner_endpoint(corpus, tmp_path):
-    path = write_config(tmp_path, corpus)
-    with LocalCluster(path) as cluster:
-        client = fl.connect(cluster.planner)
-        info = client.get_flight_info(fl.FlightDescriptor.for_path("batch", "0", "1"))
-        assert info.schema.equals(load_schema(MICROBATCH))
-        listed = [f.descriptor.path for f in client.list_flights()]
-        assert [b"batch", b"0", b"1"] in listed and [b"source", b"captions"] in listed
-        endpoint = info.endpoints[0]
-        table = fl.connect(endpoint.locations[0].uri.decode()).do_get(endpoint.ticket).read_all()
-        assert table.num_rows == 2 and set(table.column("bucket").to_pylist()) == {1}
-        assert client.get_schema(fl.FlightDescriptor.for_path("batch", "3", "0")).schema.equals(load_schema(MICROBATCH))
+def test_stock_flight_client_follows_the_planner_endpoint(idle_cluster):
+    client = fl.connect(idle_cluster.planner)  # reads step 0 only: the shared cluster stays idle
+    info = client.get_flight_info(fl.FlightDescriptor.for_path("batch", "0", "1"))
+    assert info.schema.equals(load_schema(MICROBATCH))
+    listed = [f.descriptor.path for f in client.list_flights()]
+    assert [b"batch", b"0", b"1"] in listed and [b"source", b"captions"] in listed
+    endpoint = info.endpoints[0]
+    table = fl.connect(endpoint.locations[0].uri.decode()).do_get(endpoint.ticket).read_all()
+    assert table.num_rows == 2 and set(table.column("bucket").to_pylist()) == {1}
+    assert client.get_schema(fl.FlightDescriptor.for_path("batch", "3", "0")).schema.equals(load_schema(MICROBATCH))
+    client.close()
 
 
 def test_bad_requests_get_clear_errors_and_servers_stay_up(corpus, tmp_path):
