@@ -1,7 +1,6 @@
 """Helpers shared by the test modules: configs over the test corpus, and reading runs back."""
 from __future__ import annotations
 
-import json
 import pathlib
 
 import numpy as np
@@ -12,6 +11,7 @@ from PIL import Image
 from flight_overlord.client import StepFetcher
 from flight_overlord.config import load_config
 from flight_overlord.deploy.launch import LocalCluster
+from flight_overlord.store import read_journal
 
 DEMO_SEED, DEMO_SCALE = 0, 0.03  # the session's demo corpus (tests/conftest.py)
 WEIGHTS = {"captions": 0.15, "longdocs": 0.25, "code": 0.20, "docstrings": 0.15, "manuals": 0.15, "qa": 0.10}
@@ -56,10 +56,15 @@ def fetch_run(config_path, steps: int = STEPS) -> dict[int, list[pa.Table]]:
     return out
 
 
+def journal_records(config_path) -> list[dict]:
+    """Every record of a run's plan journal, read as the package reads it: a line the Planner is
+    writing right now (torn) is left out."""
+    return [record for _, record in read_journal(load_config(config_path).run_dir / "plan-journal.jsonl")]
+
+
 def journal(config_path) -> list[dict]:
-    cfg = load_config(config_path)
-    lines = (cfg.run_dir / "plan-journal.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if "step" in r]  # plans; trainer reports are journaled too
+    """The plans of a run (trainer reports and other records are journaled too)."""
+    return [r for r in journal_records(config_path) if "bins" in r]
 
 
 def delivered_keys(tables: list[pa.Table]) -> list[str]:

@@ -4,7 +4,6 @@ strategy primitives, the step program): tests/unit/test_orchestration_logic.py."
 from __future__ import annotations
 
 import collections
-import json
 import threading
 
 import numpy as np
@@ -19,7 +18,7 @@ from flight_overlord.core.schedules import FeedbackLog, weights_at
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.planner.strategy import load_strategy
 
-from ..helpers import WEIGHTS, delivered_keys, journal, write_config
+from ..helpers import WEIGHTS, delivered_keys, journal, journal_records, write_config
 
 
 # -- end to end --------------------------------------------------------------------------
@@ -106,7 +105,7 @@ def test_dynamic_mixing_moves_weights_and_replays_from_the_journal(corpus, tmp_p
             t.start()
         for t in threads:
             t.join(timeout=120)
-    lines = [json.loads(x) for x in (load_config(path).run_dir / "plan-journal.jsonl").read_text().splitlines()]
+    lines = journal_records(path)
     plans = {r["step"]: r for r in lines if "step" in r}
     assert plans[0]["weights"] == pytest.approx(WEIGHTS) and "feedback" not in plans[0]
     assert plans[5]["weights"]["longdocs"] > 2 * plans[5]["weights"]["captions"] * WEIGHTS["longdocs"] / WEIGHTS["captions"]

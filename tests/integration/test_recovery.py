@@ -17,9 +17,9 @@ from flight_overlord.client import TrainerClient
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.deploy.launch import LocalCluster
 
-from ..helpers import write_config
+from ..helpers import journal, write_config
 
-STEPS = 40
+STEPS = 60  # a 60-step run, killed at a random step
 RANKS = 2
 
 
@@ -173,8 +173,7 @@ def test_resume_on_a_larger_data_parallel_mesh_delivers_each_sample_once(corpus,
 
 
 def _plans(path) -> list[dict]:
-    lines = (load_config(path).run_dir / "plan-journal.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if "bins" in r]
+    return journal(path)
 
 
 def _epochs(path) -> dict[tuple[int, str], int]:

@@ -9,7 +9,6 @@ started with ``overlord up`` under mutual TLS with trainer and inspection tokens
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import signal
 import stat

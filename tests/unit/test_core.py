@@ -1,7 +1,6 @@
 """Pure logic: read order, mixing, packing, mesh, transforms, config validation."""
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import numpy as np
