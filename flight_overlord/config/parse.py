@@ -1,4 +1,4 @@
-"""The run configuration: YAML in, validated typed objects out.
+"""Reading and validating a config: YAML in, the typed sections of ``model.py`` out.
 
 Every error names the offending key (as a path like ``sources[2].weight``) or file,
 because a config is the first thing a user gets wrong.
@@ -8,22 +8,18 @@ from __future__ import annotations
 import glob
 import math
 import os
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from .core import balance
-from .core.context_parallel import CP_FORMATS, CP_SPLITS, chunk_count
-from .core.cost import COST_MODELS
-from .core.mesh import MEGATRON_ORDER, Mesh
-from .core.vision import VisionSpec
-
-
-class ConfigError(ValueError):
-    """An invalid configuration; the message names the key or file that is wrong."""
-
+from ..core import balance
+from ..core.context_parallel import CP_FORMATS, CP_SPLITS, chunk_count
+from ..core.cost import COST_MODELS
+from .model import (BalanceConfig, CheckpointConfig, Config, ConfigError, ConstructorConfig, CostConfig,
+                     GlobalBatchConfig, LoaderConfig, MeshConfig, NetworkConfig, SecurityConfig,
+                     SourceConfig, StrategyConfig, TLSConfig, TransformConfig, VisionConfig)
 
 _REQUIRED = object()
 
@@ -75,178 +71,6 @@ def _choice(value: Any, where: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ConfigError(f"{where}: {value!r} is not one of {', '.join(allowed)}")
     return value
-
-
-@dataclass(frozen=True)
-class TransformConfig:
-    """A sample transform by registered name, with its options (e.g. a tokenizer file)."""
-    name: str = "byte_tokenizer"
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class SourceConfig:
-    name: str
-    files: tuple[Path, ...]
-    file_ids: tuple[str, ...]  # stable names used in sample keys: path relative to data_root
-    text_column: str
-    transform: TransformConfig
-    weight: float
-    loaders: int  # source-loader actors; the row groups are split this many ways
-    image_column: str | None = None  # image-text sources: list<binary> of images interleaved with text_column
-
-
-@dataclass(frozen=True)
-class VisionConfig:
-    """Image-text sources: the encoder's patch geometry and where images are decoded."""
-    patch_size: int = VisionSpec.patch_size
-    merge_size: int = VisionSpec.merge_size
-    min_pixels: int = VisionSpec.min_pixels
-    max_pixels: int = VisionSpec.max_pixels
-    image_token_id: int = 256  # the placeholder token; 256 is just past the byte tokenizer's vocabulary
-    vision_start_id: int = 257  # wraps every placeholder run (Qwen2-VL's <|vision_start|> ... <|vision_end|>),
-    vision_end_id: int = 258    # so adjacent images stay distinct runs
-    decode_at: str = "constructor"  # constructor: compressed bytes cross the network; loader: pixels do
-    on_bad_image: str = "skip"  # skip: drop the sample, log its key and count it; fail: stop the run
-    background: tuple[int, int, int] = VisionSpec.background  # RGB under transparent pixels (Qwen2-VL: white)
-
-    @property
-    def spec(self) -> VisionSpec:
-        """The encoder geometry and decoding options, as the pure image logic takes them."""
-        return VisionSpec(self.patch_size, self.merge_size, self.min_pixels, self.max_pixels,
-                          background=self.background)
-
-
-@dataclass(frozen=True)
-class MeshConfig:
-    pp: int = 1
-    dp: int = 1
-    cp: int = 1
-    tp: int = 1
-    order: tuple[str, ...] = MEGATRON_ORDER  # rank order, fastest-varying axis first
-    cp_split: str = "load_balanced"  # bshd: how the buffer is split across CP ranks: load_balanced | contiguous
-    cp_format: str = "thd"  # thd: each packed sequence padded to 2*cp and split on its own (TransformerEngine)
-
-    @property
-    def world_size(self) -> int:
-        return self.pp * self.dp * self.cp * self.tp
-
-
-@dataclass(frozen=True)
-class GlobalBatchConfig:
-    context_length: int
-    microbatches: int  # per data-parallel rank per step; each is one sequence packed to context_length
-    samples_per_step: int | None
-    tokens_per_step: int | None
-    pad_to_multiple: int | None = None  # None: pad every sequence to the full microbatch capacity
-
-
-@dataclass(frozen=True)
-class CostConfig:
-    model: str = "attention"  # a registered cost model (core/cost.py): "attention": a*l + b*l^2 ; "tokens": l
-    a: float = 1.0
-    b: float = 1.0 / 4096
-
-
-@dataclass(frozen=True)
-class BalanceConfig:
-    method: str = "greedy"  # a registered balancer (core/balance), or "none"
-
-
-@dataclass(frozen=True)
-class NetworkConfig:
-    host: str = "127.0.0.1"
-    planner_port: int = 0  # 0: any free port
-
-
-@dataclass(frozen=True)
-class LoaderConfig:
-    read_ahead_row_groups: int = 2
-    shadows: int = 0  # hot standbys per loader actor
-
-
-@dataclass(frozen=True)
-class ConstructorConfig:
-    dp_per_constructor: int = 1
-
-
-@dataclass(frozen=True)
-class CheckpointConfig:
-    every: int = 50  # steps between Planner snapshots; loaders snapshot every this many fetches
-
-
-@dataclass(frozen=True)
-class TLSConfig:
-    """TLS for every role (``grpc+tls://``): the role's certificate and key, the CA that signed the
-    certificates, and ``verify_client`` for mutual TLS (clients then need a certificate the CA signed,
-    with the client-auth usage). ``enabled``: None turns TLS on when ``cert`` is given."""
-    cert: Path | None = None
-    key: Path | None = None
-    ca: Path | None = None
-    verify_client: bool = False
-    enabled: bool | None = None
-
-    @property
-    def on(self) -> bool:
-        return self.cert is not None if self.enabled is None else self.enabled
-
-
-@dataclass(frozen=True)
-class SecurityConfig:
-    """Who may call what (``wire/security.py``). Internal calls always need the cluster secret: from
-    ``cluster_secret_file``, else ``$OVERLORD_CLUSTER_SECRET``, else made fresh by ``overlord up``.
-    Trainer calls need a token only when ``trainer_tokens_file`` is set (one per line); inspection
-    calls only when ``inspect_token_file`` is set."""
-    cluster_secret_file: Path | None = None
-    trainer_tokens_file: Path | None = None
-    inspect_token_file: Path | None = None
-    tls: TLSConfig = TLSConfig()
-    ticket_ttl_seconds: float = 3600.0  # how long a ticket from the Planner can be redeemed
-
-
-@dataclass(frozen=True)
-class StrategyConfig:
-    """A strategy file: ``function(strategy, **options)`` programs the Planner (planner/strategy.py)."""
-    file: Path
-    function: str = "build"
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Config:
-    seed: int
-    sources: tuple[SourceConfig, ...]
-    mesh: MeshConfig
-    global_batch: GlobalBatchConfig
-    cost: CostConfig
-    balance: BalanceConfig
-    prefetch: int
-    network: NetworkConfig
-    loader: LoaderConfig
-    constructor: ConstructorConfig
-    checkpoint: CheckpointConfig
-    pad_token_id: int
-    run_dir: Path
-    data_root: Path
-    strategy: StrategyConfig | None = None
-    vision: VisionConfig = VisionConfig()
-    security: SecurityConfig = SecurityConfig()
-    path: Path | None = None  # the YAML file this came from, so child processes can reload it
-
-    @property
-    def trainer_mesh(self) -> Mesh:
-        """The ClientPlaceTree of this run's trainers (mesh plus constructor grouping)."""
-        return Mesh.from_config(self.mesh, self.constructor.dp_per_constructor)
-
-    @property
-    def num_constructors(self) -> int:
-        return self.trainer_mesh.num_constructors
-
-    def source(self, name: str) -> SourceConfig:
-        for src in self.sources:
-            if src.name == name:
-                return src
-        raise ConfigError(f"no source named {name!r} (have: {', '.join(s.name for s in self.sources)})")
 
 
 def balance_methods() -> tuple[str, ...]:
