@@ -16,13 +16,13 @@ DEFAULT_DATA_DIR = Path("data") / "demo"
 DEFAULT_RUN_DIR = Path("runs") / "demo"
 
 
-def _serve(argv: list[str]) -> None:
-    roles = {"planner": "planner", "loader": "loader", "constructor": "constructor"}
-    if not argv or argv[0] not in roles:
-        raise SystemExit(f"usage: overlord serve {{{'|'.join(roles)}}} --config CONFIG ...")
+ROLES = ("planner", "loader", "constructor")
+
+
+def _serve(args) -> None:
+    """One role in this process; its own ``main`` parses the flags that follow the role's name."""
     import importlib
-    module = importlib.import_module(f"flight_overlord.{roles[argv[0]]}.server")
-    module.main(argv[1:])
+    importlib.import_module(f"flight_overlord.{args.role}.server").main(args.flags)
 
 
 def _up(args) -> None:
@@ -87,12 +87,6 @@ def _certs(args) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
-    if argv and argv[0] == "serve":  # role processes parse their own flags
-        try:
-            return _serve(argv[1:])
-        except ConfigError as exc:
-            raise SystemExit(f"error: {exc}") from None
-
     parser = argparse.ArgumentParser(prog="overlord", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("up", help="start every role locally, supervised; print the Planner's address")
@@ -102,7 +96,10 @@ def main(argv: list[str] | None = None) -> None:
                        "latest checkpoint (trainers continue with TrainerClient.load_state_dict)")
     start.add_argument("--fresh", action="store_true", help="start over: move a previous run in run_dir aside")
     p.set_defaults(func=_up)
-    p = sub.add_parser("serve", help="run one role: planner | loader | constructor")
+    p = sub.add_parser("serve", help="run one role: planner | loader | constructor (for manual deployment)")
+    p.add_argument("role", choices=ROLES)
+    p.add_argument("flags", nargs=argparse.REMAINDER, help="the role's flags: overlord serve ROLE --help")
+    p.set_defaults(func=_serve)
     p = sub.add_parser("make-demo-data", help="write the demo corpus as Parquet")
     p.add_argument("dir", nargs="?", help=f"default: ./{DEFAULT_DATA_DIR}, where `overlord demo` reads")
     p.add_argument("--seed", type=int, default=0)
