@@ -101,7 +101,8 @@ class NetworkConfig:
 @dataclass(frozen=True)
 class LoaderConfig:
     read_ahead_row_groups: int = 2
-    shadows: int = 0  # hot standbys per loader actor
+    shadows: int = 0  # hot standbys per loader actor (per loader process, which stands by for all it hosts)
+    hosts: int = 0  # loader processes hosting the actors (round robin); 0: one process per actor
 
 
 @dataclass(frozen=True)

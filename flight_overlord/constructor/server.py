@@ -141,8 +141,8 @@ class ConstructorServer(ActionServer):
         sample (or the failure of its decode), cut to its planned length (the plan may truncate a
         sample to the capacity)."""
         def one(group: FetchGroup) -> dict:
-            request = wire.ticket({"kind": "samples", "step": step, "constructor": self.index,
-                                   "samples": group.samples})
+            request = wire.ticket({"kind": "samples", "source": group.source, "actor": group.actor, "step": step,
+                                   "constructor": self.index, "samples": group.samples})
             table = call_any(self._clients, group.locations, lambda c: c.do_get(request).read_all(),
                              what=f"the loader of {plan.keys[group.items[0]].rsplit(':', 3)[0]}",
                              stop=lambda: self._stopping)

@@ -80,10 +80,10 @@ class LocalCluster:
         try:
             planner = self._spawn("planner", ["planner", *(["--resume"] if self.mode == "resume" else [])])
             self.planner = self._await_ready([planner])[0]
-            children = [self._spawn(f"loader-{s.name}-{a}" + (f"-shadow{r}" if r else ""),
-                                    ["loader", "--source", s.name, "--actor", str(a), "--replica", str(r),
+            children = [self._spawn(name + (f"-shadow{r}" if r else ""),
+                                    ["loader", "--actors", ",".join(f"{s}:{a}" for s, a in actors), "--replica", str(r),
                                      "--planner", self.planner])
-                        for s in self.cfg.sources for a in range(s.loaders) for r in range(1 + self.cfg.loader.shadows)]
+                        for name, actors in loader_hosts(self.cfg) for r in range(1 + self.cfg.loader.shadows)]
             children += [self._spawn(f"constructor-{c}", ["constructor", "--index", str(c), "--planner", self.planner])
                          for c in range(self.cfg.num_constructors)]
             self._await_ready(children)
@@ -214,6 +214,16 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def loader_hosts(cfg: Config) -> list[tuple[str, list[tuple[str, int]]]]:
+    """(process name, the loader actors it hosts): one process per actor (``loader-SOURCE-ACTOR``), or
+    with ``loader.hosts: N`` the actors dealt round robin onto N processes (``loader-hostH``). Which
+    process hosts an actor changes nothing in the streams: the read order is per source, not per process."""
+    actors = [(s.name, a) for s in cfg.sources for a in range(s.loaders)]
+    if not cfg.loader.hosts or cfg.loader.hosts >= len(actors):
+        return [(f"loader-{s}-{a}", [(s, a)]) for s, a in actors]
+    return [(f"loader-host{h}", actors[h::cfg.loader.hosts]) for h in range(cfg.loader.hosts)]
 
 
 def _tail(path: Path, lines: int = 30) -> str:

@@ -1,10 +1,13 @@
-"""Source Loader: a thin Flight adapter over one :class:`~.actor.LoaderActor`.
+"""Source Loader host: a thin Flight adapter over one or more :class:`~.actor.LoaderActor`\ s.
 
-Three kinds of ``do_get`` ticket:
-- ``{"kind": "metadata", "epoch": e, "file": f, "row_group": g}`` (from the Planner): make
-  sure that row group is buffered for epoch ``e`` and stream its samples' metadata.
-- ``{"kind": "samples", "step": s, "constructor": c, "samples": [[e, f, g, row, consumers], ...]}``
-  (from a Data Constructor): stream those samples, in that order, and pop them.
+A loader process hosts any set of loader actors (of any sources): each keeps its own partition of
+row groups, read state and journal, so adding a source costs its reader state and buffer, not a
+process. Tickets name the actor they are for (``source``, ``actor``; optional when the process
+hosts one actor). Three kinds of ``do_get`` ticket:
+- ``{"kind": "metadata", "source", "actor", "epoch": e, "file": f, "row_group": g}`` (from the
+  Planner): make sure that row group is buffered for epoch ``e`` and stream its samples' metadata.
+- ``{"kind": "samples", "source", "actor", "step": s, "constructor": c, "samples": [[e, f, g,
+  row, consumers], ...]}`` (from a Data Constructor): stream those samples, in order, and pop them.
 - ``{"kind": "buffer"}`` (inspection): the metadata of every buffered, not yet popped sample.
 
 ``metadata`` and ``samples`` are internal calls: they need the run's cluster secret.
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+import pyarrow as pa
 import pyarrow.flight as fl
 
 from .. import wire
@@ -31,9 +35,20 @@ TICKET_ROLES = {"metadata": CLUSTER, "samples": CLUSTER, "buffer": INSPECT}
 
 
 class LoaderServer(ActionServer):
-    def __init__(self, actor: LoaderActor, security: Security, *, host: str = "127.0.0.1", port: int = 0):
-        self.actor = actor  # state first: Flight may accept calls during super().__init__
+    def __init__(self, actors: list[LoaderActor], security: Security, *, host: str = "127.0.0.1", port: int = 0):
+        # state first: Flight may accept calls during super().__init__
+        self.actors = {(a.partition.source.name, a.partition.actor): a for a in actors}
         super().__init__(host, port, security)
+
+    def _actor(self, request: dict) -> LoaderActor:
+        """The actor a ticket is for: named by (source, actor), or the only one this process hosts."""
+        if "source" not in request and len(self.actors) == 1:
+            return next(iter(self.actors.values()))
+        key = (wire.field(request, "source", str, "ticket"), wire.field(request, "actor", int, "ticket"))
+        if key not in self.actors:
+            hosted = ", ".join(f"{s}[{a}]" for s, a in sorted(self.actors))
+            raise KeyError(f"loader actor {key[0]}[{key[1]}] is not hosted here (this process hosts: {hosted})")
+        return self.actors[key]
 
     def do_get(self, context, ticket):
         request = wire.decode(ticket.ticket, "ticket")
@@ -41,31 +56,36 @@ class LoaderServer(ActionServer):
         self.authorize(context, TICKET_ROLES.get(kind, INSPECT) if isinstance(kind, str) else INSPECT,
                        f"do_get of a {kind!r} ticket")
         if kind == "metadata":
-            return fl.RecordBatchStream(self.actor.metadata(wire.field(request, "epoch", int, "metadata ticket"),
-                                                            wire.field(request, "file", str, "metadata ticket"),
-                                                            wire.field(request, "row_group", int, "metadata ticket")))
+            return fl.RecordBatchStream(self._actor(request).metadata(
+                wire.field(request, "epoch", int, "metadata ticket"), wire.field(request, "file", str, "metadata ticket"),
+                wire.field(request, "row_group", int, "metadata ticket")))
         if kind == "samples":
-            return fl.RecordBatchStream(self.actor.samples(wire.field(request, "step", int, "samples ticket"),
-                                                           wire.field(request, "constructor", int, "samples ticket"),
-                                                           _checked_samples(request)))
+            return fl.RecordBatchStream(self._actor(request).samples(
+                wire.field(request, "step", int, "samples ticket"),
+                wire.field(request, "constructor", int, "samples ticket"), _checked_samples(request)))
         if kind == "buffer":
-            return fl.RecordBatchStream(self.actor.buffer_metadata())
+            tables = [a.buffer_metadata() for a in self.actors.values()]
+            return fl.RecordBatchStream(pa.concat_tables(tables))
         raise ValueError(f"malformed ticket: unknown kind {kind!r} (loader tickets: 'metadata', 'samples', 'buffer')")
 
     def list_flights(self, context, criteria):
         self.authorize(context, INSPECT, "list_flights")
-        source = self.actor.partition.source.name
-        descriptor = fl.FlightDescriptor.for_path("source", source, str(self.actor.partition.actor))
-        yield fl.FlightInfo(load_schema(SAMPLE_METADATA), descriptor, [], self.actor.buffered_samples(), -1)
+        for (source, index), actor in sorted(self.actors.items()):
+            descriptor = fl.FlightDescriptor.for_path("source", source, str(index))
+            yield fl.FlightInfo(load_schema(SAMPLE_METADATA), descriptor, [], actor.buffered_samples(), -1)
 
     @requires(INSPECT)
     def action_status(self, body):
-        """Buffer occupancy of this loader."""
-        return self.actor.status()
+        """Buffer occupancy of the hosted loader actors (the fields of the first, and all of them)."""
+        statuses = [a.status() for _, a in sorted(self.actors.items())]
+        totals = {k: sum(s[k] for s in statuses) for k in ("buffered_row_groups", "buffered_samples",
+                                                            "buffered_bytes", "bytes_served")}
+        return {**statuses[0], **totals, "actors": statuses}
 
     def shutdown(self):
         super().shutdown()
-        self.actor.close()
+        for actor in self.actors.values():
+            actor.close()
 
 
 def _checked_samples(request: dict) -> list[list]:
@@ -78,25 +98,43 @@ def _checked_samples(request: dict) -> list[list]:
     return wanted
 
 
+def parse_actors(text: str) -> list[tuple[str, int]]:
+    """``"captions:0,captions:1,code:0"`` -> [("captions", 0), ("captions", 1), ("code", 0)]."""
+    actors = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        source, _, index = item.rpartition(":")
+        if not source or not index.isdigit():
+            raise SystemExit(f"overlord serve loader: --actors: {item!r} is not SOURCE:ACTOR")
+        actors.append((source, int(index)))
+    return actors
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="overlord serve loader")
     parser.add_argument("--config", required=True)
-    parser.add_argument("--source", required=True)
+    parser.add_argument("--actors", help="the loader actors this process hosts: SOURCE:ACTOR,... "
+                        "(or one with --source/--actor)")
+    parser.add_argument("--source")
     parser.add_argument("--actor", type=int, default=0)
-    parser.add_argument("--replica", type=int, default=0, help="0: the active loader actor; 1..: its shadows")
+    parser.add_argument("--replica", type=int, default=0, help="0: the active loader actors; 1..: their shadows")
     parser.add_argument("--planner", required=True, help="grpc://host:port (or grpc+tls://) of the Planner")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--ready-file")
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
-    partition = SourcePartition(cfg.source(args.source), args.actor, cfg.global_batch.context_length, cfg.vision)
-    actor = LoaderActor(partition, seed=cfg.seed, read_ahead=cfg.loader.read_ahead_row_groups, run_dir=cfg.run_dir,
-                        checkpoint_every=cfg.checkpoint.every)
+    wanted = parse_actors(args.actors) if args.actors else [(args.source, args.actor)] if args.source else []
+    if not wanted:
+        parser.error("name the loader actors: --actors SOURCE:ACTOR,... or --source S [--actor A]")
+    actors = [LoaderActor(SourcePartition(cfg.source(source), index, cfg.global_batch.context_length, cfg.vision),
+                          seed=cfg.seed, read_ahead=cfg.loader.read_ahead_row_groups, run_dir=cfg.run_dir,
+                          checkpoint_every=cfg.checkpoint.every) for source, index in wanted]
     security = Security.from_config(cfg)
-    server = LoaderServer(actor, security, host=cfg.network.host, port=args.port)
+    server = LoaderServer(actors, security, host=cfg.network.host, port=args.port)
     location = location_of(server, cfg.network.host)
-    register(args.planner, {"role": "loader", "source": args.source, "actor": args.actor, "replica": args.replica,
-                            "location": location,
-                            "row_groups": [[rg.file, rg.row_group, rg.num_rows] for rg in partition.row_groups]},
-             security.credentials)
+    for actor in actors:
+        partition = actor.partition
+        register(args.planner, {"role": "loader", "source": partition.source.name, "actor": partition.actor,
+                                "replica": args.replica, "location": location,
+                                "row_groups": [[rg.file, rg.row_group, rg.num_rows] for rg in partition.row_groups]},
+                 security.credentials)
     serve(server, location, args.ready_file)

@@ -219,7 +219,7 @@ def constructor_view(plan: StepPlan, constructor: int, mesh: Mesh, registry: Reg
         if ref.key not in index:
             index[ref.key] = len(keys)
             actor = registry.owner(ref.source, ref.file, ref.row_group)
-            group = fetch.setdefault(actor, FetchGroup(registry.locations(actor), [], []))
+            group = fetch.setdefault(actor, FetchGroup(*actor, registry.locations(actor), [], []))
             group.items.append(len(keys))
             group.samples.append([ref.epoch, ref.file, ref.row_group, ref.row, consumers[ref.key]])
             keys.append(ref.key)

@@ -169,7 +169,8 @@ class PlannerServer(ActionServer):
     def _meta_fetcher(self, source: str):
         def fetch(epoch: int, rg: RowGroupRef) -> dict[str, np.ndarray]:
             actor = self.planner.registry.owner(source, rg.file, rg.row_group)
-            request = {"kind": "metadata", "epoch": epoch, "file": rg.file, "row_group": rg.row_group}
+            request = {"kind": "metadata", "source": source, "actor": actor[1], "epoch": epoch, "file": rg.file,
+                       "row_group": rg.row_group}
             table = call_any(self._clients, self.planner.registry.locations(actor),
                              lambda c: c.do_get(wire.ticket(request)).read_all(),
                              what=f"loader {source}[{actor[1]}]", stop=lambda: self._stopping)

@@ -12,7 +12,9 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass
 class FetchGroup:
-    locations: list[str]          # the owning loader actor: active first, then shadows
+    source: str                   # the owning loader actor (a process may host several)
+    actor: int
+    locations: list[str]          # where it is served: the active process first, then shadows
     items: list[int]              # indices into ConstructorPlan.keys
     samples: list[list]           # [epoch, file, row_group, row, consumers] per item
 

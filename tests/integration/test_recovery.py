@@ -189,3 +189,22 @@ def _tear_journal(path) -> None:
     """A crash mid-write leaves half a line at the end of the journal."""
     with open(path, "a") as f:
         f.write('{"step": 99999, "layout": {"axis": "DP", "bu')
+
+
+def test_loader_hosts_serve_the_same_streams_from_fewer_processes(reference, corpus, tmp_path):
+    """Seven loader actors (six sources, captions split in two) in two processes: every rank's
+    stream equals the one-process-per-actor run's, and only two loader processes run."""
+    path = config(tmp_path, corpus, loader={"hosts": 2})
+    hosted = {}
+
+    def count(cluster):
+        loaders = [c for c in cluster.children if c.name.startswith("loader")]
+        hosted.update({c.name: c.args[c.args.index("--actors") + 1] for c in loaders})
+    assert run(path, check=count) == reference
+    assert sorted(hosted) == ["loader-host0", "loader-host1"]
+    assert sorted(a for actors in hosted.values() for a in actors.split(",")) == sorted(
+        ["captions:0", "captions:1", "longdocs:0", "code:0", "docstrings:0", "manuals:0", "qa:0"])
+
+
+def test_kill_9_of_a_loader_host_brings_all_its_sources_back(reference, corpus, tmp_path):
+    assert run(config(tmp_path, corpus, loader={"hosts": 2}), kill="loader-host0", at=13) == reference
