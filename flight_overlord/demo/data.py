@@ -140,3 +140,58 @@ def make_demo_data(out_dir: str | os.PathLike, *, seed: int = 0, scale: float = 
         from .images import make_image_demo_data    # it imports this module's helpers
         result.update(make_image_demo_data(out, seed=seed, scale=scale))
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Many sources: the same generators at many scales, for memory-vs-sources benchmarks.
+# ---------------------------------------------------------------------------------------------
+
+MANY_SOURCES_SEED_OFFSET = 100_000
+
+
+def many_source_names(n_sources: int) -> list[str]:
+    """``src000``, ``src001``, ... (at least three digits, more when ``n_sources`` needs them)."""
+    width = max(3, len(str(max(n_sources - 1, 0))))
+    return [f"src{i:0{width}d}" for i in range(n_sources)]
+
+
+def many_source_plan(n_sources: int, *, seed: int = 0, rows_per_source: int = 2000) -> list[dict]:
+    """What ``make_many_sources`` writes, without writing it: one dict per source with ``name``,
+    ``generator`` (one of ``SOURCE_NAMES``, cycling), ``rows`` (``rows_per_source`` times a factor
+    log-uniform in [1/4, 4], drawn from ``seed``) and ``files`` (1..4). Deterministic from its arguments."""
+    if isinstance(n_sources, bool) or not isinstance(n_sources, (int, np.integer)) or n_sources < 1:
+        raise ValueError(f"n_sources must be a positive integer, got {n_sources!r}")
+    if not rows_per_source >= MIN_FILES * MIN_ROW_GROUPS * MIN_ROWS_PER_GROUP:
+        raise ValueError(f"rows_per_source must be >= {MIN_FILES * MIN_ROW_GROUPS * MIN_ROWS_PER_GROUP}, "
+                         f"got {rows_per_source!r}")
+    check_arguments(seed, 1.0)
+    rng = np.random.default_rng([int(seed), MANY_SOURCES_SEED_OFFSET, int(n_sources)])
+    factors = np.exp(rng.uniform(np.log(0.25), np.log(4.0), n_sources))
+    files = rng.integers(1, 5, n_sources)
+    plan = []
+    for i, name in enumerate(many_source_names(n_sources)):
+        n_files = max(MIN_FILES, int(files[i]))
+        rows = max(round(rows_per_source * factors[i]), n_files * MIN_ROW_GROUPS * MIN_ROWS_PER_GROUP)
+        plan.append({"name": name, "generator": SOURCE_NAMES[i % len(SOURCE_NAMES)], "rows": rows, "files": n_files})
+    return plan
+
+
+def make_many_sources(out_dir: str | os.PathLike, n_sources: int, *, seed: int = 0,
+                      rows_per_source: int = 2000) -> dict[str, list[Path]]:
+    """Write ``n_sources`` text sources ``out_dir/srcNNN/part-NNNNN.parquet``; return {source: [paths]}.
+
+    Source ``i`` uses the demo text generator ``SOURCE_NAMES[i % 6]`` (so the length distributions,
+    and with them the tokenization cost per row, cycle over the six demo shapes) at its own size
+    from ``many_source_plan`` and its own generator seed, so no two sources hold the same rows. Same
+    columns and writer (``write_source``) as ``make_demo_data``; deterministic from the arguments.
+    """
+    mat = gather_material()
+    out = Path(out_dir)
+    result = {}
+    for i, spec in enumerate(many_source_plan(n_sources, seed=seed, rows_per_source=rows_per_source)):
+        generate = _SOURCES[spec["generator"]].generate
+        rng = np.random.default_rng([int(seed), MANY_SOURCES_SEED_OFFSET, i])
+        texts = generate(mat, rng, spec["rows"])
+        result[spec["name"]] = write_source(out / spec["name"], pa.table({"text": pa.array(texts, pa.string())}),
+                                            spec["files"])
+    return result

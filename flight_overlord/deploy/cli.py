@@ -41,9 +41,12 @@ def _up(args) -> None:
 
 
 def _make_demo_data(args) -> None:
-    from ..demo.data import make_demo_data
+    from ..demo.data import make_demo_data, make_many_sources
     out = Path(args.dir) if args.dir else DEFAULT_DATA_DIR
-    written = make_demo_data(out, seed=args.seed, scale=args.scale)
+    if args.sources is not None:
+        written = make_many_sources(out, args.sources, seed=args.seed, rows_per_source=args.rows_per_source)
+    else:
+        written = make_demo_data(out, seed=args.seed, scale=args.scale)
     for source, files in written.items():
         print(f"{source}: {len(files)} files in {out / source}")
 
@@ -104,6 +107,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("dir", nargs="?", help=f"default: ./{DEFAULT_DATA_DIR}, where `overlord demo` reads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scale", type=float, default=1.0)
+    p.add_argument("--sources", type=int, default=None, metavar="N",
+                   help="instead of the demo corpus: N text sources src000.. cycling over the six demo "
+                        "generators, each its own size (from --seed) and rows")
+    p.add_argument("--rows-per-source", type=int, default=2000,
+                   help="with --sources: median rows per source (each source x 1/4..4; default 2000)")
     p.set_defaults(func=_make_demo_data)
     p = sub.add_parser("demo", help="bring the system up and run one simulated trainer per rank")
     p.add_argument("--config", help="default: the shipped demo config (configs/demo.yaml) over --data, into --run-dir")
