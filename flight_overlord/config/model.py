@@ -26,8 +26,9 @@ class TransformConfig:
 @dataclass(frozen=True)
 class SourceConfig:
     name: str
-    files: tuple[Path, ...]
-    file_ids: tuple[str, ...]  # stable names used in sample keys: path relative to data_root
+    files: tuple[str, ...]  # local paths, or pyarrow.fs URIs (query string kept)
+    file_ids: tuple[str, ...]  # stable names used in sample keys: path relative to data_root, or the URI
+    # without its query string
     text_column: str
     transform: TransformConfig
     weight: float

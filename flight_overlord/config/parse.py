@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from .. import storage
 from ..core import balance
 from ..core.context_parallel import CP_FORMATS, CP_SPLITS, chunk_count
 from ..core.cost import COST_MODELS
@@ -181,26 +182,37 @@ def _path(base: Path, value: Any, where: str, *, resolve: bool = True) -> Path:
     return path.resolve() if resolve else path
 
 
-def _resolve_paths(raw: Any, data_root: Path, where: str) -> tuple[Path, ...]:
+def _resolve_paths(raw: Any, data_root: Path, where: str) -> tuple[str, ...]:
+    """The files of a source: local paths and globs (relative to ``data_root``), or URIs (``s3://``,
+    ``gs://``, ``hdfs://``, ``file://``, globs included) read through ``pyarrow.fs``."""
     patterns = [raw] if isinstance(raw, str) else raw
     if not isinstance(patterns, list) or not patterns:
         raise ConfigError(f"{where}: expected a path, a glob or a list of them")
-    files: list[Path] = []
+    files: list[str] = []
     for pattern in patterns:
-        full = str(_path(data_root, pattern, where, resolve=False))
-        matches = sorted(glob.glob(full, recursive=True))
+        if storage.is_uri(str(pattern)):
+            try:
+                matches = storage.expand(str(pattern))
+            except storage.StorageError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
+            full = storage.display(str(pattern))
+        else:
+            full = str(_path(data_root, pattern, where, resolve=False))
+            matches = [str(Path(m).resolve()) for m in sorted(glob.glob(full, recursive=True)) if os.path.isfile(m)]
         if not matches:
-            what = "no file matches the glob" if glob.has_magic(full) else "file not found"
+            what = "no file matches the glob" if storage.has_magic(str(pattern)) else "file not found"
             raise ConfigError(f"{where}: {what}: {full}")
-        files.extend(Path(m).resolve() for m in matches if os.path.isfile(m))
+        files.extend(matches)
     return tuple(sorted(set(files)))
 
 
-def _file_id(path: Path, data_root: Path) -> str:
+def _file_id(path: str, data_root: Path) -> str:
+    if storage.is_uri(path):
+        return storage.display(path)
     try:
-        return str(path.relative_to(data_root))
+        return str(Path(path).relative_to(data_root))
     except ValueError:
-        return str(path)
+        return path
 
 
 def _parse_transform(raw: Any, where: str, data_root: Path) -> TransformConfig:

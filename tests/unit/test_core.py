@@ -114,7 +114,7 @@ def test_byte_tokenizer_is_utf8_bytes_truncated():
 def test_config_loads_and_resolves_globs(corpus, tmp_path):
     cfg = load_config(write_config(tmp_path, corpus, loaders={"qa": 3}))
     qa = cfg.source("qa")
-    assert qa.loaders == 3 and len(qa.files) >= 2 and all(f.exists() for f in qa.files)
+    assert qa.loaders == 3 and len(qa.files) >= 2 and all(Path(f).exists() for f in qa.files)
     assert qa.file_ids[0].startswith("qa/")
     assert cfg.mesh == MeshConfig(dp=2) and cfg.num_constructors == 2
 
