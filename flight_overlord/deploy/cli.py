@@ -63,16 +63,45 @@ def _demo(args) -> None:
     run_demo(config, steps=args.steps)
 
 
-def _inspect(args) -> None:
+def _credentials(args):
+    """The credentials an operator's command uses: the run's own (``--config``), or token and TLS files."""
     from ..wire.security import Credentials, Security
-    from .inspection import inspect_server
     if args.config:  # the run's own credentials: its cluster secret and TLS settings
         from ..config import load_config
         credentials = Security.from_config(load_config(args.config)).credentials
         if args.token_file:
             credentials = credentials.with_token(Credentials.from_files(token_file=args.token_file).token)
-    else:
-        credentials = Credentials.from_files(token_file=args.token_file, ca=args.ca, cert=args.cert, key=args.key)
+        return credentials
+    return Credentials.from_files(token_file=args.token_file, ca=args.ca, cert=args.cert, key=args.key)
+
+
+def _add_credential_args(p) -> None:
+    p.add_argument("--token-file", help="a file holding an inspection or trainer token (first line)")
+    p.add_argument("--ca", help="PEM file of the CA that signed the servers' certificates (grpc+tls://)")
+    p.add_argument("--cert", help="client certificate (PEM), for mutual TLS")
+    p.add_argument("--key", help="the client certificate's private key (PEM)")
+    p.add_argument("--config", help="use the run's own credentials: its cluster secret (security.cluster_secret_file, "
+                   "$OVERLORD_CLUSTER_SECRET or run_dir/secrets/) and TLS settings")
+
+
+def _status(args) -> None:
+    import json
+    import time
+    from .status import cluster_status, render
+    credentials = _credentials(args)
+    while True:
+        status = cluster_status(args.address, credentials=credentials)
+        text = json.dumps(status, indent=1, default=str) if args.json else render(status)
+        if args.once or args.json:
+            print(text, flush=True)
+            return
+        print("\033[2J\033[H" + time.strftime("%H:%M:%S ") + text, flush=True)  # clear the screen, redraw
+        time.sleep(args.interval)
+
+
+def _inspect(args) -> None:
+    from .inspection import inspect_server
+    credentials = _credentials(args)
     import pyarrow.flight as fl
     try:
         inspect_server(args.address, rows=args.rows, credentials=credentials)
@@ -122,13 +151,16 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("inspect", help="show what a Flight server offers, with the stock Flight API only")
     p.add_argument("address")
     p.add_argument("--rows", type=int, default=2)
-    p.add_argument("--token-file", help="a file holding an inspection or trainer token (first line)")
-    p.add_argument("--ca", help="PEM file of the CA that signed the servers' certificates (grpc+tls://)")
-    p.add_argument("--cert", help="client certificate (PEM), for mutual TLS")
-    p.add_argument("--key", help="the client certificate's private key (PEM)")
-    p.add_argument("--config", help="use the run's own credentials: its cluster secret (security.cluster_secret_file, "
-                   "$OVERLORD_CLUSTER_SECRET or run_dir/secrets/) and TLS settings")
+    _add_credential_args(p)
     p.set_defaults(func=_inspect)
+    p = sub.add_parser("status", help="a live view of a running deployment: every role up or down, progress, "
+                       "buffers, bytes (through the Planner's address)")
+    p.add_argument("address", help="the Planner's address")
+    p.add_argument("--once", action="store_true", help="print once and exit")
+    p.add_argument("--json", action="store_true", help="print the status as JSON once (for machines)")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    _add_credential_args(p)
+    p.set_defaults(func=_status)
     p = sub.add_parser("certs", help="make a development CA and server/client certificates for TLS and mutual TLS")
     p.add_argument("dir")
     p.add_argument("--host", action="append", default=[], help="another name or IP for the server certificate "

@@ -53,6 +53,10 @@ def cluster_status(planner_address: str, *, timeout: float = 10.0, pool: ClientP
                 answers = list(threads.map(lambda r: _ask(pool, r["address"], timeout), roles))
             for role, answered in zip(roles, answers):
                 role.update(answered)
+                if role["role"] == "loader":  # a host answers for all its actors: keep this actor's counters
+                    mine = [a for a in role["counters"].get("actors", [])
+                            if a.get("source") == role["source"] and a.get("actor") == role["actor"]]
+                    role["counters"] = mine[0] if mine else role["counters"]
     finally:
         if own_pool:
             pool.close()
@@ -94,3 +98,31 @@ def _name(role: dict) -> str:
     if role["role"] == "constructor":
         return f"constructor {role['index']} at {role['address']}"
     return f"planner at {role['address']}"
+
+
+def render(status: dict) -> str:
+    """The status as a terminal page: roles up or down, progress per rank, each source's loaders."""
+    planner, totals = status["planner"], status["totals"]
+    counters = planner.get("counters", {})
+    lines = [f"planner {planner['address']}: {'up' if planner['up'] else 'DOWN ' + str(planner['reason'])}; "
+             f"planned up to step {counters.get('planned', '?')}; roles up {totals['roles_up']}/{totals['roles']}"
+             + (f"; planning error: {counters['error']}" if counters.get("error") else "")]
+    requested = counters.get("requested") or {}
+    if requested:
+        lines.append("ranks (step asked last): " + " ".join(f"{r}:{s}" for r, s in sorted(requested.items(),
+                                                                                         key=lambda kv: int(kv[0]))))
+    lines.append(f"{'loader':<28} {'address':<24} {'state':<6} {'buffered':>9} {'bytes served':>14}")
+    for loader in status["loaders"]:
+        c = loader["counters"]
+        name = f"{loader['source']}[{loader['actor']}]" + (f" shadow {loader['replica']}" if loader["replica"] else "")
+        lines.append(f"{name:<28} {loader['address']:<24} {'up' if loader['up'] else 'DOWN':<6} "
+                     f"{c.get('buffered_samples', 0):>9,} {c.get('bytes_served', 0):>14,}")
+    lines.append(f"{'constructor':<28} {'address':<24} {'state':<6} {'assembled':>9} {'bytes fetched':>14}")
+    for constructor in status["constructors"]:
+        c = constructor["counters"]
+        lines.append(f"{constructor['index']:<28} {constructor['address']:<24} "
+                     f"{'up' if constructor['up'] else 'DOWN':<6} {c.get('assembled', -1):>9} "
+                     f"{c.get('bytes_fetched', 0):>14,}" + (f"  error: {c['error']}" if c.get("error") else ""))
+    if totals["down"]:
+        lines.append("down: " + ", ".join(totals["down"]))
+    return "\n".join(lines) + "\n"

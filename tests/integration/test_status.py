@@ -1,6 +1,9 @@
 """cluster_status on a real deployment: every role up with consistent counters, then one loader down."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 from flight_overlord.client import StepFetcher
@@ -73,6 +76,16 @@ def test_cluster_status_reports_every_role(corpus, tmp_path):
         # carry a bitmap without nulls, so the constructor's received table is a few bytes smaller.
         assert totals["bytes_fetched"] > 0
         assert 0 <= totals["bytes_served"] - totals["bytes_fetched"] <= totals["bytes_served"] // 100
+
+        # The operator's view of the same: `overlord status` (a page, and JSON for machines).
+        page = subprocess.run([sys.executable, "-m", "flight_overlord.deploy.cli", "status", cluster.planner, "--once"],
+                              capture_output=True, text=True, timeout=60)
+        assert page.returncode == 0, page.stderr
+        assert f"planned up to step {planner['counters']['planned']}" in page.stdout
+        assert all(f"{s}[{a}]" in page.stdout for s, n in SOURCES.items() for a in range(n))
+        machine = subprocess.run([sys.executable, "-m", "flight_overlord.deploy.cli", "status", cluster.planner,
+                                  "--json"], capture_output=True, text=True, timeout=60)
+        assert json.loads(machine.stdout)["up"] is True
 
         # A role that does not answer is reported down, not raised.
         victim = next(c for c in cluster.children if c.name == "loader-captions-1")
