@@ -1,0 +1,395 @@
+#!/usr/bin/env python
+"""Memory of flight_overlord vs the colocated DataLoader as sources and ranks grow, measured, then modelled at 512 nodes.
+
+Measured: the PSS summed over every process of each side (psutil ``memory_full_info().pss``,
+children included), sampled every 0.5 s while the ranks run their timed steps; the max and the
+last sample (all processes still up) are reported. Same corpus, same steps on both sides:
+
+  flight_overlord  ``LocalCluster`` (Planner, loader hosts, one Data Constructor per rank) plus
+                   one trainer process per rank iterating ``TrainerClient`` (bench_delivery's
+                   ``overlord_trainer``); ``loader: {hosts: 2}``, and ``hosts: 0`` (one process
+                   per loader actor) as well at the smallest source count.
+  colocated        bench_delivery's baseline: a torch DataLoader per rank with ``--workers``
+                   workers, every worker opening every file of every source.
+
+The corpus is ``make_many_sources`` (``overlord make-demo-data --sources N``): the largest source
+count is generated once and each run uses its first S sources, equal token-share weights.
+
+Then the paper's dry-run method (section 7.4, Fig. 14): from the measured per-component memory
+(colocated: per rank, per worker, per worker and source; flight_overlord: per loader host, per
+source, per constructor) a MODEL of 512 nodes x 8 GPUs, batch 512, 4 workers, over TP/CP/PP:
+colocated loading is repeated on every GPU rank, flight_overlord loads once and builds once per
+data-parallel group. Written as a table and as ``docs/memory_ratio.png`` (needs matplotlib).
+
+    .venv/bin/python scripts/bench_memory.py                 # defaults: ~8 min on 2 cores
+    .venv/bin/python scripts/bench_memory.py --grid full     # S x R all combinations (within --max-gib)
+    .venv/bin/python scripts/bench_memory.py --sources 6,24 --ranks 2 --no-plot
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+import bench_delivery as bd
+from benchlib import (MiB, PssSampler, argument_parser, cluster_roots, log, print_header, workspace,
+                      write_config)
+
+REPO = Path(__file__).resolve().parent.parent
+GiB = 1024 * MiB
+FILL = 0.85  # tokens_per_step over the slots
+# The fit in /work/shared/reference/measured-facts.md, to skip colocated runs that cannot fit in RAM.
+FIT_RANK, FIT_WORKER, FIT_SOURCE = 80 * MiB, 40 * MiB, 9.9 * MiB
+
+
+def _patch_sampler() -> None:
+    """bench_delivery.run_ranks builds a ``PssSampler``; give it one that also keeps the total of its
+    last sample (the one ``stop()`` takes, every process still up), via benchlib's ``tree_usage``."""
+    import benchlib
+    original, last = benchlib.tree_usage, [0]
+
+    def tree_usage(roots):
+        usage = original(roots)
+        last[0] = sum(pss for _, pss, _ in usage.values())
+        return usage
+    benchlib.tree_usage = tree_usage
+
+    class Sampler(PssSampler):
+        def __init__(self, roots, interval: float = 0.5):
+            super().__init__(roots, interval)
+            self.end_pss = 0
+
+        def sample(self) -> None:
+            super().sample()
+            self.end_pss = last[0]
+    bd.PssSampler = Sampler
+
+
+@dataclass
+class Run:
+    side: str          # "overlord" / "colocated"
+    sources: int
+    ranks: int
+    hosts: int | None  # loader hosts (overlord)
+    max_pss: int = 0
+    end_pss: int = 0
+    processes: int = 0
+    start_s: float = 0.0
+    by_label: dict = field(default_factory=dict)  # label -> (processes, PSS) at the max
+    batches_per_s: float = 0.0
+    error: str = ""
+
+    def label_avg(self, label: str) -> float:
+        n, pss = self.by_label.get(label, (0, 0))
+        return pss / n if n else 0.0
+
+    def label_sum(self, label: str) -> float:
+        return float(self.by_label.get(label, (0, 0))[1])
+
+
+def _rate(tallies) -> float:
+    elapsed = max(t.t1 for t in tallies) - min(t.t0 for t in tallies)
+    return sum(t.batches for t in tallies) / elapsed if elapsed > 0 else 0.0
+
+
+def run_overlord(args, tmp: Path, data_dir: Path, names: list[str], ranks: int, hosts: int) -> Run:
+    from flight_overlord.deploy.launch import LocalCluster
+    tag = f"o-s{len(names)}-r{ranks}-h{hosts}"
+    config = write_config(tmp / f"{tag}.yaml", data_dir, [{"name": n, "weight": 1.0} for n in names],
+                          ranks=ranks, context_length=args.context_length, microbatches=args.microbatches,
+                          tokens_per_step=int(ranks * args.microbatches * args.context_length * FILL),
+                          seed=args.seed, run_dir=tmp / f"run-{tag}", balance={"method": "greedy"},
+                          loader={"hosts": hosts})
+    capture = tmp / f"cap-{tag}"
+    capture.mkdir()
+    run = Run("overlord", len(names), ranks, hosts)
+    cluster = LocalCluster(config)
+    try:
+        started = time.monotonic()
+        planner = cluster.start()
+        run.start_s = time.monotonic() - started
+        roles = cluster_roots(cluster)
+        log(f"[overlord S={len(names)} R={ranks} hosts={hosts}] {len(roles)} role processes up in {run.start_s:.1f}s")
+        tallies, sampler = bd.run_ranks(
+            "flight_overlord", bd.overlord_trainer,
+            [(planner, args.warmup, args.steps, str(capture)) for _ in range(ranks)],
+            label="trainer", extra_roots=lambda: roles, timeout=args.timeout)
+    finally:
+        cluster.stop()
+    run.max_pss, run.end_pss, run.processes = sampler.max_pss, sampler.end_pss, sampler.processes
+    run.by_label, run.batches_per_s = dict(sampler.pss_by_label), _rate(tallies)
+    return run
+
+
+def run_colocated(args, data_dir: Path, names: list[str], ranks: int) -> Run:
+    log(f"[colocated S={len(names)} R={ranks} W={args.workers}]")
+    sources = [(n, 1.0, 1) for n in names]
+    run = Run("colocated", len(names), ranks, None)
+    started = time.monotonic()
+    tallies, sampler = bd.run_ranks(
+        "baseline", bd.baseline_rank,
+        [(sources, str(data_dir), ranks, args.workers, args.context_length, args.microbatches,
+          args.warmup, args.steps, args.seed) for _ in range(ranks)],
+        label="rank", child_label="worker", timeout=args.timeout)
+    run.start_s = time.monotonic() - started
+    run.max_pss, run.end_pss, run.processes = sampler.max_pss, sampler.end_pss, sampler.processes
+    run.by_label, run.batches_per_s = dict(sampler.pss_by_label), _rate(tallies)
+    return run
+
+
+def fitted_colocated(sources: int, ranks: int, workers: int) -> float:
+    return ranks * (FIT_RANK + workers * (FIT_WORKER + sources * FIT_SOURCE))
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+
+def gib(b: float) -> str:
+    return f"{b / GiB:.2f}"
+
+
+def measured_table(runs: list[Run], args) -> None:
+    print(f"\n### Measured PSS (GiB, summed over every process of the side; max while running / at the end)\n")
+    print(f"W = {args.workers} DataLoader workers per rank (colocated); {args.microbatches} microbatches of "
+          f"{args.context_length} tokens per rank and step, {args.warmup} warm-up + {args.steps} timed steps\n")
+    print("| S | R | colocated max | colocated end | overlord hosts:2 max | overlord end | colocated / overlord (max) "
+          "| overlord hosts:0 max | overlord processes | colocated processes |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    keys = sorted({(r.sources, r.ranks) for r in runs})
+    for s, r in keys:
+        c = next((x for x in runs if x.side == "colocated" and (x.sources, x.ranks) == (s, r)), None)
+        o = next((x for x in runs if x.side == "overlord" and x.hosts == args.hosts and (x.sources, x.ranks) == (s, r)), None)
+        o0 = next((x for x in runs if x.side == "overlord" and x.hosts == 0 and (x.sources, x.ranks) == (s, r)), None)
+        cell = lambda x, a: (x.error or gib(getattr(x, a))) if x else "-"  # noqa: E731
+        ratio = f"{c.max_pss / o.max_pss:.2f}x" if c and o and not (c.error or o.error) else "-"
+        print(f"| {s} | {r} | {cell(c, 'max_pss')} | {cell(c, 'end_pss')} | {cell(o, 'max_pss')} | {cell(o, 'end_pss')} "
+              f"| {ratio} | {cell(o0, 'max_pss')} | {o.processes if o else '-'} | {c.processes if c else '-'} |")
+    print("\nPSS by process kind at the max (MiB, processes x total):\n")
+    for x in runs:
+        if not x.error:
+            kinds = ", ".join(f"{k} {n}x {p / MiB:.0f}" for k, (n, p) in x.by_label.items())
+            print(f"- {x.side} S={x.sources} R={x.ranks}" + (f" hosts={x.hosts}" if x.side == "overlord" else "")
+                  + f": {kinds}; {x.batches_per_s:.1f} microbatches/s; up in {x.start_s:.1f}s")
+
+
+def slope(runs: list[Run], side: str, ranks: int, hosts: int | None, value) -> tuple[float, float] | None:
+    """(slope per source, intercept) of ``value(run)`` over the source counts at ``ranks``."""
+    pts = [(x.sources, value(x)) for x in runs if x.side == side and x.ranks == ranks and x.hosts == hosts
+           and not x.error]
+    if len({s for s, _ in pts}) < 2:
+        return None
+    a, b = np.polyfit([s for s, _ in pts], [v for _, v in pts], 1)
+    return float(a), float(b)
+
+
+@dataclass
+class Components:
+    """Per-component memory (bytes) the model is built from."""
+    col_worker: float       # one DataLoader worker without sources
+    col_worker_source: float  # one worker, per source it opens
+    col_rank_extra: float   # what a colocated rank process holds beyond a trainer process (>= 0)
+    host_base: float        # one loader host process without sources
+    loader_source: float    # per source, on the loader side
+    constructor: float      # one Data Constructor (at the measured S; its per-source part separately)
+    constructor_source: float
+    planner: float
+    planner_source: float
+
+
+def components(runs: list[Run], args) -> Components | None:
+    r = min(x.ranks for x in runs)
+    col = slope(runs, "colocated", r, None, lambda x: x.label_sum("worker") / max(1, x.by_label.get("worker", (1, 0))[0]))
+    load = slope(runs, "overlord", r, args.hosts, lambda x: x.label_sum("loader"))
+    cons = slope(runs, "overlord", r, args.hosts, lambda x: x.label_avg("constructor"))
+    plan = slope(runs, "overlord", r, args.hosts, lambda x: x.label_avg("planner"))
+    if not (col and load and cons and plan):
+        return None
+    smallest = [x for x in runs if x.ranks == r and not x.error]
+    s0 = min(x.sources for x in smallest)
+    c0 = next(x for x in smallest if x.side == "colocated" and x.sources == s0)
+    o0 = next(x for x in smallest if x.side == "overlord" and x.hosts == args.hosts and x.sources == s0)
+    return Components(col_worker=max(col[1], 0.0), col_worker_source=max(col[0], 0.0),
+                      col_rank_extra=max(c0.label_avg("rank") - o0.label_avg("trainer"), 0.0),
+                      host_base=max(load[1], 0.0) / args.hosts, loader_source=max(load[0], 0.0),
+                      constructor=max(cons[1], 0.0), constructor_source=max(cons[0], 0.0),
+                      planner=max(plan[1], 0.0), planner_source=max(plan[0], 0.0))
+
+
+def simulate(c: Components, *, nodes: int, gpus: int, batch: int, workers: int, sources: int,
+             context_length: int, tp: int, cp: int, pp: int, hosts: int, prefetch: int = 2) -> tuple[float, float]:
+    """(colocated bytes, flight_overlord bytes) of data loading on the whole cluster: a MODEL.
+
+    Colocated: every GPU rank (TP/CP/PP peers included) runs the DataLoader: rank extra + workers x
+    (worker + sources x per-source). flight_overlord: the Planner, ``hosts`` loader hosts and every
+    source once (no source partitioning), and one constructor per data-parallel group, whose step
+    buffers hold its share of the global batch (batch / DP sequences of ``context_length`` tokens, 17
+    bytes per token over the microbatch columns, ``prefetch`` steps). Trainer processes themselves are
+    on both sides and left out."""
+    world = nodes * gpus
+    dp = max(1, world // (tp * cp * pp))
+    colocated = world * (c.col_rank_extra + workers * (c.col_worker + sources * c.col_worker_source))
+    buffer = prefetch * math.ceil(batch / dp) * context_length * 17
+    constructor = c.constructor + sources * c.constructor_source + buffer
+    overlord = (c.planner + sources * c.planner_source + hosts * c.host_base + sources * c.loader_source
+                + dp * constructor)
+    return colocated, overlord
+
+
+def simulation(c: Components, args) -> list[tuple[int, int, int, int, float, float, float]]:
+    print("\n### Simulated (a MODEL built from the measured components, not a measurement)\n")
+    print(f"Paper section 7.4 dry-run setting: {args.sim_nodes} nodes x {args.sim_gpus} GPUs, global batch "
+          f"{args.sim_batch} sequences of {args.sim_context} tokens, {args.workers} workers per rank, "
+          f"{args.sim_sources} sources, no source partitioning, {args.sim_hosts} loader hosts.")
+    print(f"Components (MiB): colocated worker {c.col_worker / MiB:.1f} + {c.col_worker_source / MiB:.2f}/source, "
+          f"rank extra {c.col_rank_extra / MiB:.1f}; overlord loader host {c.host_base / MiB:.1f}, "
+          f"loader {c.loader_source / MiB:.2f}/source, constructor {c.constructor / MiB:.1f} + "
+          f"{c.constructor_source / MiB:.2f}/source + step buffers, planner {c.planner / MiB:.1f} + "
+          f"{c.planner_source / MiB:.2f}/source\n")
+    print("| TP | CP | PP | DP | colocated (TiB) | flight_overlord (GiB) | colocated / overlord |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    rows = []
+    levels = [1, 2, 4, 8]
+    for tp, cp, pp in itertools.product(levels, levels, levels):
+        col, ovl = simulate(c, nodes=args.sim_nodes, gpus=args.sim_gpus, batch=args.sim_batch, workers=args.workers,
+                            sources=args.sim_sources, context_length=args.sim_context, tp=tp, cp=cp, pp=pp,
+                            hosts=args.sim_hosts)
+        dp = max(1, args.sim_nodes * args.sim_gpus // (tp * cp * pp))
+        rows.append((tp, cp, pp, dp, col, ovl, col / ovl))
+        if tp in (1, 8) or (cp == 1 and pp == 1):
+            print(f"| {tp} | {cp} | {pp} | {dp} | {col / 2**40:.2f} | {ovl / GiB:.1f} | {col / ovl:.1f}x |")
+    ratios = [r[-1] for r in rows]
+    print(f"\n(rows shown: TP 1 and 8 with every CP/PP, and TP 2, 4 at CP=PP=1; all 64 in the plot.) "
+          f"Modelled ratio: min {min(ratios):.1f}x, max {max(ratios):.1f}x over TP, CP, PP in {{1, 2, 4, 8}}.")
+    return rows
+
+
+def plot(rows, args, path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"\n(no plot: matplotlib is not installed; `pip install matplotlib`)")
+        return
+    levels = sorted({r[1] for r in rows})
+    fig, axes = plt.subplots(1, len(levels), figsize=(3.2 * len(levels), 3.4), sharey=True)
+    for ax, cp in zip(axes, levels):
+        for tp in sorted({r[0] for r in rows}):
+            pts = sorted((r[2], r[-1]) for r in rows if r[0] == tp and r[1] == cp)
+            ax.plot([p for p, _ in pts], [v for _, v in pts], marker="o", label=f"TP={tp}")
+        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+        ax.axhline(13.5, color="red", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("PP")
+        ax.set_title(f"CP={cp}")
+    axes[0].set_ylabel("colocated / flight_overlord memory")
+    axes[-1].legend(fontsize=7)
+    fig.suptitle(f"MODEL (dry run from measured components): {args.sim_nodes} nodes x {args.sim_gpus} GPUs, "
+                 f"batch {args.sim_batch}, {args.workers} workers, {args.sim_sources} sources; red: 13.5x", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"\nplot: {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+
+
+# ---------------------------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    p = argument_parser(__doc__)
+    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    p.add_argument("--sources", type=ints, default=[6, 24, 96], help="source counts S (default 6,24,96)")
+    p.add_argument("--ranks", type=ints, default=[2, 4, 8], help="rank counts R (default 2,4,8)")
+    p.add_argument("--grid", choices=["cross", "full"], default="cross",
+                   help="cross (default): every S at the smallest R, every R at the smallest S; full: all S x R")
+    p.add_argument("--workers", type=int, default=4, help="colocated DataLoader workers per rank (default 4)")
+    p.add_argument("--hosts", type=int, default=2, help="flight_overlord loader hosts (default 2)")
+    p.add_argument("--no-hosts0", action="store_true", help="skip the hosts: 0 run at the smallest S")
+    p.add_argument("--max-gib", type=float, default=20.0,
+                   help="skip colocated runs the fitted model puts above this (default 20)")
+    p.add_argument("--rows-per-source", type=int, default=2000)
+    p.add_argument("--data", type=Path, help="corpus dir (make_many_sources; generated if missing)")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--context-length", type=int, default=4096)
+    p.add_argument("--microbatches", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--sim-nodes", type=int, default=512)
+    p.add_argument("--sim-gpus", type=int, default=8)
+    p.add_argument("--sim-batch", type=int, default=512)
+    p.add_argument("--sim-context", type=int, default=32768)
+    p.add_argument("--sim-sources", type=int, default=100)
+    p.add_argument("--sim-hosts", type=int, default=64, help="loader hosts in the model (default 64)")
+    p.add_argument("--plot", type=Path, default=REPO / "docs" / "memory_ratio.png")
+    p.add_argument("--no-plot", action="store_true")
+    return p.parse_args(argv)
+
+
+def ensure_many(data_dir: Path, n: int, args) -> list[str]:
+    from flight_overlord.demo.data import make_many_sources, many_source_names
+    names = many_source_names(n)
+    if not all(list((data_dir / s).glob("*.parquet")) for s in names):
+        started = time.monotonic()
+        make_many_sources(data_dir, n, seed=args.seed, rows_per_source=args.rows_per_source)
+        log(f"corpus: {n} sources in {data_dir} ({time.monotonic() - started:.0f}s)")
+    return names
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    _patch_sampler()
+    print_header()
+    s_min, r_min = min(args.sources), min(args.ranks)
+    if args.grid == "full":
+        cells = list(itertools.product(sorted(args.sources), sorted(args.ranks)))
+    else:
+        cells = sorted({(s, r_min) for s in args.sources} | {(s_min, r) for r in args.ranks})
+    runs: list[Run] = []
+    with workspace("bench-memory-", args.data, [], 1.0) as (tmp, data_dir):
+        all_names = ensure_many(data_dir, max(args.sources), args)
+        for s, r in cells:
+            names = all_names[:s]
+            for hosts in [args.hosts] + ([0] if s == s_min and r == r_min and not args.no_hosts0 else []):
+                try:
+                    runs.append(run_overlord(args, tmp, data_dir, names, r, hosts))
+                except Exception as exc:  # noqa: BLE001 - reported in the table
+                    runs.append(Run("overlord", s, r, hosts, error=f"failed: {type(exc).__name__}"))
+                    log(f"overlord S={s} R={r} hosts={hosts} failed: {exc}")
+            if fitted_colocated(s, r, args.workers) > args.max_gib * GiB:
+                runs.append(Run("colocated", s, r, None, error=f"skipped (fit {gib(fitted_colocated(s, r, args.workers))})"))
+                continue
+            try:
+                runs.append(run_colocated(args, data_dir, names, r))
+            except Exception as exc:  # noqa: BLE001
+                runs.append(Run("colocated", s, r, None, error=f"failed: {type(exc).__name__}"))
+                log(f"colocated S={s} R={r} failed: {exc}")
+        print(f"\ncorpus: make_many_sources({max(args.sources)}, seed={args.seed}, rows_per_source="
+              f"{args.rows_per_source}) (`overlord make-demo-data --sources {max(args.sources)}`), first S sources used")
+        measured_table(runs, args)
+        big = [x for x in runs if x.side == "overlord" and x.sources == max(args.sources) and not x.error]
+        if big:
+            print(f"\n- time to start flight_overlord at S={max(args.sources)}: "
+                  + ", ".join(f"R={x.ranks} hosts={x.hosts}: {x.start_s:.1f}s" for x in big))
+        for side, hosts, label in (("overlord", args.hosts, f"flight_overlord hosts:{args.hosts}"),
+                                   ("colocated", None, "colocated")):
+            fit = slope(runs, side, r_min, hosts, lambda x: x.max_pss)
+            if fit:
+                print(f"- memory per source added, {label}, R={r_min}: {fit[0] / MiB:.1f} MiB/source "
+                      f"(linear fit of max PSS over S={sorted(args.sources)})")
+        c = components(runs, args)
+        if c is None:
+            print("\n(no simulation: it needs two source counts measured on both sides)")
+            return
+        rows = simulation(c, args)
+        if not args.no_plot:
+            plot(rows, args, args.plot)
+
+
+if __name__ == "__main__":
+    main()
