@@ -21,7 +21,7 @@ source, per constructor) a MODEL of 512 nodes x 8 GPUs, batch 512, 4 workers, ov
 colocated loading is repeated on every GPU rank, flight_overlord loads once and builds once per
 data-parallel group. Written as a table and as ``docs/memory_ratio.png`` (needs matplotlib).
 
-    .venv/bin/python scripts/bench_memory.py                 # defaults: ~8 min on 2 cores
+    .venv/bin/python scripts/bench_memory.py                 # defaults: ~1.5 min on 2 cores
     .venv/bin/python scripts/bench_memory.py --grid full     # S x R all combinations (within --max-gib)
     .venv/bin/python scripts/bench_memory.py --sources 6,24 --ranks 2 --no-plot
 """
