@@ -214,6 +214,11 @@ class ConstructorServer(ActionServer):
 
 
 def main(argv=None) -> None:
+    serve(*start(argv))
+
+
+def start(argv=None) -> tuple[ConstructorServer, str, str | None]:
+    """A constructor up, registered and assembling: (server, location, ready file)."""
     parser = argparse.ArgumentParser(prog="overlord serve constructor")
     parser.add_argument("--config", required=True)
     parser.add_argument("--index", type=int, default=0)
@@ -227,4 +232,4 @@ def main(argv=None) -> None:
     register(args.planner, {"role": "constructor", "index": args.index, "location": location},
              server.security.credentials)
     server.start()
-    serve(server, location, args.ready_file)
+    return server, location, args.ready_file

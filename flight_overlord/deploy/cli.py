@@ -26,8 +26,13 @@ def _serve(args) -> None:
 
 
 def _up(args) -> None:
-    from .launch import LocalCluster
-    cluster = LocalCluster(args.config, mode="resume" if args.resume else "fresh" if args.fresh else "new")
+    mode = "resume" if args.resume else "fresh" if args.fresh else "new"
+    if args.backend == "ray":
+        from .ray_backend import RayCluster
+        cluster = RayCluster(args.config, address=args.address, mode=mode)
+    else:
+        from .launch import LocalCluster
+        cluster = LocalCluster(args.config, mode=mode)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -127,6 +132,11 @@ def main(argv: list[str] | None = None) -> None:
     start.add_argument("--resume", action="store_true", help="continue the run in the config's run_dir from its "
                        "latest checkpoint (trainers continue with TrainerClient.load_state_dict)")
     start.add_argument("--fresh", action="store_true", help="start over: move a previous run in run_dir aside")
+    p.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="local: one supervised process per role; ray: the roles as Ray actors (pip install "
+                   "flight_overlord[ray])")
+    p.add_argument("--address", help="with --backend ray: join this Ray cluster (auto, or HOST:PORT); default: "
+                   "start a local Ray with this machine's CPUs")
     p.set_defaults(func=_up)
     p = sub.add_parser("serve", help="run one role: planner | loader | constructor (for manual deployment)")
     p.add_argument("role", choices=ROLES)

@@ -110,6 +110,11 @@ def parse_actors(text: str) -> list[tuple[str, int]]:
 
 
 def main(argv=None) -> None:
+    serve(*start(argv))
+
+
+def start(argv=None) -> tuple[LoaderServer, str, str | None]:
+    """A loader process up with its actors, registered: (server, location, ready file)."""
     parser = argparse.ArgumentParser(prog="overlord serve loader")
     parser.add_argument("--config", required=True)
     parser.add_argument("--actors", help="the loader actors this process hosts: SOURCE:ACTOR,... "
@@ -137,4 +142,4 @@ def main(argv=None) -> None:
                                 "replica": args.replica, "location": location,
                                 "row_groups": [[rg.file, rg.row_group, rg.num_rows] for rg in partition.row_groups]},
                  security.credentials)
-    serve(server, location, args.ready_file)
+    return server, location, args.ready_file

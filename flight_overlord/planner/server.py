@@ -363,6 +363,12 @@ class PlannerServer(ActionServer):
 
 
 def main(argv=None) -> None:
+    serve(*start(argv))
+
+
+def start(argv=None) -> tuple[PlannerServer, str, str | None]:
+    """The Planner up and serving (its threads run): (server, location, ready file). ``main`` then
+    blocks on it; a Ray actor just keeps it."""
     parser = argparse.ArgumentParser(prog="overlord serve planner")
     parser.add_argument("--config", required=True)
     parser.add_argument("--port", type=int, help="default: network.planner_port of the config (0: any free port)")
@@ -373,4 +379,4 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     server = PlannerServer(cfg, port=args.port, resume=args.resume, recover=args.recover)
-    serve(server, location_of(server, cfg.network.host), args.ready_file)
+    return server, location_of(server, cfg.network.host), args.ready_file
