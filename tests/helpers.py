@@ -86,3 +86,17 @@ def qwen2_vl_convert_to_rgb(im: Image.Image, background=(255, 255, 255)) -> Imag
         im = im.convert("RGBA")
         return Image.alpha_composite(Image.new("RGBA", im.size, (*background, 255)), im).convert("RGB")
     return im.convert("RGB")
+
+
+def assert_every_planned_sample_once(planner: str, config_path, steps: int = 6, credentials=None) -> None:
+    """The run is unharmed: every rank fetches ``steps`` steps, and every sample the journal planned
+    for them arrives exactly once."""
+    ranks = load_config(config_path).mesh.world_size
+    fetchers = [StepFetcher(planner, r, timeout=60, credentials=credentials) for r in range(ranks)]
+    try:
+        delivered = [k for step in range(steps) for f in fetchers for k in delivered_keys([f.fetch(step)])]
+    finally:
+        for f in fetchers:
+            f.close()
+    planned = [k for record in journal(config_path)[:steps] for b in record["bins"] for k in b]
+    assert sorted(delivered) == sorted(planned) and len(set(delivered)) == len(delivered)

@@ -8,12 +8,10 @@ import time
 import pyarrow.flight as fl
 import pytest
 
-from flight_overlord.client import StepFetcher
-from flight_overlord.config import load_config
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.wire.server import connect
 
-from ..helpers import delivered_keys, journal, write_config
+from ..helpers import assert_every_planned_sample_once, write_config
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +73,4 @@ def test_oversized_action_body_is_refused(cluster):
 def test_the_run_is_unharmed_after_the_abuse(cluster):
     """After every bad request above, the run still delivers each planned sample exactly once."""
     running, path = cluster
-    ranks = load_config(path).mesh.world_size
-    fetchers = [StepFetcher(running.planner, r, timeout=60) for r in range(ranks)]
-    delivered = [k for step in range(6) for f in fetchers for k in delivered_keys([f.fetch(step)])]
-    planned = [k for record in journal(path)[:6] for b in record["bins"] for k in b]
-    assert sorted(delivered) == sorted(planned) and len(set(delivered)) == len(delivered)
-    for f in fetchers:
-        f.close()
+    assert_every_planned_sample_once(running.planner, path)

@@ -3,7 +3,6 @@ off). A stock Flight client audits the run, the streams equal the local backend'
 an actor's process (Ray restarts it on the same address) changes no rank's stream."""
 from __future__ import annotations
 
-import threading
 
 import pyarrow.flight as fl
 import pytest

@@ -21,7 +21,6 @@ import pyarrow.flight as fl
 import pytest
 
 from flight_overlord import wire
-from flight_overlord.client import StepFetcher
 from flight_overlord.config import ConfigError, load_config, parse_config
 from flight_overlord.deploy.certs import make_certs
 from flight_overlord.deploy.launch import LocalCluster
@@ -30,7 +29,7 @@ from flight_overlord.planner.server import PlannerServer
 from flight_overlord.wire.security import Credentials, Security
 from flight_overlord.wire.server import connect
 
-from ..helpers import delivered_keys, journal, write_config
+from ..helpers import assert_every_planned_sample_once, write_config
 
 BATCH = fl.FlightDescriptor.for_path
 
@@ -156,13 +155,7 @@ def test_the_secret_stays_off_command_lines_and_logs(plain):
 
 def test_the_run_is_unharmed_after_the_attacks(plain):
     cluster, path = plain
-    ranks = load_config(path).mesh.world_size
-    fetchers = [StepFetcher(cluster.planner, r, timeout=60) for r in range(ranks)]
-    delivered = [k for step in range(6) for f in fetchers for k in delivered_keys([f.fetch(step)])]
-    planned = [k for record in journal(path)[:6] for b in record["bins"] for k in b]
-    assert sorted(delivered) == sorted(planned) and len(set(delivered)) == len(delivered)
-    for f in fetchers:
-        f.close()
+    assert_every_planned_sample_once(cluster.planner, path)
     assert all(c.process.poll() is None and not c.restarts for c in cluster.children)
 
 
@@ -349,12 +342,7 @@ def test_trainers_with_tokens_get_every_planned_sample_once(guarded):
     g = guarded
     creds = Credentials.from_files(token=g["tokens"]["trainer"], ca=g["certs"]["ca.pem"],
                                    cert=g["certs"]["client.pem"], key=g["certs"]["client.key"])
-    fetchers = [StepFetcher(g["address"], r, timeout=60, credentials=creds) for r in range(2)]
-    delivered = [k for step in range(5) for f in fetchers for k in delivered_keys([f.fetch(step)])]
-    planned = [k for record in journal(g["path"])[:5] for b in record["bins"] for k in b]
-    assert sorted(delivered) == sorted(planned) and len(set(delivered)) == len(delivered)
-    for f in fetchers:
-        f.close()
+    assert_every_planned_sample_once(g["address"], g["path"], steps=5, credentials=creds)
     logs = load_config(g["path"]).run_dir / "logs"
     secrets_ = [g["run"].credentials.token, *g["tokens"].values()]
     for log in logs.glob("*.log"):
