@@ -137,11 +137,11 @@ class ClientPool:
 
     def forget(self, location: str) -> None:
         """Drop the client of a location that did not answer: the next ``get`` connects afresh rather
-        than waiting out gRPC's reconnect back-off on the old channel (a restarted role is back at once)."""
+        than waiting out gRPC's reconnect back-off on the old channel (a restarted role is back at once).
+        It is not closed here: other threads may be mid-call on it (several loader actors share a
+        process's address); it closes when the last of them lets go of it."""
         with self._lock:
-            client = self._clients.pop(location, None)
-        if client is not None:
-            client.close()
+            self._clients.pop(location, None)
 
     def close(self) -> None:
         with self._lock:
