@@ -44,9 +44,10 @@ def pack(samples: list[np.ndarray], context_length: int, pad_token_id: int = 0,
     cu_padded = np.concatenate([[0], np.cumsum(slots)]).astype(np.int32)
     input_ids = np.full(length, pad_token_id, dtype=np.int32)
     position_ids = np.zeros(length, dtype=np.int32)
-    for sample, start, n in zip(samples, cu_padded[:-1], lengths):
-        input_ids[start:start + n] = sample
-        position_ids[start:start + n] = np.arange(n, dtype=np.int32)
+    if len(samples):
+        where, within = _real_positions(cu_seqlens, cu_padded)
+        input_ids[where] = np.concatenate(samples)
+        position_ids[where] = within
     if seq_multiple > 1:
         if len(samples):
             cu_padded[-1] = length
@@ -55,15 +56,24 @@ def pack(samples: list[np.ndarray], context_length: int, pad_token_id: int = 0,
     return PackedSequence(input_ids, position_ids, cu_seqlens, cu_padded, int(lengths.sum()))
 
 
+def _real_positions(cu_seqlens: np.ndarray, cu_seqlens_padded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(buffer position, position within its sample) of every real token, in order: whole-array
+    numpy, as this runs for every microbatch the constructors pack."""
+    lengths = np.diff(cu_seqlens).astype(np.int64)
+    within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(cu_seqlens[:-1].astype(np.int64), lengths)
+    return within + np.repeat(cu_seqlens_padded[:-1].astype(np.int64), lengths), within
+
+
 def shifted_labels(packed: PackedSequence, image_token_id: int | None) -> np.ndarray:
     """Next-token targets for a packed sequence: ``labels[i]`` is token i+1 of the same sample, and
     -100 (ignored) at each sample's last token, on padding and where the target is an image
     placeholder (the model does not predict image tokens)."""
     ids = packed.input_ids
     labels = np.full(len(ids), -100, dtype=np.int32)
-    starts, lengths = packed.cu_seqlens_padded[:-1], np.diff(packed.cu_seqlens)
-    for start, n in zip(starts, lengths):
-        labels[start:start + n - 1] = ids[start + 1:start + n]
+    where, within = _real_positions(packed.cu_seqlens, packed.cu_seqlens_padded)
+    lengths = np.diff(packed.cu_seqlens)
+    predicting = where[within < np.repeat(lengths, lengths) - 1]  # every real token but a sample's last
+    labels[predicting] = ids[predicting + 1]
     if image_token_id is not None:
         labels[labels == image_token_id] = -100
     return labels
