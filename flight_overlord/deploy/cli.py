@@ -48,7 +48,15 @@ def _up(args) -> None:
 def _make_demo_data(args) -> None:
     from ..demo.data import make_demo_data, make_many_sources
     out = Path(args.dir) if args.dir else DEFAULT_DATA_DIR
-    if args.sources is not None:
+    if args.long_tail is not None:
+        from ..demo.long_tail import long_tail_name, make_long_tail
+        try:
+            written = {long_tail_name(args.long_tail): make_long_tail(out, long_tail_name(args.long_tail),
+                                                                      rows=args.long_tail_rows,
+                                                                      max_tokens=args.long_tail, seed=args.seed)}
+        except ValueError as exc:
+            raise SystemExit(f"error: make-demo-data --long-tail: {exc}") from None
+    elif args.sources is not None:
         written = make_many_sources(out, args.sources, seed=args.seed, rows_per_source=args.rows_per_source)
     else:
         written = make_demo_data(out, seed=args.seed, scale=args.scale)
@@ -151,6 +159,10 @@ def main(argv: list[str] | None = None) -> None:
                         "generators, each its own size (from --seed) and rows")
     p.add_argument("--rows-per-source", type=int, default=2000,
                    help="with --sources: median rows per source (each source x 1/4..4; default 2000)")
+    p.add_argument("--long-tail", type=int, default=None, metavar="MAX_TOKENS",
+                   help="instead of the demo corpus: one long-tail text source longtail_<K>k (most samples "
+                        "short, a few up to MAX_TOKENS byte tokens; synthetic text, see demo/long_tail.py)")
+    p.add_argument("--long-tail-rows", type=int, default=20000, help="with --long-tail: rows (default 20000)")
     p.set_defaults(func=_make_demo_data)
     p = sub.add_parser("demo", help="bring the system up and run one simulated trainer per rank")
     p.add_argument("--config", help="default: the shipped demo config (configs/demo.yaml) over --data, into --run-dir")
