@@ -443,15 +443,20 @@ def _make_colocated_dataset(sources, data_dir: str, rank: int, ranks: int, conte
     return ColocatedDataset()
 
 
-def baseline_rank(channel: RankChannel, sources, data_dir: str, ranks: int, workers: int,
-                  context_length: int, microbatches: int, warmup: int, steps: int, seed: int) -> None:
+def colocated_loader(sources, data_dir: str, rank: int, ranks: int, workers: int, context_length: int, seed: int):
+    """Rank ``rank``'s colocated torch DataLoader: an endless stream of packed microbatch dicts."""
     from torch.utils.data import DataLoader
 
-    dataset = _make_colocated_dataset(sources, data_dir, channel.rank, ranks, context_length, 0, seed)
+    dataset = _make_colocated_dataset(sources, data_dir, rank, ranks, context_length, 0, seed)
     # fork: Linux's default, stated because this rank process itself was spawned.
-    loader = DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=workers > 0,
-                        prefetch_factor=2 if workers > 0 else None,
-                        multiprocessing_context="fork" if workers > 0 else None)
+    return DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=workers > 0,
+                      prefetch_factor=2 if workers > 0 else None,
+                      multiprocessing_context="fork" if workers > 0 else None)
+
+
+def baseline_rank(channel: RankChannel, sources, data_dir: str, ranks: int, workers: int,
+                  context_length: int, microbatches: int, warmup: int, steps: int, seed: int) -> None:
+    loader = colocated_loader(sources, data_dir, channel.rank, ranks, workers, context_length, seed)
     tally = Tally(channel.rank)
     batches = iter(loader)
     for i in range(warmup + steps):
