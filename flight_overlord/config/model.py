@@ -95,8 +95,14 @@ class BalanceConfig:
 
 @dataclass(frozen=True)
 class NetworkConfig:
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # the address every role binds to (0.0.0.0: every interface; then set advertise)
     planner_port: int = 0  # 0: any free port
+    advertise: str | None = None  # the host others reach a role at (registered, in tickets); None: host
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    port: int | None = None  # Prometheus metrics of each role at http://HOST:PORT/metrics; 0: any free port
 
 
 @dataclass(frozen=True)
@@ -172,6 +178,7 @@ class Config:
     strategy: StrategyConfig | None = None
     vision: VisionConfig = VisionConfig()
     security: SecurityConfig = SecurityConfig()
+    metrics: MetricsConfig = MetricsConfig()
     path: Path | None = None  # the YAML file this came from, so child processes can reload it
 
     @property

@@ -19,7 +19,7 @@ from ..core import balance
 from ..core.context_parallel import CP_FORMATS, CP_SPLITS, chunk_count
 from ..core.cost import COST_MODELS
 from .model import (BalanceConfig, CheckpointConfig, Config, ConfigError, ConstructorConfig, CostConfig,
-                     GlobalBatchConfig, LoaderConfig, MeshConfig, NetworkConfig, SecurityConfig,
+                     GlobalBatchConfig, LoaderConfig, MeshConfig, MetricsConfig, NetworkConfig, SecurityConfig,
                      SourceConfig, StrategyConfig, TLSConfig, TransformConfig, VisionConfig)
 
 _REQUIRED = object()
@@ -105,6 +105,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         "mesh": None, "global_batch": _REQUIRED, "cost": None, "balance": None,
         "prefetch": 2, "network": None, "loader": None, "constructor": None,
         "pad_token_id": 0, "strategy": None, "vision": None, "checkpoint": None, "security": None,
+        "metrics": None,
     })
     data_root = _path(base_dir, top["data_root"], "data_root")
     global_batch = _parse_global_batch(top["global_batch"])
@@ -124,7 +125,8 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         balance=BalanceConfig(_choice(balancing["method"], "balance.method", balance_methods())),
         prefetch=_int(top["prefetch"], "prefetch", minimum=1),
         network=NetworkConfig(str(network["host"]),
-                              _int(network["planner_port"], "network.planner_port", minimum=0)),
+                              _int(network["planner_port"], "network.planner_port", minimum=0),
+                              _advertise(network["advertise"])),
         loader=LoaderConfig(_int(loader["read_ahead_row_groups"], "loader.read_ahead_row_groups", minimum=1),
                             _int(loader["shadows"], "loader.shadows", minimum=0),
                             _int(loader["hosts"], "loader.hosts", minimum=0)),
@@ -137,8 +139,26 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         strategy=_parse_strategy(top["strategy"], base_dir),
         vision=_parse_vision(top["vision"]),
         security=_parse_security(top["security"], base_dir),
+        metrics=_parse_metrics(top["metrics"]),
         path=path,
     )
+
+
+def _advertise(value: Any) -> str | None:
+    if value is None:
+        return None
+    from ..serving import check_host
+    try:
+        return check_host(value, "network.advertise")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _parse_metrics(raw: Any) -> MetricsConfig:
+    port = _fields(raw, "metrics", _defaults(MetricsConfig))["port"]
+    if port is not None and (_int(port, "metrics.port", minimum=0) > 65535):
+        raise ConfigError(f"metrics.port: must be <= 65535, got {port}")
+    return MetricsConfig(port)
 
 
 def _parse_sources(raw: Any, data_root: Path) -> tuple[SourceConfig, ...]:

@@ -17,12 +17,14 @@ import logging
 import threading
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.flight as fl
 
 from .. import wire
 from ..wire.security import INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, ClientPool, call_any, location_of, register, serve
 from ..config import Config, load_config
+from ..serving import add_serving_args, advertised_host, start_metrics
 from ..core.mesh import Delivery
 from ..wire.plan import ConstructorPlan, FetchGroup
 from ..planner.strategy import load_strategy
@@ -52,6 +54,7 @@ class ConstructorServer(ActionServer):
         self._encoder_axis: str | None = None  # the image graph's axis, if the plans have one
         self._staging = Staging(streams=len(self.ranks))
         self._bytes_fetched = 0  # Arrow bytes received from loaders
+        self._served: dict[int, dict] = {}  # rank -> {"step", "batches", "samples", "bytes"} (status, metrics)
         self._bad_samples: list[str] = []  # keys skipped for a bad image (vision.on_bad_image: skip)
         self._error: str | None = None
         self._stopping = False
@@ -194,15 +197,27 @@ class ConstructorServer(ActionServer):
                 raise KeyError(f"{kind} of step {step} for rank {rank} was already served and released")
             table = self._staging.tables[key]
             self._staging.served(kind, rank, step)
+            if kind == "batch":
+                self._count_served(rank, step, table)
         return fl.RecordBatchStream(table)
+
+    def _count_served(self, rank: int, step: int, table: pa.Table) -> None:
+        served = self._served.setdefault(rank, {"step": -1, "batches": 0, "samples": 0, "bytes": 0})
+        keys = table.column("sample_keys") if "sample_keys" in table.column_names else None
+        served["step"] = max(served["step"], step)
+        served["batches"] += 1
+        served["samples"] += int(pc.sum(pc.list_value_length(keys)).as_py() or 0) if keys is not None else 0
+        served["bytes"] += table.nbytes
 
     @requires(INSPECT)
     def action_status(self, body):
-        """Assembly progress and staged steps."""
+        """Assembly progress, staged steps, and what each rank was served."""
         with self._cond:
             return {"index": self.index, "dp_ranks": list(self.dp_ranks), "assembled": self._staging.next_step - 1,
                     "staged_steps": self._staging.steps(), "error": self._error,
-                    "bad_samples": list(self._bad_samples), "bytes_fetched": self._bytes_fetched}
+                    "bad_samples": list(self._bad_samples), "bytes_fetched": self._bytes_fetched,
+                    "served": {str(r): dict(s) for r, s in sorted(self._served.items())},
+                    "metrics": getattr(self, "metrics_url", None)}
 
     def shutdown(self):
         with self._cond:
@@ -225,10 +240,13 @@ def start(argv=None) -> tuple[ConstructorServer, str, str | None]:
     parser.add_argument("--planner", required=True, help="grpc://host:port (or grpc+tls://) of the Planner")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--ready-file")
+    add_serving_args(parser)
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
+    host = advertised_host(cfg, args)
     server = ConstructorServer(cfg, args.index, args.planner, port=args.port)
-    location = location_of(server, cfg.network.host)
+    location = location_of(server, host)
+    start_metrics(server, cfg, args, "constructor", location)
     register(args.planner, {"role": "constructor", "index": args.index, "location": location},
              server.security.credentials)
     server.start()

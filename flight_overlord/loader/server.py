@@ -22,6 +22,7 @@ import pyarrow.flight as fl
 
 from .. import wire
 from ..config import load_config
+from ..serving import add_serving_args, advertised_host, start_metrics
 from ..wire.schemas import SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, Security, requires
 from ..wire.server import ActionServer, location_of, register, serve
@@ -80,7 +81,7 @@ class LoaderServer(ActionServer):
         statuses = [a.status() for _, a in sorted(self.actors.items())]
         totals = {k: sum(s[k] for s in statuses) for k in ("buffered_row_groups", "buffered_samples",
                                                             "buffered_bytes", "bytes_served")}
-        return {**statuses[0], **totals, "actors": statuses}
+        return {**statuses[0], **totals, "actors": statuses, "metrics": getattr(self, "metrics_url", None)}
 
     def shutdown(self):
         super().shutdown()
@@ -125,8 +126,10 @@ def start(argv=None) -> tuple[LoaderServer, str, str | None]:
     parser.add_argument("--planner", required=True, help="grpc://host:port (or grpc+tls://) of the Planner")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--ready-file")
+    add_serving_args(parser)
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
+    host = advertised_host(cfg, args)
     wanted = parse_actors(args.actors) if args.actors else [(args.source, args.actor)] if args.source else []
     if not wanted:
         parser.error("name the loader actors: --actors SOURCE:ACTOR,... or --source S [--actor A]")
@@ -135,7 +138,8 @@ def start(argv=None) -> tuple[LoaderServer, str, str | None]:
                           checkpoint_every=cfg.checkpoint.every) for source, index in wanted]
     security = Security.from_config(cfg)
     server = LoaderServer(actors, security, host=cfg.network.host, port=args.port)
-    location = location_of(server, cfg.network.host)
+    location = location_of(server, host)
+    start_metrics(server, cfg, args, "loader", location)
     for actor in actors:
         partition = actor.partition
         register(args.planner, {"role": "loader", "source": partition.source.name, "actor": partition.actor,

@@ -27,6 +27,7 @@ from .. import wire
 from ..config import Config, load_config
 
 from ..core.order import RowGroupRef
+from ..serving import add_serving_args, advertised_host, start_metrics
 from ..store import write_json_atomic
 from ..wire.schemas import ENCODER_BATCH, MICROBATCH, SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
@@ -64,6 +65,8 @@ class PlannerServer(ActionServer):
         self._fetched: dict[int, set[int]] = {}
         self._stats: dict[int, dict] = {}
         self._requested: dict[int, int] = {}       # rank -> the step it asked for last
+        self._planned = {"samples": {}, "tokens": {}}  # per source, by this process (metrics)
+        self._reregistrations = {"loader": 0, "constructor": 0}  # restarts of registered roles (metrics)
         self._error: str | None = None
         self._stopping = False
         self._started = False
@@ -108,6 +111,8 @@ class PlannerServer(ActionServer):
                 registry.register_loader(source, actor, replica, location, row_groups)
             else:
                 registry.register_constructor(index, location)
+            if current is not None:
+                self._reregistrations[role] += 1
             if current is not None and current != location:
                 log.warning("%s moved from %s (not answering) to %s", name, current, location)
             write_json_atomic(self._registry_file, registry.state_dict())
@@ -151,6 +156,9 @@ class PlannerServer(ActionServer):
                     self._plans[plan.step] = plan
                     self._fetched[plan.step] = set()
                     self._stats[plan.step] = plan.stats
+                    for key in ("samples", "tokens"):
+                        for source, n in plan.stats.get(key, {}).items():
+                            self._planned[key][source] = self._planned[key].get(source, 0) + n
                     self._cond.notify_all()
         except Exception as exc:  # surface to every waiting client instead of hanging them
             log.exception("planning failed")
@@ -343,7 +351,12 @@ class PlannerServer(ActionServer):
             registry = self.planner.registry
             return {"ready": registry.complete(), "planned": self.planner.next_step - 1,
                     "requested": {str(r): s for r, s in sorted(self._requested.items())},
-                    "error": self._error, **registry.state_dict()}
+                    "error": self._error, "recovered": self._resumed,
+                    "samples_planned": dict(self._planned["samples"]), "tokens_planned": dict(self._planned["tokens"]),
+                    "mixture_realized": _shares(self._planned["tokens" if self.cfg.global_batch.tokens_per_step
+                                                              else "samples"]),
+                    "reregistrations": dict(self._reregistrations), "metrics": getattr(self, "metrics_url", None),
+                    **registry.state_dict()}
 
     @requires(INSPECT)
     def action_stats(self, body):
@@ -362,6 +375,12 @@ class PlannerServer(ActionServer):
         self.planner.close()
 
 
+def _shares(counts: dict[str, int]) -> dict[str, float]:
+    """Each source's share of what was planned, in the unit the mixer weighs (tokens or samples)."""
+    total = sum(counts.values())
+    return {source: n / total for source, n in counts.items()} if total else {}
+
+
 def main(argv=None) -> None:
     serve(*start(argv))
 
@@ -376,7 +395,11 @@ def start(argv=None) -> tuple[PlannerServer, str, str | None]:
     parser.add_argument("--resume", action="store_true", help="continue the run in run_dir from its journal")
     parser.add_argument("--recover", action="store_true", help="restart of the Planner alone: --resume, and "
                         "keep the registrations of the roles still running")
+    add_serving_args(parser)
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
+    host = advertised_host(cfg, args)
     server = PlannerServer(cfg, port=args.port, resume=args.resume, recover=args.recover)
-    return server, location_of(server, cfg.network.host), args.ready_file
+    location = location_of(server, host)
+    start_metrics(server, cfg, args, "planner", location)
+    return server, location, args.ready_file

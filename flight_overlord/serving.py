@@ -1,0 +1,66 @@
+"""What every role process shares: the address it binds to vs the one it is reached at, and its metrics page.
+
+A role binds its Flight server to ``network.host`` and tells the Planner (which puts it in tickets)
+``network.advertise``, or ``overlord serve ROLE --advertise HOST``; without either it is reached at
+``network.host``. On a multi-node deployment bind to ``0.0.0.0`` (or the node's own interface) and
+advertise the name or IP other nodes reach this one at.
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+
+from .config import Config
+from .metrics import serve_metrics
+
+WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def add_serving_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--advertise", metavar="HOST", help="the host name or IP other roles and trainers reach "
+                        "this process at (default: network.advertise, else network.host, the bind address)")
+    parser.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics at "
+                        "http://HOST:PORT/metrics (0: any free port; default: metrics.port of the config)")
+
+
+def check_host(host: str, where: str) -> str:
+    """A bare host name or IP address (no scheme, port or path); the error names ``where``."""
+    if (not isinstance(host, str) or not host or host != host.strip() or "/" in host or "@" in host
+            or (host.count(":") == 1) or (":" in host and not _is_ip(host))):
+        raise ValueError(f"{where}: {host!r} is not a host name or IP address (give just the host, as in "
+                         f"10.0.0.5 or node-3.cluster; no scheme, port or path)")
+    return host
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def advertised_host(cfg: Config, args: argparse.Namespace) -> str:
+    """The host this role is reached at: ``--advertise``, else ``network.advertise``, else ``network.host``."""
+    if args.advertise is not None:
+        try:
+            return check_host(args.advertise, "--advertise")
+        except ValueError as exc:
+            raise SystemExit(f"error: {exc}") from None
+    host = cfg.network.advertise or cfg.network.host
+    if host in WILDCARDS:
+        raise SystemExit(f"error: network.host {cfg.network.host!r} binds every interface, so it is no address "
+                         f"to reach this process at: set network.advertise in the config, or pass "
+                         f"--advertise HOST (the name or IP other nodes reach this one at)")
+    return host
+
+
+def start_metrics(server, cfg: Config, args: argparse.Namespace, role: str, location: str) -> None:
+    """Serve ``server``'s metrics if asked (``--metrics-port``, else ``metrics.port``); the role's status
+    then names the page (``server.metrics_url``)."""
+    port = args.metrics_port if args.metrics_port is not None else cfg.metrics.port
+    if port is not None and not 0 <= port <= 65535:
+        raise SystemExit(f"error: --metrics-port {port}: not a port (0..65535)")
+    host = location.split("://", 1)[1].rsplit(":", 1)[0]
+    server.metrics_url = serve_metrics(port, cfg.network.host, role, location, lambda: server.action_status({}),
+                                       url_host=host)
