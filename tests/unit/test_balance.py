@@ -476,3 +476,81 @@ def test_registry_is_restored_between_tests():
     assert METHODS == core_balance.METHODS == ("greedy", "karmarkar_karp")
     with pytest.raises(ValueError, match="mine.*allowed: greedy, karmarkar_karp$"):
         partition([1.0], 1, method="mine")
+
+
+# --------------------------------------------------------------------------- many bins: vectorised rounds
+
+from flight_overlord.core.balance import greedy as greedy_module  # noqa: E402
+from flight_overlord.core.balance import karmarkar_karp as kk_module  # noqa: E402
+
+
+def long_document_costs(k, per_bin, seed, *, ties=False):
+    """Long-document lengths (a*l + b*l^2 costs) for k bins x per_bin items."""
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(np.rint(rng.lognormal(np.log(1500), 1.1, k * per_bin)), 1, 32768)
+    costs = token_cost(lengths)
+    return lengths, np.round(costs) if ties else costs
+
+
+def with_and_without_rounds(monkeypatch, module, fn):
+    """fn() with vectorised rounds (the default from 64 bins) and with the heap everywhere."""
+    rounds = fn()
+    monkeypatch.setattr(module, "_ROUNDS_MIN_BINS", 10**9)
+    heap = fn()
+    monkeypatch.undo()
+    return rounds, heap
+
+
+@pytest.mark.parametrize(
+    "constraint",
+    ["none", "capacity", "tight_capacity", "equal_size", "capacity_equal_size", "zeros"],
+)
+def test_greedy_rounds_equal_the_heap_lpt(monkeypatch, constraint):
+    """LPT in rounds is not an approximation: the same plan as one item at a time on a heap,
+    with ties, zero costs, capacity (also overloaded) and the equal-count quota."""
+    k = 96
+    lengths, costs = long_document_costs(k, 20, seed=5, ties=True)
+    kwargs = {"method": "greedy", "refine": False, "leftover": "return"}
+    if "capacity" in constraint:
+        scale = 0.9 if constraint == "tight_capacity" else 1.05
+        kwargs.update(sizes=lengths, capacity=max(lengths.max(), scale * lengths.sum() / k))
+    if "equal_size" in constraint:
+        kwargs["equal_size"] = True
+    if constraint == "zeros":
+        costs[::7] = 0.0
+    rounds, heap = with_and_without_rounds(monkeypatch, greedy_module, lambda: partition(costs, k, **kwargs))
+    assert [b.tolist() for b in rounds[0]] == [b.tolist() for b in heap[0]]
+    assert rounds[1].tolist() == heap[1].tolist()
+    if constraint == "tight_capacity":
+        assert rounds[1].size > 0  # the overloaded case really left items over
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("k", [64, 1024])
+def test_many_bins_quality_capacity_and_determinism(method, k):
+    """The rounds' paths at scale: within 1% of the lower bound, capacity never exceeded,
+    every item once, and the same plan twice (also from a list)."""
+    lengths, costs = long_document_costs(k, 72, seed=k)
+    bins = partition(costs, k, method=method)
+    assert_valid(bins, costs, k)
+    assert partition_stats(costs, bins).gap <= 1.01
+    capacity = max(lengths.max(), 1.1 * lengths.sum() / k)  # tighter, the cost bound is out of reach
+    kwargs = dict(method=method, sizes=lengths, capacity=capacity, leftover="return")
+    capped, unplaced = partition(costs, k, **kwargs)
+    assert_valid(capped, costs, k, placed=np.setdiff1d(np.arange(costs.size), unplaced))
+    assert max(lengths[b].sum() for b in capped) <= capacity
+    assert unplaced.size == 0
+    assert partition_stats(costs, capped).gap <= 1.01
+    again, _ = partition(list(costs), k, **kwargs)
+    assert all(np.array_equal(a, b) for a, b in zip(capped, again))
+
+
+def test_karmarkar_karp_rounds_keep_the_heap_quality(monkeypatch):
+    """KK's runs of singletons in rounds plan as well as the heap version (ties may differ)."""
+    k = 256
+    _, costs = long_document_costs(k, 40, seed=11)
+    rounds, heap = with_and_without_rounds(
+        monkeypatch, kk_module, lambda: partition(costs, k, method="karmarkar_karp", refine=False))
+    assert_valid(rounds, costs, k)
+    assert makespan(costs, rounds) <= makespan(costs, heap) * (1 + 1e-4)
+    assert partition_stats(costs, rounds).gap <= 1.01

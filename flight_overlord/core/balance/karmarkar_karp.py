@@ -7,11 +7,13 @@ import itertools
 
 import numpy as np
 
-from .greedy import _lpt
+from .greedy import _lpt, lpt_prefix
 from .problem import _INF, _Problem
 
 # A run of singletons into a full unit longer than this switches to a heap.
 _SHORT_RUN = 64
+# From this many bins on, runs of singletons into a full unit go in vectorised LPT rounds.
+_ROUNDS_MIN_BINS = 64
 
 
 def construct(problem: _Problem, items: np.ndarray) -> np.ndarray:
@@ -111,6 +113,8 @@ def _absorb_run(unit, j, bar, cs, cs_arr, neg_cs, k, link):
             unit.vals, unit.parts = unit.arrays(cs_arr, k)
             unit.vals, unit.parts, unit.positions = unit.vals[::-1], unit.parts[::-1], None
         return stop
+    if k >= _ROUNDS_MIN_BINS:
+        return _absorb_rounds(unit, j, bar, cs_arr, k, link)
     if unit.heap is None:
         j, done = _absorb_short_run(unit, j, bar, cs, link)
         if done:
@@ -132,6 +136,44 @@ def _absorb_run(unit, j, bar, cs, cs_arr, neg_cs, k, link):
     link[start:j] = parts
     unit.maxv = maxv
     return j
+
+
+def _absorb_rounds(unit, j, bar, cs_arr, k, link) -> int:
+    """``_absorb_run`` for a full unit of many subsets: the run in LPT rounds (greedy.lpt_prefix).
+
+    Each round sorts the subsets by (cost, id), gives the next singletons one each while
+    that is what LPT does, and cuts the round where the run's stop rule first holds (the
+    next singleton no longer leads: it or the unit's spread falls to ``bar``, or the
+    spread below the singleton after it).  Vectorised, so a run costs O(k log k) per round.
+    """
+    n = cs_arr.size
+    vals, parts = unit.arrays(cs_arr, k)
+    vals, maxv = vals.copy(), float(vals.max())
+    while True:
+        order = np.lexsort((parts, vals))
+        lv, lp = vals[order], parts[order]
+        m = min(k, n - j)
+        cand = lv[:m] + cs_arr[j : j + m]
+        t = lpt_prefix(lv, lp.astype(np.float64), cand)
+        top = np.maximum.accumulate(np.maximum(cand[:t], maxv))
+        waiting = np.append(lv[1 : t + 1], _INF) if t == k else lv[1 : t + 1]
+        spread = top - np.minimum(np.minimum.accumulate(cand[:t]), waiting[:t])
+        nxt, after = _ahead(cs_arr, j + 1, t), _ahead(cs_arr, j + 2, t)
+        stop = np.flatnonzero((nxt <= bar) | (spread <= bar) | (spread < after) | (nxt < 0))
+        if stop.size:
+            t = int(stop[0]) + 1
+        vals[order[:t]] = cand[:t]
+        link[j : j + t] = lp[:t]
+        j, maxv = j + t, float(top[t - 1])
+        if stop.size:
+            unit.vals, unit.parts = vals, parts
+            return j
+
+
+def _ahead(cs_arr: np.ndarray, start: int, length: int) -> np.ndarray:
+    """``cs_arr[start : start + length]``, with the loop's -1 sentinel past the end."""
+    window = cs_arr[start : start + length]
+    return window if window.size == length else np.append(window, [-1.0] * (length - window.size))
 
 
 def _absorb_short_run(unit, j, bar, cs, link) -> tuple[int, bool]:

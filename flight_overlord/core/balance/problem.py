@@ -170,6 +170,9 @@ class _Problem:
 def _group(ordered: np.ndarray, bin_of: np.ndarray, k: int) -> list[np.ndarray]:
     """Split ``ordered`` items by bin, keeping their order within each bin; unplaced dropped."""
     placed = ordered[bin_of[ordered] >= 0]
-    placed = placed[np.argsort(bin_of[placed], kind="stable")]
-    counts = np.bincount(bin_of[placed], minlength=k)
-    return np.split(placed, np.cumsum(counts)[:-1])
+    keys = bin_of[placed]
+    if k <= 1 << 16:  # a stable sort of 16-bit keys is a radix sort: O(n)
+        keys = keys.astype(np.uint16)
+    placed = placed[np.argsort(keys, kind="stable")]
+    ends = np.cumsum(np.bincount(bin_of[placed], minlength=k)).tolist()
+    return [placed[start:end] for start, end in zip([0] + ends[:-1], ends)]
