@@ -42,8 +42,11 @@ def table_to_microbatches(table: pa.Table) -> list[dict]:
     ``token_ranges`` names: the whole sequence, this rank's context-parallel share, or nothing
     (metadata only: they are None; ``cu_seqlens`` and the keys are still there for pipeline
     stages and broadcast receivers). Image-text rows add ``pixel_values`` uint8 [patches, 3*p*p]
-    and ``image_grid_thw`` int32 [images, 3]."""
+    and ``image_grid_thw`` int32 [images, 3]. Under distribute('HDP'): :func:`hdp_microbatches`."""
     import torch
+
+    if (table.schema.metadata or {}).get(b"name") == b"hdp_microbatch":
+        return hdp_microbatches(table)
 
     tensors = {name: _rows(table, name) for name in ("input_ids", "position_ids", "labels", "loss_mask",
                                                      "pixel_values", "image_grid_thw")}
@@ -64,6 +67,28 @@ def table_to_microbatches(table: pa.Table) -> list[dict]:
         mb["cu_seqlens_padded"] = torch.tensor(lists["cu_seqlens_padded"][i], dtype=torch.int32)
         mb["image_grid_thw"] = grid
         mb["pixel_values"] = pixels.view(patches, -1) if patches and len(pixels) else None
+        out.append(mb)
+    return out
+
+
+def hdp_microbatches(table: pa.Table) -> list[dict]:
+    """``schemas/hdp_microbatch.json`` rows -> dicts: token tensors (zero-copy; None for metadata only)
+    and, per sequence, its CP group (``seq_cp_size``, ``seq_cp_rank``, ``seq_cp_first``: the domain
+    ranks [first, first + size) to form or pick a process group from), its THD chunks
+    (``token_ranges``), the whole sequences' ``cu_seqlens`` / ``cu_seqlens_padded`` and where each
+    share sits in ``input_ids`` (``cu_local``)."""
+    import torch
+
+    names = ("input_ids", "position_ids", "labels", "loss_mask")
+    tensors = {name: _rows(table, name) for name in names}
+    lists = {name: table.column(name).to_pylist() for name in table.column_names if name not in names}
+    out = []
+    for i in range(table.num_rows):
+        mb = {name: lists[name][i] for name in lists}
+        has_tokens = len(lists["token_ranges"][i]) > 0
+        mb.update({name: tensors[name][i] if has_tokens else None for name in names})
+        for name in ("cu_seqlens", "cu_seqlens_padded", "cu_local"):
+            mb[name] = torch.tensor(lists[name][i], dtype=torch.int32)
         out.append(mb)
     return out
 

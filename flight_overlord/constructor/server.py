@@ -28,6 +28,7 @@ from ..serving import add_serving_args, advertised_host, start_metrics
 from ..core.mesh import Delivery
 from ..wire.plan import ConstructorPlan, FetchGroup
 from ..planner.strategy import load_strategy
+from .hdp import hdp_rank_table
 from .assembly import Sample, build_microbatch, decode_or_error, drop_bad, encoder_table, rank_table, truncate
 from .staging import Staging
 
@@ -101,6 +102,12 @@ class ConstructorServer(ActionServer):
         tables = {}
         image_graph = plan.encoder is not None
         for bucket, bins in plan.microbatches.items():
+            if plan.axis == "HDP":  # each sample a THD sequence of its own CP group (constructor/hdp.py)
+                entries = [[(samples[i], size, first) for i, (size, first) in zip(mb, groups)]
+                           for mb, groups in zip(bins, plan.extra["hdp"][str(bucket)])]
+                for delivery in {d for d in self._deliveries.values() if d.bucket == bucket}:
+                    tables[(step, delivery.key)] = hdp_rank_table(step, bucket, entries, delivery, self.cfg)
+                continue
             microbatches = [build_microbatch([samples[i] for i in mb if i in samples], plan.capacity, self.cfg,
                                              image_token, self.strategy.seq_multiple) for mb in bins]
             microbatches = self._ordered(step, bucket, microbatches)

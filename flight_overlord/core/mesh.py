@@ -8,7 +8,8 @@ batch, so they share one Data Constructor.
 Where the data goes follows from the tree and the strategy (``distribute`` and ``broadcast_at``):
 
 - a *bucket* is one consumer of distinct data: a dp coordinate (axis ``DP``), a (dp, cp) pair
-  (axis ``CP``: DP x CP ranks as uniform consumers) or a single rank (axis ``WORLD``);
+  (axis ``CP``: DP x CP ranks as uniform consumers; ``HDP`` too, each sample on a CP group of
+  its own, :mod:`.hdp`) or a single rank (axis ``WORLD``);
 - under ``DP`` with cp > 1 each packed sequence is split across the CP ranks
   (:mod:`.context_parallel`);
 - pipeline stages after the first, and ranks behind a ``broadcast_at`` dimension, get metadata
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 AXES = ("pp", "dp", "cp", "tp")
 MEGATRON_ORDER = ("tp", "cp", "dp", "pp")  # fastest-varying first
-DISTRIBUTE_AXES = ("DP", "CP", "WORLD")
+DISTRIBUTE_AXES = ("DP", "CP", "WORLD", "HDP")
 BROADCAST_DIMS = ("TP", "CP")
 
 
@@ -94,17 +95,18 @@ class Mesh:
 
     # -- buckets: the consumers of distinct data under a distribution axis ----------------
     def num_buckets(self, axis: str) -> int:
-        return {"DP": self.dp, "CP": self.dp * self.cp, "WORLD": self.world_size}[_check_axis(axis)]
+        return {"DP": self.dp, "CP": self.dp * self.cp, "HDP": self.dp * self.cp,
+                "WORLD": self.world_size}[_check_axis(axis)]
 
     def bucket_of(self, rank: int, axis: str) -> int:
         c = self.coord(rank)
-        return {"DP": c.dp, "CP": c.dp * self.cp + c.cp, "WORLD": rank}[_check_axis(axis)]
+        return {"DP": c.dp, "CP": c.dp * self.cp + c.cp, "HDP": c.dp * self.cp + c.cp, "WORLD": rank}[_check_axis(axis)]
 
     def dp_of_bucket(self, bucket: int, axis: str) -> int:
         """The dp coordinate of a bucket's ranks: it decides which constructor assembles the bucket."""
         if _check_axis(axis) == "DP":
             return bucket
-        if axis == "CP":
+        if axis in ("CP", "HDP"):
             return bucket // self.cp
         return self.coord(bucket).dp
 

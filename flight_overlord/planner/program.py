@@ -17,6 +17,7 @@ from ..core.mixing import Mixer
 from ..core.order import SampleRef
 from ..core.packing import round_up
 from .feed import Pick, SourceFeed
+from .hdp import hdp_stats, place_hdp
 from .strategy import Strategy
 
 
@@ -107,8 +108,8 @@ def draw_mixture(feeds: dict[str, SourceFeed], mixer: Mixer, weights: dict[str, 
     while total < budget:
         source = mixer.choose(weights)
         pick = feeds[source].next()
-        if pick.tokens > strategy.capacity:
-            pick = pick._replace(tokens=strategy.capacity)
+        if pick.tokens > strategy.max_sample_tokens:
+            pick = pick._replace(tokens=strategy.max_sample_tokens)
         amount = pick.tokens if by_tokens else 1
         mixer.charge(source, amount, weights)
         picks.append(pick)
@@ -146,6 +147,8 @@ def place(ctx: PlanContext, strategy: Strategy) -> tuple[list[np.ndarray], np.nd
     more freedom than balancing every bin at once, and the slowest rank sets the step time."""
     if strategy.raw is not None:
         return _checked_raw(ctx, strategy.raw(ctx))
+    if strategy.axis == "HDP":
+        return place_hdp(ctx, strategy)
     b = strategy.balancing
     costs, sizes = ctx.costs, ctx.sizes
     m, cap = ctx.microbatches, ctx.capacity
@@ -225,6 +228,9 @@ def plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: S
     plan = StepPlan(step, strategy.axis, ctx.num_buckets, gb.microbatches, ctx.capacity, bins,
                     dict(weights), feedback)
     plan.stats = _stats(plan, picks, costs, bin_indices, unplaced)
+    if strategy.axis == "HDP":
+        plan.stats.update(hdp_stats(costs, meta["num_tokens"], bin_indices, ctx.num_buckets, gb.microbatches,
+                                    ctx.capacity, strategy.min_cp))
     if strategy.image_graph is not None:
         plan.encoder_axis = strategy.image_graph.axis
         plan.encoder, plan.stats["encoder"] = place_images(bins, strategy)

@@ -29,7 +29,7 @@ from ..config import Config, load_config
 from ..core.order import RowGroupRef
 from ..serving import add_serving_args, advertised_host, start_metrics
 from ..store import write_json_atomic
-from ..wire.schemas import ENCODER_BATCH, MICROBATCH, SAMPLE_METADATA, load_schema
+from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, ClientPool, call_any, connect, location_of, serve
 from .planner import Planner, constructor_view
@@ -176,9 +176,12 @@ class PlannerServer(ActionServer):
 
     def _meta_fetcher(self, source: str):
         def fetch(epoch: int, rg: RowGroupRef) -> dict[str, np.ndarray]:
-            actor = self.planner.registry.owner(source, rg.file, rg.row_group)
+            actor = self.planner.registry.owner(source, rg.file, rg.row_group, epoch)
             request = {"kind": "metadata", "source": source, "actor": actor[1], "epoch": epoch, "file": rg.file,
                        "row_group": rg.row_group}
+            segments = self.planner.scaling.segments_of(source) if self.planner.scaling is not None else None
+            if segments:  # a resharded source: its actors learn (and journal) the ownership from the ticket
+                request["segments"] = segments
             table = call_any(self._clients, self.planner.registry.locations(actor),
                              lambda c: c.do_get(wire.ticket(request)).read_all(),
                              what=f"loader {source}[{actor[1]}]", stop=lambda: self._stopping)
@@ -237,7 +240,7 @@ class PlannerServer(ActionServer):
         parts = [p.decode() if isinstance(p, bytes) else p for p in (descriptor.path or [])]
         if len(parts) == 3 and parts[0] in ("batch", "encoder"):
             self._parse_batch(parts)
-            return fl.SchemaResult(load_schema(MICROBATCH if parts[0] == "batch" else ENCODER_BATCH))
+            return fl.SchemaResult(load_schema(self._batch_schema() if parts[0] == "batch" else ENCODER_BATCH))
         if len(parts) == 2 and parts[0] == "source":
             self.cfg.source(parts[1])
             return fl.SchemaResult(load_schema(SAMPLE_METADATA))
@@ -260,8 +263,12 @@ class PlannerServer(ActionServer):
         endpoint = fl.FlightEndpoint(ticket, [location])
         if kind == "encoder":
             return fl.FlightInfo(load_schema(ENCODER_BATCH), descriptor, [endpoint], -1, -1)
-        return fl.FlightInfo(load_schema(MICROBATCH), descriptor, [endpoint],
+        return fl.FlightInfo(load_schema(self._batch_schema()), descriptor, [endpoint],
                              self.cfg.global_batch.microbatches, -1)
+
+    def _batch_schema(self) -> str:
+        """A rank's batch stream: microbatch rows, or under distribute('HDP') rows of per-sequence groups."""
+        return HDP_MICROBATCH if self.strategy.axis == "HDP" else MICROBATCH
 
     def _source_info(self, descriptor, name: str) -> fl.FlightInfo:
         source = self.cfg.source(name)
@@ -356,7 +363,8 @@ class PlannerServer(ActionServer):
                     "mixture_realized": _shares(self._planned["tokens" if self.cfg.global_batch.tokens_per_step
                                                               else "samples"]),
                     "reregistrations": dict(self._reregistrations), "metrics": getattr(self, "metrics_url", None),
-                    **registry.state_dict()}
+                    **registry.state_dict(),
+                    **({"scaling": self.planner.scaling.status()} if self.planner.scaling is not None else {})}
 
     @requires(INSPECT)
     def action_stats(self, body):

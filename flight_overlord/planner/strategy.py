@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import Config, ConfigError, balance_methods
+from ..core import hdp
 from ..core.cost import CostFn, config_cost, make_cost, patches_cost
 from ..core.mesh import BROADCAST_DIMS, DISTRIBUTE_AXES, Mesh
 from ..core.schedules import Schedule, as_schedule, constant
@@ -46,7 +47,7 @@ class ImageGraph:
         return self
 
     def distribute(self, axis: str = "WORLD") -> "ImageGraph":
-        if axis not in DISTRIBUTE_AXES:
+        if axis not in DISTRIBUTE_AXES or axis == "HDP":
             raise ValueError(f"images().distribute(): unknown axis {axis!r} (axes: {', '.join(DISTRIBUTE_AXES)})")
         self.axis = axis
         return self
@@ -74,6 +75,8 @@ class Strategy:
         self.schedule: Schedule = constant({s.name: s.weight for s in cfg.sources})
         self.cost_fn: CostFn = config_cost(cfg.cost)
         self.axis, self.group_size = "DP", None
+        self.hdp_tokens: int | None = None  # distribute("HDP"): max_tokens_per_rank (None: context_length // cp)
+        self.min_cp = 1
         self.balancing = Balancing(cfg.balance.method)
         self.broadcast: frozenset[str] = frozenset()
         self.raw: Callable | None = None
@@ -105,14 +108,26 @@ class Strategy:
             self.cost_fn = make_cost(fn, **params)
         return self
 
-    def distribute(self, axis: str = "DP", group_size: int | None = None) -> "Strategy":
+    def distribute(self, axis: str = "DP", group_size: int | None = None, *,
+                   max_tokens_per_rank: int | None = None, min_cp: int = 1) -> "Strategy":
         """Buckets along ``axis``: DP ranks, DP x CP ranks, or every rank (WORLD). With ``group_size``
-        the buckets are balanced within groups of that many instead of all at once."""
+        the buckets are balanced within groups of that many instead of all at once.
+
+        ``"HDP"``: dynamic CP groups over the DP x CP ranks (``core/hdp.py``): each sample gets a
+        power-of-two group of ranks from its length (at least ``min_cp``), each rank holds at most
+        ``max_tokens_per_rank`` tokens per microbatch (default context_length // cp)."""
         if axis not in DISTRIBUTE_AXES:
             raise ValueError(f"distribute(): unknown axis {axis!r} (axes: {', '.join(DISTRIBUTE_AXES)})")
         if group_size is not None and group_size < 1:
             raise ValueError(f"distribute(): group_size must be >= 1, got {group_size}")
+        if axis != "HDP" and (max_tokens_per_rank is not None or min_cp != 1):
+            raise ValueError(f"distribute({axis!r}): max_tokens_per_rank and min_cp apply to 'HDP' only")
+        if axis == "HDP":
+            if group_size is not None:
+                raise ValueError("distribute('HDP'): group_size does not apply (groups are planned per sample)")
+            hdp.check_params(1 << 62, 1 if max_tokens_per_rank is None else max_tokens_per_rank, min_cp)
         self.axis, self.group_size = axis, group_size
+        self.hdp_tokens, self.min_cp = max_tokens_per_rank, min_cp
         return self
 
     def balance(self, method: str = "karmarkar_karp", level: str = "both",
@@ -162,10 +177,36 @@ class Strategy:
         if self.group_size and self.num_buckets % self.group_size:
             raise ValueError(f"distribute({self.axis!r}, group_size={self.group_size}): the group size must divide "
                              f"the {self.num_buckets} buckets of this mesh")
+        if self.axis == "HDP":
+            self._check_hdp()
         if self.capacity < 1:
             raise ValueError(f"distribute({self.axis!r}): context_length {self.cfg.global_batch.context_length} "
                              f"over cp={self.mesh.cp} leaves no room per microbatch")
         return self
+
+    def _check_hdp(self) -> None:
+        """What distribute('HDP') cannot be combined with, and a domain too small for the loaders' limit."""
+        clashes = [("broadcast_at('CP')", "CP" in self.broadcast), ("plan_raw()", self.raw is not None),
+                   ("constructor_do_plan()", self.constructor_policy is not None),
+                   ("images()", self.image_graph is not None),
+                   ("image-text sources", any(s.image_column for s in self.cfg.sources))]
+        for what, present in clashes:
+            if present:
+                raise ValueError(f"distribute('HDP') cannot be combined with {what}: a sample's group spans "
+                                 f"ranks and microbatch positions fixed by the plan (text sources only)")
+        domain = self.num_buckets
+        hdp.check_params(domain, self.capacity, self.min_cp)
+        length = self.cfg.global_batch.context_length
+        if length > hdp.longest_sample(domain, self.capacity):
+            raise ValueError(f"distribute('HDP'): samples up to context_length {length} tokens do not fit the "
+                             f"{domain}-rank DP x CP domain at max_tokens_per_rank {self.capacity} (at most "
+                             f"{hdp.longest_sample(domain, self.capacity)} per microbatch): raise max_tokens_per_rank")
+
+    @property
+    def max_sample_tokens(self) -> int:
+        """The longest sample a step plans whole (longer ones are planned truncated to it): a
+        microbatch's capacity, or under HDP the loaders' limit (context_length; never truncated)."""
+        return self.cfg.global_batch.context_length if self.axis == "HDP" else self.capacity
 
     @property
     def num_buckets(self) -> int:
@@ -183,6 +224,8 @@ class Strategy:
     def capacity(self) -> int:
         """Tokens per packed microbatch of one bucket: under axis CP a rank holds 1/cp of the context."""
         length = self.cfg.global_batch.context_length
+        if self.axis == "HDP":
+            return self.hdp_tokens or length // self.mesh.cp
         return length // self.mesh.cp if self.axis == "CP" else length
 
 

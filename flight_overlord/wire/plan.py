@@ -31,7 +31,7 @@ class ConstructorPlan:
     fetch: list[FetchGroup]
     encoder_axis: str | None = None
     encoder: dict[int, list[list[int]]] | None = None  # bucket -> [sample index, image, owner bucket, owner mb]
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # "hdp": bucket -> microbatches -> [group size, first rank] per sample
 
     def to_wire(self) -> dict:
         out = asdict(self)

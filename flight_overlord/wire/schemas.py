@@ -37,6 +37,7 @@ SAMPLE_METADATA = "sample_metadata"
 SAMPLES = "samples"
 MICROBATCH = "microbatch"
 ENCODER_BATCH = "encoder_batch"
+HDP_MICROBATCH = "hdp_microbatch"
 
 
 def list_array(rows, value_type: pa.DataType = pa.int32()) -> pa.ListArray:
