@@ -20,6 +20,7 @@ from ..core.schedules import FeedbackLog, weights_at
 from ..store import Journal, Snapshots, read_journal
 from ..wire.plan import ConstructorPlan, FetchGroup
 from .feed import FetchMeta, SourceFeed
+from .hdp import hdp_groups
 from .program import StepPlan, plan_step
 from .registry import Registry
 from .strategy import Strategy
@@ -233,8 +234,9 @@ def constructor_view(plan: StepPlan, constructor: int, mesh: Mesh, registry: Reg
         owner = {p.ref.key: divmod(i, plan.microbatches) for i, bin_ in enumerate(plan.bins) for p in bin_}
         encoder = {b: [[item(p), image, *owner[p.ref.key]] for p, image in plan.encoder[b]]
                    for b in mesh.buckets_of_constructor(constructor, plan.encoder_axis)}
+    extra = {"hdp": hdp_groups(plan, microbatches)} if plan.axis == "HDP" else {}
     return ConstructorPlan(plan.step, plan.axis, sorted(broadcast), plan.capacity, keys, lengths, microbatches,
-                           list(fetch.values()), plan.encoder_axis, encoder)
+                           list(fetch.values()), plan.encoder_axis, encoder, extra)
 
 
 def _consumers(plan: StepPlan, mesh: Mesh) -> dict[str, int]:
