@@ -106,10 +106,47 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class RayConfig:
+    """Placement under ``overlord up --backend ray`` (``deploy/ray_backend.py``)."""
+    cpus: float = 0.1  # per actor: the roles are I/O and numpy bound, and many share a node
+    loader_resources: dict[str, float] = field(default_factory=dict)  # every loader actor asks for these
+    # (e.g. {cpu_node: 0.01}: only nodes started with that custom resource), and loaders spread over them
+    trainer_nodes: tuple[str, ...] = ()  # per trainer rank: a node IP or a custom resource of its node;
+    # each constructor then runs where most of the ranks it serves are (empty: anywhere)
+
+
+@dataclass(frozen=True)
+class PartitionBudget:
+    """What ``loader.partition: auto`` may use for the loader hosts; None: this machine's CPUs, half its RAM."""
+    cpus: float | None = None
+    memory_gib: float | None = None
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    """Mixture-driven scaling of loader actors (core/scaling.py): a source whose weight per actor,
+    averaged over ``interval`` steps, stays above ``up_threshold`` for ``consecutive`` intervals gets one
+    more actor (up to ``max_actors``, pre-provisioned idle in its loader processes); below
+    ``down_threshold`` as long, one fewer (down to its ``loaders``). The streams do not change."""
+    enabled: bool = False
+    interval: int = 10
+    up_threshold: float = 0.5
+    down_threshold: float = 0.2  # at most up_threshold / 2, so a scale-up never triggers a scale-down
+    consecutive: int = 2
+    max_actors: int = 2  # per source, idle ones included
+
+
+@dataclass(frozen=True)
 class LoaderConfig:
     read_ahead_row_groups: int = 2
     shadows: int = 0  # hot standbys per loader actor (per loader process, which stands by for all it hosts)
     hosts: int = 0  # loader processes hosting the actors (round robin); 0: one process per actor
+    read_ahead_bytes: int = 0  # per actor: read ahead only while its buffer holds less (0: no byte bound)
+    partition: str = "manual"  # manual: sources' loaders and hosts as written; auto: `overlord partition`'s plan
+    budget: PartitionBudget = PartitionBudget()
+    # Set from run_dir/partition/plan.json under partition: auto (not a YAML key): the actors of each host.
+    groups: tuple[tuple[tuple[str, int], ...], ...] = ()
+    scaling: ScalingConfig = ScalingConfig()
 
 
 @dataclass(frozen=True)
@@ -179,6 +216,7 @@ class Config:
     vision: VisionConfig = VisionConfig()
     security: SecurityConfig = SecurityConfig()
     metrics: MetricsConfig = MetricsConfig()
+    ray: RayConfig = RayConfig()
     path: Path | None = None  # the YAML file this came from, so child processes can reload it
 
     @property
@@ -189,6 +227,11 @@ class Config:
     @property
     def num_constructors(self) -> int:
         return self.trainer_mesh.num_constructors
+
+    def provisioned_actors(self, source: SourceConfig) -> int:
+        """Loader actors of ``source`` in all: its ``loaders``, plus idle ones that scaling may activate."""
+        scaling = self.loader.scaling
+        return max(source.loaders, scaling.max_actors) if scaling.enabled else source.loaders
 
     def source(self, name: str) -> SourceConfig:
         for src in self.sources:

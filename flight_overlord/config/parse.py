@@ -6,6 +6,7 @@ because a config is the first thing a user gets wrong.
 from __future__ import annotations
 
 import glob
+import json
 import math
 import os
 from dataclasses import MISSING, fields
@@ -19,8 +20,9 @@ from ..core import balance
 from ..core.context_parallel import CP_FORMATS, CP_SPLITS, chunk_count
 from ..core.cost import COST_MODELS
 from .model import (BalanceConfig, CheckpointConfig, Config, ConfigError, ConstructorConfig, CostConfig,
-                     GlobalBatchConfig, LoaderConfig, MeshConfig, MetricsConfig, NetworkConfig, SecurityConfig,
+                     GlobalBatchConfig, LoaderConfig, MeshConfig, MetricsConfig, NetworkConfig, RayConfig, SecurityConfig,
                      SourceConfig, StrategyConfig, TLSConfig, TransformConfig, VisionConfig)
+from .model import PartitionBudget, ScalingConfig
 
 _REQUIRED = object()
 
@@ -96,7 +98,22 @@ def load_config(path: str | os.PathLike) -> Config:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return parse_config(raw, base_dir=path.parent, path=path)
+    return with_partition_plan(parse_config(raw, base_dir=path.parent, path=path))
+
+
+def with_partition_plan(cfg: Config) -> Config:
+    """``loader.partition: auto``: the config with ``run_dir/partition/plan.json`` applied (actors per
+    source, loader hosts), so every role of the run sees the same plan; as written until there is one."""
+    if cfg.loader.partition != "auto":
+        return cfg
+    from ..core.partition_plan import PartitionPlan, apply_plan
+    path = cfg.run_dir / "partition" / "plan.json"
+    if not path.is_file():
+        return cfg
+    try:
+        return apply_plan(cfg, PartitionPlan.from_dict(json.loads(path.read_text(encoding="utf-8"))))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path}: cannot apply the partition plan: {exc}") from None
 
 
 def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Config:
@@ -105,7 +122,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         "mesh": None, "global_batch": _REQUIRED, "cost": None, "balance": None,
         "prefetch": 2, "network": None, "loader": None, "constructor": None,
         "pad_token_id": 0, "strategy": None, "vision": None, "checkpoint": None, "security": None,
-        "metrics": None,
+        "metrics": None, "ray": None,
     })
     data_root = _path(base_dir, top["data_root"], "data_root")
     global_batch = _parse_global_batch(top["global_batch"])
@@ -113,7 +130,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
     mesh = _parse_mesh(top["mesh"], global_batch.context_length, global_batch.pad_to_multiple)
     network = _fields(top["network"], "network", _defaults(NetworkConfig))
     balancing = _fields(top["balance"], "balance", _defaults(BalanceConfig))
-    loader = _fields(top["loader"], "loader", _defaults(LoaderConfig))
+    loader = _fields(top["loader"], "loader", {k: v for k, v in _defaults(LoaderConfig).items() if k != "groups"})
     checkpoint = _fields(top["checkpoint"], "checkpoint", _defaults(CheckpointConfig))
     constructor = _fields(top["constructor"], "constructor", _defaults(ConstructorConfig))
     return Config(
@@ -129,7 +146,10 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
                               _advertise(network["advertise"])),
         loader=LoaderConfig(_int(loader["read_ahead_row_groups"], "loader.read_ahead_row_groups", minimum=1),
                             _int(loader["shadows"], "loader.shadows", minimum=0),
-                            _int(loader["hosts"], "loader.hosts", minimum=0)),
+                            _int(loader["hosts"], "loader.hosts", minimum=0),
+                            _int(loader["read_ahead_bytes"], "loader.read_ahead_bytes", minimum=0),
+                            _choice(loader["partition"], "loader.partition", ("manual", "auto")),
+                            _parse_budget(loader["budget"]), scaling=_parse_scaling(loader["scaling"])),
         constructor=ConstructorConfig(_int(constructor["dp_per_constructor"], "constructor.dp_per_constructor",
                                            minimum=1)),
         checkpoint=CheckpointConfig(_int(checkpoint["every"], "checkpoint.every", minimum=1)),
@@ -140,6 +160,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         vision=_parse_vision(top["vision"]),
         security=_parse_security(top["security"], base_dir),
         metrics=_parse_metrics(top["metrics"]),
+        ray=_parse_ray(top["ray"], mesh.world_size),
         path=path,
     )
 
@@ -159,6 +180,52 @@ def _parse_metrics(raw: Any) -> MetricsConfig:
     if port is not None and (_int(port, "metrics.port", minimum=0) > 65535):
         raise ConfigError(f"metrics.port: must be <= 65535, got {port}")
     return MetricsConfig(port)
+
+
+def _parse_scaling(raw: Any) -> ScalingConfig:
+    """loader.scaling: {enabled, interval, up_threshold, down_threshold, consecutive, max_actors}."""
+    if isinstance(raw, ScalingConfig):  # absent: the default
+        return raw
+    f = _fields(raw, "loader.scaling", _defaults(ScalingConfig))
+    if not isinstance(f["enabled"], bool):
+        raise ConfigError(f"loader.scaling.enabled: expected true or false, got {f['enabled']!r}")
+    up = _number(f["up_threshold"], "loader.scaling.up_threshold", minimum=0.0)
+    down = _number(f["down_threshold"], "loader.scaling.down_threshold", minimum=0.0)
+    if up > 1:
+        raise ConfigError(f"loader.scaling.up_threshold: a weight per actor, at most 1, got {up}")
+    if down > up / 2:
+        raise ConfigError(f"loader.scaling.down_threshold: must be <= up_threshold / 2 = {up / 2} (one more "
+                          f"actor at most halves a source's load: a scale-up must not trigger a scale-down), got {down}")
+    return ScalingConfig(f["enabled"], _int(f["interval"], "loader.scaling.interval", minimum=1), up, down,
+                         _int(f["consecutive"], "loader.scaling.consecutive", minimum=1),
+                         _int(f["max_actors"], "loader.scaling.max_actors", minimum=1))
+
+
+def _parse_budget(raw: Any) -> PartitionBudget:
+    """loader.budget: {cpus, memory_gib}, each a positive number or absent (this machine's)."""
+    if isinstance(raw, PartitionBudget):  # absent: the default
+        return raw
+    f = _fields(raw, "loader.budget", _defaults(PartitionBudget))
+    for key in ("cpus", "memory_gib"):
+        if f[key] is not None and _number(f[key], f"loader.budget.{key}") <= 0:
+            raise ConfigError(f"loader.budget.{key}: must be > 0, got {f[key]}")
+    return PartitionBudget(*(None if f[k] is None else float(f[k]) for k in ("cpus", "memory_gib")))
+
+
+def _parse_ray(raw: Any, world_size: int) -> RayConfig:
+    f = _fields(raw, "ray", _defaults(RayConfig))
+    resources = _fields(f["loader_resources"], "ray.loader_resources", {k: _REQUIRED for k in f["loader_resources"] or {}})
+    nodes = f["trainer_nodes"] or []
+    if not isinstance(nodes, list) or not all(isinstance(n, str) and n.strip() for n in nodes):
+        raise ConfigError(f"ray.trainer_nodes: expected a list of node IPs or custom resource names, got {nodes!r}")
+    if nodes and len(nodes) != world_size:
+        raise ConfigError(f"ray.trainer_nodes: {len(nodes)} entries, but the mesh has {world_size} trainer ranks "
+                          f"(one node per rank, in rank order)")
+    cpus = _number(f["cpus"], "ray.cpus", minimum=0.0)
+    if cpus <= 0:
+        raise ConfigError(f"ray.cpus: must be > 0 (a fraction of a CPU per actor), got {cpus}")
+    return RayConfig(cpus, {str(k): _number(v, f"ray.loader_resources.{k}", minimum=0.0) for k, v in resources.items()},
+                     tuple(nodes))
 
 
 def _parse_sources(raw: Any, data_root: Path) -> tuple[SourceConfig, ...]:

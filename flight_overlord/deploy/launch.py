@@ -32,6 +32,8 @@ from ..wire.server import connect
 
 log = logging.getLogger(__name__)
 MODES = ("new", "resume", "fresh")
+# Loader processes use the system allocator (docs/benchmarks.md, Memory): set before pyarrow loads.
+LOADER_POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
 
 
 @dataclass
@@ -77,6 +79,8 @@ class LocalCluster:
         self._prepare_run_dir()
         if self._secret_source != "file":  # the tools and manual `overlord serve` of this run read it there
             write_secret(secret_path(self.cfg), self.secret)
+        if self.cfg.loader.partition == "auto":
+            self._partition()
         try:
             planner = self._spawn("planner", ["planner", *(["--resume"] if self.mode == "resume" else [])])
             self.planner = self._await_ready([planner])[0]
@@ -106,6 +110,15 @@ class LocalCluster:
             run_dir.rename(self.moved_aside)
             log.info("moved the previous run aside to %s", self.moved_aside)
 
+    def _partition(self) -> None:
+        """``loader.partition: auto``: profile (or reuse run_dir's profile) and plan; a resumed run keeps
+        its plan (its loader journals are per actor). Every child then loads the config with the plan."""
+        from ..loader.profile import partition, read_plan
+        if not (self.mode == "resume" and read_plan(self.cfg) is not None):
+            _, table = partition(self.cfg)
+            log.info("loader.partition: auto\n%s", table)
+        self.cfg = load_config(self.config_path)
+
     def _spawn(self, name: str, args: list[str], *, restart_of: Child | None = None) -> Child:
         logs = self.cfg.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -118,6 +131,8 @@ class LocalCluster:
         cmd = [sys.executable, "-m", "flight_overlord.deploy.cli", "serve", *args, *extra,
                "--config", str(self.config_path), "--ready-file", str(ready_file)]
         env = {**os.environ, SECRET_ENV: self.secret}  # never on the command line
+        if args[0] == "loader":  # mimalloc keeps each read-ahead thread's freed pages: ~2x a host's PSS
+            env.setdefault(LOADER_POOL_ENV, "system")
         with open(log_path, "a") as log_file:  # a restart appends: the crashed process's log stays
             process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        env=env)
@@ -217,9 +232,24 @@ class LocalCluster:
 
 
 def loader_hosts(cfg: Config) -> list[tuple[str, list[tuple[str, int]]]]:
+    """(process name, the loader actors it hosts). With ``loader.scaling`` a source's idle actors
+    (``loaders`` .. ``max_actors`` - 1, activated by a live reshard) live in the process of its actor
+    ``a % loaders``: pre-provisioned, so no process is started mid-run, every actor has its journal and
+    shadows from the start, and an idle one costs its catalog, not a process."""
+    hosts = _hosts_of_configured_actors(cfg)
+    where = {actor: i for i, (_, actors) in enumerate(hosts) for actor in actors}
+    for s in cfg.sources:
+        for a in range(s.loaders, cfg.provisioned_actors(s)):
+            hosts[where[(s.name, a % s.loaders)]][1].append((s.name, a))
+    return hosts
+
+
+def _hosts_of_configured_actors(cfg: Config) -> list[tuple[str, list[tuple[str, int]]]]:
     """(process name, the loader actors it hosts): one process per actor (``loader-SOURCE-ACTOR``), or
     with ``loader.hosts: N`` the actors dealt round robin onto N processes (``loader-hostH``). Which
     process hosts an actor changes nothing in the streams: the read order is per source, not per process."""
+    if cfg.loader.groups:  # loader.partition: auto: the plan's hosts (clusters of sources by cost)
+        return [(f"loader-host{h}", list(group)) for h, group in enumerate(cfg.loader.groups)]
     actors = [(s.name, a) for s in cfg.sources for a in range(s.loaders)]
     if not cfg.loader.hosts or cfg.loader.hosts >= len(actors):
         return [(f"loader-{s}-{a}", [(s, a)]) for s, a in actors]

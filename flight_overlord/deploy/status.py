@@ -38,7 +38,7 @@ def cluster_status(planner_address: str, *, timeout: float = 10.0, pool: ClientP
     try:
         planner = _ask(pool, planner_address, timeout, role="planner")
         answer = planner.pop("counters")
-        planner["counters"] = {k: answer[k] for k in ("ready", "planned", "requested", "error") if k in answer}
+        planner["counters"] = {k: answer[k] for k in ("ready", "planned", "requested", "error", "scaling") if k in answer}
         where_loaders, where_constructors = answer.get("loaders"), answer.get("constructors")
         loaders = [{"role": "loader", "source": source, "actor": actor, "replica": replica, "address": location,
                     "row_groups": len(row_groups)}
@@ -123,6 +123,12 @@ def render(status: dict) -> str:
         lines.append(f"{constructor['index']:<28} {constructor['address']:<24} "
                      f"{'up' if constructor['up'] else 'DOWN':<6} {c.get('assembled', -1):>9} "
                      f"{c.get('bytes_fetched', 0):>14,}" + (f"  error: {c['error']}" if c.get("error") else ""))
+    scaling = counters.get("scaling")
+    if scaling:  # loader.scaling: active actors per source, and the latest live reshards
+        lines.append("scaling: active actors " + " ".join(f"{s}:{n}" for s, n in sorted(scaling["actors"].items())))
+        for e in scaling["events"][-5:]:
+            lines.append(f"  step {e['step']}: {e['source']} {e['previous']} -> {e['actors']} actors "
+                         f"(weight per actor {e['load']:.3f}; row groups from position {e['boundary']} on)")
     if totals["down"]:
         lines.append("down: " + ", ".join(totals["down"]))
     return "\n".join(lines) + "\n"

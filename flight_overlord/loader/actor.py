@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ..core.order import RowGroupRef, epoch_order
+from ..core.order import RowGroupRef
+from ..core.scaling import ActorView, Ownership
 from ..core.vision import ImageError
 from ..store import Journal, Snapshots, read_journal
 from ..wire.schemas import SAMPLE_METADATA, SAMPLES, load_schema
@@ -29,11 +30,12 @@ FOLLOW_SECONDS = 0.2  # how often a replica folds in what the others journaled
 
 class LoaderActor:
     def __init__(self, partition: SourcePartition, *, seed: int, read_ahead: int, run_dir: Path,
-                 checkpoint_every: int = 50):
+                 checkpoint_every: int = 50, read_ahead_bytes: int = 0):
         self.partition = partition
         self.name = f"{partition.source.name}[{partition.actor}]"
         self.seed = seed
         self.read_ahead = read_ahead
+        self.read_ahead_bytes = read_ahead_bytes  # 0: no byte bound; else read ahead only below it
         self.checkpoint_every = checkpoint_every
         self.state = LoaderState()
         self._buffer: dict[int, RowGroupSamples] = {}  # position -> read, transformed row group
@@ -41,7 +43,7 @@ class LoaderActor:
         self._reading: set[int] = set()
         self._fatal: dict[int, str] = {}  # positions whose bad image must stop the run
         self._served: collections.OrderedDict[tuple[int, int, str], pa.Table] = collections.OrderedDict()
-        self._orders: dict[int, tuple[list[RowGroupRef], dict[tuple[str, int], int]]] = {}
+        self._view: ActorView | None = None  # the positions this actor owns (core/scaling), per the segments
         self._bytes_served = 0
         self._stopping = False
         directory = run_dir / "loaders" / f"{partition.source.name}-{partition.actor}"
@@ -49,29 +51,59 @@ class LoaderActor:
         self._snapshots = Snapshots(directory, "state", keep=2)  # a loader only ever restores its latest
         self._followed = 0  # journal offset folded in so far
         self._since_snapshot = 0
+        self._sync_ownership()
         self._restore()
         self._threads = [threading.Thread(target=self._read_ahead_loop, name="read-ahead", daemon=True),
                          threading.Thread(target=self._follow_loop, name="follow", daemon=True)]
         for t in self._threads:
             t.start()
 
-    # -- this actor's order: position p is row group p % n of epoch p // n ------------
-    def _order(self, epoch: int):
-        if epoch not in self._orders:
-            order = epoch_order(self.partition.row_groups, seed=self.seed, source=self.partition.source.name,
-                                epoch=epoch)
-            self._orders[epoch] = (order, {(rg.file, rg.row_group): i for i, rg in enumerate(order)})
-        return self._orders[epoch]
+    # -- this actor's order: its positions of the source's read order, numbered 0, 1, 2, ... ----------
+    # (with the configured actors only, position p is row group p % n of epoch p // n of its own order;
+    # a live reshard, ``loader.scaling``, appends ownership segments: see core/scaling.py)
+    def _sync_ownership(self) -> None:
+        """Follow the journaled segments: a new view of what this actor owns after a reshard."""
+        segments = self.state.segments or [[0, self.partition.source.loaders]]
+        if self._view is not None and len(segments) == len(self._view.ownership.segments):
+            return
+        view = Ownership(self.partition.catalog, seed=self.seed, source=self.partition.source.name,
+                         segments=segments).view(self.partition.actor)
+        if self._view is not None:  # nothing read at or past the new segment may change hands (the Planner's
+            first = view.first_local_at(segments[-1][0])  # boundary guarantees it); drop it if it did
+            dropped = [p for p in self._buffer if p >= first]
+            for p in dropped:
+                del self._buffer[p]
+            if dropped or self.state.demanded >= first:
+                log.error("loader %s: reshard at position %d behind this actor's reads (local %d, demanded %d)",
+                          self.name, segments[-1][0], first, self.state.demanded)
+            log.info("loader %s: resharded: segments %s", self.name, segments)
+        self._view = view
 
-    def _at(self, position: int) -> RowGroupRef:
-        epoch, index = divmod(position, len(self.partition.row_groups))
-        return self._order(epoch)[0][index]
+    def reshard(self, segments: list) -> None:
+        """The Planner's ownership segments of this source (journaled, so replicas and restarts follow)."""
+        with self._cond:
+            if len(segments) <= len(self.state.segments or [[0, self.partition.source.loaders]]):
+                return
+            known = self.state.segments or [[0, self.partition.source.loaders]]
+            if [list(map(int, s)) for s in segments[:len(known)]] != known:
+                raise ValueError(f"reshard of loader {self.name}: segments {segments} do not extend {known}")
+            self._record({"segments": [[int(f), int(a)] for f, a in segments]})
+            self._cond.notify_all()
+
+    def _at(self, position: int) -> RowGroupRef | None:
+        """The row group at local ``position``; None past the end (a reclaimed actor owns no more)."""
+        g = self._view.position(position)
+        return None if g is None else self._view.ownership.row_group(g)
 
     def position(self, epoch: int, file: str, row_group: int) -> int:
-        index = self._order(epoch)[1].get((file, row_group))
-        if index is None:
-            raise KeyError(f"row group {file}:{row_group} is not owned by loader {self.name}")
-        return epoch * len(self.partition.row_groups) + index
+        for attempt in range(2):
+            position = self._view.local(self._view.ownership.position(epoch, file, row_group))
+            if position is not None:
+                return position
+            if attempt == 0:  # a reshard another replica journaled may not be folded in yet
+                with self._cond:
+                    self._follow()
+        raise KeyError(f"row group {file}:{row_group} of epoch {epoch} is not owned by loader {self.name}")
 
     # -- journaled state ---------------------------------------------------------------
     def _restore(self) -> None:
@@ -89,6 +121,7 @@ class LoaderActor:
         self._journal.append(record)
         touched = self.state.apply(record)
         self._release_emptied(touched)
+        self._sync_ownership()
 
     def _follow(self) -> None:
         touched = []
@@ -96,6 +129,7 @@ class LoaderActor:
             touched += self.state.apply(record)
             self._followed = end
         self._release_emptied(touched)
+        self._sync_ownership()
 
     def _follow_loop(self) -> None:
         while True:
@@ -129,16 +163,25 @@ class LoaderActor:
         position = 0
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._stopping or position <= self.state.demanded + self.read_ahead)
+                self._cond.wait_for(lambda: self._stopping or (position <= self.state.demanded + self.read_ahead
+                                                               and self._under_byte_bound()))
                 if self._stopping:
                     return
                 # read ahead of the furthest demand only: what lies behind it is read when asked for,
                 # so a far demand (a bad request, or a jump) never makes this loop read everything between
                 position = max(position, self.state.released_below, self.state.demanded + 1)
+                if self._at(position) is None:  # past all this actor owns (reclaimed, or idle): until a reshard
+                    self._cond.wait(FOLLOW_SECONDS)
+                    continue
                 skip = self.state.is_released(position) or position in self._buffer
             if not skip:
                 self._ensure(position)
             position += 1
+
+    def _under_byte_bound(self) -> bool:
+        """``loader.read_ahead_bytes``: read ahead only while what is buffered is below it (a row group
+        the Planner asks for is always read; only the reading ahead of its demand waits)."""
+        return not self.read_ahead_bytes or sum(b.nbytes for b in self._buffer.values()) < self.read_ahead_bytes
 
     def _ensure(self, position: int) -> RowGroupSamples:
         """The row group at ``position``: from the buffer, or read now. A released one (every row
@@ -180,8 +223,11 @@ class LoaderActor:
         return samples
 
     # -- requests ----------------------------------------------------------------------
-    def metadata(self, epoch: int, file: str, row_group: int) -> pa.Table:
-        """Every row's metadata of one row group (the Planner's view); moves the read-ahead on."""
+    def metadata(self, epoch: int, file: str, row_group: int, segments: list | None = None) -> pa.Table:
+        """Every row's metadata of one row group (the Planner's view); moves the read-ahead on.
+        ``segments``: the source's ownership after a live reshard (the Planner sends them along)."""
+        if segments:
+            self.reshard(segments)
         position = self.position(epoch, file, row_group)
         with self._cond:
             if position > self.state.demanded:
@@ -227,7 +273,8 @@ class LoaderActor:
     def status(self) -> dict:
         with self._cond:
             return {"source": self.partition.source.name, "actor": self.partition.actor,
-                    "row_groups_owned": len(self.partition.row_groups),
+                    "row_groups_owned": self._view.owned_per_epoch(),
+                    "segments": self._view.ownership.to_list(),
                     "buffered_row_groups": len(self._buffer),
                     "buffered_samples": int(sum(b.remaining.sum() for b in self._buffer.values())),
                     "buffered_bytes": int(sum(b.nbytes for b in self._buffer.values())),

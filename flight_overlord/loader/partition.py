@@ -108,16 +108,22 @@ class RowGroupSamples:
 
 
 class SourcePartition:
-    """The row groups actor ``actor`` of ``source.loaders`` owns; files are opened only here."""
+    """The row groups actor ``actor`` of ``source.loaders`` owns; files are opened only here.
+    ``provisioned``: actors of the source in all, idle ones included (``loader.scaling``); an actor
+    past ``source.loaders`` owns nothing until the Planner reshards onto it (``catalog`` is the
+    whole source's, for that)."""
 
-    def __init__(self, source: SourceConfig, actor: int, max_tokens: int, vision: VisionConfig = VisionConfig()):
-        if not 0 <= actor < source.loaders:
-            raise ConfigError(f"source {source.name!r}: actor {actor} out of range (loaders: {source.loaders})")
+    def __init__(self, source: SourceConfig, actor: int, max_tokens: int, vision: VisionConfig = VisionConfig(),
+                 provisioned: int = 0):
+        if not 0 <= actor < max(source.loaders, provisioned):
+            raise ConfigError(f"source {source.name!r}: actor {actor} out of range (loaders: {source.loaders}"
+                              + (f", provisioned: {provisioned})" if provisioned > source.loaders else ")"))
         self.source = source
         self.actor = actor
         self.max_tokens = max_tokens
         self.vision = vision
-        self.row_groups = owned_row_groups(read_catalog(source), actor, source.loaders)
+        self.catalog = read_catalog(source)
+        self.row_groups = owned_row_groups(self.catalog, actor, source.loaders) if actor < source.loaders else []
         self._paths = dict(zip(source.file_ids, source.files))
         self._open: dict[str, pq.ParquetFile] = {}
         self._tokenize = make_transform(source.transform.name, source.transform.options)

@@ -5,7 +5,8 @@ row groups, read state and journal, so adding a source costs its reader state an
 process. Tickets name the actor they are for (``source``, ``actor``; optional when the process
 hosts one actor). Three kinds of ``do_get`` ticket:
 - ``{"kind": "metadata", "source", "actor", "epoch": e, "file": f, "row_group": g}`` (from the
-  Planner): make sure that row group is buffered for epoch ``e`` and stream its samples' metadata.
+  Planner): make sure that row group is buffered for epoch ``e`` and stream its samples' metadata;
+  after a live reshard (``loader.scaling``) it carries the source's ``segments`` (core/scaling.py).
 - ``{"kind": "samples", "source", "actor", "step": s, "constructor": c, "samples": [[e, f, g,
   row, consumers], ...]}`` (from a Data Constructor): stream those samples, in order, and pop them.
 - ``{"kind": "buffer"}`` (inspection): the metadata of every buffered, not yet popped sample.
@@ -59,7 +60,7 @@ class LoaderServer(ActionServer):
         if kind == "metadata":
             return fl.RecordBatchStream(self._actor(request).metadata(
                 wire.field(request, "epoch", int, "metadata ticket"), wire.field(request, "file", str, "metadata ticket"),
-                wire.field(request, "row_group", int, "metadata ticket")))
+                wire.field(request, "row_group", int, "metadata ticket"), _checked_segments(request)))
         if kind == "samples":
             return fl.RecordBatchStream(self._actor(request).samples(
                 wire.field(request, "step", int, "samples ticket"),
@@ -87,6 +88,18 @@ class LoaderServer(ActionServer):
         super().shutdown()
         for actor in self.actors.values():
             actor.close()
+
+
+def _checked_segments(request: dict) -> list[list[int]] | None:
+    """A metadata ticket's optional ``segments`` (a live reshard): [[first position, actors], ...]."""
+    segments = request.get("segments")
+    if segments is None:
+        return None
+    if not (isinstance(segments, list) and segments and all(
+            isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                        for v in s) and s[1] >= 1 for s in segments)):
+        raise ValueError(f"malformed metadata ticket: segments {segments!r} is not [[first position, actors], ...]")
+    return segments
 
 
 def _checked_samples(request: dict) -> list[list]:
@@ -133,9 +146,11 @@ def start(argv=None) -> tuple[LoaderServer, str, str | None]:
     wanted = parse_actors(args.actors) if args.actors else [(args.source, args.actor)] if args.source else []
     if not wanted:
         parser.error("name the loader actors: --actors SOURCE:ACTOR,... or --source S [--actor A]")
-    actors = [LoaderActor(SourcePartition(cfg.source(source), index, cfg.global_batch.context_length, cfg.vision),
+    actors = [LoaderActor(SourcePartition(cfg.source(source), index, cfg.global_batch.context_length, cfg.vision,
+                                          cfg.provisioned_actors(cfg.source(source))),
                           seed=cfg.seed, read_ahead=cfg.loader.read_ahead_row_groups, run_dir=cfg.run_dir,
-                          checkpoint_every=cfg.checkpoint.every) for source, index in wanted]
+                          checkpoint_every=cfg.checkpoint.every, read_ahead_bytes=cfg.loader.read_ahead_bytes)
+              for source, index in wanted]
     security = Security.from_config(cfg)
     server = LoaderServer(actors, security, host=cfg.network.host, port=args.port)
     location = location_of(server, host)

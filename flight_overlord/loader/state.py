@@ -16,6 +16,7 @@ class LoaderState:
         self.partial: dict[tuple[int, int], set[int]] = {}  # (position, row) -> constructors that have it
         self.released_below = 0                  # every position below this was served whole
         self.released: set[int] = set()          # positions at or above released_below served whole
+        self.segments: list[list[int]] = []      # the source's ownership segments, when resharded (core/scaling)
 
     def apply(self, record: dict) -> list[int]:
         """Fold one journal record in; returns the positions whose popped rows changed."""
@@ -31,6 +32,10 @@ class LoaderState:
             return sorted(touched)
         if "release" in record:
             self.release(int(record["release"]))
+            return []
+        if "segments" in record:  # a live reshard: the longer list is the newer (segments only get appended)
+            if len(record["segments"]) > len(self.segments):
+                self.segments = [[int(f), int(a)] for f, a in record["segments"]]
             return []
         raise ValueError(f"unknown loader journal record {sorted(record)}")
 
@@ -63,7 +68,8 @@ class LoaderState:
         return {"demanded": self.demanded,
                 "popped": {str(p): sorted(rows) for p, rows in sorted(self.popped.items())},
                 "partial": [[p, r, sorted(c)] for (p, r), c in sorted(self.partial.items())],
-                "released_below": self.released_below, "released": sorted(self.released)}
+                "released_below": self.released_below, "released": sorted(self.released),
+                "segments": self.segments}
 
     def load_state_dict(self, state: dict) -> None:
         self.demanded = int(state["demanded"])
@@ -71,3 +77,4 @@ class LoaderState:
         self.partial = {(int(p), int(r)): set(c) for p, r, c in state["partial"]}
         self.released_below = int(state["released_below"])
         self.released = set(state["released"])
+        self.segments = [[int(f), int(a)] for f, a in state.get("segments", [])]

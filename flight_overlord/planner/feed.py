@@ -98,6 +98,12 @@ class SourceFeed:
             self._current = (where, rg, permutation, self.fetch_meta(self.epoch, rg))
         return self._current[1:]
 
+    def frontier(self) -> int:
+        """The first position of the read order (epoch * row groups + index in the epoch's order) whose
+        metadata this feed never asked for: everything before it was (the row group under the cursor
+        is asked for as soon as its first row is drawn)."""
+        return self.epoch * len(self.row_groups) + self.rg_index + (1 if self.row_index > 0 else 0)
+
     def summary(self) -> dict:
         """What is waiting: the deferred samples (first in line next step) and what was drawn so far."""
         return {"deferred": len(self._deferred), "deferred_tokens": sum(p.tokens for p in self._deferred),

@@ -23,6 +23,7 @@ from .feed import FetchMeta, SourceFeed
 from .hdp import hdp_groups
 from .program import StepPlan, plan_step
 from .registry import Registry
+from .scaling import SourceScaling
 from .strategy import Strategy
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class Planner:
         self._index: dict[int, int] = {}  # step -> journal offset of its record (steps since the last restore)
         self.rewound_at: int | None = None  # a resume on a new layout re-plans from this step
         self.journal_layout: dict | None = None  # the layout of the run restored from, if any
+        self.scaling = SourceScaling(cfg) if cfg.loader.scaling.enabled else None  # live resharding
 
     # -- set-up ------------------------------------------------------------------------
     def open(self, *, resume: bool) -> None:
@@ -61,6 +63,8 @@ class Planner:
                                          self._fetch_meta(s.name)) for s in self.cfg.sources}
         for name, feed_state in self._feed_states.items():
             self.feeds[name].load_state_dict(feed_state)
+        if self.scaling is not None:
+            self.scaling.start(self.registry)
 
     # -- planning ----------------------------------------------------------------------
     def feedback_ready(self, step: int) -> bool:
@@ -74,10 +78,14 @@ class Planner:
         if step % self.cfg.checkpoint.every == 0:
             self._snapshot()
         weights, feedback = weights_at(self.strategy.schedule, step, self.feedback)
-        plan = plan_step(step, self.feeds, self.mixer, self.strategy, self._checked_weights(step, weights), feedback)
+        weights = self._checked_weights(step, weights)
+        scaled = self.scaling.decide(step, weights, self.feeds) if self.scaling is not None else []
+        plan = plan_step(step, self.feeds, self.mixer, self.strategy, weights, feedback)
         plan.stats["skipped"] = sum(f.skipped for f in self.feeds.values())
         record = plan.to_record()
         record["state"] = self._planning_state()
+        if scaled:
+            record["scaling"] = scaled
         offset = self._journal.size()
         self._journal.append(record)
         self._index[step] = offset
@@ -124,7 +132,8 @@ class Planner:
     # -- state -------------------------------------------------------------------------
     def _planning_state(self) -> dict:
         feeds = {name: feed.state_dict() for name, feed in self.feeds.items()} if self.feeds else self._feed_states
-        return {"feeds": feeds, "mixer": self.mixer.state_dict()}
+        scaling = {"scaling": self.scaling.state_dict()} if self.scaling is not None else {}
+        return {"feeds": feeds, "mixer": self.mixer.state_dict(), **scaling}
 
     def state_dict(self) -> dict:
         lag = self.strategy.schedule.lag
@@ -135,6 +144,8 @@ class Planner:
     def load_state_dict(self, state: dict) -> None:
         self.next_step = int(state["next_step"])
         self.mixer.load_state_dict(state["mixer"])
+        if self.scaling is not None and "scaling" in state:
+            self.scaling.load_state_dict(state["scaling"])
         self._feed_states = dict(state["feeds"])
         for name, feed_state in self._feed_states.items():
             if name in self.feeds:
@@ -219,7 +230,7 @@ def constructor_view(plan: StepPlan, constructor: int, mesh: Mesh, registry: Reg
         ref = pick.ref
         if ref.key not in index:
             index[ref.key] = len(keys)
-            actor = registry.owner(ref.source, ref.file, ref.row_group)
+            actor = registry.owner(ref.source, ref.file, ref.row_group, ref.epoch)
             group = fetch.setdefault(actor, FetchGroup(*actor, registry.locations(actor), [], []))
             group.items.append(len(keys))
             group.samples.append([ref.epoch, ref.file, ref.row_group, ref.row, consumers[ref.key]])

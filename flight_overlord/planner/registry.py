@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..config import Config
 from ..core.order import RowGroupRef
+from ..core.scaling import Ownership
 
 
 class Registry:
@@ -13,12 +14,14 @@ class Registry:
         self.row_groups: dict[tuple[str, int], list[RowGroupRef]] = {}
         self.constructors: dict[int, str] = {}
         self._owner: dict[tuple[str, str, int], tuple[str, int]] = {}
+        self.ownership: dict[str, Ownership] = {}  # per source, once planning starts: who owns each position
 
     def register_loader(self, source: str, actor: int, replica: int, location: str, row_groups: list) -> None:
         """``replica`` 0 is the active loader actor, 1.. its shadows."""
         spec = self.cfg.source(source)
-        if not 0 <= actor < spec.loaders:
-            raise ValueError(f"register: actor {actor} out of range for source {source!r} ({spec.loaders} loaders)")
+        if not 0 <= actor < self.cfg.provisioned_actors(spec):
+            raise ValueError(f"register: actor {actor} out of range for source {source!r} "
+                             f"({self.cfg.provisioned_actors(spec)} loaders)")
         if not 0 <= replica <= self.cfg.loader.shadows:
             raise ValueError(f"register: replica {replica} out of range (loader.shadows: {self.cfg.loader.shadows})")
         refs = [RowGroupRef(str(f), int(g), int(n)) for f, g, n in row_groups]
@@ -36,7 +39,7 @@ class Registry:
         self.constructors[index] = location
 
     def complete(self) -> bool:
-        actors = sum(s.loaders for s in self.cfg.sources)
+        actors = sum(self.cfg.provisioned_actors(s) for s in self.cfg.sources)
         replicas = 1 + self.cfg.loader.shadows
         return (sum(len(r) for r in self.loaders.values()) == actors * replicas
                 and len(self.constructors) == self.num_constructors)
@@ -44,7 +47,11 @@ class Registry:
     def source_row_groups(self, source: str) -> list[RowGroupRef]:
         return sorted(rg for (src, _), refs in self.row_groups.items() if src == source for rg in refs)
 
-    def owner(self, source: str, file: str, row_group: int) -> tuple[str, int]:
+    def owner(self, source: str, file: str, row_group: int, epoch: int = 0) -> tuple[str, int]:
+        """The actor owning a row group in ``epoch``: the static split, or, once the Planner has set the
+        sources' ``ownership`` (live resharding), the segment covering its position."""
+        if source in self.ownership:
+            return source, self.ownership[source].owner(epoch, file, row_group)
         return self._owner[(source, file, row_group)]
 
     def locations(self, actor: tuple[str, int]) -> list[str]:

@@ -1,0 +1,251 @@
+"""Mixture-driven scaling of a source's loader actors (the paper's section 5.2), without I/O.
+
+Two pure pieces, both plain numbers to save and restore:
+
+- ``Scaler`` decides when. Each step's mixture weights are averaged per source over intervals of
+  ``interval`` steps; a source's *load* is that average weight per active actor. A load above
+  ``up_threshold`` for ``consecutive`` intervals in a row adds one actor (up to ``max_actors``), a
+  load below ``down_threshold`` for as many removes one (down to the configured ``loaders``).
+  ``down_threshold <= up_threshold / 2`` (checked by the config) means a decision never undoes
+  itself at the next interval: one more actor at most halves the load.
+- ``Ownership`` says who owns what. Position ``g`` of a source's global read order is row group
+  ``g % R`` of epoch ``g // R``'s seeded order (R row groups). Ownership is a list of segments
+  ``[first position, actors]``: from ``first`` on, the row group of catalog index ``i`` belongs to
+  actor ``i % actors``. A reshard appends a segment whose first position lies past everything any
+  current owner may have read ahead (``boundary``), so nothing buffered changes hands: no row group
+  is read by two actors, none is skipped, and the read order, a function of the seed alone, is the
+  same for any number of actors. ``ActorView`` numbers the positions one actor owns 0, 1, 2, ...
+  (its local positions, what its journal counts); with one segment this is the actor's old order.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from .order import RowGroupRef, epoch_order
+
+
+@dataclass(frozen=True)
+class ScaleEvent:
+    step: int         # the step boundary: plans from this step on see the new ownership
+    source: str
+    actors: int       # active actors from the boundary on
+    previous: int
+    load: float       # the interval's mean weight per actor that triggered it
+    boundary: int = -1  # first position of the source's read order owned the new way
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "source": self.source, "actors": self.actors, "previous": self.previous,
+                "load": round(self.load, 6), "boundary": self.boundary}
+
+
+class Scaler:
+    def __init__(self, minimum: dict[str, int], *, interval: int, up_threshold: float, down_threshold: float,
+                 consecutive: int, max_actors: int):
+        if interval < 1 or consecutive < 1:
+            raise ValueError("scaling: interval and consecutive must be >= 1")
+        if not 0 <= down_threshold <= up_threshold / 2:
+            raise ValueError(f"scaling: need 0 <= down_threshold <= up_threshold / 2 (got {down_threshold}, "
+                             f"{up_threshold}), or one scale-up could trigger a scale-down")
+        self.minimum = dict(minimum)
+        self.interval, self.up, self.down = interval, up_threshold, down_threshold
+        self.consecutive, self.max_actors = consecutive, max_actors
+        self.actors = dict(minimum)
+        self._sums = {s: 0.0 for s in minimum}
+        self._steps = 0  # steps folded into the current interval
+        self._above = {s: 0 for s in minimum}  # consecutive intervals over up_threshold
+        self._below = {s: 0 for s in minimum}
+
+    def observe(self, step: int, weights: dict[str, float]) -> list[ScaleEvent]:
+        """Fold in step ``step``'s weights (any scale; normalized here); at the end of an interval,
+        the scaling decisions that take effect at this step, in source order."""
+        total = sum(weights.values())
+        for source in self._sums:
+            self._sums[source] += weights.get(source, 0.0) / total if total > 0 else 0.0
+        self._steps += 1
+        if self._steps < self.interval:
+            return []
+        events = []
+        for source in self._sums:
+            load = self._sums[source] / self._steps / self.actors[source]
+            self._above[source] = self._above[source] + 1 if load > self.up else 0
+            self._below[source] = self._below[source] + 1 if load < self.down else 0
+            n = self.actors[source]
+            if self._above[source] >= self.consecutive and n < max(self.max_actors, self.minimum[source]):
+                self.actors[source] = n + 1
+            elif self._below[source] >= self.consecutive and n > self.minimum[source]:
+                self.actors[source] = n - 1
+            if self.actors[source] != n:
+                self._above[source] = self._below[source] = 0
+                events.append(ScaleEvent(step, source, self.actors[source], n, load))
+            self._sums[source] = 0.0
+        self._steps = 0
+        return events
+
+    def state_dict(self) -> dict:
+        return {"actors": dict(self.actors), "sums": dict(self._sums), "steps": self._steps,
+                "above": dict(self._above), "below": dict(self._below)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.actors = {s: int(state["actors"].get(s, n)) for s, n in self.minimum.items()}
+        self._sums = {s: float(state["sums"].get(s, 0.0)) for s in self.minimum}
+        self._steps = int(state["steps"])
+        self._above = {s: int(state["above"].get(s, 0)) for s in self.minimum}
+        self._below = {s: int(state["below"].get(s, 0)) for s in self.minimum}
+
+
+class Ownership:
+    """Which actor of a source owns each position of its read order (see the module doc)."""
+
+    def __init__(self, catalog: list[RowGroupRef], *, seed: int, source: str, segments: list):
+        if not catalog:
+            raise ValueError(f"source {source!r}: ownership of an empty catalog")
+        self.catalog = sorted(catalog)
+        self.seed, self.source = seed, source
+        self.index = {(rg.file, rg.row_group): i for i, rg in enumerate(self.catalog)}
+        self.segments: list[tuple[int, int]] = []
+        for first, actors in segments:
+            self.extend(int(first), int(actors))
+        self._orders: dict[int, tuple[list[RowGroupRef], dict[tuple[str, int], int]]] = {}
+
+    @property
+    def rows(self) -> int:
+        return len(self.catalog)
+
+    def extend(self, first: int, actors: int) -> None:
+        if actors < 1 or (self.segments and first <= self.segments[-1][0]) or (not self.segments and first != 0):
+            raise ValueError(f"source {self.source!r}: segment [{first}, {actors}] does not extend {self.segments}")
+        self.segments.append((first, actors))
+
+    def _order(self, epoch: int):
+        entry = self._orders.get(epoch)
+        if entry is None:  # (several threads may ask: the entry is returned, never re-read)
+            order = epoch_order(self.catalog, seed=self.seed, source=self.source, epoch=epoch)
+            entry = self._orders[epoch] = (order, {(rg.file, rg.row_group): i for i, rg in enumerate(order)})
+            while len(self._orders) > 4:  # a few epochs at a time are ever in use
+                try:
+                    self._orders.pop(next(iter(self._orders)), None)
+                except (RuntimeError, StopIteration):  # another thread changed it meanwhile
+                    break
+        return entry
+
+    def position(self, epoch: int, file: str, row_group: int) -> int:
+        index = self._order(epoch)[1].get((file, row_group))
+        if index is None:
+            raise KeyError(f"row group {file}:{row_group} is not in source {self.source!r}")
+        return epoch * self.rows + index
+
+    def row_group(self, position: int) -> RowGroupRef:
+        epoch, index = divmod(position, self.rows)
+        return self._order(epoch)[0][index]
+
+    def actors_at(self, position: int) -> int:
+        if position >= self.segments[-1][0]:
+            return self.segments[-1][1]
+        return self.segments[bisect.bisect_right([f for f, _ in self.segments], position) - 1][1]
+
+    def owner_at(self, position: int) -> int:
+        rg = self.row_group(position)
+        return self.index[(rg.file, rg.row_group)] % self.actors_at(position)
+
+    def owner(self, epoch: int, file: str, row_group: int) -> int:
+        return self.owner_at(self.position(epoch, file, row_group))
+
+    def boundary(self, cursor: int, read_ahead: int) -> int:
+        """The first position a new segment may start at, when the Planner's feed has asked metadata
+        for every position below ``cursor`` and for none at or past it. An actor reads ahead at most
+        ``read_ahead`` of its own positions past its last demand, so past the first ``read_ahead``
+        positions every owner has at or after ``cursor`` (segments not reached yet included), nothing
+        has been read: ownership may change there."""
+        last_first = self.segments[-1][0]
+        limit = max(cursor, last_first) + self.rows * read_ahead
+        active = min(self.segments[-1][1], self.rows)
+        counts: dict[int, int] = {}
+        end = cursor
+        position = cursor
+        while position < limit:
+            if position >= last_first and all(counts.get(a, 0) >= read_ahead for a in range(active)):
+                break
+            owner = self.owner_at(position)
+            if counts.get(owner, 0) < read_ahead:
+                counts[owner] = counts.get(owner, 0) + 1
+                end = position + 1
+            position += 1
+        return max(end, last_first + 1)
+
+    def view(self, actor: int) -> "ActorView":
+        return ActorView(self, actor)
+
+    def to_list(self) -> list[list[int]]:
+        return [[f, a] for f, a in self.segments]
+
+
+class ActorView:
+    """The positions one actor owns, numbered 0, 1, 2, ... in read order (its local positions)."""
+
+    def __init__(self, ownership: Ownership, actor: int):
+        self.ownership, self.actor = ownership, actor
+        self._owned: dict[int, list[int]] = {}  # epoch -> indices in that epoch's order owned by the actor
+        self._prefix = [0]  # local positions before each epoch, epochs up to the last segment's
+
+    def _owned_in(self, epoch: int) -> list[int]:
+        owned = self._owned.get(epoch)
+        if owned is None:
+            o, base = self.ownership, epoch * self.ownership.rows
+            owned = self._owned[epoch] = [i for i in range(o.rows) if o.owner_at(base + i) == self.actor]
+            while len(self._owned) > 4:
+                try:
+                    self._owned.pop(next(iter(self._owned)), None)
+                except (RuntimeError, StopIteration):
+                    break
+        return owned
+
+    @property
+    def _last_epoch(self) -> int:
+        """Epochs after this one lie inside the last segment: the same count each."""
+        return self.ownership.segments[-1][0] // self.ownership.rows
+
+    def _before(self, epoch: int) -> int:
+        last = self._last_epoch
+        while len(self._prefix) <= min(epoch, last + 1):
+            e = len(self._prefix) - 1
+            self._prefix.append(self._prefix[-1] + len(self._owned_in(e)))
+        if epoch <= last + 1:
+            return self._prefix[epoch]
+        return self._prefix[last + 1] + (epoch - last - 1) * self._steady
+
+    def owned_per_epoch(self) -> int:
+        """Row groups of an epoch this actor owns under the last segment (0: idle or reclaimed)."""
+        actors = self.ownership.segments[-1][1]
+        return len(range(self.actor, self.ownership.rows, actors)) if self.actor < actors else 0
+
+    @property
+    def _steady(self) -> int:
+        return self.owned_per_epoch()
+
+    def local(self, position: int) -> int | None:
+        """The local position of global ``position``; None when this actor does not own it."""
+        epoch, index = divmod(position, self.ownership.rows)
+        owned = self._owned_in(epoch)
+        i = bisect.bisect_left(owned, index)
+        if i == len(owned) or owned[i] != index:
+            return None
+        return self._before(epoch) + i
+
+    def position(self, local: int) -> int | None:
+        """The global position of local position ``local``; None past the end (no longer owning)."""
+        last = self._last_epoch
+        if local >= self._before(last + 1):
+            if not self._steady:
+                return None
+            epoch = last + 1 + (local - self._before(last + 1)) // self._steady
+        else:
+            epoch = bisect.bisect_right(self._prefix, local) - 1
+            while self._prefix[epoch + 1] <= local:  # epochs that own nothing
+                epoch += 1
+        return epoch * self.ownership.rows + self._owned_in(epoch)[local - self._before(epoch)]
+
+    def first_local_at(self, position: int) -> int:
+        """How many positions below global ``position`` this actor owns."""
+        epoch, index = divmod(position, self.ownership.rows)
+        return self._before(epoch) + bisect.bisect_left(self._owned_in(epoch), index)
