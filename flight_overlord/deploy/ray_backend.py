@@ -5,23 +5,74 @@ address and rebuilds from the run's journals (the Planner with ``--recover``).
     overlord up --backend ray CONFIG [--address auto|HOST:PORT]
 
 Without ``--address`` a local Ray is started with this machine's CPUs (usage reporting off, no
-dashboard); with one, the roles join that cluster. Every actor asks for a fraction of a CPU, so many
-fit on a node; loader actors are spread over the nodes. The config file, the data (local paths on a
-shared file system, or URIs) and the ``run_dir`` must be reachable from every node.
+dashboard); with one, the roles join that cluster. Placement (:func:`actor_options`, from the config's
+``ray`` section): every actor asks for ``ray.cpus`` (a fraction of a CPU, so many fit on a node);
+loader actors also ask for ``ray.loader_resources`` (say a custom resource only CPU nodes offer) and
+are spread over the nodes that have them; with ``ray.trainer_nodes`` (a node IP or a custom resource
+per trainer rank) each constructor asks for the node of most of the ranks it serves; the Planner runs
+anywhere. The config file, the data (local paths on a shared file system, or URIs) and the
+``run_dir`` must be reachable from every node.
 """
 from __future__ import annotations
 
 import importlib
 import os
+import ipaddress
 import signal
 import socket
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
+from ..config import Config, ConfigError
 from ..wire.security import SECRET_ENV, secret_path, write_secret
 from .launch import LocalCluster, loader_hosts
 
-ROLE_CPUS = 0.1  # per actor: the roles are I/O and numpy bound, and many share a node
+NODE_SHARE = 0.001  # of a node's resource (node:IP or a custom one): pins an actor there without using it up
+
+
+def node_resource(node: str) -> str:
+    """The Ray resource that pins an actor to a trainer node: ``node:IP`` (every Ray node has its own) for
+    an IP address, else the custom resource of that name (``ray start --resources '{"NAME": 1}'``)."""
+    try:
+        return f"node:{ipaddress.ip_address(node)}"
+    except ValueError:
+        return node
+
+
+def constructor_node(cfg: Config, index: int) -> str | None:
+    """The trainer node constructor ``index`` belongs on: where most of the ranks it serves are (ties: the
+    node of its lowest rank); None when the config names no trainer nodes."""
+    nodes = cfg.ray.trainer_nodes
+    if not nodes:
+        return None
+    mesh = cfg.trainer_mesh
+    dps = set(mesh.dp_ranks_of(index))
+    return Counter(nodes[r] for r in range(mesh.world_size) if mesh.coord(r).dp in dps).most_common(1)[0][0]
+
+
+def actor_options(cfg: Config, role: str, index: int | None = None) -> dict:
+    """Ray ``.options()`` placing one role's actor (pure: the config in, the options out)."""
+    options: dict = {"num_cpus": cfg.ray.cpus}
+    if role == "loader":
+        options["scheduling_strategy"] = "SPREAD"
+        if cfg.ray.loader_resources:
+            options["resources"] = dict(cfg.ray.loader_resources)
+    elif role == "constructor" and (node := constructor_node(cfg, index)) is not None:
+        options["resources"] = {node_resource(node): NODE_SHARE}
+    return options
+
+
+def check_resources(cfg: Config, available: dict[str, float]) -> None:
+    """Every resource the placement asks for is offered by some Ray node (else an actor would wait
+    forever): a ConfigError names the key and the resource."""
+    wanted = [(f"ray.loader_resources.{name}", name) for name in cfg.ray.loader_resources]
+    wanted += [(f"ray.trainer_nodes[{rank}]", node_resource(node)) for rank, node in enumerate(cfg.ray.trainer_nodes)]
+    for key, resource in wanted:
+        if resource not in available:
+            offered = sorted(r for r in available if not r.startswith(("node:__internal", "object_store")))
+            raise ConfigError(f"{key}: no node of this Ray cluster offers resource {resource!r} "
+                              f"(offered: {', '.join(offered)})")
 
 
 class _Role:
@@ -45,6 +96,7 @@ class RayChild:
     actor: object
     location: str
     pid: int
+    placement: dict = field(default_factory=dict)  # the placement options it was started with
     restarts: list[float] = field(default_factory=list)
 
 
@@ -68,33 +120,33 @@ class RayCluster(LocalCluster):
                      **local)
             self._started_ray = True
         try:
+            check_resources(self.cfg, ray.cluster_resources())
             config = ["--config", str(self.config_path)]
             planner = self._actor("planner", "planner", [*config, "--port", str(_free_port()),
                                                           *(["--resume"] if self.mode == "resume" else [])])
             self.planner = planner.location
-            roles = [(name + (f"-shadow{r}" if r else ""), "loader",
+            roles = [(name + (f"-shadow{r}" if r else ""), "loader", None,
                       [*config, "--actors", ",".join(f"{s}:{a}" for s, a in actors), "--replica", str(r)])
                      for name, actors in loader_hosts(self.cfg) for r in range(1 + self.cfg.loader.shadows)]
-            roles += [(f"constructor-{c}", "constructor", [*config, "--index", str(c)])
+            roles += [(f"constructor-{c}", "constructor", c, [*config, "--index", str(c)])
                       for c in range(self.cfg.num_constructors)]
-            for name, role, argv in roles:
-                self._actor(name, role, [*argv, "--planner", self.planner, "--port", str(_free_port())])
+            for name, role, index, argv in roles:
+                self._actor(name, role, [*argv, "--planner", self.planner, "--port", str(_free_port())], index)
             self._await_planner_ready()
         except BaseException:
             self.stop()
             raise
         return self.planner
 
-    def _actor(self, name: str, role: str, argv: list[str]) -> RayChild:
+    def _actor(self, name: str, role: str, argv: list[str], index: int | None = None) -> RayChild:
         import ray
-        options = {"num_cpus": ROLE_CPUS, "max_restarts": -1, "max_task_retries": -1, "name": f"overlord-{name}",
+        placement = actor_options(self.cfg, role, index)
+        options = {**placement, "max_restarts": -1, "max_task_retries": -1, "name": f"overlord-{name}",
                    "lifetime": None}
-        if role == "loader":
-            options["scheduling_strategy"] = "SPREAD"
         cls = ray.remote(type(role, (_Role,), {}))
         actor = cls.options(**options).remote(role, argv, {SECRET_ENV: self.secret})
         location, pid = ray.get(actor.where.remote(), timeout=self.startup_timeout)
-        child = RayChild(name, actor, location, pid)
+        child = RayChild(name, actor, location, pid, placement)
         self.children.append(child)
         return child
 

@@ -1,19 +1,39 @@
 """The Ray backend: the same roles as Ray actors on a local Ray (bounded, loopback, usage reporting
 off). A stock Flight client audits the run, the streams equal the local backend's, and a kill -9 of
-an actor's process (Ray restarts it on the same address) changes no rank's stream."""
+an actor's process (Ray restarts it on the same address) changes no rank's stream. Placement: custom
+resources of the one local node stand in for a CPU node and a trainer node."""
 from __future__ import annotations
 
+import os
 
 import pyarrow.flight as fl
 import pytest
 
 from flight_overlord.client import StepFetcher
-from flight_overlord.config import load_config
-from flight_overlord.deploy.ray_backend import RayCluster
+from flight_overlord.config import ConfigError, load_config
+from flight_overlord.deploy.ray_backend import NODE_SHARE, RayCluster, actor_options
 
 from ..helpers import delivered_keys, fetch_run, journal, write_config
 
 STEPS = 12
+
+
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray for the module, whose node also offers the custom resources the configs ask for."""
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, resources={"cpu-node": 1, "trainer-node-b": 1}, include_dashboard=False,
+             log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1")
+    yield ray
+    ray.shutdown()
+
+
+def _node_ip(ray) -> str:
+    """The local node's IP, as Ray names it in its ``node:IP`` resource."""
+    return next(k[5:] for k in ray.cluster_resources() if k.startswith("node:") and not k.startswith("node:__"))
 
 
 def _keys_per_step(tables) -> list[list[list[str]]]:
@@ -26,12 +46,24 @@ def local_reference(corpus, tmp_path_factory):
     return {r: _keys_per_step(tables) for r, tables in fetch_run(path, STEPS).items()}
 
 
-def test_ray_backend_serves_the_local_streams_and_survives_kill_9(local_reference, corpus, tmp_path):
-    path = write_config(tmp_path, corpus, loaders={"captions": 2})
+def test_ray_backend_serves_the_local_streams_and_survives_kill_9(local_ray, local_reference, corpus, tmp_path):
+    ip = _node_ip(local_ray)  # rank 0 names its node by IP, rank 1 by a custom resource
+    path = write_config(tmp_path, corpus, loaders={"captions": 2}, ray={
+        "cpus": 0.05, "loader_resources": {"cpu-node": 0.01}, "trainer_nodes": [ip, "trainer-node-b"]})
     ranks = load_config(path).mesh.world_size
     cluster = RayCluster(path)
     cluster.start()
     try:
+        placement = {c.name: c.placement for c in cluster.children}
+        assert placement["constructor-0"]["resources"] == {f"node:{ip}": NODE_SHARE}  # rank 0's node IP
+        assert placement["constructor-1"]["resources"] == {"trainer-node-b": NODE_SHARE}  # rank 1's resource
+        loaders = [p for name, p in placement.items() if name.startswith("loader-")]
+        assert len(loaders) == 7 and all(p["resources"] == {"cpu-node": 0.01} and p["scheduling_strategy"] == "SPREAD"
+                                         and p["num_cpus"] == 0.05 for p in loaders)
+        assert "resources" not in placement["planner"]  # anywhere
+        free = local_ray.available_resources()  # the running actors hold what they asked for
+        assert free["trainer-node-b"] == pytest.approx(1 - NODE_SHARE)
+        assert free["cpu-node"] == pytest.approx(1 - 7 * 0.01)
         # a stock Flight client follows the Planner's endpoint to the constructor actor
         stock = fl.connect(cluster.planner)
         info = stock.get_flight_info(fl.FlightDescriptor.for_path("batch", "0", "0"))
@@ -56,3 +88,25 @@ def test_ray_backend_serves_the_local_streams_and_survives_kill_9(local_referenc
     planned = [k for record in journal(path)[:STEPS] for b in record["bins"] for k in b]
     delivered = [k for r in run for k in delivered_keys(run[r])]
     assert sorted(delivered) == sorted(planned) and len(set(delivered)) == len(delivered)
+
+
+def test_placement_follows_the_trainer_nodes(corpus, tmp_path):
+    """Pure: which node each constructor asks for, on a mesh whose constructors serve several ranks."""
+    nodes = ["10.0.0.1"] * 4 + ["10.0.0.2"] * 3 + ["gpu-c"] + ["gpu-d"] * 8  # 16 ranks: tp2 x dp8
+    cfg = load_config(write_config(tmp_path, corpus, mesh={"dp": 8, "tp": 2}, constructor={"dp_per_constructor": 2},
+                                   ray={"trainer_nodes": nodes}))
+    chosen = [actor_options(cfg, "constructor", c)["resources"] for c in range(cfg.num_constructors)]
+    assert chosen == [{"node:10.0.0.1": NODE_SHARE}, {"node:10.0.0.2": NODE_SHARE},  # 10.0.0.2 holds 3 of 4 ranks
+                      {"gpu-d": NODE_SHARE}, {"gpu-d": NODE_SHARE}]
+    assert actor_options(cfg, "loader") == {"num_cpus": 0.1, "scheduling_strategy": "SPREAD"}
+    with pytest.raises(ConfigError, match="ray.trainer_nodes: 2 entries, but the mesh has 16 trainer ranks"):
+        load_config(write_config(tmp_path, corpus, mesh={"dp": 8, "tp": 2}, ray={"trainer_nodes": ["a", "b"]}))
+    with pytest.raises(ConfigError, match="ray.cpus: must be > 0"):
+        load_config(write_config(tmp_path, corpus, ray={"cpus": 0}))
+
+
+def test_a_resource_no_node_offers_is_a_clear_error(local_ray, corpus, tmp_path):
+    path = write_config(tmp_path, corpus, ray={"trainer_nodes": [_node_ip(local_ray), "no-such-node"]})
+    with pytest.raises(ConfigError, match=r"ray.trainer_nodes\[1\]: no node of this Ray cluster offers resource "
+                                          r"'no-such-node' \(offered: .*trainer-node-b"):
+        RayCluster(path).start()

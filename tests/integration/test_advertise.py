@@ -1,0 +1,70 @@
+"""Bind address vs advertised address (multi-node ``overlord serve``), on loopback: roles bind to
+127.0.0.1 (or every interface) and register, and put in tickets, the name they are reached at."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pyarrow.flight as fl
+
+from flight_overlord import wire
+from flight_overlord.deploy.launch import LocalCluster
+from flight_overlord.wire.security import SECRET_ENV
+from flight_overlord.wire.server import connect
+
+from ..helpers import assert_every_planned_sample_once, write_config
+
+
+def test_roles_register_and_ticket_the_advertised_name(corpus, tmp_path):
+    path = write_config(tmp_path, corpus, network={"host": "127.0.0.1", "advertise": "localhost"},
+                        sources=[{"name": "qa", "paths": "qa/*.parquet", "weight": 1.0, "loaders": 2}])
+    with LocalCluster(path) as cluster:
+        assert cluster.planner.startswith("grpc://localhost:")
+        client = connect(cluster.planner, cluster.credentials)
+        status = wire.call(client, "status")
+        client.close()
+        locations = [loc for *_, loc, _ in status["loaders"]] + list(status["constructors"].values())
+        assert len(locations) == 2 + 2 and all(loc.startswith("grpc://localhost:") for loc in locations), locations
+        stock = fl.connect(cluster.planner)  # a stock client follows the advertised name
+        info = stock.get_flight_info(fl.FlightDescriptor.for_path("batch", "0", "0"))
+        assert info.endpoints[0].locations[0].uri.decode().startswith("grpc://localhost:")
+        stock.close()
+        assert_every_planned_sample_once(cluster.planner, path, steps=3)
+
+
+def _serve_planner(config, *flags, timeout=60):
+    ready = config.parent / f"ready-{len(flags)}"
+    process = subprocess.Popen([sys.executable, "-m", "flight_overlord.deploy.cli", "serve", "planner", "--config",
+                                str(config), "--ready-file", str(ready), *flags],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, SECRET_ENV: "advertise-test-secret-0123456789"})
+    deadline = time.monotonic() + timeout
+    while not ready.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return process, ready
+
+
+def test_a_wildcard_bind_needs_an_advertised_address(corpus, tmp_path):
+    config = write_config(tmp_path, corpus, network={"host": "0.0.0.0"})
+    process, _ = _serve_planner(config)
+    output = process.communicate(timeout=30)[0]
+    assert process.returncode != 0 and "network.host '0.0.0.0' binds every interface" in output
+    assert "--advertise HOST" in output and "Traceback" not in output
+
+    process, _ = _serve_planner(config, "--advertise", "grpc://127.0.0.1:9000")
+    output = process.communicate(timeout=30)[0]
+    assert process.returncode != 0 and "--advertise: 'grpc://127.0.0.1:9000' is not a host name" in output
+
+    process, ready = _serve_planner(config, "--advertise", "127.0.0.1")  # bound to every interface
+    try:
+        assert ready.exists(), process.communicate(timeout=5)[0] if process.poll() is not None else "not ready"
+        location = ready.read_text()
+        assert location.startswith("grpc://127.0.0.1:")
+        client = fl.connect(location)
+        assert {a.type for a in client.list_actions()} >= {"status", "register"}
+        client.close()
+    finally:
+        process.terminate()
+        process.communicate(timeout=30)
