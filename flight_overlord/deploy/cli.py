@@ -45,6 +45,14 @@ def _up(args) -> None:
         cluster.stop()
 
 
+def _partition(args) -> None:
+    from ..config import load_config
+    from ..loader.profile import partition
+    cfg = load_config(args.config)
+    _, table = partition(cfg, cpus=args.cpus, memory_gib=args.memory, reprofile=args.reprofile)
+    print(table, flush=True)
+
+
 def _make_demo_data(args) -> None:
     from ..demo.data import make_demo_data, make_many_sources
     out = Path(args.dir) if args.dir else DEFAULT_DATA_DIR
@@ -150,6 +158,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("role", choices=ROLES)
     p.add_argument("flags", nargs=argparse.REMAINDER, help="the role's flags: overlord serve ROLE --help")
     p.set_defaults(func=_serve)
+    p = sub.add_parser("partition", help="profile every source, journal the profile in run_dir/partition/ and "
+                       "plan the loader actors per source and their hosts within a CPU and memory budget")
+    p.add_argument("config")
+    p.add_argument("--cpus", type=float, help="CPUs for the loader hosts (default: loader.budget.cpus, else this "
+                   "machine's)")
+    p.add_argument("--memory", type=float, metavar="GiB", help="memory for the loader hosts (default: "
+                   "loader.budget.memory_gib, else half this machine's RAM)")
+    p.add_argument("--reprofile", action="store_true", help="measure again even if run_dir holds a valid profile")
+    p.set_defaults(func=_partition)
     p = sub.add_parser("make-demo-data", help="write the demo corpus as Parquet")
     p.add_argument("dir", nargs="?", help=f"default: ./{DEFAULT_DATA_DIR}, where `overlord demo` reads")
     p.add_argument("--seed", type=int, default=0)

@@ -1,0 +1,113 @@
+"""`overlord partition` and `loader.partition: auto` on the real demo corpus: the profile is journaled
+and reused, the plan applied by every role; a cluster run with it delivers the same streams as the
+config as written, every planned sample once. And `loader.read_ahead_bytes` bounds the read-ahead."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from flight_overlord.config import ConfigError, load_config
+from flight_overlord.core.partition_plan import GiB
+from flight_overlord.deploy.cli import main
+from flight_overlord.deploy.launch import loader_hosts
+from flight_overlord.loader.actor import LoaderActor
+from flight_overlord.loader.partition import SourcePartition
+
+from ..helpers import delivered_keys, fetch_run, journal, write_config
+
+AUTO = {"partition": "auto", "budget": {"cpus": 2, "memory_gib": 2}}
+
+
+def test_overlord_partition_journals_the_profile_and_plans(corpus, tmp_path, capsys):
+    path = write_config(tmp_path, corpus, loader=AUTO)
+    main(["partition", str(path)])
+    out = capsys.readouterr().out
+    assert "partition plan:" in out and "measured now" in out
+    assert all(name in out for name in ("captions", "longdocs", "code", "docstrings", "manuals", "qa"))
+    run_dir = load_config(path).run_dir
+    profile = json.loads((run_dir / "partition" / "profile.json").read_text())
+    assert [p["name"] for p in profile["sources"]] == [s.name for s in load_config(path).sources]
+    assert all(p["seconds_per_sample"] > 0 and p["row_group_bytes"] > 0 for p in profile["sources"])
+    cfg = load_config(path)  # loads with the plan applied
+    plan = json.loads((run_dir / "partition" / "plan.json").read_text())
+    assert {s.name: s.loaders for s in cfg.sources} == {s["name"]: s["actors"] for s in plan["sources"]}
+    assert [a for _, actors in loader_hosts(cfg) for a in actors] == [tuple(a) for h in plan["hosts"] for a in h]
+    assert len(plan["hosts"]) <= 2 and sum(plan["host_bytes"]) <= 2 * GiB
+    main(["partition", str(path), "--cpus", "1"])  # the command line's budget wins; the profile is reused
+    out = capsys.readouterr().out
+    assert "reused" in out and "budget 1 CPUs" in out and len(load_config(path).loader.groups) == 1
+
+
+@pytest.mark.parametrize("flags,message", [(["--cpus", "0"], "cpus must be a positive number"),
+                                           (["--memory", "-1"], "memory (GiB) must be a positive number"),
+                                           (["--memory", "0.01"], "leaves nothing for their actors")])
+def test_bad_budgets_are_clear_errors(corpus, tmp_path, flags, message):
+    path = write_config(tmp_path, corpus, loader=AUTO)
+    with pytest.raises(SystemExit, match=message.replace("(", r"\(").replace(")", r"\)")):
+        main(["partition", str(path), *flags])
+
+
+def test_budget_keys_are_validated(corpus, tmp_path):
+    for loader, message in (({"partition": "sometimes"}, "loader.partition"),
+                            ({"budget": {"cpus": -1}}, "loader.budget.cpus"),
+                            ({"budget": {"memory": 3}}, "loader.budget.memory"),
+                            ({"read_ahead_bytes": -5}, "loader.read_ahead_bytes")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(write_config(tmp_path / message.replace(".", "-"), corpus, loader=loader))
+
+
+def test_auto_partition_end_to_end_same_streams_every_sample_once(corpus, tmp_path):
+    """A journaled profile in which longdocs' file states do not fit one host: the cluster starts
+    with longdocs split in two actors on two hosts, and every rank's stream equals the run of the
+    config as written (one actor per source, one process each)."""
+    auto = write_config(tmp_path / "auto", corpus, loader=AUTO)
+    main(["partition", str(auto)])
+    profile_path = load_config(auto).run_dir / "partition" / "profile.json"
+    profile = json.loads(profile_path.read_text())
+    for p in profile["sources"]:
+        if p["name"] == "longdocs":
+            p["reader_bytes"] = 1.5 * GiB  # as if it had thousands of files
+    profile_path.write_text(json.dumps(profile))
+    (load_config(auto).run_dir / "partition" / "plan.json").unlink()
+    steps = 8
+    got = fetch_run(auto, steps)  # LocalCluster plans at start-up, reusing the journaled profile
+    cfg = load_config(auto)
+    assert cfg.source("longdocs").loaders == 2 and len(cfg.loader.groups) == 2
+    hosts_of = {h for h, group in enumerate(cfg.loader.groups) for s, _ in group if s == "longdocs"}
+    assert len(hosts_of) == 2
+    assert "memory:" in " ".join(r for s in json.loads((cfg.run_dir / "partition" / "plan.json").read_text())["sources"]
+                                 for r in s["reasons"])
+    planned = [k for record in journal(auto)[:steps] for b in record["bins"] for k in b]
+    delivered = [k for tables in got.values() for k in delivered_keys(tables)]
+    assert sorted(delivered) == sorted(planned) and len(set(delivered)) == len(delivered)
+    reference = fetch_run(write_config(tmp_path / "manual", corpus), steps)
+    assert {r: [delivered_keys([t]) for t in tables] for r, tables in got.items()} == \
+        {r: [delivered_keys([t]) for t in tables] for r, tables in reference.items()}
+
+
+def _buffered_after(cfg, run_dir: Path, **bound) -> LoaderActor:
+    actor = LoaderActor(SourcePartition(cfg.source("longdocs"), 0, cfg.global_batch.context_length, cfg.vision),
+                        seed=cfg.seed, read_ahead=4, run_dir=run_dir, **bound)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(actor._buffer) < (1 if bound else 4):
+        time.sleep(0.05)
+    time.sleep(0.3)  # it would have read more by now
+    return actor
+
+
+def test_read_ahead_bytes_bounds_the_buffer_and_changes_no_sample(corpus, tmp_path):
+    cfg = load_config(write_config(tmp_path, corpus))
+    free = _buffered_after(cfg, tmp_path / "free")
+    bounded = _buffered_after(cfg, tmp_path / "bounded", read_ahead_bytes=1)
+    try:
+        assert len(free._buffer) == 4 and len(bounded._buffer) == 1  # 1 byte: no row group read ahead of another
+        for position in range(3):  # asked for, a row group is read whatever the bound; the same samples
+            rg = free._at(position)
+            assert bounded._at(position) == rg
+            assert bounded.metadata(0, rg.file, rg.row_group).equals(free.metadata(0, rg.file, rg.row_group))
+    finally:
+        free.close()
+        bounded.close()
