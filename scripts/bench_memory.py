@@ -75,6 +75,7 @@ class Run:
     sources: int
     ranks: int
     hosts: int | None  # loader hosts (overlord)
+    variant: str = ""  # overlord: "default" (read-ahead 2 row groups) or "lean" (read ahead only what is asked)
     max_pss: int = 0
     end_pss: int = 0
     processes: int = 0
@@ -96,24 +97,28 @@ def _rate(tallies) -> float:
     return sum(t.batches for t in tallies) / elapsed if elapsed > 0 else 0.0
 
 
-def run_overlord(args, tmp: Path, data_dir: Path, names: list[str], ranks: int, hosts: int) -> Run:
+VARIANTS = {"default": {}, "lean": {"read_ahead_bytes": 1}}  # lean: no row group read ahead of the Planner's demand
+
+
+def run_overlord(args, tmp: Path, data_dir: Path, names: list[str], ranks: int, hosts: int,
+                 variant: str = "default") -> Run:
     from flight_overlord.deploy.launch import LocalCluster
-    tag = f"o-s{len(names)}-r{ranks}-h{hosts}"
+    tag = f"o-s{len(names)}-r{ranks}-h{hosts}-{variant}"
     config = write_config(tmp / f"{tag}.yaml", data_dir, [{"name": n, "weight": 1.0} for n in names],
                           ranks=ranks, context_length=args.context_length, microbatches=args.microbatches,
                           tokens_per_step=int(ranks * args.microbatches * args.context_length * FILL),
                           seed=args.seed, run_dir=tmp / f"run-{tag}", balance={"method": "greedy"},
-                          loader={"hosts": hosts})
+                          loader={"hosts": hosts, **VARIANTS[variant]})
     capture = tmp / f"cap-{tag}"
     capture.mkdir()
-    run = Run("overlord", len(names), ranks, hosts)
+    run = Run("overlord", len(names), ranks, hosts, variant)
     cluster = LocalCluster(config)
     try:
         started = time.monotonic()
         planner = cluster.start()
         run.start_s = time.monotonic() - started
         roles = cluster_roots(cluster)
-        log(f"[overlord S={len(names)} R={ranks} hosts={hosts}] {len(roles)} role processes up in {run.start_s:.1f}s")
+        log(f"[overlord S={len(names)} R={ranks} hosts={hosts} {variant}] {len(roles)} role processes up in {run.start_s:.1f}s")
         tallies, sampler = bd.run_ranks(
             "flight_overlord", bd.overlord_trainer,
             [(planner, args.warmup, args.steps, str(capture)) for _ in range(ranks)],
@@ -141,8 +146,48 @@ def run_colocated(args, data_dir: Path, names: list[str], ranks: int) -> Run:
     return run
 
 
-def fitted_colocated(sources: int, ranks: int, workers: int) -> float:
-    return ranks * (FIT_RANK + workers * (FIT_WORKER + sources * FIT_SOURCE))
+def fitted_colocated(sources: int, ranks: int, workers: int, row_group_mib: float = 0.0) -> float:
+    """A worker holds its current row group of every source: ~4.5 bytes of tokens and keys per byte of text."""
+    return ranks * (FIT_RANK + workers * (FIT_WORKER + sources * max(FIT_SOURCE, 4.5 * row_group_mib * MiB)))
+
+
+def sized_corpus(base: Path, out: Path, names: list[str], row_group_mib: float, files: int = 2,
+                 groups_per_file: int = 2) -> None:
+    """Each source of ``base`` rewritten with row groups of ~``row_group_mib`` MiB of text (real corpora
+    have row groups of many MiB; the demo's are ~0.1 MiB): its rows repeated in order until
+    ``files x groups_per_file`` row groups are full. Deterministic; kept in ``out`` for the next run."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    for name in names:
+        if list((out / name).glob("*.parquet")):
+            continue
+        table = pa.concat_tables([pq.read_table(p, columns=["text"]) for p in sorted((base / name).glob("*.parquet"))])
+        per_row = max(1.0, table.column("text").nbytes / max(table.num_rows, 1))
+        rows_per_group = max(1, math.ceil(row_group_mib * MiB / per_row))
+        (out / name).mkdir(parents=True, exist_ok=True)
+        for f in range(files):
+            first = f * groups_per_file * rows_per_group
+            rows = (np.arange(first, first + groups_per_file * rows_per_group) % table.num_rows)
+            pq.write_table(table.take(pa.array(rows)), out / name / f"part-{f:05d}.parquet",
+                           row_group_size=rows_per_group, compression="zstd")
+
+
+def bare_trainer_pss() -> int:
+    """PSS of a trainer process before any data: torch, numpy, pyarrow and the client imported."""
+    import subprocess
+    import sys
+
+    import psutil
+    code = ("import torch, numpy, pyarrow.flight, sys, time; from flight_overlord import TrainerClient; "
+            "print('ready', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        proc.stdout.readline()
+        time.sleep(1.0)
+        return max(psutil.Process(proc.pid).memory_full_info().pss for _ in range(3))
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,34 +198,57 @@ def gib(b: float) -> str:
     return f"{b / GiB:.2f}"
 
 
-def measured_table(runs: list[Run], args) -> None:
-    print(f"\n### Measured PSS (GiB, summed over every process of the side; max while running / at the end)\n")
+def _find(runs: list[Run], side: str, s: int, r: int, hosts=None, variant: str = "") -> Run | None:
+    return next((x for x in runs if x.side == side and (x.sources, x.ranks) == (s, r) and x.variant == variant
+                 and (side == "colocated" or x.hosts == hosts)), None)
+
+
+def measured_table(runs: list[Run], args, bare: int) -> None:
+    print(f"\n### Measured PSS (GiB, summed over every process of the side, max while running)\n")
     print(f"W = {args.workers} DataLoader workers per rank (colocated); {args.microbatches} microbatches of "
-          f"{args.context_length} tokens per rank and step, {args.warmup} warm-up + {args.steps} timed steps\n")
-    print("| S | R | colocated max | colocated end | overlord hosts:2 max | overlord end | colocated / overlord (max) "
-          "| overlord hosts:0 max | overlord processes | colocated processes |")
+          f"{args.context_length} tokens per rank and step, {args.warmup} warm-up + {args.steps} timed steps. "
+          f"overlord: `loader.hosts: {args.hosts}`; *default* reads 2 row groups ahead "
+          f"(`read_ahead_row_groups: 2`), *lean* reads only what the Planner asks for (`read_ahead_bytes: 1`).\n")
+    print("| S | R | colocated | overlord default | colocated / default | overlord lean | colocated / lean "
+          "| overlord hosts:0 | colocated end | lean end |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     keys = sorted({(r.sources, r.ranks) for r in runs})
+    cell = lambda x, a="max_pss": (x.error or gib(getattr(x, a))) if x else "-"  # noqa: E731
+    ratio = lambda c, o: f"**{c.max_pss / o.max_pss:.2f}x**" if c and o and not (c.error or o.error) else "-"  # noqa: E731
     for s, r in keys:
-        c = next((x for x in runs if x.side == "colocated" and (x.sources, x.ranks) == (s, r)), None)
-        o = next((x for x in runs if x.side == "overlord" and x.hosts == args.hosts and (x.sources, x.ranks) == (s, r)), None)
-        o0 = next((x for x in runs if x.side == "overlord" and x.hosts == 0 and (x.sources, x.ranks) == (s, r)), None)
-        cell = lambda x, a: (x.error or gib(getattr(x, a))) if x else "-"  # noqa: E731
-        ratio = f"{c.max_pss / o.max_pss:.2f}x" if c and o and not (c.error or o.error) else "-"
-        print(f"| {s} | {r} | {cell(c, 'max_pss')} | {cell(c, 'end_pss')} | {cell(o, 'max_pss')} | {cell(o, 'end_pss')} "
-              f"| {ratio} | {cell(o0, 'max_pss')} | {o.processes if o else '-'} | {c.processes if c else '-'} |")
+        c = _find(runs, "colocated", s, r)
+        o = _find(runs, "overlord", s, r, args.hosts, "default")
+        lean = _find(runs, "overlord", s, r, args.hosts, "lean")
+        o0 = _find(runs, "overlord", s, r, 0, "default")
+        print(f"| {s} | {r} | {cell(c)} | {cell(o)} | {ratio(c, o)} | {cell(lean)} | {ratio(c, lean)} | {cell(o0)} "
+              f"| {cell(c, 'end_pss')} | {cell(lean, 'end_pss')} |")
+    print(f"\n**Data path only** (NOT the headline: each side minus R x {bare / MiB:.0f} MiB, the PSS of a bare "
+          f"trainer process measured alone in this run: Python with torch, numpy, pyarrow and flight_overlord's "
+          f"client imported, no data; what is left is what loading the data costs on each side):\n")
+    print("| S | R | colocated - R x bare | overlord default - R x bare | ratio | overlord lean - R x bare | ratio |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for s, r in keys:
+        c = _find(runs, "colocated", s, r)
+        row = [f"| {s} | {r} | " + (gib(c.max_pss - r * bare) if c and not c.error else "-")]
+        for o in (_find(runs, "overlord", s, r, args.hosts, "default"), _find(runs, "overlord", s, r, args.hosts, "lean")):
+            ok = o and not o.error and c and not c.error
+            row.append(gib(o.max_pss - r * bare) if o and not o.error else "-")
+            row.append(f"{(c.max_pss - r * bare) / (o.max_pss - r * bare):.2f}x" if ok else "-")
+        print(" | ".join(row) + " |")
     print("\nPSS by process kind at the max (MiB, processes x total):\n")
     for x in runs:
         if not x.error:
             kinds = ", ".join(f"{k} {n}x {p / MiB:.0f}" for k, (n, p) in x.by_label.items())
-            print(f"- {x.side} S={x.sources} R={x.ranks}" + (f" hosts={x.hosts}" if x.side == "overlord" else "")
+            print(f"- {x.side} S={x.sources} R={x.ranks}"
+                  + (f" hosts={x.hosts} {x.variant}" if x.side == "overlord" else "")
                   + f": {kinds}; {x.batches_per_s:.1f} microbatches/s; up in {x.start_s:.1f}s")
 
 
-def slope(runs: list[Run], side: str, ranks: int, hosts: int | None, value) -> tuple[float, float] | None:
+def slope(runs: list[Run], side: str, ranks: int, hosts: int | None, value,
+          variant: str = "default") -> tuple[float, float] | None:
     """(slope per source, intercept) of ``value(run)`` over the source counts at ``ranks``."""
     pts = [(x.sources, value(x)) for x in runs if x.side == side and x.ranks == ranks and x.hosts == hosts
-           and not x.error]
+           and x.variant in ("", variant) and not x.error]
     if len({s for s, _ in pts}) < 2:
         return None
     a, b = np.polyfit([s for s, _ in pts], [v for _, v in pts], 1)
@@ -204,15 +272,17 @@ class Components:
 def components(runs: list[Run], args) -> Components | None:
     r = min(x.ranks for x in runs)
     col = slope(runs, "colocated", r, None, lambda x: x.label_sum("worker") / max(1, x.by_label.get("worker", (1, 0))[0]))
-    load = slope(runs, "overlord", r, args.hosts, lambda x: x.label_sum("loader"))
-    cons = slope(runs, "overlord", r, args.hosts, lambda x: x.label_avg("constructor"))
-    plan = slope(runs, "overlord", r, args.hosts, lambda x: x.label_avg("planner"))
+    v = args.model_variant
+    load = slope(runs, "overlord", r, args.hosts, lambda x: x.label_sum("loader"), v)
+    cons = slope(runs, "overlord", r, args.hosts, lambda x: x.label_avg("constructor"), v)
+    plan = slope(runs, "overlord", r, args.hosts, lambda x: x.label_avg("planner"), v)
     if not (col and load and cons and plan):
         return None
     smallest = [x for x in runs if x.ranks == r and not x.error]
     s0 = min(x.sources for x in smallest)
     c0 = next(x for x in smallest if x.side == "colocated" and x.sources == s0)
-    o0 = next(x for x in smallest if x.side == "overlord" and x.hosts == args.hosts and x.sources == s0)
+    o0 = next(x for x in smallest if x.side == "overlord" and x.hosts == args.hosts and x.sources == s0
+              and x.variant == v)
     return Components(col_worker=max(col[1], 0.0), col_worker_source=max(col[0], 0.0),
                       col_rank_extra=max(c0.label_avg("rank") - o0.label_avg("trainer"), 0.0),
                       host_base=max(load[1], 0.0) / args.hosts, loader_source=max(load[0], 0.0),
@@ -244,7 +314,8 @@ def simulation(c: Components, args) -> list[tuple[int, int, int, int, float, flo
     print("\n### Simulated (a MODEL built from the measured components, not a measurement)\n")
     print(f"Paper section 7.4 dry-run setting: {args.sim_nodes} nodes x {args.sim_gpus} GPUs, global batch "
           f"{args.sim_batch} sequences of {args.sim_context} tokens, {args.workers} workers per rank, "
-          f"{args.sim_sources} sources, no source partitioning, {args.sim_hosts} loader hosts.")
+          f"{args.sim_sources} sources, no source partitioning, {args.sim_hosts} loader hosts; overlord components "
+          f"from its {args.model_variant!r} runs.")
     print(f"Components (MiB): colocated worker {c.col_worker / MiB:.1f} + {c.col_worker_source / MiB:.2f}/source, "
           f"rank extra {c.col_rank_extra / MiB:.1f}; overlord loader host {c.host_base / MiB:.1f}, "
           f"loader {c.loader_source / MiB:.2f}/source, constructor {c.constructor / MiB:.1f} + "
@@ -313,6 +384,12 @@ def parse_args(argv=None):
     p.add_argument("--max-gib", type=float, default=20.0,
                    help="skip colocated runs the fitted model puts above this (default 20)")
     p.add_argument("--rows-per-source", type=int, default=2000)
+    p.add_argument("--row-group-mib", type=float, default=0.0,
+                   help="rewrite each source with row groups of this many MiB of text (2 files x 2 row groups; "
+                        "0: the demo corpus's own, ~0.1 MiB)")
+    p.add_argument("--variants", type=lambda t: t.split(","), default=["default", "lean"],
+                   help="overlord loader variants: default (read-ahead 2 row groups), lean (read_ahead_bytes: 1)")
+    p.add_argument("--model-variant", default="lean", help="the overlord variant the simulation is built from")
     p.add_argument("--data", type=Path, help="corpus dir (make_many_sources; generated if missing)")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
@@ -351,18 +428,31 @@ def main(argv=None) -> None:
     else:
         cells = sorted({(s, r_min) for s in args.sources} | {(s_min, r) for r in args.ranks})
     runs: list[Run] = []
+    if args.model_variant not in args.variants:
+        args.model_variant = args.variants[0]
     with workspace("bench-memory-", args.data, [], 1.0) as (tmp, data_dir):
         all_names = ensure_many(data_dir, max(args.sources), args)
+        if args.row_group_mib:
+            sized = data_dir.with_name(f"{data_dir.name}-rg{args.row_group_mib:g}mib")
+            started = time.monotonic()
+            sized_corpus(data_dir, sized, all_names, args.row_group_mib)
+            log(f"corpus with {args.row_group_mib:g} MiB row groups in {sized} ({time.monotonic() - started:.0f}s)")
+            data_dir = sized
+        bare = bare_trainer_pss()
+        log(f"bare trainer process: {bare / MiB:.0f} MiB PSS")
         for s, r in cells:
             names = all_names[:s]
-            for hosts in [args.hosts] + ([0] if s == s_min and r == r_min and not args.no_hosts0 else []):
+            todo = [(args.hosts, v) for v in args.variants]
+            todo += [(0, "default")] if s == s_min and r == r_min and not args.no_hosts0 else []
+            for hosts, variant in todo:
                 try:
-                    runs.append(run_overlord(args, tmp, data_dir, names, r, hosts))
+                    runs.append(run_overlord(args, tmp, data_dir, names, r, hosts, variant))
                 except Exception as exc:  # noqa: BLE001 - reported in the table
-                    runs.append(Run("overlord", s, r, hosts, error=f"failed: {type(exc).__name__}"))
-                    log(f"overlord S={s} R={r} hosts={hosts} failed: {exc}")
-            if fitted_colocated(s, r, args.workers) > args.max_gib * GiB:
-                runs.append(Run("colocated", s, r, None, error=f"skipped (fit {gib(fitted_colocated(s, r, args.workers))})"))
+                    runs.append(Run("overlord", s, r, hosts, variant, error=f"failed: {type(exc).__name__}"))
+                    log(f"overlord S={s} R={r} hosts={hosts} {variant} failed: {exc}")
+            fit = fitted_colocated(s, r, args.workers, args.row_group_mib)
+            if fit > args.max_gib * GiB:
+                runs.append(Run("colocated", s, r, None, error=f"skipped (fit {gib(fit)})"))
                 continue
             try:
                 runs.append(run_colocated(args, data_dir, names, r))
@@ -370,15 +460,17 @@ def main(argv=None) -> None:
                 runs.append(Run("colocated", s, r, None, error=f"failed: {type(exc).__name__}"))
                 log(f"colocated S={s} R={r} failed: {exc}")
         print(f"\ncorpus: make_many_sources({max(args.sources)}, seed={args.seed}, rows_per_source="
-              f"{args.rows_per_source}) (`overlord make-demo-data --sources {max(args.sources)}`), first S sources used")
-        measured_table(runs, args)
+              f"{args.rows_per_source}) (`overlord make-demo-data --sources {max(args.sources)}`), first S sources used"
+              + (f"; rewritten with row groups of {args.row_group_mib:g} MiB of text (2 files x 2 row groups per "
+                 f"source)" if args.row_group_mib else "; its own row groups (~0.1 MiB of text)"))
+        measured_table(runs, args, bare)
         big = [x for x in runs if x.side == "overlord" and x.sources == max(args.sources) and not x.error]
         if big:
             print(f"\n- time to start flight_overlord at S={max(args.sources)}: "
-                  + ", ".join(f"R={x.ranks} hosts={x.hosts}: {x.start_s:.1f}s" for x in big))
-        for side, hosts, label in (("overlord", args.hosts, f"flight_overlord hosts:{args.hosts}"),
-                                   ("colocated", None, "colocated")):
-            fit = slope(runs, side, r_min, hosts, lambda x: x.max_pss)
+                  + ", ".join(f"R={x.ranks} hosts={x.hosts} {x.variant}: {x.start_s:.1f}s" for x in big))
+        for side, hosts, variant, label in [("overlord", args.hosts, v, f"flight_overlord hosts:{args.hosts} {v}")
+                                            for v in args.variants] + [("colocated", None, "", "colocated")]:
+            fit = slope(runs, side, r_min, hosts, lambda x: x.max_pss, variant)
             if fit:
                 print(f"- memory per source added, {label}, R={r_min}: {fit[0] / MiB:.1f} MiB/source "
                       f"(linear fit of max PSS over S={sorted(args.sources)})")
