@@ -103,7 +103,7 @@ def partition(
     by at most one.  ``sizes``/``capacity`` bound each bin's total size, which is never
     exceeded: items that cannot be placed raise :class:`CapacityError` or are returned as
     ``unplaced`` (ascending).  ``refine`` runs the local search on the construction; it
-    stops when no improving exchange is left, within 0.01% of :func:`lower_bound`, or at
+    stops when no improving exchange is left, within 0.1% of :func:`lower_bound`, or at
     its step/work budget.  Deterministic: ties are broken by index.
     """
     c = _as_weights(costs, "costs")
