@@ -18,6 +18,11 @@ over the whole DP x CP domain, microbatch by microbatch. Pure numpy, no I/O.
 - **Work** of a shard: ``cost(l) / g``. Under the THD split every rank of the group holds 1/g of
   the tokens and, causal attention being paired early/late, 1/g of the attention pairs, so with
   ``a*l + b*l^2`` each rank does exactly a g-th of the sample's work.
+- **Widening** (``widen=True``, the default): a sample whose work on its smallest group would
+  still exceed one rank's fair share of a microbatch (the step's total work / (D x microbatches))
+  gets its group doubled until it does not, or the group is the whole domain: otherwise one long
+  sample keeps a few ranks busy while the rest of the microbatch idles. Only such heavy (long)
+  samples widen, so short ones keep paying no CP communication.
 - **Placement**: samples by descending cost (ties by index), each onto the (microbatch, aligned
   group) with room for its shard on every member that raises the step time the least
   (``sum over microbatches of the slowest rank's work``), then gives the group's slowest member
@@ -108,7 +113,20 @@ class HDPPlacement:
         return float(self.loads.max(axis=1).sum()) if self.loads.size else 0.0
 
 
-def place(costs, lengths, domain: int, microbatches: int, capacity: int, min_cp: int = 1) -> HDPPlacement:
+def widen_groups(costs, groups, domain: int, microbatches: int) -> np.ndarray:
+    """Groups doubled until each sample's work per rank is at most a rank's fair share of a
+    microbatch, or the group is the largest the domain holds (module docstring)."""
+    costs, g = np.asarray(costs, dtype=np.float64), np.array(groups, dtype=np.int64)
+    share = costs.sum() / (domain * microbatches)
+    while True:
+        over = (costs / g > share) & (g < max_group(domain))
+        if not over.any():
+            return g
+        g[over] *= 2
+
+
+def place(costs, lengths, domain: int, microbatches: int, capacity: int, min_cp: int = 1,
+          widen: bool = True) -> HDPPlacement:
     """Samples onto aligned groups of the DP x CP domain, microbatch by microbatch (module docstring)."""
     costs = np.asarray(costs, dtype=np.float64)
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -117,6 +135,8 @@ def place(costs, lengths, domain: int, microbatches: int, capacity: int, min_cp:
     if microbatches < 1:
         raise ValueError(f"HDP: microbatches must be >= 1, got {microbatches}")
     g = group_sizes(lengths, domain, capacity, min_cp)
+    if widen and len(g):
+        g = widen_groups(costs, g, domain, microbatches)
     shard = slots(lengths, g) // g
     work = costs / g
     loads = np.zeros((microbatches, domain))
@@ -179,43 +199,48 @@ def bin_groups(bins: list[list], domain: int, microbatches: int) -> list[list[tu
 
 def check(bins: list, unplaced, lengths, domain: int, microbatches: int, capacity: int, min_cp: int = 1) -> None:
     """An HDP placement's rules, checked from its bins alone (independently of how they were made):
-    every sample placed exactly once per domain (on every rank of one aligned group of its size, in
-    one microbatch, once per rank) or listed unplaced; no rank's microbatch over its capacity."""
+    every sample placed exactly once per domain (on every rank of one aligned group, a power of two
+    at least its length's group size, in one microbatch, once per rank) or listed unplaced; no
+    rank's microbatch over its capacity."""
     lengths = np.asarray(lengths, dtype=np.int64)
     n = len(lengths)
     if len(bins) != domain * microbatches:
         raise ValueError(f"HDP: {len(bins)} bins, expected {domain * microbatches} "
                          f"({domain} ranks x {microbatches} microbatches)")
-    g = group_sizes(lengths, domain, capacity, min_cp)
-    shard = slots(lengths, g) // g
+    smallest = group_sizes(lengths, domain, capacity, min_cp)
+    bins = [[int(i) for i in items] for items in bins]
     seen: dict[int, list[tuple[int, int]]] = {}
     for b, items in enumerate(bins):
         rank, m = divmod(b, microbatches)
-        items = [int(i) for i in items]
         if len(set(items)) != len(items):
             raise ValueError(f"HDP: rank {rank} microbatch {m} holds a sample twice")
         for i in items:
             if not 0 <= i < n:
                 raise ValueError(f"HDP: rank {rank} microbatch {m} names sample {i}, outside 0..{n - 1}")
             seen.setdefault(i, []).append((m, rank))
-        tokens = int(shard[items].sum()) if items else 0
-        if tokens > capacity:
-            raise ValueError(f"HDP: rank {rank} microbatch {m} holds {tokens} tokens, over "
-                             f"max_tokens_per_rank {capacity}")
     unplaced = [int(i) for i in np.asarray(unplaced, dtype=np.int64)]
     if set(unplaced) & set(seen) or len(set(unplaced)) != len(unplaced):
         raise ValueError("HDP: a sample is both placed and unplaced, or unplaced twice")
     missing = sorted(set(range(n)) - set(seen) - set(unplaced))
     if missing:
         raise ValueError(f"HDP: sample {missing[0]} is neither placed nor unplaced")
+    size = np.ones(n, dtype=np.int64)
     for i, spots in seen.items():
         ms, ranks = {m for m, _ in spots}, sorted(r for _, r in spots)
-        size, start = len(ranks), ranks[0]
+        g, start = len(ranks), ranks[0]
         if len(ms) != 1:
             raise ValueError(f"HDP: sample {i} is spread over microbatches {sorted(ms)}; a group shares one")
-        if size != g[i]:
-            raise ValueError(f"HDP: sample {i} ({int(lengths[i])} tokens) is on {size} ranks; its group "
-                             f"size is {int(g[i])}")
-        if ranks != list(range(start, start + size)) or start % size:
-            raise ValueError(f"HDP: sample {i} is on ranks {ranks}: a group of {size} must be the ranks "
-                             f"[k*{size}, (k+1)*{size}) of the domain")
+        if not is_pow2(g) or g < smallest[i]:
+            raise ValueError(f"HDP: sample {i} ({int(lengths[i])} tokens) is on {g} ranks; its group must be a "
+                             f"power of two >= {int(smallest[i])}")
+        if ranks != list(range(start, start + g)) or start % g:
+            raise ValueError(f"HDP: sample {i} is on ranks {ranks}: a group of {g} must be the ranks "
+                             f"[k*{g}, (k+1)*{g}) of the domain")
+        size[i] = g
+    shard = slots(lengths, size) // size
+    for b, items in enumerate(bins):
+        tokens = int(shard[items].sum()) if items else 0
+        if tokens > capacity:
+            rank, m = divmod(b, microbatches)
+            raise ValueError(f"HDP: rank {rank} microbatch {m} holds {tokens} tokens, over "
+                             f"max_tokens_per_rank {capacity}")

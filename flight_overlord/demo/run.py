@@ -79,17 +79,24 @@ def trainer_process(planner: str, rank: int, steps: int, by_tokens: bool, counts
             losses: dict[str, list[float]] = {}
             for mb in step_batch:
                 lengths = (mb["cu_seqlens"][1:] - mb["cu_seqlens"][:-1]).tolist()
-                for key, length in zip(mb["sample_keys"], lengths):
+                for key, length, cp_rank in zip(mb["sample_keys"], lengths, _cp_ranks(mb)):
+                    if cp_rank:  # under HDP a sample on a group of ranks is counted by its first one
+                        continue
                     source = key.split(":", 1)[0]
                     amounts[source] += length if by_tokens else 1
                     losses.setdefault(source, []).append(math.log1p(length))
             step = step_batch[0]["step"]
             if counts:  # a stand-in for a model's per-source loss, for dynamic mixing schedules
                 client.report(step, {s: sum(v) / len(v) for s, v in losses.items()})
-            results.put((rank, step, counts, sum(len(mb["sample_keys"]) for mb in step_batch) if counts else 0,
+            results.put((rank, step, counts, sum(_cp_ranks(mb).count(0) for mb in step_batch) if counts else 0,
                          dict(amounts) if counts else {},
                          sum(mb["input_ids"].numel() for mb in step_batch if mb["input_ids"] is not None),
                          time.monotonic()))
+
+
+def _cp_ranks(mb: dict) -> list[int]:
+    """Per sample of a microbatch, this rank's CP rank in the sample's group (HDP), else 0."""
+    return list(mb.get("seq_cp_rank") or [0] * len(mb["sample_keys"]))
 
 
 def run_demo(config_path: str | Path, steps: int | None = None) -> dict:

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 def place_hdp(ctx: "PlanContext", strategy: "Strategy") -> tuple[list[np.ndarray], np.ndarray]:
     """(index arrays per bin, unplaced indices), as ``program.place`` returns them; checked."""
     lengths = ctx.meta["num_tokens"]
-    placement = hdp.place(ctx.costs, lengths, ctx.num_buckets, ctx.microbatches, ctx.capacity, strategy.min_cp)
+    placement = hdp.place(ctx.costs, lengths, ctx.num_buckets, ctx.microbatches, ctx.capacity, strategy.min_cp,
+                          strategy.hdp_widen)
     hdp.check(placement.bins, placement.unplaced, lengths, ctx.num_buckets, ctx.microbatches, ctx.capacity,
               strategy.min_cp)
     return placement.bins, placement.unplaced
@@ -36,13 +37,14 @@ def hdp_groups(plan, buckets) -> dict[str, list[list[list[int]]]]:
     return {str(b): [[list(x) for x in groups[b * m + i]] for i in range(m)] for b in buckets}
 
 
-def hdp_stats(costs: np.ndarray, lengths: np.ndarray, bins: list[np.ndarray], domain: int, microbatches: int,
-              capacity: int, min_cp: int) -> dict:
+def hdp_stats(costs: np.ndarray, lengths: np.ndarray, bins: list[np.ndarray], domain: int,
+              microbatches: int) -> dict:
     """Per-rank work under the THD split (a sample's cost / its group size), the step time it gives
     (sum over microbatches of the slowest rank), idle fraction, and how many tokens and samples
     went through CP groups (what CP communication is paid for)."""
-    placed = np.unique(np.concatenate(bins)) if bins else np.zeros(0, np.int64)
-    groups = hdp.group_sizes(lengths, domain, capacity, min_cp) if len(lengths) else np.zeros(0, np.int64)
+    copies = np.bincount(np.concatenate(bins), minlength=len(costs)) if bins else np.zeros(len(costs), np.int64)
+    placed = np.flatnonzero(copies)
+    groups = copies  # a sample is in the bin of every rank of its group
     work = costs / np.maximum(groups, 1)
     loads = np.array([work[b].sum() for b in bins]).reshape(domain, microbatches).T  # [m, rank]
     step = float(loads.max(axis=1).sum())

@@ -104,22 +104,16 @@ def draw_mixture(feeds: dict[str, SourceFeed], mixer: Mixer, weights: dict[str, 
     gb = strategy.cfg.global_batch
     by_tokens = gb.tokens_per_step is not None
     budget = gb.tokens_per_step if by_tokens else gb.samples_per_step
-    longest = strategy.max_sample_tokens
-    draw = [feeds[source].next for source in mixer.sources]
-    mix = mixer.run(weights)  # the mixer's choose/charge on plain floats: same choices, no numpy per sample
     picks, total = [], 0
-    try:
-        while total < budget:
-            i = mix.choose()
-            pick = draw[i]()
-            if pick.tokens > longest:
-                pick = pick._replace(tokens=longest)
-            amount = pick.tokens if by_tokens else 1
-            mix.charge(i, amount)
-            picks.append(pick)
-            total += amount
-    finally:
-        mix.close()
+    while total < budget:
+        source = mixer.choose(weights)
+        pick = feeds[source].next()
+        if pick.tokens > strategy.max_sample_tokens:
+            pick = pick._replace(tokens=strategy.max_sample_tokens)
+        amount = pick.tokens if by_tokens else 1
+        mixer.charge(source, amount, weights)
+        picks.append(pick)
+        total += amount
     return picks
 
 
@@ -235,8 +229,7 @@ def plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: S
                     dict(weights), feedback)
     plan.stats = _stats(plan, picks, costs, bin_indices, unplaced)
     if strategy.axis == "HDP":
-        plan.stats.update(hdp_stats(costs, meta["num_tokens"], bin_indices, ctx.num_buckets, gb.microbatches,
-                                    ctx.capacity, strategy.min_cp))
+        plan.stats.update(hdp_stats(costs, meta["num_tokens"], bin_indices, ctx.num_buckets, gb.microbatches))
     if strategy.image_graph is not None:
         plan.encoder_axis = strategy.image_graph.axis
         plan.encoder, plan.stats["encoder"] = place_images(bins, strategy)

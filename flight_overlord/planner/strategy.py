@@ -76,7 +76,7 @@ class Strategy:
         self.cost_fn: CostFn = config_cost(cfg.cost)
         self.axis, self.group_size = "DP", None
         self.hdp_tokens: int | None = None  # distribute("HDP"): max_tokens_per_rank (None: context_length // cp)
-        self.min_cp = 1
+        self.min_cp, self.hdp_widen = 1, True
         self.balancing = Balancing(cfg.balance.method)
         self.broadcast: frozenset[str] = frozenset()
         self.raw: Callable | None = None
@@ -109,25 +109,28 @@ class Strategy:
         return self
 
     def distribute(self, axis: str = "DP", group_size: int | None = None, *,
-                   max_tokens_per_rank: int | None = None, min_cp: int = 1) -> "Strategy":
+                   max_tokens_per_rank: int | None = None, min_cp: int = 1, widen: bool = True) -> "Strategy":
         """Buckets along ``axis``: DP ranks, DP x CP ranks, or every rank (WORLD). With ``group_size``
         the buckets are balanced within groups of that many instead of all at once.
 
         ``"HDP"``: dynamic CP groups over the DP x CP ranks (``core/hdp.py``): each sample gets a
         power-of-two group of ranks from its length (at least ``min_cp``), each rank holds at most
-        ``max_tokens_per_rank`` tokens per microbatch (default context_length // cp)."""
+        ``max_tokens_per_rank`` tokens per microbatch (default context_length // cp); ``widen`` doubles
+        the group of a sample whose work per rank would exceed a rank's fair share of a microbatch."""
         if axis not in DISTRIBUTE_AXES:
             raise ValueError(f"distribute(): unknown axis {axis!r} (axes: {', '.join(DISTRIBUTE_AXES)})")
         if group_size is not None and group_size < 1:
             raise ValueError(f"distribute(): group_size must be >= 1, got {group_size}")
-        if axis != "HDP" and (max_tokens_per_rank is not None or min_cp != 1):
-            raise ValueError(f"distribute({axis!r}): max_tokens_per_rank and min_cp apply to 'HDP' only")
+        if axis != "HDP" and (max_tokens_per_rank is not None or min_cp != 1 or widen is not True):
+            raise ValueError(f"distribute({axis!r}): max_tokens_per_rank, min_cp and widen apply to 'HDP' only")
+        if not isinstance(widen, bool):
+            raise ValueError(f"distribute('HDP'): widen must be true or false, got {widen!r}")
         if axis == "HDP":
             if group_size is not None:
                 raise ValueError("distribute('HDP'): group_size does not apply (groups are planned per sample)")
             hdp.check_params(1 << 62, 1 if max_tokens_per_rank is None else max_tokens_per_rank, min_cp)
         self.axis, self.group_size = axis, group_size
-        self.hdp_tokens, self.min_cp = max_tokens_per_rank, min_cp
+        self.hdp_tokens, self.min_cp, self.hdp_widen = max_tokens_per_rank, min_cp, widen
         return self
 
     def balance(self, method: str = "karmarkar_karp", level: str = "both",

@@ -79,13 +79,27 @@ def test_balance_close_to_the_bound_and_short_samples_stay_alone():
     assert p.step_time() < 1.15 * per_mb_bound
 
 
+def test_widening_spreads_a_heavy_sample_and_keeps_short_ones_alone():
+    rng = np.random.default_rng(11)
+    lengths = np.concatenate([[12000], rng.integers(50, 600, 100)])  # one long sample, many short
+    costs = lengths + lengths.astype(float) ** 2 / 1024
+    minimal = hdp.place(costs, lengths, 8, 2, 4096, widen=False)
+    wide = hdp.place(costs, lengths, 8, 2, 4096)
+    assert minimal.groups.tolist() == hdp.group_sizes(lengths, 8, 4096).tolist() and minimal.groups[0] == 4
+    assert wide.groups[0] == 8 and (wide.groups[1:] == 1).all()
+    for p in (minimal, wide):
+        hdp.check(p.bins, p.unplaced, lengths, 8, 2, 4096)
+        assert len(p.unplaced) == 0
+    assert wide.step_time() < minimal.step_time()
+
+
 def test_the_checker_names_what_is_wrong():
     lengths = np.array([1500, 200, 400])  # capacity 1000: sample 0 needs a group of 2
     ok = [[0, 1], [], [0], [2]]  # domain 2 x microbatches 2: bins[rank * 2 + m]
     hdp.check(ok, [], lengths, 2, 2, 1000)
     cases = [
         ([[0, 1], [], [2], [0]], "spread over microbatches"),
-        ([[0, 1], [], [], [2]], "on 1 ranks; its group size is 2"),
+        ([[0, 1], [], [], [2]], "on 1 ranks; its group must be a power of two >= 2"),
         ([[0, 1, 2], [], [0], []], "over max_tokens_per_rank"),
         ([[0, 1], [], [0], []], "sample 2 is neither placed nor unplaced"),
         ([[0, 1, 1], [], [0], [2]], "holds a sample twice"),
