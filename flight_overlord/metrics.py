@@ -30,6 +30,8 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "overlord_planner_registered_roles": ("gauge", "loader replicas and constructors registered", ("role",)),
     "overlord_planner_reregistrations": ("counter", "registrations of a role already registered: restarts "
                                          "and recoveries of loaders and constructors", ("role",)),
+    "overlord_planner_active_loader_actors": ("gauge", "loader actors reading each source (loader.scaling moves "
+                                              "it: every change is a scaling event)", ("source",)),
     "overlord_loader_buffered_samples": ("gauge", "samples read ahead and not yet served", ("source", "actor")),
     "overlord_loader_buffered_row_groups": ("gauge", "row groups in the read-ahead buffer", ("source", "actor")),
     "overlord_loader_buffered_bytes": ("gauge", "bytes of the read-ahead buffer", ("source", "actor")),
@@ -66,6 +68,8 @@ def planner_samples(status: dict) -> Iterable[Sample]:
     yield Sample("overlord_planner_registered_roles", {"role": "constructor"}, len(status.get("constructors", {})))
     for role, n in status.get("reregistrations", {}).items():
         yield Sample("overlord_planner_reregistrations", {"role": role}, n)
+    for source, n in (status.get("scaling") or {}).get("actors", {}).items():
+        yield Sample("overlord_planner_active_loader_actors", {"source": source}, n)
 
 
 def loader_samples(status: dict) -> Iterable[Sample]:

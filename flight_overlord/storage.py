@@ -12,6 +12,9 @@ from __future__ import annotations
 import fnmatch
 import functools
 import glob
+import hashlib
+import os
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
@@ -35,9 +38,23 @@ def display(path: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
 
 
+# The environment variables a file system reads its credentials from: a change (rotated keys) opens a new one.
+CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                  "AWS_SHARED_CREDENTIALS_FILE", "GOOGLE_APPLICATION_CREDENTIALS")
+
+
+def _credentials_fingerprint() -> str:
+    """A digest of the credential variables (never the values themselves in a cache key)."""
+    return hashlib.sha256("\0".join(os.environ.get(k, "") for k in CREDENTIAL_ENV).encode()).hexdigest()
+
+
 @functools.lru_cache(maxsize=64)
-def _filesystem(scheme: str, netloc: str, query: str) -> pafs.FileSystem:
+def _cached_filesystem(scheme: str, netloc: str, query: str, credentials: str) -> pafs.FileSystem:
     return pafs.FileSystem.from_uri(urlunsplit((scheme, netloc, "/", query, "")))[0]
+
+
+def _filesystem(scheme: str, netloc: str, query: str) -> pafs.FileSystem:
+    return _cached_filesystem(scheme, netloc, query, _credentials_fingerprint())
 
 
 def resolve(path: str) -> tuple[pafs.FileSystem | None, str]:
@@ -87,3 +104,49 @@ def parquet_file(path: str, **options) -> pq.ParquetFile:
         return pq.ParquetFile(inner, filesystem=fs, **options) if fs else pq.ParquetFile(inner, **options)
     except (pa.ArrowException, OSError) as exc:
         raise StorageError(f"cannot open Parquet file {display(path)}: {exc}") from None
+
+
+def join(uri: str, *parts: str) -> str:
+    """``uri`` (a folder) with ``parts`` appended to its path, its query string kept."""
+    p = urlsplit(uri)
+    return urlunsplit((p.scheme, p.netloc, "/".join([p.path.rstrip("/"), *parts]), p.query, ""))
+
+
+def check_destination(uri: str) -> None:
+    """Fail fast (before making anything to upload) when the bucket or top folder of ``uri`` is missing
+    or cannot be reached: a StorageError names ``uri`` without its query string."""
+    fs, inner = resolve(uri)
+    if fs is None:
+        raise StorageError(f"not a URI: {uri}")
+    top = inner.strip("/").split("/", 1)[0]
+    try:
+        found = fs.get_file_info(top).type != pafs.FileType.NotFound
+    except (pa.ArrowException, OSError) as exc:
+        raise StorageError(f"cannot write to {display(uri)}: {exc}") from None
+    if not found:
+        raise StorageError(f"cannot write to {display(uri)}: {top!r} does not exist")
+
+
+def upload_tree(local: str | os.PathLike, uri: str) -> list[str]:
+    """Copy every file under the folder ``local`` to the folder ``uri`` (same relative paths), replacing
+    files of the same names and removing ``part-*.parquet`` files beside them that ``local`` lacks (so an
+    earlier, larger corpus does not mix in). Returns the written URIs; errors name ``uri`` without its
+    query string."""
+    local = Path(local)
+    files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+    fs, root = resolve(uri)
+    if fs is None:
+        raise StorageError(f"not a URI: {uri}")
+    root = root.rstrip("/")
+    try:
+        for folder in sorted({f.rsplit("/", 1)[0] for f in files if "/" in f}):
+            stale = set(expand(join(uri, folder, "part-*.parquet"))) - {join(uri, f) for f in files}
+            for path in sorted(stale):
+                fs.delete_file(resolve(path)[1])
+        for f in files:
+            with open(local / f, "rb") as src, fs.open_output_stream(f"{root}/{f}") as dst:
+                while chunk := src.read(1 << 22):
+                    dst.write(chunk)
+    except (pa.ArrowException, OSError) as exc:
+        raise StorageError(f"cannot write to {display(uri)}: {exc}") from None
+    return [join(uri, f) for f in files]

@@ -54,6 +54,18 @@ def _partition(args) -> None:
 
 
 def _make_demo_data(args) -> None:
+    from .. import storage
+    if args.dir and storage.is_uri(args.dir):  # made in a temporary folder, then uploaded
+        import tempfile
+        try:
+            storage.check_destination(args.dir)
+            with tempfile.TemporaryDirectory(prefix="overlord-demo-") as tmp:
+                _make_demo_data(argparse.Namespace(**{**vars(args), "dir": tmp}))
+                written = storage.upload_tree(tmp, args.dir)
+        except storage.StorageError as exc:
+            raise SystemExit(f"error: {exc}") from None
+        print(f"uploaded {len(written)} files to {storage.display(args.dir)}")
+        return
     from ..demo.data import make_demo_data, make_many_sources
     out = Path(args.dir) if args.dir else DEFAULT_DATA_DIR
     if args.long_tail is not None:
@@ -168,7 +180,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reprofile", action="store_true", help="measure again even if run_dir holds a valid profile")
     p.set_defaults(func=_partition)
     p = sub.add_parser("make-demo-data", help="write the demo corpus as Parquet")
-    p.add_argument("dir", nargs="?", help=f"default: ./{DEFAULT_DATA_DIR}, where `overlord demo` reads")
+    p.add_argument("dir", nargs="?", help=f"a folder, or a pyarrow.fs URI such as s3://bucket/demo?endpoint_override=... "
+                   f"(credentials from the environment); default: ./{DEFAULT_DATA_DIR}, where `overlord demo` reads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scale", type=float, default=1.0)
     p.add_argument("--sources", type=int, default=None, metavar="N",

@@ -1,19 +1,28 @@
 """Sources on remote storage: a real local S3 server (moto's server mode on 127.0.0.1), read through
-``pyarrow.fs`` URIs whose query string is honoured; errors name the URI without its query string."""
+``pyarrow.fs`` URIs whose query string is honoured; errors name the URI without its query string, never
+credentials. ``overlord make-demo-data`` writes there; a wrong key, a denied read (moto enforcing IAM) and a
+file deleted mid-run are named; a kill -9 of a loader reading from S3 changes no stream."""
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
+from flight_overlord.client import StepFetcher
 from flight_overlord.config import ConfigError, load_config
+from flight_overlord.demo.data import make_many_sources
+from flight_overlord.deploy import cli
+from flight_overlord.deploy.launch import LocalCluster
 
 from ..helpers import delivered_keys, fetch_run, journal, write_config
 
@@ -27,22 +36,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def s3(corpus):
-    """A moto S3 server holding two demo sources; yields the URI query string that reaches it."""
+@contextlib.contextmanager
+def _env(**values):
+    """Set environment variables (the roles are child processes: they inherit them), restore after."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+@contextlib.contextmanager
+def _moto_server(corpus, bucket: str, **env):
+    """A moto S3 server on a free port holding the sources of ``SOURCES``; yields (query, port, fs)."""
     port = _free_port()
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_EC2_METADATA_DISABLED": "true"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # the roles are child processes: they inherit the credentials
     server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **env})
     try:
         fs = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", region="us-east-1",
                                access_key="testing", secret_key="testing", allow_bucket_creation=True)
         deadline = time.monotonic() + 30
         while True:
             try:
-                fs.create_dir(BUCKET)
+                fs.create_dir(bucket)
                 break
             except OSError:
                 if time.monotonic() > deadline:
@@ -50,13 +68,19 @@ def s3(corpus):
                 time.sleep(0.2)
         for name in SOURCES:
             for path in sorted((corpus / name).glob("*.parquet")):
-                pafs.copy_files(str(path), f"{BUCKET}/{name}/{path.name}", destination_filesystem=fs)
-        yield f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1", fs
+                pafs.copy_files(str(path), f"{bucket}/{name}/{path.name}", destination_filesystem=fs)
+        yield f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1", port, fs
     finally:
         server.terminate()
         server.wait(10)
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+@pytest.fixture(scope="module")
+def s3(corpus):
+    """A moto S3 server holding two demo sources; yields the URI query string that reaches it."""
+    with _env(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_EC2_METADATA_DISABLED="true"):
+        with _moto_server(corpus, BUCKET) as (query, _, fs):
+            yield query, fs
 
 
 def _s3_config(directory, corpus, query, paths=None):
@@ -65,14 +89,23 @@ def _s3_config(directory, corpus, query, paths=None):
     return write_config(directory, corpus, sources=sources)
 
 
-def test_a_cluster_reads_s3_sources_exactly_once_and_byte_for_byte(s3, corpus, tmp_path):
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def s3_run(s3, corpus, tmp_path_factory):
+    """An undisturbed run over the S3 sources: (config, {rank: tables})."""
+    path = _s3_config(tmp_path_factory.mktemp("s3run"), corpus, s3[0])
+    return path, fetch_run(path, steps=STEPS)
+
+
+def test_a_cluster_reads_s3_sources_exactly_once_and_byte_for_byte(s3, s3_run, corpus):
     query, _ = s3
-    path = _s3_config(tmp_path, corpus, query)
+    path, run = s3_run
     cfg = load_config(path)
     assert all(f.startswith(f"s3://{BUCKET}/") and query in f for s in cfg.sources for f in s.files)
     assert all("?" not in i for s in cfg.sources for i in s.file_ids)  # keys never carry the query string
-    run = fetch_run(path, steps=6)
-    planned = [k for record in journal(path)[:6] for b in record["bins"] for k in b]
+    planned = [k for record in journal(path)[:STEPS] for b in record["bins"] for k in b]
     delivered = [k for r in run for k in delivered_keys(run[r])]
     assert sorted(delivered) == sorted(planned) and len(set(delivered)) == len(delivered) > 20
     for table in run[0][:2]:  # every token is the Parquet text's bytes (byte tokenizer)
@@ -100,3 +133,121 @@ def test_a_missing_bucket_or_file_is_named_without_the_query_string(s3, corpus, 
     absent = _s3_config(tmp_path / "c", corpus, query, {"qa": f"s3://{BUCKET}/qa/absent.parquet?{query}"})
     with pytest.raises(ConfigError, match=f"file not found: s3://{BUCKET}/qa/absent.parquet"):
         load_config(absent)
+
+
+def _keys(tables) -> list[list[list[str]]]:
+    return [t.column("sample_keys").to_pylist() for t in tables]
+
+
+def test_kill_9_of_a_loader_reading_from_s3_changes_no_stream(s3, s3_run, corpus, tmp_path):
+    reference_path, reference = s3_run
+    path = _s3_config(tmp_path, corpus, s3[0])
+    ranks = load_config(path).mesh.world_size
+    with LocalCluster(path) as cluster:
+        fetchers = [StepFetcher(cluster.planner, r, timeout=60) for r in range(ranks)]
+        run = {r: [] for r in range(ranks)}
+        for step in range(STEPS):
+            if step == 3:
+                cluster.kill("loader-captions-0")
+            for r, f in enumerate(fetchers):
+                run[r].append(f.fetch(step))
+        for f in fetchers:
+            f.close()
+        assert cluster.child("loader-captions-0").restarts  # it really died and came back
+    assert {r: _keys(t) for r, t in run.items()} == {r: _keys(t) for r, t in reference.items()}
+
+
+def test_make_demo_data_writes_to_s3(s3, tmp_path, capsys):
+    query, fs = s3
+    cli.main(["make-demo-data", f"s3://{BUCKET}/made?{query}", "--sources", "2", "--rows-per-source", "40"])
+    out = capsys.readouterr().out
+    assert f"to s3://{BUCKET}/made\n" in out and "endpoint_override" not in out
+    local = make_many_sources(tmp_path / "local", 2, rows_per_source=40)  # the same files, written locally
+    for source, paths in local.items():
+        for path in paths:
+            with fs.open_input_stream(f"{BUCKET}/made/{source}/{path.name}") as remote:
+                assert remote.read() == path.read_bytes(), f"{source}/{path.name}"
+    cfg = load_config(write_config(tmp_path / "cfg", tmp_path, sources=[
+        {"name": s, "paths": f"s3://{BUCKET}/made/{s}/*.parquet?{query}", "weight": 1.0} for s in local]))
+    assert [len(s.files) for s in cfg.sources] == [len(p) for p in local.values()]
+    with pytest.raises(SystemExit, match="error: cannot write to s3://no-such-bucket/made: 'no-such-bucket' does "
+                                         "not exist") as info:
+        cli.main(["make-demo-data", f"s3://no-such-bucket/made?{query}", "--sources", "1"])
+    assert "endpoint_override" not in str(info.value)
+
+
+WRONG_SECRET = "wrong-secret-0000000000000000000000000000"
+
+
+@pytest.fixture(scope="module")
+def s3_iam(corpus):
+    """A moto server enforcing IAM (after its set-up): a user who may read everything, one who may only
+    list. Yields (query, {"reader": credentials, "lister": credentials})."""
+    import boto3
+    with _moto_server(corpus, "guarded") as (query, port, _):
+        iam = boto3.client("iam", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                           aws_access_key_id="testing", aws_secret_access_key="testing")
+        users = {}
+        for user, actions in (("reader", ["s3:*"]), ("lister", ["s3:ListBucket"])):
+            iam.create_user(UserName=user)
+            iam.put_user_policy(UserName=user, PolicyName="s3", PolicyDocument=json.dumps({
+                "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}))
+            key = iam.create_access_key(UserName=user)["AccessKey"]
+            users[user] = {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/moto-api/reset-auth", data=b"0", method="POST",
+                                         headers={"Content-Type": "text/plain"})
+        urllib.request.urlopen(request, timeout=10).read()  # from now on every request is authenticated
+        yield query, users
+
+
+def test_a_wrong_key_names_the_uri_never_the_credentials(s3_iam, corpus, tmp_path):
+    query, users = s3_iam
+    path = _s3_config(tmp_path, corpus, query, {n: f"s3://guarded/{n}/*.parquet?{query}" for n in SOURCES})
+    with _env(**users["reader"]):
+        assert len(load_config(path).sources[0].files) > 1  # the right key lists the files
+    with _env(AWS_ACCESS_KEY_ID="AKIAWRONGKEY00000000", AWS_SECRET_ACCESS_KEY=WRONG_SECRET):
+        with pytest.raises(ConfigError, match=r"cannot list s3://guarded/\w+/\*\.parquet") as info:
+            load_config(path)
+    message = str(info.value)
+    assert "AKIAWRONGKEY" not in message and WRONG_SECRET not in message and "endpoint_override" not in message
+
+
+def test_a_denied_read_names_the_file(s3_iam, corpus, tmp_path):
+    query, users = s3_iam
+    path = _s3_config(tmp_path, corpus, query, {n: f"s3://guarded/{n}/*.parquet?{query}" for n in SOURCES})
+    with _env(**users["lister"]):  # may list the bucket, not read its objects
+        cluster = LocalCluster(path)  # the config loads: listing is allowed
+        with pytest.raises(RuntimeError, match=r"cannot read Parquet file s3://guarded/\w+/part-\d+\.parquet") as info:
+            cluster.start()
+    message = str(info.value)
+    assert "ACCESS_DENIED" in message, message
+    assert users["lister"]["AWS_SECRET_ACCESS_KEY"] not in message and "endpoint_override" not in message
+
+
+def test_a_file_deleted_mid_run_is_named_and_the_loader_lives_on(s3, corpus, tmp_path):
+    query, fs = s3
+    prefix = f"{BUCKET}/deleting"
+    for name in SOURCES:  # a copy of its own: the other tests keep their files
+        for path in sorted((corpus / name).glob("*.parquet")):
+            pafs.copy_files(str(path), f"{prefix}/{name}/{path.name}", destination_filesystem=fs)
+    path = _s3_config(tmp_path, corpus, query, {n: f"s3://{prefix}/{n}/*.parquet?{query}" for n in SOURCES})
+    path.write_text(path.read_text() + "loader: {read_ahead_row_groups: 1}\n")
+    victim = sorted((corpus / "captions").glob("*.parquet"))[-1].name
+    ranks = load_config(path).mesh.world_size
+    with LocalCluster(path) as cluster:
+        loader = cluster.child("loader-captions-0")
+        pid = loader.process.pid
+        fetchers = [StepFetcher(cluster.planner, r, timeout=60) for r in range(ranks)]
+        delivered = []
+        for step in range(12):
+            if step == 1:
+                fs.delete_file(f"{prefix}/captions/{victim}")
+            delivered += [k for f in fetchers for k in delivered_keys([f.fetch(step)])]
+        for f in fetchers:
+            f.close()
+        assert loader.process.poll() is None and loader.process.pid == pid and not loader.restarts  # lived on
+    log = loader.log_path.read_text()
+    assert f"cannot read s3://{prefix}/captions/{victim} row group" in log, log[-3000:]
+    assert "endpoint_override" not in log and "testing" not in log
+    planned = [k for record in journal(path)[:12] for b in record["bins"] for k in b]
+    assert sorted(delivered) == sorted(planned) and len(set(delivered)) == len(delivered)  # the rest, once each
