@@ -51,7 +51,7 @@ class SourceFeed:
         self.drawn = 0    # samples handed out by next() (a deferred one counts each time)
         self._deferred: collections.deque[Pick] = collections.deque()
         self._order: tuple[int, list[RowGroupRef]] | None = None  # (epoch, its row-group order)
-        self._current: tuple[tuple[int, int], RowGroupRef, np.ndarray, dict] | None = None
+        self._current: tuple[tuple[int, int], RowGroupRef, list[int], dict, list] | None = None
 
     def next(self) -> Pick:
         """The next sample to plan: deferred ones first, in their order, then the stream."""
@@ -60,13 +60,13 @@ class SourceFeed:
             return self._deferred.popleft()
         passed = 0  # rows passed over since the last sample: a whole epoch of them means nothing is readable
         while True:
-            rg, permutation, meta = self._row_group()
+            rg, permutation, meta, lengths = self._row_group()
             if self.row_index >= len(permutation):
                 self._advance()
                 continue
-            row = int(permutation[self.row_index])
+            row = permutation[self.row_index]
             self.row_index += 1
-            tokens = int(meta["num_tokens"][row])
+            tokens = int(lengths[row])
             if tokens <= 0:
                 self.skipped += 1
                 passed += 1
@@ -86,8 +86,9 @@ class SourceFeed:
         if self.rg_index == len(self.row_groups):
             self.epoch, self.rg_index = self.epoch + 1, 0
 
-    def _row_group(self) -> tuple[RowGroupRef, np.ndarray, dict]:
-        """The row group under the cursor, its row permutation and its metadata (fetched once)."""
+    def _row_group(self) -> tuple[RowGroupRef, list[int], dict, list]:
+        """The row group under the cursor, its row permutation and its metadata (fetched once); the
+        permutation and the lengths as Python lists, read once per sample (numpy scalars cost more)."""
         where = (self.epoch, self.rg_index)
         if self._current is None or self._current[0] != where:
             if self._order is None or self._order[0] != self.epoch:
@@ -95,7 +96,8 @@ class SourceFeed:
                                                        epoch=self.epoch))
             rg = self._order[1][self.rg_index]
             permutation = row_permutation(rg, seed=self.seed, source=self.name, epoch=self.epoch)
-            self._current = (where, rg, permutation, self.fetch_meta(self.epoch, rg))
+            meta = self.fetch_meta(self.epoch, rg)
+            self._current = (where, rg, permutation.tolist(), meta, np.asarray(meta["num_tokens"]).tolist())
         return self._current[1:]
 
     def frontier(self) -> int:

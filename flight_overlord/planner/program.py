@@ -47,11 +47,12 @@ class StepPlan:
     def to_record(self) -> dict:
         """The journal record: enough to serve this plan again without planning it (every sample's
         epoch and planned size are in ``samples``)."""
-        picks = {p.ref.key: p for b in self.bins for p in b}
+        bins = [[p.ref.key for p in b] for b in self.bins]  # a key is a formatted string: made once per sample
+        picks = {key: p for keys, b in zip(bins, self.bins) for key, p in zip(keys, b)}
         if self.encoder is not None:
             picks.update((p.ref.key, p) for b in self.encoder for p, _ in b)
         record = {"step": self.step, "layout": self.layout(), "weights": self.weights, "stats": self.stats,
-                  "bins": [[p.ref.key for p in b] for b in self.bins],
+                  "bins": bins,
                   "samples": {k: [p.ref.epoch, p.tokens, p.patches, list(p.image_sizes)] for k, p in picks.items()}}
         if self.feedback is not None:
             record["feedback"] = self.feedback
@@ -104,16 +105,22 @@ def draw_mixture(feeds: dict[str, SourceFeed], mixer: Mixer, weights: dict[str, 
     gb = strategy.cfg.global_batch
     by_tokens = gb.tokens_per_step is not None
     budget = gb.tokens_per_step if by_tokens else gb.samples_per_step
+    longest = strategy.max_sample_tokens
+    draw = [feeds[source].next for source in mixer.sources]
+    mix = mixer.run(weights)  # the mixer's choose/charge on plain floats: same choices, no numpy per sample
     picks, total = [], 0
-    while total < budget:
-        source = mixer.choose(weights)
-        pick = feeds[source].next()
-        if pick.tokens > strategy.max_sample_tokens:
-            pick = pick._replace(tokens=strategy.max_sample_tokens)
-        amount = pick.tokens if by_tokens else 1
-        mixer.charge(source, amount, weights)
-        picks.append(pick)
-        total += amount
+    try:
+        while total < budget:
+            i = mix.choose()
+            pick = draw[i]()
+            if pick.tokens > longest:
+                pick = pick._replace(tokens=longest)
+            amount = pick.tokens if by_tokens else 1
+            mix.charge(i, amount)
+            picks.append(pick)
+            total += amount
+    finally:
+        mix.close()
     return picks
 
 
@@ -298,18 +305,21 @@ def _stats(plan: StepPlan, picks: list[Pick], costs: np.ndarray, bin_indices, un
     buckets, m = plan.num_buckets, plan.microbatches
     placed = np.ones(len(picks), dtype=bool)
     placed[unplaced] = False
-    bin_costs = np.array([costs[idx].sum() for idx in bin_indices])
+    bin_costs = _sums(costs, bin_indices)
     bucket_costs = bin_costs.reshape(buckets, m).sum(axis=1)
-    # The same samples without balancing: contiguous equal-count chunks per bucket, as a
-    # conventional per-rank loader would get them.
+    # The same samples without balancing: contiguous equal-count chunks per bucket (np.array_split's
+    # sizes), as a conventional per-rank loader would get them.
     order = np.flatnonzero(placed)
-    unbalanced = np.array([costs[chunk].sum() for chunk in np.array_split(order, buckets)])
-    samples, tokens, patches = defaultdict(int), defaultdict(int), defaultdict(int)
-    for pick, ok in zip(picks, placed):
-        if ok:
-            samples[pick.ref.source] += 1
-            tokens[pick.ref.source] += pick.tokens
-            patches[pick.ref.source] += pick.patches
+    short, extra = divmod(order.size, buckets)
+    unbalanced = _sums(costs, np.split(order, np.cumsum([short + 1] * extra + [short] * (buckets - extra))[:-1]))
+    kept = [p for p, ok in zip(picks, placed.tolist()) if ok]
+    names = list(dict.fromkeys(p.ref.source for p in kept))  # first placed appearance first, as a loop would
+    code = {name: i for i, name in enumerate(names)}
+    codes = np.fromiter((code[p.ref.source] for p in kept), dtype=np.int64, count=len(kept))
+    samples, tokens, patches = (
+        dict(zip(names, np.bincount(codes, weights=w, minlength=len(names)).astype(np.int64).tolist()))
+        for w in (None, np.fromiter((p.tokens for p in kept), dtype=np.float64, count=len(kept)),
+                  np.fromiter((p.patches for p in kept), dtype=np.float64, count=len(kept))))
     return {
         "weights": plan.weights, "samples": dict(samples), "tokens": dict(tokens), "image_patches": dict(patches),
         "deferred": int(len(unplaced)),
@@ -318,6 +328,15 @@ def _stats(plan: StepPlan, picks: list[Pick], costs: np.ndarray, bin_indices, un
         "max_rank_cost": float(bucket_costs.max()), "max_rank_cost_unbalanced": float(unbalanced.max()),
         "lower_bound": float(balance.lower_bound(costs[placed], buckets)) if placed.any() else 0.0,
     }
+
+
+def _sums(costs: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
+    """The total cost of each group of indices, in one bincount rather than a numpy call per group."""
+    sizes = [len(g) for g in groups]
+    if not sum(sizes):
+        return np.zeros(len(groups))
+    members = np.concatenate([np.asarray(g, dtype=np.int64) for g in groups])
+    return np.bincount(np.repeat(np.arange(len(groups)), sizes), weights=costs[members], minlength=len(groups))
 
 
 def max_over_mean(x: np.ndarray) -> float:

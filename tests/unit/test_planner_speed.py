@@ -1,0 +1,74 @@
+"""The Planner's fast paths keep its contracts: the mixer's float loop makes the same choices as
+choose/charge, and a step planned over synthetic feeds is the same twice, with stats that match
+its bins. (Speed itself is measured by scripts/bench_planner.py, never asserted here.)"""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+from flight_overlord.core.mixing import Mixer
+from flight_overlord.core.order import RowGroupRef
+from flight_overlord.planner.feed import SourceFeed
+from flight_overlord.planner.program import plan_step
+from flight_overlord.planner.strategy import Strategy
+from flight_overlord.config import load_config
+
+from ..helpers import write_config
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mixer_run_makes_the_same_choices_as_choose_and_charge(seed):
+    rng = np.random.default_rng(seed)
+    sources = [f"s{i}" for i in range(6)]
+    weights = dict(zip(sources, rng.choice([0.0, 0.1, 0.25, 1 / 3], size=6).tolist()))
+    weights["s2"] = 0.3  # at least one positive weight
+    slow, fast = Mixer(sources), Mixer(sources)
+    for step in range(5):  # several runs in a row: state written back and read again
+        amounts = rng.integers(1, 5000, size=200).tolist()
+        slow_choices = []
+        for amount in amounts:
+            source = slow.choose(weights)
+            slow.charge(source, amount, weights)
+            slow_choices.append(sources.index(source))
+        run = fast.run(weights)
+        fast_choices = []
+        for amount in amounts:
+            i = run.choose()
+            run.charge(i, amount)
+            fast_choices.append(i)
+        run.close()
+        assert fast_choices == slow_choices
+        assert fast.state_dict() == slow.state_dict()  # bit for bit: the same doubles
+
+
+def _feeds(lengths: dict[str, int], rows: int = 3000):
+    def fetch(source):
+        def meta(epoch, rg):
+            rng = np.random.default_rng([epoch, sum(map(ord, source))])
+            return {"num_tokens": rng.integers(1, lengths[source] + 1, rg.num_rows)}
+        return meta
+    return {s: SourceFeed(s, [RowGroupRef(f"{s}.parquet", g, rows) for g in range(2)], 3, fetch(s)) for s in lengths}
+
+
+def test_plans_are_repeatable_and_their_stats_match_the_bins(tmp_path, corpus):
+    lengths = {"captions": 64, "longdocs": 900, "code": 300}
+    batch = {"context_length": 1024, "microbatches": 3, "tokens_per_step": 9000}
+    strategy = Strategy(load_config(write_config(tmp_path, corpus, global_batch=batch)))
+    weights = {"captions": 0.2, "longdocs": 0.5, "code": 0.3}
+    runs = []
+    for _ in range(2):
+        feeds, mixer = _feeds(lengths), Mixer(list(lengths))
+        runs.append([plan_step(step, feeds, mixer, strategy, weights).to_record() for step in range(12)])
+    assert runs[0] == runs[1]
+    for record in runs[0]:
+        placed = [key for b in record["bins"] for key in b]
+        assert len(placed) == len(set(placed))
+        by_source = collections.Counter(key.split(":", 1)[0] for key in placed)
+        tokens = collections.Counter()
+        for key in placed:
+            tokens[key.split(":", 1)[0]] += record["samples"][key][1]
+        assert record["stats"]["samples"] == dict(by_source)
+        assert record["stats"]["tokens"] == dict(tokens)
+        assert record["stats"]["imbalance"] >= 1.0
