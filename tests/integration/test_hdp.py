@@ -40,6 +40,8 @@ def hdp_run(tmp_path_factory):
     cfg = load_config(path)
     with LocalCluster(path) as cluster:
         client = fl.FlightClient(cluster.planner)  # a stock client: descriptor -> endpoint -> do_get
+        schema = client.get_schema(fl.FlightDescriptor.for_path("batch", "0", "0")).schema
+        assert schema.metadata[b"name"] == b"hdp_microbatch" and "seq_cp_first" in schema.names
         run = {}
         for step in range(STEPS):
             for rank in range(cfg.mesh.world_size):
@@ -103,6 +105,7 @@ def test_every_token_once_per_domain_on_its_group(hdp_run):
                 assert table.column("sample_keys").equals(peer.column("sample_keys"))
                 assert all(len(x) == 0 for x in table.column("input_ids").to_pylist())
     assert groups_seen[1] > 0 and sum(n for g, n in groups_seen.items() if g > 1) > 0, groups_seen
+    assert {k for rec in records for k in rec["stats"]["hdp"]} >= {"step_time", "idle_fraction", "cp_tokens"}
     assert longest > PER_RANK  # samples longer than a rank's capacity arrived whole, on groups
 
 
