@@ -202,3 +202,21 @@ def test_rank_table_columns(corpus, tmp_path):
     assert row["input_ids"] == [4, 5, 6, 7, 8, 9] + list(range(1, 8)) and row["num_tokens"] == 13
     meta = hdp_rank_table(3, 1, [[(a, 2, 0)]], Delivery(1, None, False), cfg).to_pylist()[0]
     assert meta["input_ids"] == [] and meta["token_ranges"] == [] and meta["seq_cp_size"] == [2]
+
+
+def test_shipped_long_context_config_plans_hdp(tmp_path):
+    import pathlib
+
+    import yaml
+
+    from flight_overlord.demo.long_tail import make_long_tail
+    from flight_overlord.planner.strategy import load_strategy
+
+    configs = pathlib.Path(__file__).resolve().parents[2] / "configs"
+    raw = yaml.safe_load((configs / "long_context_hdp.yaml").read_text())
+    make_long_tail(tmp_path / "data", "longtail_256k", rows=64, max_tokens=262144, files=2)
+    raw.update(data_root=str(tmp_path / "data"), run_dir=str(tmp_path / "run"))
+    raw["strategy"]["file"] = str(configs / raw["strategy"]["file"])
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    s = load_strategy(load_config(tmp_path / "c.yaml"))
+    assert (s.axis, s.num_buckets, s.capacity, s.max_sample_tokens) == ("HDP", 8, 32768, 262144)
