@@ -1,0 +1,475 @@
+#!/usr/bin/env python
+"""End-to-end training throughput with simulated accelerators: balanced vs unbalanced vs colocated.
+
+One process per trainer rank (8 by default) takes each step's microbatches, "computes" each
+microbatch for the time a real model would need on a real accelerator (a sleep, so the 2 cores
+stay free for the data path), then waits at a step barrier for every rank (a
+``multiprocessing.Barrier``, standing in for the gradient all-reduce). The step time is set by the
+slowest rank, which is what balancing is about. Side by side in one run, same data and seed:
+
+- ``flight_overlord balanced``: ``LocalCluster`` + ``TrainerClient`` (prefetch 2), the Planner
+  balancing a*l + b*l^2 over ranks and microbatches (``balance: greedy``); for the VLM mix the
+  hybrid strategy of ``configs/strategies/vlm.py`` (backbone balanced over DP, images over every
+  rank for the vision encoder);
+- ``flight_overlord unbalanced``: the same cluster with ``balance: none`` (samples fill the
+  microbatches in arrival order, as a conventional loader packs them; images stay with their
+  sequence);
+- ``colocated``: bench_delivery's colocated torch DataLoader per rank (2 workers, each opening every
+  file of its sources, packing greedily in arrival order to the same microbatches per step).
+
+The cost model (printed with every run): a dense 7B decoder (Llama-2-7B: 6.74e9 parameters,
+32 layers, hidden 4096). Training FLOPs per microbatch = 6 * N * tokens + 12 * layers * hidden *
+sum(l^2) over its packed sequences (attention scores and values, forward and backward, no causal
+discount), at 400 TFLOP/s peak and 40 % MFU (160 TFLOP/s). The VLM mix adds a ViT encoder
+(Qwen2-VL's, 675M parameters, 32 layers, hidden 1280) over each image's patches, attention
+within each image. Simulated seconds are multiplied by ``--time-scale`` (per corpus by default) so
+that a step takes a few hundred ms here; every figure in wall time is of the scaled simulation,
+and the ratios are what carries over.
+
+Scenarios are a table (``SCENARIOS``: a corpus, config overrides, and a compute function of a
+rank's microbatches); ``--scenarios`` picks some. The static context-parallel ones
+(``text-cp2-bshd``, ``text-cp2-thd``) run dp=4 x cp=2 and add ring attention's KV traffic.
+
+    .venv/bin/python scripts/bench_training.py                   # defaults: ~3 min on 2 cores
+    .venv/bin/python scripts/bench_training.py --steps 10 --scenarios text-balanced,text-unbalanced
+    .venv/bin/python scripts/bench_training.py --ranks 16 --data /tmp/bench-data
+
+What it leaves out: real kernels (compute time is a formula, exact per microbatch, no jitter, no
+kernel-efficiency drop for short sequences), the all-reduce's own time (the barrier is free),
+pipeline and tensor parallelism, optimizer steps, host-to-device copies, and the trainer's own CPU
+work beyond turning Arrow into tensors.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import yaml
+
+from bench_delivery import colocated_loader, run_ranks
+from benchlib import argument_parser, cluster_roots, log, plan_imbalance, print_header, workspace, write_config
+
+REPO = Path(__file__).resolve().parent.parent
+TFLOPS, MFU = 400e12, 0.40
+FLOPS = TFLOPS * MFU  # what the simulated accelerator sustains
+
+
+# ---------------------------------------------------------------------------------------------
+# The cost model: seconds of a real accelerator per microbatch
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelCost:
+    """Training (forward + backward) time of a transformer on one accelerator: a * tokens + b * l^2
+    per sequence of l tokens, from 6 * params FLOPs per token and 12 * layers * hidden per token pair."""
+    name: str
+    params: float
+    layers: int
+    hidden: int
+
+    @property
+    def a(self) -> float:
+        return 6 * self.params / FLOPS
+
+    @property
+    def b(self) -> float:
+        return 12 * self.layers * self.hidden / FLOPS
+
+    def seconds(self, lengths: np.ndarray) -> float:
+        lengths = np.asarray(lengths, dtype=np.float64)
+        return float(self.a * lengths.sum() + self.b * (lengths ** 2).sum())
+
+    def describe(self) -> str:
+        return (f"{self.name}: a = 6*{self.params:.3g}/{FLOPS:.3g} = {self.a * 1e6:.1f} us/token, "
+                f"b = 12*{self.layers}*{self.hidden}/{FLOPS:.3g} = {self.b * 1e9:.2f} ns/token^2 "
+                f"(a 32K sequence: {self.seconds([32768]):.1f} s, {self.b * 32768**2 / self.seconds([32768]):.0%} attention)")
+
+
+LLM = ModelCost("Llama-2-7B backbone", 6.74e9, 32, 4096)
+VIT = ModelCost("Qwen2-VL ViT", 6.75e8, 32, 1280)
+KV_BYTES_PER_TOKEN = 2 * LLM.hidden * 2 * LLM.layers  # K and V, bf16, every layer (no GQA in Llama-2-7B)
+CP_LINK_BYTES_PER_S = 100e9  # per rank, ring neighbour to neighbour
+CP_PASSES = 3  # forward sends K,V around the ring; backward sends K,V and dK,dV
+
+
+def sequence_lengths(mb: dict) -> np.ndarray:
+    return np.diff(np.asarray(mb["cu_seqlens"], dtype=np.int64))
+
+
+def backbone(mbs: list[dict], encoder_inputs=None) -> list[float]:
+    """One entry per microbatch: the backbone over its packed sequences (image placeholders included)."""
+    return [LLM.seconds(sequence_lengths(mb)) for mb in mbs]
+
+
+def image_patches(grids) -> np.ndarray:
+    return np.array([int(np.prod(g)) for grid in grids for g in np.asarray(grid).reshape(-1, 3)], dtype=np.int64)
+
+
+def vlm_own_images(mbs: list[dict], encoder_inputs=None) -> list[float]:
+    """Backbone per microbatch, each microbatch's images through the ViT on this rank first."""
+    return [VIT.seconds(image_patches([mb["image_grid_thw"]])) + LLM.seconds(sequence_lengths(mb)) for mb in mbs]
+
+
+def vlm_hybrid(mbs: list[dict], encoder_inputs: list[dict]) -> list[float]:
+    """The ViT over the images the image graph gave this rank (one entry), then the backbone per
+    microbatch. The embeddings' all-to-all back to the sequences' owners is not charged."""
+    return [VIT.seconds(image_patches([e["image_grid_thw"] for e in encoder_inputs]))] + backbone(mbs)
+
+
+def context_parallel(cp: int, mbs: list[dict], encoder_inputs=None) -> list[float]:
+    """One CP rank's share of each microbatch: a * the real positions it holds, plus 2b * the causal
+    (query, key) pairs of those query positions (so the cp ranks' pairs add up to b * l^2 per
+    sequence), plus ring attention's exposed KV traffic: CP_PASSES * (cp - 1) * held tokens *
+    KV_BYTES_PER_TOKEN / CP_LINK_BYTES_PER_S. Sequence i's real tokens are the first
+    ``cu_seqlens[i+1] - cu_seqlens[i]`` positions of its slot in ``cu_seqlens_padded``; padding
+    (within a slot, or after the last) costs nothing, as for the other scenarios."""
+    out = []
+    for mb in mbs:
+        starts = np.asarray(mb["cu_seqlens_padded"], dtype=np.int64)[:-1]
+        ends = starts + sequence_lengths(mb)
+        ranges = np.asarray(mb["token_ranges"], dtype=np.int64).reshape(-1, 2)
+        held, pairs = 0, 0.0
+        for lo, hi in ranges:
+            for s in range(max(int(np.searchsorted(starts, lo, side="right")) - 1, 0), len(starts)):
+                if starts[s] >= hi:
+                    break
+                x, y = max(lo, starts[s]), min(hi, ends[s])
+                if y > x:  # positions x..y-1 of the sequence starting at starts[s]: each sees p - start + 1 keys
+                    held += y - x
+                    pairs += (y - x) * ((x + y - 1) / 2 - starts[s] + 1)
+        comm = CP_PASSES * (cp - 1) * held * KV_BYTES_PER_TOKEN / CP_LINK_BYTES_PER_S
+        out.append(LLM.a * held + 2 * LLM.b * pairs + comm)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Scenarios: a corpus, how to deploy over it, and what a rank computes
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Corpus:
+    config: str            # the base config under configs/
+    time_scale: float      # default simulated -> wall seconds factor
+    images: bool = False   # needs the demo corpus (with images); else the long-tail source
+
+
+CORPORA = {
+    "text": Corpus("long_tail_32k.yaml", 0.02),
+    "vlm": Corpus("vlm.yaml", 0.5, images=True),
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """``config``: top-level sections merged over the corpus's config (``strategy: None`` drops it);
+    ``compute(microbatches, encoder_inputs) -> [simulated seconds]``, slept one entry at a time."""
+    corpus: str
+    side: str
+    compute: Callable
+    config: dict = field(default_factory=dict)
+    colocated: bool = False  # bench_delivery's colocated DataLoader instead of a cluster
+    encoder: bool = False    # the strategy has an image graph: TrainerClient(encoder=True)
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "text-balanced": Scenario("text", "flight_overlord balanced", backbone, {"balance": {"method": "greedy"}}),
+    "text-unbalanced": Scenario("text", "flight_overlord unbalanced", backbone, {"balance": {"method": "none"}}),
+    "text-colocated": Scenario("text", "colocated DataLoader", backbone, colocated=True),
+    "vlm-hybrid": Scenario("vlm", "flight_overlord hybrid (vlm.py)", vlm_hybrid, encoder=True),
+    "vlm-unbalanced": Scenario("vlm", "flight_overlord unbalanced", vlm_own_images,
+                               {"strategy": None, "balance": {"method": "none"}}),
+    "text-cp2-bshd": Scenario("text", "static CP=2, whole-buffer split (bshd)", partial(context_parallel, 2),
+                              {"mesh": {"cp": 2, "cp_format": "bshd"}, "balance": {"method": "greedy"}}),
+    "text-cp2-thd": Scenario("text", "static CP=2, per-sequence split (thd)", partial(context_parallel, 2),
+                             {"mesh": {"cp": 2, "cp_format": "thd"}, "balance": {"method": "greedy"}}),
+}
+DEFAULT_SCENARIOS = "text-balanced,text-unbalanced,text-colocated,vlm-hybrid,vlm-unbalanced"
+
+
+# ---------------------------------------------------------------------------------------------
+# A rank: fetch, compute (sleep), barrier
+# ---------------------------------------------------------------------------------------------
+
+def train(channel, next_batch: Callable, compute: Callable, warmup: int, steps: int, scale: float, barrier) -> None:
+    """Per timed step: (start, data wait, compute, barrier wait, end, real tokens, simulated s, microbatches)."""
+    records = []
+    for i in range(warmup + steps):
+        if i == warmup:
+            channel.warm()  # every rank warm, then all start the timed phase together
+        t0 = time.monotonic()
+        mbs, encoder_inputs = next_batch()
+        t1 = time.monotonic()
+        seconds = compute(mbs, encoder_inputs)
+        for s in seconds:
+            time.sleep(s * scale)
+        t2 = time.monotonic()
+        barrier.wait(600)
+        t3 = time.monotonic()
+        if i >= warmup:
+            tokens = sum(int(mb["num_tokens"]) for mb in mbs)
+            records.append((t0, t1 - t0, t2 - t1, t3 - t2, t3, tokens, sum(seconds), len(mbs)))
+    channel.result(records)
+
+
+def overlord_rank(channel, planner: str, scenario: Scenario, warmup: int, steps: int, scale: float,
+                  prefetch: int, barrier) -> None:
+    from flight_overlord.client.trainer import TrainerClient
+
+    with TrainerClient(planner, channel.rank, num_steps=warmup + steps, prefetch=prefetch,
+                       encoder=scenario.encoder) as client:
+        batches = iter(client)
+        next_batch = (lambda: next(batches)) if scenario.encoder else (lambda: (next(batches), None))
+        train(channel, next_batch, scenario.compute, warmup, steps, scale, barrier)
+
+
+def colocated_rank(channel, scenario: Scenario, sources, data_dir: str, ranks: int, workers: int,
+                   context_length: int, microbatches: int, seed: int, warmup: int, steps: int, scale: float,
+                   barrier) -> None:
+    batches = iter(colocated_loader(sources, data_dir, channel.rank, ranks, workers, context_length, seed))
+    train(channel, lambda: ([next(batches) for _ in range(microbatches)], None), scenario.compute,
+          warmup, steps, scale, barrier)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a scenario
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    name: str
+    scenario: Scenario
+    records: list[np.ndarray]  # per rank: steps x 8 (see train())
+    scale: float
+    notes: list[str] = field(default_factory=list)
+
+    def column(self, i: int) -> np.ndarray:
+        return np.stack([r[:, i] for r in self.records])  # ranks x steps
+
+    @property
+    def step_times(self) -> np.ndarray:
+        """Per step, mean over ranks of (end - start); the ranks leave the barrier together."""
+        return (self.column(4) - self.column(0)).mean(axis=0)
+
+    @property
+    def elapsed(self) -> float:
+        return float(self.column(4).max() - self.column(0).min())
+
+    @property
+    def tokens_per_s(self) -> float:
+        return float(self.column(5).sum()) / self.elapsed
+
+    def share(self, i: int) -> float:
+        """Column i's time over all ranks' step time."""
+        return float(self.column(i).sum() / (self.column(4) - self.column(0)).sum())
+
+    @property
+    def stall(self) -> float:
+        """Step time beyond the slowest rank's compute, over step time: the critical path's data waits
+        (one rank's wait holds every rank at the barrier) and the barrier's own latency."""
+        steps = (self.column(4) - self.column(0)).mean(axis=0)
+        return float((steps - self.column(2).max(axis=0)).clip(min=0).sum() / steps.sum())
+
+    @property
+    def compute_imbalance(self) -> float:
+        """Simulated compute max/mean over ranks, averaged over steps: what the barrier waits for."""
+        sim = self.column(6)
+        return float(np.mean(sim.max(axis=0) / sim.mean(axis=0)))
+
+
+def overlord_config(args, tmp: Path, data_dir: Path, name: str, scenario: Scenario) -> Path:
+    corpus = CORPORA[scenario.corpus]
+    raw = yaml.safe_load((REPO / "configs" / corpus.config).read_text())
+    dp0 = (raw.get("mesh") or {}).get("dp", 1)  # the config's tokens_per_step is for that many DP ranks
+    gb = raw["global_batch"]
+    cp = scenario.config.get("mesh", {}).get("cp", 1)
+    sections = {k: v for k, v in raw.items() if k not in ("seed", "data_root", "run_dir", "sources", "mesh",
+                                                          "global_batch", "network")}
+    strategy = sections.get("strategy")
+    if isinstance(strategy, str):
+        sections["strategy"] = str((REPO / "configs" / strategy).resolve())
+    for key, value in scenario.config.items():
+        if key == "mesh":
+            continue
+        if value is None:
+            sections.pop(key, None)
+        else:
+            sections[key] = {**sections.get(key, {}), **value} if isinstance(value, dict) else value
+    sections["prefetch"] = args.prefetch
+    sections["cost"] = {"model": "attention", "a": 1.0, "b": float(f"{LLM.b / LLM.a:.4g}")}  # the simulated model's
+    path = write_config(tmp / f"{name}.yaml", data_dir, raw["sources"], ranks=args.ranks // cp,
+                        context_length=gb["context_length"], microbatches=gb["microbatches"],
+                        tokens_per_step=int(gb["tokens_per_step"] * args.ranks / cp / dp0), seed=raw["seed"],
+                        run_dir=tmp / f"run-{name}", **sections)
+    config = yaml.safe_load(path.read_text())
+    config["mesh"] = {"dp": args.ranks // cp, **scenario.config.get("mesh", {})}
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def run_scenario(args, tmp: Path, data_dir: Path, name: str) -> Result:
+    scenario = SCENARIOS[name]
+    scale = args.time_scale or CORPORA[scenario.corpus].time_scale
+    barrier = mp.get_context("spawn").Barrier(args.ranks)
+    config = overlord_config(args, tmp, data_dir, name, scenario)
+    notes = []
+    if scenario.colocated:
+        raw = yaml.safe_load(config.read_text())
+        sources = [(s["name"], float(s.get("weight", 1.0)), 1) for s in raw["sources"]]
+        gb = raw["global_batch"]
+        per_rank = (scenario, sources, str(data_dir), args.ranks, args.workers, gb["context_length"],
+                    gb["microbatches"], raw["seed"], args.warmup, args.steps, scale, barrier)
+        records, sampler = run_ranks(name, colocated_rank, [per_rank] * args.ranks, label="rank",
+                                     child_label="worker", timeout=args.timeout)
+        notes.append(f"{args.ranks} ranks x {args.workers} DataLoader workers")
+    else:
+        from flight_overlord.deploy.launch import LocalCluster
+        cluster = LocalCluster(config)
+        try:
+            started = time.monotonic()
+            planner = cluster.start()
+            roles = cluster_roots(cluster)
+            log(f"[{name}] {len(roles)} role processes up in {time.monotonic() - started:.1f}s")
+            per_rank = (planner, scenario, args.warmup, args.steps, scale, args.prefetch, barrier)
+            records, sampler = run_ranks(name, overlord_rank, [per_rank] * args.ranks, label="trainer",
+                                         extra_roots=lambda: roles, timeout=args.timeout)
+            notes.append(plan_imbalance(planner, args.warmup, args.warmup + args.steps - 1))
+        finally:
+            cluster.stop()
+        notes.append(f"{len(roles)} role processes + {args.ranks} trainers, prefetch {args.prefetch}")
+    notes += sampler.summary()[1:]  # CPU shares (memory is bench_memory's business)
+    result = Result(name, scenario, [np.array(r, dtype=np.float64) for r in records], scale, notes)
+    log(f"[{name}] step {result.step_times.mean() * 1e3:.0f} ms, {result.tokens_per_s:.0f} tokens/s, "
+        f"data wait {result.share(1):.2%}, barrier {result.share(3):.1%}")
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+
+def report(results: list[Result], args) -> None:
+    print("| scenario | side | step ms mean | p50 | p95 | tokens/s (wall) | tokens/s (simulated accelerators) "
+          "| idle | of which data wait | barrier wait | step beyond slowest compute | compute max/mean |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in results:
+        st = r.step_times * 1e3
+        print(f"| {r.name} | {r.scenario.side} | {st.mean():.0f} | {np.percentile(st, 50):.0f} | "
+              f"{np.percentile(st, 95):.0f} | {r.tokens_per_s:,.0f} | {r.tokens_per_s * r.scale:,.0f} | "
+              f"{r.share(1) + r.share(3):.1%} | {r.share(1):.2%} | {r.share(3):.1%} | {r.stall:.2%} | "
+              f"{r.compute_imbalance:.3f} |")
+    print()
+    for corpus in CORPORA:
+        group = [r for r in results if r.scenario.corpus == corpus]
+        if len(group) < 2:
+            continue
+        first = group[0]
+        for r in group[1:]:
+            print(f"- {corpus}: {first.name} vs {r.name}: step time {r.step_times.mean() / first.step_times.mean():.2f}x "
+                  f"shorter, tokens/s {first.tokens_per_s / r.tokens_per_s:.2f}x")
+    goals = [r for r in results if not r.scenario.colocated and args.prefetch == 2]
+    for r in goals:
+        met = "met" if r.share(1) < 0.01 else "NOT met"
+        print(f"- data-wait idle under 1% of step time at prefetch 2, {r.name}: {r.share(1):.2%} ({met})")
+    print()
+    for r in results:
+        for note in r.notes:
+            print(f"- {r.name}: {note}")
+
+
+def plot(results: list[Result], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    corpora = [c for c in CORPORA if any(r.scenario.corpus == c for r in results)]
+    fig, axes = plt.subplots(len(corpora), 1, figsize=(9, 3.6 * len(corpora)), squeeze=False)
+    for ax, corpus in zip(axes[:, 0], corpora):
+        for r in results:
+            if r.scenario.corpus == corpus:
+                ax.plot(np.arange(len(r.step_times)), r.step_times * 1e3, marker=".",
+                        label=f"{r.name}: {r.scenario.side} (mean {r.step_times.mean() * 1e3:.0f} ms)")
+        ax.set_title(f"{corpus}: step time per step, {args_summary(results, corpus)}")
+        ax.set_xlabel("timed step")
+        ax.set_ylabel("step time (ms, scaled simulation)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+def args_summary(results: list[Result], corpus: str) -> str:
+    r = next(r for r in results if r.scenario.corpus == corpus)
+    return f"{len(r.records)} ranks, time scale {r.scale:g}"
+
+
+def parse_args(argv=None):
+    p = argument_parser(__doc__)
+    p.add_argument("--ranks", type=int, default=8, help="trainer ranks (default 8)")
+    p.add_argument("--steps", type=int, default=30, help="timed steps per scenario (default 30)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    p.add_argument("--prefetch", type=int, default=2, help="TrainerClient prefetch (default 2)")
+    p.add_argument("--workers", type=int, default=2, help="colocated DataLoader workers per rank (default 2)")
+    p.add_argument("--time-scale", type=float, default=None,
+                   help="wall seconds per simulated second (default per corpus: "
+                        + ", ".join(f"{k} {c.time_scale:g}" for k, c in CORPORA.items()) + ")")
+    p.add_argument("--scenarios", default=DEFAULT_SCENARIOS,
+                   help=f"comma-separated, from: {', '.join(SCENARIOS)} (default {DEFAULT_SCENARIOS})")
+    p.add_argument("--long-tail-rows", type=int, default=20000, help="rows of the long-tail source (default 20000)")
+    p.add_argument("--scale", type=float, default=0.25, help="demo corpus scale for the VLM mix (default 0.25)")
+    p.add_argument("--data", type=Path, help="corpus dir (generated there if missing; default: a temp dir)")
+    p.add_argument("--plot", type=Path, default=REPO / "docs" / "training_step_time.png")
+    p.add_argument("--timeout", type=float, default=600.0, help="per scenario, against hangs (seconds)")
+    args = p.parse_args(argv)
+    args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = [s for s in args.scenarios if s not in SCENARIOS]
+    if unknown:
+        p.error(f"unknown scenario(s) {', '.join(unknown)} (scenarios: {', '.join(SCENARIOS)})")
+    if min(args.ranks, args.steps, args.prefetch) < 1 or args.warmup < 0 or args.workers < 0:
+        p.error("--ranks, --steps, --prefetch must be >= 1; --warmup, --workers >= 0")
+    if args.time_scale is not None and not args.time_scale > 0:
+        p.error("--time-scale must be > 0")
+    for name in args.scenarios:
+        cp = SCENARIOS[name].config.get("mesh", {}).get("cp", 1)
+        if args.ranks % cp:
+            p.error(f"--ranks {args.ranks} is not a multiple of scenario {name}'s cp={cp}")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    print_header()
+    print("simulated accelerator: "
+          f"{TFLOPS / 1e12:.0f} TFLOP/s peak at {MFU:.0%} MFU = {FLOPS / 1e12:.0f} TFLOP/s; per microbatch "
+          "a*tokens + b*sum(l^2) over its packed sequences")
+    print(f"- {LLM.describe()}")
+    print(f"- {VIT.describe()} (per image, over its patches)")
+    print(f"- ring attention (CP scenarios): {CP_PASSES} x (cp-1) x held tokens x {KV_BYTES_PER_TOKEN // 1024} KiB "
+          f"(K,V bf16 x {LLM.layers} layers) at {CP_LINK_BYTES_PER_S / 1e9:.0f} GB/s, not overlapped")
+    scales = {c: args.time_scale or CORPORA[c].time_scale for c in {SCENARIOS[n].corpus for n in args.scenarios}}
+    print(f"time scale (wall s per simulated s): {', '.join(f'{c} {s:g}' for c, s in sorted(scales.items()))}; "
+          f"{args.ranks} ranks, {args.warmup} warm-up + {args.steps} timed steps per scenario")
+    images = any(CORPORA[SCENARIOS[n].corpus].images for n in args.scenarios)
+    text = any(not CORPORA[SCENARIOS[n].corpus].images for n in args.scenarios)
+    names = ["imagecaps", "interleaved", "captions", "longdocs", "qa"] if images else []
+    with workspace("bench-training-", args.data, names, args.scale) as (tmp, data_dir):
+        if text:
+            from flight_overlord.demo.long_tail import long_tail_name, make_long_tail
+            name = long_tail_name(32768)
+            if not list((data_dir / name).glob("*.parquet")):
+                make_long_tail(data_dir, name, rows=args.long_tail_rows, max_tokens=32768, seed=0)
+                log(f"corpus: {name} written ({args.long_tail_rows} rows)")
+        results = [run_scenario(args, tmp, data_dir, name) for name in args.scenarios]
+        print()
+        report(results, args)
+        plot(results, args.plot)
+
+
+if __name__ == "__main__":
+    main()
