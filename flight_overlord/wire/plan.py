@@ -7,7 +7,7 @@ row_group, row, consumers]`` (``consumers``: how many constructors fetch it in a
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
@@ -34,7 +34,10 @@ class ConstructorPlan:
     extra: dict = field(default_factory=dict)  # "hdp": bucket -> microbatches -> [group size, first rank] per sample
 
     def to_wire(self) -> dict:
-        out = asdict(self)
+        # Field by field, without asdict's deep copy of every nested list (the wire encoding copies
+        # anyway): on the Planner's hot path, once per step and constructor.
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["fetch"] = [{f.name: getattr(g, f.name) for f in fields(g)} for g in self.fetch]
         out["microbatches"] = {str(b): v for b, v in self.microbatches.items()}
         if self.encoder is not None:
             out["encoder"] = {str(b): v for b, v in self.encoder.items()}
