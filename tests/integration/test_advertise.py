@@ -2,10 +2,12 @@
 127.0.0.1 (or every interface) and register, and put in tickets, the name they are reached at."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pyarrow.flight as fl
 
@@ -57,14 +59,18 @@ def test_a_wildcard_bind_needs_an_advertised_address(corpus, tmp_path):
     output = process.communicate(timeout=30)[0]
     assert process.returncode != 0 and "--advertise: 'grpc://127.0.0.1:9000' is not a host name" in output
 
-    process, ready = _serve_planner(config, "--advertise", "127.0.0.1")  # bound to every interface
+    process, ready = _serve_planner(config, "--advertise", "127.0.0.1", "--metrics-port", "0")  # every interface
     try:
         assert ready.exists(), process.communicate(timeout=5)[0] if process.poll() is not None else "not ready"
         location = ready.read_text()
         assert location.startswith("grpc://127.0.0.1:")
         client = fl.connect(location)
         assert {a.type for a in client.list_actions()} >= {"status", "register"}
+        metrics = json.loads(client.do_action(fl.Action("status", b"{}")).__next__().body.to_pybytes())["metrics"]
         client.close()
+        assert metrics.startswith("http://127.0.0.1:")  # the page is named at the advertised host
+        page = urllib.request.urlopen(metrics, timeout=10).read().decode()
+        assert f'overlord_role_up{{address="{location}",role="planner"}} 1.0' in page
     finally:
         process.terminate()
         process.communicate(timeout=30)
