@@ -140,3 +140,21 @@ def test_bad_metrics_and_advertise_keys_are_named(corpus, tmp_path):
                          ({"network": {"advertise": "node-3:9000"}}, "network.advertise: 'node-3:9000' is not a host")]:
         with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
             load_config(write_config(tmp_path, corpus, **raw))
+
+
+def test_a_recovered_planner_and_scaling_show_in_its_page():
+    """Pure: a restarted Planner's status (recovered, scaling on) as the page renders it."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from flight_overlord.metrics import _Collector
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector("planner", "grpc://h:1", lambda: {
+        "planned": 9, "recovered": True, "error": None, "requested": {"0": 8}, "samples_planned": {"web": 30},
+        "mixture_realized": {"web": 1.0}, "reregistrations": {"loader": 2, "constructor": 0},
+        "scaling": {"actors": {"web": 3}}, "loaders": [["web", 0, 0, "grpc://h:2", []]], "constructors": {"0": "x"}}))
+    text = generate_latest(registry).decode()
+    for line in ('overlord_role_recovered{role="planner"} 1.0', "overlord_planner_steps_planned_total 10.0",
+                 'overlord_planner_active_loader_actors{source="web"} 3.0',
+                 'overlord_planner_reregistrations_total{role="loader"} 2.0',
+                 'overlord_planner_mixture_realized{source="web"} 1.0'):
+        assert line in text, line
