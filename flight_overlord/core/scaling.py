@@ -20,6 +20,7 @@ Two pure pieces, both plain numbers to save and restore:
 from __future__ import annotations
 
 import bisect
+import threading
 from dataclasses import dataclass
 
 from .order import RowGroupRef, epoch_order
@@ -187,6 +188,7 @@ class ActorView:
         self.ownership, self.actor = ownership, actor
         self._owned: dict[int, list[int]] = {}  # epoch -> indices in that epoch's order owned by the actor
         self._prefix = [0]  # local positions before each epoch, epochs up to the last segment's
+        self._lock = threading.RLock()  # an actor's reading and serving threads share its view
 
     def _owned_in(self, epoch: int) -> list[int]:
         owned = self._owned.get(epoch)
@@ -207,9 +209,10 @@ class ActorView:
 
     def _before(self, epoch: int) -> int:
         last = self._last_epoch
-        while len(self._prefix) <= min(epoch, last + 1):
-            e = len(self._prefix) - 1
-            self._prefix.append(self._prefix[-1] + len(self._owned_in(e)))
+        with self._lock:  # two threads extending the prefix at once would append one epoch twice
+            while len(self._prefix) <= min(epoch, last + 1):
+                e = len(self._prefix) - 1
+                self._prefix.append(self._prefix[-1] + len(self._owned_in(e)))
         if epoch <= last + 1:
             return self._prefix[epoch]
         return self._prefix[last + 1] + (epoch - last - 1) * self._steady
@@ -240,7 +243,7 @@ class ActorView:
                 return None
             epoch = last + 1 + (local - self._before(last + 1)) // self._steady
         else:
-            epoch = bisect.bisect_right(self._prefix, local) - 1
+            epoch = bisect.bisect_right(self._prefix[:last + 2], local) - 1
             while self._prefix[epoch + 1] <= local:  # epochs that own nothing
                 epoch += 1
         return epoch * self.ownership.rows + self._owned_in(epoch)[local - self._before(epoch)]

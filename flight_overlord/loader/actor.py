@@ -51,8 +51,8 @@ class LoaderActor:
         self._snapshots = Snapshots(directory, "state", keep=2)  # a loader only ever restores its latest
         self._followed = 0  # journal offset folded in so far
         self._since_snapshot = 0
+        self._restore()  # builds the ownership view from the restored segments (first _follow)
         self._sync_ownership()
-        self._restore()
         self._threads = [threading.Thread(target=self._read_ahead_loop, name="read-ahead", daemon=True),
                          threading.Thread(target=self._follow_loop, name="follow", daemon=True)]
         for t in self._threads:

@@ -76,6 +76,18 @@ class LoaderServer(ActionServer):
             descriptor = fl.FlightDescriptor.for_path("source", source, str(index))
             yield fl.FlightInfo(load_schema(SAMPLE_METADATA), descriptor, [], actor.buffered_samples(), -1)
 
+    @requires(CLUSTER)
+    def action_reshard(self, body):
+        """The Planner's new ownership segments of a source ({"source", "segments"}), sent when it
+        scales (``loader.scaling``): the hosted actors of that source journal them, so an added actor
+        starts reading ahead before its first row group is asked for. Metadata tickets carry the same."""
+        source = wire.field(body, "source", str, "reshard")
+        segments = _checked_segments({"segments": wire.field(body, "segments", list, "reshard")})
+        for (name, _), actor in sorted(self.actors.items()):
+            if name == source:
+                actor.reshard(segments)
+        return {"ok": True}
+
     @requires(INSPECT)
     def action_status(self, body):
         """Buffer occupancy of the hosted loader actors (the fields of the first, and all of them)."""

@@ -49,6 +49,7 @@ class Planner:
         self.rewound_at: int | None = None  # a resume on a new layout re-plans from this step
         self.journal_layout: dict | None = None  # the layout of the run restored from, if any
         self.scaling = SourceScaling(cfg) if cfg.loader.scaling.enabled else None  # live resharding
+        self.scaled: list[dict] = []  # the scaling events of the step planned last
 
     # -- set-up ------------------------------------------------------------------------
     def open(self, *, resume: bool) -> None:
@@ -80,6 +81,7 @@ class Planner:
         weights, feedback = weights_at(self.strategy.schedule, step, self.feedback)
         weights = self._checked_weights(step, weights)
         scaled = self.scaling.decide(step, weights, self.feeds) if self.scaling is not None else []
+        self.scaled = scaled  # the server tells the loaders at once (they also learn it from tickets)
         plan = plan_step(step, self.feeds, self.mixer, self.strategy, weights, feedback)
         plan.stats["skipped"] = sum(f.skipped for f in self.feeds.values())
         record = plan.to_record()
@@ -193,6 +195,10 @@ class Planner:
     def rewind(self, step: int) -> None:
         """Resume on a new layout (say dp 2 -> 4): re-plan from ``step`` with the state the journal had
         after step - 1, forgetting the journaled plans from ``step`` on (their layout no longer fits)."""
+        if self.scaling is not None and any(len(s) > 1 for s in self.scaling.segments.values()):
+            raise ValueError("resume on a new layout after a live reshard (loader.scaling) is not supported: the "
+                             "re-planned steps would reshard at other positions than the loaders journaled; "
+                             "resume on the run's own layout")
         state = self._state_before(step)
         self.load_state_dict(state)
         self._journal.append({"rewind": step, "layout": self.layout(), "state": self._planning_state()})

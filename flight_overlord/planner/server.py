@@ -152,6 +152,8 @@ class PlannerServer(ActionServer):
                     if self._stopping:
                         return
                 plan = self.planner.plan_next()
+                if self.planner.scaled:
+                    self._announce_reshard(self.planner.scaled)
                 with self._cond:
                     self._plans[plan.step] = plan
                     self._fetched[plan.step] = set()
@@ -173,6 +175,22 @@ class PlannerServer(ActionServer):
         slowest = min(self._requested.values()) if self._requested else -1
         return (not self._rewind_pending and step <= slowest + self.cfg.prefetch
                 and self.planner.feedback_ready(step))
+
+    def _announce_reshard(self, events: list[dict]) -> None:
+        """Send a scaled source's new segments to every replica of its actors, in the background (a
+        down loader learns them from its journal or its next metadata ticket)."""
+        jobs = {(e["source"], loc): self.planner.scaling.segments[e["source"]] for e in events
+                for (source, _), replicas in sorted(self.planner.registry.loaders.items()) if source == e["source"]
+                for loc in replicas.values()}
+
+        def send():
+            for (source, location), segments in jobs.items():
+                try:
+                    wire.call(self._clients.get(location), "reshard", {"source": source, "segments": segments},
+                              timeout=10)
+                except Exception as exc:  # noqa: BLE001 - best effort: tickets carry the segments too
+                    log.warning("reshard of %s at %s not delivered (%s); its tickets carry it", source, location, exc)
+        threading.Thread(target=send, name="reshard", daemon=True).start()
 
     def _meta_fetcher(self, source: str):
         def fetch(epoch: int, rg: RowGroupRef) -> dict[str, np.ndarray]:

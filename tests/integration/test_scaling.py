@@ -69,6 +69,8 @@ def test_an_actor_is_added_and_reclaimed_mid_run(scaled):
     assert any("segments" in r for _, r in read_journal(added)), "the reshard is not in the actor's journal"
     code1 = next(lo for lo in status["loaders"] if (lo["source"], lo["actor"]) == ("code", 1))
     assert code1["counters"]["row_groups_owned"] == 0  # reclaimed: owns nothing past the last boundary
+    logs = "".join(p.read_text() for p in (load_config(path).run_dir / "logs").glob("loader-*.log"))
+    assert "resharded" in logs and "behind this actor's reads" not in logs  # no buffered row group changed hands
 
 
 def test_every_rank_stream_equals_the_unscaled_run(reference, scaled):
@@ -117,3 +119,5 @@ def test_kill_9_of_a_loader_host_after_a_scale_up_then_a_full_resume(reference, 
         assert cluster.child("loader-host0").restarts
     assert {r: first[r] + rest[r] for r in first} == reference
     assert events(path) == EXPECTED, json.dumps(events(path))
+    logs = "".join(p.read_text() for p in (load_config(path).run_dir / "logs").glob("loader-*.log"))
+    assert "behind this actor's reads" not in logs

@@ -131,3 +131,23 @@ def test_up_then_down_then_up_again():
     views_partition_the_order(ownership, 3, 8 * R)
     with pytest.raises(ValueError, match="does not extend"):
         ownership.extend(3, 2)
+
+
+def test_an_actor_view_is_shared_by_threads():
+    """An actor's read-ahead and request threads use one view: built lazily, it must not be built twice."""
+    import threading
+    catalog = [RowGroupRef("f.parquet", g, 1) for g in range(1500)]
+    segments = [[0, 2], [2000, 3], [3500, 2]]
+    expected = Ownership(catalog, seed=2, source="s", segments=segments).view(1)
+    wanted = list(range(0, 4500, 11))
+    truth = [expected.position(p) for p in wanted]
+    for _ in range(3):
+        view = Ownership(catalog, seed=2, source="s", segments=segments).view(1)
+        results, threads = {}, []
+        for t in range(6):
+            threads.append(threading.Thread(target=lambda t=t: results.__setitem__(t, [view.position(p) for p in wanted])))
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert all(r == truth for r in results.values())
