@@ -239,7 +239,7 @@ def main(argv=None) -> None:
     p.add_argument("--tail-fraction", type=float, default=None,
                    help="share of long (16K-256K) rows when generating (default: the generator's, 4%%); "
                         "always generates into a temp dir")
-    p.add_argument("--plot", type=Path, default=REPO / "docs" / "hdp_step_time.png")
+    p.add_argument("--plot", type=Path, default=REPO / "docs" / "hdp_efficiency.png")
     args = p.parse_args(argv)
     if args.steps < 1 or args.microbatches < 1:
         p.error("--steps and --microbatches must be >= 1")
@@ -302,12 +302,14 @@ def plot(results: dict, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(9, 3.8))
     for s in SCENARIOS:
-        r = results[s.name]["step"]
-        ax.plot(np.arange(len(r)), r, marker=".", label=f"{s.name} (mean {r.mean():.1f} s)")
+        r = results[s.name]
+        eff = r["useful"] / r["step"]
+        ax.plot(np.arange(len(eff)), eff * 100, marker=".",
+                label=f"{s.name} ({r['useful'].sum() / r['step'].sum():.1%} overall)")
     ax.set_xlabel("step")
-    ax.set_ylabel("simulated step time (s)")
+    ax.set_ylabel("efficiency: useful compute / rank time (%)")
     ax.set_title(title)
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
