@@ -56,6 +56,7 @@ def hdp_stats(costs: np.ndarray, lengths: np.ndarray, bins: list[np.ndarray], do
         "cp_tokens": int(lengths[placed][groups[placed] > 1].sum()),
     },
         "imbalance": float(rank_costs.max() / mean) if mean > 0 else 1.0,
+        "lower_bound": float(costs[placed].sum()) / domain,  # every sample's work spread over the domain
         "max_rank_cost": float(rank_costs.max()) if len(rank_costs) else 0.0,
         "microbatch_imbalance": float(loads.max() / loads.mean()) if loads.size and loads.mean() > 0 else 1.0,
     }
