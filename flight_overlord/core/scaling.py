@@ -202,6 +202,15 @@ class ActorView:
                     break
         return owned
 
+    def _count_in(self, epoch: int) -> int:
+        """Positions of ``epoch`` this actor owns: counted without the epoch's order when one segment
+        covers the whole epoch (only an epoch a boundary falls in needs its order)."""
+        o, first = self.ownership, epoch * self.ownership.rows
+        actors = o.actors_at(first)
+        if all(not first < f < first + o.rows for f, _ in o.segments):
+            return len(range(self.actor, o.rows, actors)) if self.actor < actors else 0
+        return len(self._owned_in(epoch))
+
     @property
     def _last_epoch(self) -> int:
         """Epochs after this one lie inside the last segment: the same count each."""
@@ -212,7 +221,7 @@ class ActorView:
         with self._lock:  # two threads extending the prefix at once would append one epoch twice
             while len(self._prefix) <= min(epoch, last + 1):
                 e = len(self._prefix) - 1
-                self._prefix.append(self._prefix[-1] + len(self._owned_in(e)))
+                self._prefix.append(self._prefix[-1] + self._count_in(e))
         if epoch <= last + 1:
             return self._prefix[epoch]
         return self._prefix[last + 1] + (epoch - last - 1) * self._steady
