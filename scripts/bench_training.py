@@ -156,11 +156,12 @@ class Corpus:
     config: str            # the base config under configs/
     time_scale: float      # default simulated -> wall seconds factor
     images: bool = False   # needs the demo corpus (with images); else the long-tail source
+    overrides: dict = field(default_factory=dict)  # sections for every scenario of the corpus
 
 
 CORPORA = {
     "text": Corpus("long_tail_32k.yaml", 0.02),
-    "vlm": Corpus("vlm.yaml", 0.5, images=True),
+    "vlm": Corpus("vlm.yaml", 0.5, images=True, overrides={"constructor": {"dp_per_constructor": 2}}),
 }
 
 
@@ -181,6 +182,8 @@ SCENARIOS: dict[str, Scenario] = {
     "text-unbalanced": Scenario("text", "flight_overlord unbalanced", backbone, {"balance": {"method": "none"}}),
     "text-colocated": Scenario("text", "colocated DataLoader", backbone, colocated=True),
     "vlm-hybrid": Scenario("vlm", "flight_overlord hybrid (vlm.py)", vlm_hybrid, encoder=True),
+    "vlm-backbone": Scenario("vlm", "flight_overlord balanced backbone, images with their sequence",
+                             vlm_own_images, {"strategy": None, "balance": {"method": "greedy"}}),
     "vlm-unbalanced": Scenario("vlm", "flight_overlord unbalanced", vlm_own_images,
                                {"strategy": None, "balance": {"method": "none"}}),
     "text-cp2-bshd": Scenario("text", "static CP=2, whole-buffer split (bshd)", partial(context_parallel, 2),
@@ -188,7 +191,7 @@ SCENARIOS: dict[str, Scenario] = {
     "text-cp2-thd": Scenario("text", "static CP=2, per-sequence split (thd)", partial(context_parallel, 2),
                              {"mesh": {"cp": 2, "cp_format": "thd"}, "balance": {"method": "greedy"}}),
 }
-DEFAULT_SCENARIOS = "text-balanced,text-unbalanced,text-colocated,vlm-hybrid,vlm-unbalanced"
+DEFAULT_SCENARIOS = "text-balanced,text-unbalanced,text-colocated,vlm-hybrid,vlm-backbone,vlm-unbalanced"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,7 +295,7 @@ def overlord_config(args, tmp: Path, data_dir: Path, name: str, scenario: Scenar
     strategy = sections.get("strategy")
     if isinstance(strategy, str):
         sections["strategy"] = str((REPO / "configs" / strategy).resolve())
-    for key, value in scenario.config.items():
+    for key, value in {**corpus.overrides, **scenario.config}.items():
         if key == "mesh":
             continue
         if value is None:
@@ -412,7 +415,7 @@ def args_summary(results: list[Result], corpus: str) -> str:
 def parse_args(argv=None):
     p = argument_parser(__doc__)
     p.add_argument("--ranks", type=int, default=8, help="trainer ranks (default 8)")
-    p.add_argument("--steps", type=int, default=30, help="timed steps per scenario (default 30)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per scenario (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     p.add_argument("--prefetch", type=int, default=2, help="TrainerClient prefetch (default 2)")
     p.add_argument("--workers", type=int, default=2, help="colocated DataLoader workers per rank (default 2)")
