@@ -25,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..config import Config, ConfigError
+from ..serving import WILDCARDS
 from ..wire.security import SECRET_ENV, secret_path, write_secret
 from .launch import LocalCluster, loader_hosts
 
@@ -79,11 +80,13 @@ class _Role:
     """One role in a Ray actor process. The class Ray runs is named after the role (``planner``,
     ``loader``, ``constructor``), so the process title Ray gives it (``ray::loader...``) names the role."""
 
-    def __init__(self, role: str, argv: list[str], env: dict[str, str]):
+    def __init__(self, role: str, argv: list[str], env: dict[str, str], advertise_node: bool = False):
         import ray
         os.environ.update(env)
         if role == "planner" and ray.get_runtime_context().was_current_actor_reconstructed:
             argv = [*argv, "--recover"]  # a restart of the Planner alone: keep the others' registrations
+        if advertise_node:  # bound to every interface: reached at the IP of the node Ray placed it on
+            argv = [*argv, "--advertise", ray.util.get_node_ip_address()]
         self.server, self.location, _ = importlib.import_module(f"flight_overlord.{role}.server").start(argv)
 
     def where(self) -> tuple[str, int]:
@@ -115,7 +118,9 @@ class RayCluster(LocalCluster):
             write_secret(secret_path(self.cfg), self.secret)
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if not ray.is_initialized():
-            local = {} if self.address else {"num_cpus": os.cpu_count(), "_node_ip_address": self.cfg.network.host}
+            local = {} if self.address else {"num_cpus": os.cpu_count()}
+            if not self.address and self.cfg.network.host not in WILDCARDS:
+                local["_node_ip_address"] = self.cfg.network.host
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False,
                      **local)
             self._started_ray = True
@@ -144,7 +149,8 @@ class RayCluster(LocalCluster):
         options = {**placement, "max_restarts": -1, "max_task_retries": -1, "name": f"overlord-{name}",
                    "lifetime": None}
         cls = ray.remote(type(role, (_Role,), {}))
-        actor = cls.options(**options).remote(role, argv, {SECRET_ENV: self.secret})
+        advertise_node = self.cfg.network.host in WILDCARDS and not self.cfg.network.advertise
+        actor = cls.options(**options).remote(role, argv, {SECRET_ENV: self.secret}, advertise_node)
         location, pid = ray.get(actor.where.remote(), timeout=self.startup_timeout)
         child = RayChild(name, actor, location, pid, placement)
         self.children.append(child)

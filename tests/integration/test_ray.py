@@ -48,12 +48,14 @@ def local_reference(corpus, tmp_path_factory):
 
 def test_ray_backend_serves_the_local_streams_and_survives_kill_9(local_ray, local_reference, corpus, tmp_path):
     ip = _node_ip(local_ray)  # rank 0 names its node by IP, rank 1 by a custom resource
-    path = write_config(tmp_path, corpus, loaders={"captions": 2}, ray={
+    path = write_config(tmp_path, corpus, loaders={"captions": 2}, network={"host": "0.0.0.0"}, ray={
         "cpus": 0.05, "loader_resources": {"cpu-node": 0.01}, "trainer_nodes": [ip, "trainer-node-b"]})
     ranks = load_config(path).mesh.world_size
     cluster = RayCluster(path)
     cluster.start()
     try:
+        # bound to every interface, every actor advertises its node's IP
+        assert all(c.location.startswith(f"grpc://{ip}:") for c in cluster.children), cluster.children
         placement = {c.name: c.placement for c in cluster.children}
         assert placement["constructor-0"]["resources"] == {f"node:{ip}": NODE_SHARE}  # rank 0's node IP
         assert placement["constructor-1"]["resources"] == {"trainer-node-b": NODE_SHARE}  # rank 1's resource
