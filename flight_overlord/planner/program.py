@@ -6,6 +6,7 @@ whatever the timing.
 """
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -214,6 +215,19 @@ def sample_meta(picks: list[Pick]) -> dict[str, np.ndarray]:
 
 def plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: Strategy,
               weights: dict[str, float], feedback: dict | None = None) -> StepPlan:
+    # A step makes a few objects per sample and frees them with the plan: no reference cycles to
+    # find, but at thousands of ranks the cyclic collector's passes over them cost ~20% of the step.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _plan_step(step, feeds, mixer, strategy, weights, feedback)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: Strategy,
+               weights: dict[str, float], feedback: dict | None) -> StepPlan:
     gb = strategy.cfg.global_batch
     if strategy.buffer_policy is not None:
         summary = {name: feed.summary() for name, feed in feeds.items()}
