@@ -172,22 +172,25 @@ def sized_corpus(base: Path, out: Path, names: list[str], row_group_mib: float, 
                            row_group_size=rows_per_group, compression="zstd")
 
 
-def bare_trainer_pss() -> int:
-    """PSS of a trainer process before any data: torch, numpy, pyarrow and the client imported."""
+def bare_trainers_pss(ranks: int) -> int:
+    """Summed PSS of ``ranks`` bare trainer processes running together (so that they split their shared
+    library pages as the real trainers do): torch, numpy, pyarrow and the client imported, no data."""
     import subprocess
     import sys
 
     import psutil
     code = ("import torch, numpy, pyarrow.flight, sys, time; from flight_overlord import TrainerClient; "
-            "print('ready', flush=True); time.sleep(60)")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+            "print('ready', flush=True); time.sleep(120)")
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(ranks)]
     try:
-        proc.stdout.readline()
+        for proc in procs:
+            proc.stdout.readline()
         time.sleep(1.0)
-        return max(psutil.Process(proc.pid).memory_full_info().pss for _ in range(3))
+        return sum(psutil.Process(p.pid).memory_full_info().pss for p in procs)
     finally:
-        proc.kill()
-        proc.wait()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,7 +206,7 @@ def _find(runs: list[Run], side: str, s: int, r: int, hosts=None, variant: str =
                  and (side == "colocated" or x.hosts == hosts)), None)
 
 
-def measured_table(runs: list[Run], args, bare: int) -> None:
+def measured_table(runs: list[Run], args, bare: dict[int, int]) -> None:
     print(f"\n### Measured PSS (GiB, summed over every process of the side, max while running)\n")
     print(f"W = {args.workers} DataLoader workers per rank (colocated); {args.microbatches} microbatches of "
           f"{args.context_length} tokens per rank and step, {args.warmup} warm-up + {args.steps} timed steps. "
@@ -222,18 +225,21 @@ def measured_table(runs: list[Run], args, bare: int) -> None:
         o0 = _find(runs, "overlord", s, r, 0, "default")
         print(f"| {s} | {r} | {cell(c)} | {cell(o)} | {ratio(c, o)} | {cell(lean)} | {ratio(c, lean)} | {cell(o0)} "
               f"| {cell(c, 'end_pss')} | {cell(lean, 'end_pss')} |")
-    print(f"\n**Data path only** (NOT the headline: each side minus R x {bare / MiB:.0f} MiB, the PSS of a bare "
-          f"trainer process measured alone in this run: Python with torch, numpy, pyarrow and flight_overlord's "
-          f"client imported, no data; what is left is what loading the data costs on each side):\n")
-    print("| S | R | colocated - R x bare | overlord default - R x bare | ratio | overlord lean - R x bare | ratio |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(f"\n**Data path only** (NOT the headline: each side minus the summed PSS of R bare trainer processes "
+          f"run together in this run, Python with torch, numpy, pyarrow and flight_overlord's client imported and "
+          f"no data ({', '.join(f'R={r}: {b / MiB:.0f} MiB' for r, b in bare.items())}); what is left is roughly what "
+          f"loading the data costs on each side. PSS splits shared pages across every process of the machine, so "
+          f"this is an estimate):\n")
+    print("| S | R | bare trainers | colocated - bare | overlord default - bare | ratio | overlord lean - bare | ratio |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for s, r in keys:
         c = _find(runs, "colocated", s, r)
-        row = [f"| {s} | {r} | " + (gib(c.max_pss - r * bare) if c and not c.error else "-")]
+        b = bare.get(r, 0)
+        row = [f"| {s} | {r} | {gib(b)} | " + (gib(c.max_pss - b) if c and not c.error else "-")]
         for o in (_find(runs, "overlord", s, r, args.hosts, "default"), _find(runs, "overlord", s, r, args.hosts, "lean")):
             ok = o and not o.error and c and not c.error
-            row.append(gib(o.max_pss - r * bare) if o and not o.error else "-")
-            row.append(f"{(c.max_pss - r * bare) / (o.max_pss - r * bare):.2f}x" if ok else "-")
+            row.append(gib(o.max_pss - b) if o and not o.error else "-")
+            row.append(f"{(c.max_pss - b) / (o.max_pss - b):.2f}x" if ok else "-")
         print(" | ".join(row) + " |")
     print("\nPSS by process kind at the max (MiB, processes x total):\n")
     for x in runs:
@@ -438,8 +444,8 @@ def main(argv=None) -> None:
             sized_corpus(data_dir, sized, all_names, args.row_group_mib)
             log(f"corpus with {args.row_group_mib:g} MiB row groups in {sized} ({time.monotonic() - started:.0f}s)")
             data_dir = sized
-        bare = bare_trainer_pss()
-        log(f"bare trainer process: {bare / MiB:.0f} MiB PSS")
+        bare = {r: bare_trainers_pss(r) for r in sorted({r for _, r in cells})}
+        log("bare trainer processes: " + ", ".join(f"{r}: {b / MiB:.0f} MiB" for r, b in bare.items()))
         for s, r in cells:
             names = all_names[:s]
             todo = [(args.hosts, v) for v in args.variants]
