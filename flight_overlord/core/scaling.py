@@ -23,7 +23,9 @@ import bisect
 import threading
 from dataclasses import dataclass
 
-from .order import RowGroupRef, epoch_order
+import numpy as np
+
+from .order import RowGroupRef, stable_hash
 
 
 @dataclass(frozen=True)
@@ -103,11 +105,12 @@ class Ownership:
             raise ValueError(f"source {source!r}: ownership of an empty catalog")
         self.catalog = sorted(catalog)
         self.seed, self.source = seed, source
-        self.index = {(rg.file, rg.row_group): i for i, rg in enumerate(self.catalog)}
+        self._index: dict[tuple[str, int], int] | None = None  # (file, row group) -> catalog index, when asked
         self.segments: list[tuple[int, int]] = []
         for first, actors in segments:
             self.extend(int(first), int(actors))
-        self._orders: dict[int, tuple[list[RowGroupRef], dict[tuple[str, int], int]]] = {}
+        self._orders: dict[int, list[int]] = {}  # epoch -> catalog indices in that epoch's order
+        self._inverse: dict[int, np.ndarray] = {}  # epoch -> index in the order of each catalog index
 
     @property
     def rows(self) -> int:
@@ -118,27 +121,34 @@ class Ownership:
             raise ValueError(f"source {self.source!r}: segment [{first}, {actors}] does not extend {self.segments}")
         self.segments.append((first, actors))
 
-    def _order(self, epoch: int):
-        entry = self._orders.get(epoch)
-        if entry is None:  # (several threads may ask: the entry is returned, never re-read)
-            order = epoch_order(self.catalog, seed=self.seed, source=self.source, epoch=epoch)
-            entry = self._orders[epoch] = (order, {(rg.file, rg.row_group): i for i, rg in enumerate(order)})
-            while len(self._orders) > 4:  # a few epochs at a time are ever in use
-                try:
-                    self._orders.pop(next(iter(self._orders)), None)
-                except (RuntimeError, StopIteration):  # another thread changed it meanwhile
-                    break
-        return entry
+    def _order(self, epoch: int) -> list[int]:
+        """The catalog indices in ``epoch``'s seeded order: ``core.order.epoch_order``'s order (the same
+        key), as indices, so owning a position needs no lookup by name."""
+        order = self._orders.get(epoch)
+        if order is None:  # (several threads may ask: the result is returned, never re-read)
+            c, seed, source = self.catalog, self.seed, self.source
+            order = self._orders[epoch] = sorted(
+                range(len(c)), key=lambda i: (stable_hash(seed, source, epoch, c[i].file, c[i].row_group), c[i]))
+            _trim(self._orders)
+        return order
 
     def position(self, epoch: int, file: str, row_group: int) -> int:
-        index = self._order(epoch)[1].get((file, row_group))
+        if self._index is None:
+            self._index = {(rg.file, rg.row_group): i for i, rg in enumerate(self.catalog)}
+        index = self._index.get((file, row_group))
         if index is None:
             raise KeyError(f"row group {file}:{row_group} is not in source {self.source!r}")
-        return epoch * self.rows + index
+        inverse = self._inverse.get(epoch)
+        if inverse is None:
+            inverse = np.empty(self.rows, dtype=np.int64)
+            inverse[np.asarray(self._order(epoch), dtype=np.int64)] = np.arange(self.rows)
+            self._inverse[epoch] = inverse
+            _trim(self._inverse)
+        return epoch * self.rows + int(inverse[index])
 
     def row_group(self, position: int) -> RowGroupRef:
         epoch, index = divmod(position, self.rows)
-        return self._order(epoch)[0][index]
+        return self.catalog[self._order(epoch)[index]]
 
     def actors_at(self, position: int) -> int:
         if position >= self.segments[-1][0]:
@@ -146,8 +156,8 @@ class Ownership:
         return self.segments[bisect.bisect_right([f for f, _ in self.segments], position) - 1][1]
 
     def owner_at(self, position: int) -> int:
-        rg = self.row_group(position)
-        return self.index[(rg.file, rg.row_group)] % self.actors_at(position)
+        epoch, index = divmod(position, self.rows)
+        return self._order(epoch)[index] % self.actors_at(position)
 
     def owner(self, epoch: int, file: str, row_group: int) -> int:
         return self.owner_at(self.position(epoch, file, row_group))
@@ -195,11 +205,7 @@ class ActorView:
         if owned is None:
             o, base = self.ownership, epoch * self.ownership.rows
             owned = self._owned[epoch] = [i for i in range(o.rows) if o.owner_at(base + i) == self.actor]
-            while len(self._owned) > 4:
-                try:
-                    self._owned.pop(next(iter(self._owned)), None)
-                except (RuntimeError, StopIteration):
-                    break
+            _trim(self._owned)
         return owned
 
     def _count_in(self, epoch: int) -> int:
@@ -261,3 +267,12 @@ class ActorView:
         """How many positions below global ``position`` this actor owns."""
         epoch, index = divmod(position, self.ownership.rows)
         return self._before(epoch) + bisect.bisect_left(self._owned_in(epoch), index)
+
+
+def _trim(cache: dict, keep: int = 4) -> None:
+    """Keep the newest ``keep`` epochs of a cache (a few at a time are ever in use)."""
+    while len(cache) > keep:
+        try:
+            cache.pop(next(iter(cache)), None)
+        except (RuntimeError, StopIteration):  # another thread changed it meanwhile
+            break

@@ -92,8 +92,9 @@ def test_nothing_lost_or_duplicated_through_the_reshards(scaled):
 
 
 def test_kill_9_of_a_loader_host_after_a_scale_up_then_a_full_resume(reference, corpus, tmp_path):
-    """loader-host0 hosts code[0] and the added code[1]: killed just after the scale-up and again just
-    after the scale-down; then the whole cluster dies at step 24 and resumes from the journals."""
+    """loader-host0 hosts code[0] and the added code[1]: killed just after the scale-up (and the
+    Planner a few steps later); the whole cluster dies at step 24 and resumes from the journals;
+    loader-host0 is killed again just after the scale-down."""
     path = config(tmp_path, corpus, enabled=True)
     cut = 24
     with LocalCluster(path) as cluster:
@@ -101,11 +102,11 @@ def test_kill_9_of_a_loader_host_after_a_scale_up_then_a_full_resume(reference, 
         fired = set()
 
         def on_step(rank: int, step: int) -> None:
-            if rank == 0 and step == 16 and not fired:
+            if rank == 0 and step in (16, 20) and step not in fired:
                 fired.add(step)
-                cluster.kill("loader-host0")
+                cluster.kill("loader-host0" if step == 16 else "planner")
         first = train(cluster.planner, 0, cut, on_step=on_step)
-        assert cluster.child("loader-host0").restarts, "loader-host0 was not restarted"
+        assert cluster.child("loader-host0").restarts and cluster.child("planner").restarts
         for child in cluster.children:
             child.process.kill()
     with LocalCluster(path, mode="resume") as cluster:

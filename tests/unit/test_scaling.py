@@ -151,3 +151,13 @@ def test_an_actor_view_is_shared_by_threads():
         for th in threads:
             th.join()
         assert all(r == truth for r in results.values())
+
+
+def test_positions_follow_the_seeded_read_order():
+    ownership = Ownership(CATALOG, seed=9, source="web", segments=[[0, 1]])
+    for epoch in range(3):
+        order = epoch_order(CATALOG, seed=9, source="web", epoch=epoch)
+        assert [ownership.row_group(epoch * R + i) for i in range(R)] == order
+        assert [ownership.position(epoch, rg.file, rg.row_group) for rg in order] == list(range(epoch * R, (epoch + 1) * R))
+    with pytest.raises(KeyError, match="not in source"):
+        ownership.position(0, "nope.parquet", 0)
