@@ -28,7 +28,8 @@ and the ratios are what carries over.
 
 Scenarios are a table (``SCENARIOS``: a corpus, config overrides, and a compute function of a
 rank's microbatches); ``--scenarios`` picks some. The static context-parallel ones
-(``text-cp2-bshd``, ``text-cp2-thd``) run dp=4 x cp=2 and add ring attention's KV traffic.
+(``text-cp2-bshd``, ``text-cp2-thd``) run dp=4 x cp=2 and add ring attention's KV traffic;
+``text-hdp`` runs the same 8 ranks with dynamic CP groups (``distribute("HDP")``, 16K tokens per rank).
 
     .venv/bin/python scripts/bench_training.py                   # defaults: ~3 min on 2 cores
     .venv/bin/python scripts/bench_training.py --steps 10 --scenarios text-balanced,text-unbalanced
@@ -147,6 +148,24 @@ def context_parallel(cp: int, mbs: list[dict], encoder_inputs=None) -> list[floa
     return out
 
 
+def hdp_groups(mbs: list[dict], encoder_inputs=None) -> list[float]:
+    """``distribute("HDP")`` rows (schemas/hdp_microbatch.json): every sequence on its own CP group of
+    ``seq_cp_size`` ranks; per sequence, a * held positions + 2b * their causal pairs, plus ring
+    attention's KV traffic CP_PASSES * (g-1) * held * KV_BYTES_PER_TOKEN / CP_LINK_BYTES_PER_S when
+    g > 1. Optimistic: the step barrier is the only sync, while a real group also syncs its members
+    inside the microbatch (scripts/bench_hdp.py models that)."""
+    out = []
+    for mb in mbs:
+        ranges = np.asarray(mb["token_ranges"], dtype=np.int64).reshape(-1, 2, 2)  # per sequence, 2 chunks
+        seconds = 0.0
+        for g, chunks in zip(mb["seq_cp_size"], ranges):
+            held = int((chunks[:, 1] - chunks[:, 0]).sum())
+            pairs = float(((chunks[:, 1] - chunks[:, 0]) * ((chunks[:, 0] + chunks[:, 1] - 1) / 2 + 1)).sum())
+            seconds += LLM.a * held + 2 * LLM.b * pairs + CP_PASSES * (g - 1) * held * KV_BYTES_PER_TOKEN / CP_LINK_BYTES_PER_S
+        out.append(seconds)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Scenarios: a corpus, how to deploy over it, and what a rank computes
 # ---------------------------------------------------------------------------------------------
@@ -190,6 +209,9 @@ SCENARIOS: dict[str, Scenario] = {
                               {"mesh": {"cp": 2, "cp_format": "bshd"}, "balance": {"method": "greedy"}}),
     "text-cp2-thd": Scenario("text", "static CP=2, per-sequence split (thd)", partial(context_parallel, 2),
                              {"mesh": {"cp": 2, "cp_format": "thd"}, "balance": {"method": "greedy"}}),
+    "text-hdp": Scenario("text", "HDP: dynamic CP groups over dp4 x cp2, 16K per rank", hdp_groups,
+                         {"mesh": {"cp": 2}, "strategy": {"file": str(REPO / "configs" / "strategies" / "long_context_hdp.py"),
+                                                          "options": {"max_tokens_per_rank": 16384}}}),
 }
 DEFAULT_SCENARIOS = "text-balanced,text-unbalanced,text-colocated,vlm-hybrid,vlm-backbone,vlm-unbalanced"
 
