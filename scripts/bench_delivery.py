@@ -32,6 +32,7 @@ shared: the report says how much CPU everything else used while each side was ti
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import time
 import traceback
@@ -557,6 +558,8 @@ def parse_args(argv=None):
     add_corpus_args(p, scale=1.0)
     p.add_argument("--quick", action="store_true", help="fewer steps (8)")
     p.add_argument("--timeout", type=float, default=600.0, help="per side, against hangs (seconds)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="flight_overlord and baseline runs, alternating order; median ratio reported (default 1)")
     args = p.parse_args(argv)
     args.steps = args.steps or (8 if args.quick else 30)
     if min(args.ranks, args.steps, args.context_length, args.microbatches, args.sources) < 1 or args.workers < 0:
@@ -569,13 +572,16 @@ def main(argv=None) -> None:
     print_header()
     sources, fill, seed = demo_sources(args.sources)
     with workspace("bench-delivery-", args.data, [n for n, _, _ in sources], args.scale) as (tmp, data_dir):
+        def config_for(name: str) -> Path:
+            return write_config(tmp / f"{name}.yaml", data_dir,
+                                [{"name": n, "weight": w, "loaders": lo} for n, w, lo in sources],
+                                ranks=args.ranks, context_length=args.context_length, microbatches=args.microbatches,
+                                tokens_per_step=int(args.ranks * args.microbatches * args.context_length * fill),
+                                seed=seed, run_dir=tmp / f"run-{name}", balance={"method": "greedy"})
+
         capture_dir = tmp / "captured"
         capture_dir.mkdir()
-        config = write_config(tmp / "bench.yaml", data_dir,
-                              [{"name": name, "weight": weight, "loaders": loaders} for name, weight, loaders in sources],
-                              ranks=args.ranks, context_length=args.context_length, microbatches=args.microbatches,
-                              tokens_per_step=int(args.ranks * args.microbatches * args.context_length * fill),
-                              seed=seed, run_dir=tmp / "run", balance={"method": "greedy"})
+        config = config_for("bench")
         overlord = run_overlord(args, config, capture_dir)
         log(f"[flight_overlord] {overlord.batches_per_s:.1f} batches/s")
         ceiling = run_ceiling(args, capture_dir)
@@ -585,6 +591,32 @@ def main(argv=None) -> None:
         print()
         report([ceiling, overlord, baseline], args, sources)
         print(f"- {check_byte_accounting(capture_dir)}")
+        if args.rounds > 1:
+            alternate_rounds(args, config_for, tmp, data_dir, sources, seed, (overlord, baseline))
+
+
+def alternate_rounds(args, config_for, tmp: Path, data_dir: Path, sources, seed, first) -> None:
+    """More rounds of flight_overlord and the baseline, in alternating order (baseline first in odd
+    rounds): on a shared machine one pair of runs can meet very different loads, the median ratio
+    over rounds is the figure to compare."""
+    rows = [(1, first[0].batches_per_s, first[1].batches_per_s, os.getloadavg()[0])]
+    for r in range(2, args.rounds + 1):
+        capture = tmp / f"captured-{r}"
+        capture.mkdir()
+        sides = [lambda: run_overlord(args, config_for(f"round-{r}"), capture),
+                 lambda: run_baseline(args, data_dir, sources, seed)]
+        results = [side() for side in (sides if r % 2 else sides[::-1])]
+        overlord, baseline = results if r % 2 else results[::-1]
+        log(f"[round {r}] overlord {overlord.batches_per_s:.1f}, baseline {baseline.batches_per_s:.1f} batches/s")
+        rows.append((r, overlord.batches_per_s, baseline.batches_per_s, os.getloadavg()[0]))
+    print(f"\nAlternating rounds (flight_overlord vs baseline, microbatches/s; odd rounds run flight_overlord first):\n")
+    print("| round | flight_overlord | baseline | ratio | load average (1 min) after |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    for r, o, b, load in rows:
+        print(f"| {r} | {o:.1f} | {b:.1f} | {o / b:.2f} | {load:.1f} |")
+    ratios = [o / b for _, o, b, _ in rows]
+    print(f"\n- median overlord / baseline over {len(rows)} rounds: {float(np.median(ratios)):.2f} "
+          f"(min {min(ratios):.2f}, max {max(ratios):.2f})")
 
 
 if __name__ == "__main__":
