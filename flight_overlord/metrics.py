@@ -36,6 +36,8 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "overlord_loader_buffered_row_groups": ("gauge", "row groups in the read-ahead buffer", ("source", "actor")),
     "overlord_loader_buffered_bytes": ("gauge", "bytes of the read-ahead buffer", ("source", "actor")),
     "overlord_loader_bytes_served": ("counter", "Arrow bytes of samples sent to constructors", ("source", "actor")),
+    "overlord_loader_failed_reads": ("counter", "row groups skipped as unreadable (deleted, denied, corrupt): "
+                                     "their samples are not planned", ("source", "actor")),
     "overlord_constructor_steps_assembled": ("counter", "steps assembled and staged", ("constructor",)),
     "overlord_constructor_bytes_fetched": ("counter", "Arrow bytes received from loaders", ("constructor",)),
     "overlord_constructor_bad_samples": ("counter", "samples skipped for a bad image", ("constructor",)),
@@ -76,7 +78,7 @@ def loader_samples(status: dict) -> Iterable[Sample]:
     """A loader process's ``status`` answer (every actor it hosts) as metrics."""
     for actor in status.get("actors", []):
         labels = {"source": actor["source"], "actor": actor["actor"]}
-        for key in ("buffered_samples", "buffered_row_groups", "buffered_bytes", "bytes_served"):
+        for key in ("buffered_samples", "buffered_row_groups", "buffered_bytes", "bytes_served", "failed_reads"):
             yield Sample(f"overlord_loader_{key}", labels, actor.get(key, 0))
 
 

@@ -45,6 +45,8 @@ class LoaderActor:
         self._served: collections.OrderedDict[tuple[int, int, str], pa.Table] = collections.OrderedDict()
         self._view: ActorView | None = None  # the positions this actor owns (core/scaling), per the segments
         self._bytes_served = 0
+        self._failed_reads = 0  # row groups skipped as unreadable (status, metrics)
+        self._recent_failed_reads: list[str] = []  # the last few: "FILE row group G: error"
         self._stopping = False
         directory = run_dir / "loaders" / f"{partition.source.name}-{partition.actor}"
         self._journal = Journal(directory / "journal.jsonl")
@@ -214,6 +216,10 @@ class LoaderActor:
         except Exception as exc:  # a corrupt row group must not kill the loader: skip it, loudly
             log.error("source %s: cannot read %s row group %d: %s; its %d samples are skipped",
                       self.partition.source.name, rg.file, rg.row_group, exc, rg.num_rows)
+            with self._cond:
+                self._failed_reads += 1
+                self._recent_failed_reads = [*self._recent_failed_reads[-4:],
+                                             f"{rg.file} row group {rg.row_group}: {type(exc).__name__}: {exc}"[:300]]
         return RowGroupSamples.failed_read(self.partition.source.name, rg)
 
     def _checked(self, position: int) -> RowGroupSamples:
@@ -279,7 +285,8 @@ class LoaderActor:
                     "buffered_samples": int(sum(b.remaining.sum() for b in self._buffer.values())),
                     "buffered_bytes": int(sum(b.nbytes for b in self._buffer.values())),
                     "bytes_served": self._bytes_served, "demanded": self.state.demanded,
-                    "released_below": self.state.released_below}
+                    "released_below": self.state.released_below, "failed_reads": self._failed_reads,
+                    "recent_failed_reads": list(self._recent_failed_reads)}
 
     def close(self) -> None:
         with self._cond:

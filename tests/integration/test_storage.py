@@ -18,11 +18,13 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
+from flight_overlord import wire
 from flight_overlord.client import StepFetcher
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.demo.data import make_many_sources
 from flight_overlord.deploy import cli
 from flight_overlord.deploy.launch import LocalCluster
+from flight_overlord.wire.server import connect
 
 from ..helpers import delivered_keys, fetch_run, journal, write_config
 
@@ -246,6 +248,11 @@ def test_a_file_deleted_mid_run_is_named_and_the_loader_lives_on(s3, corpus, tmp
         for f in fetchers:
             f.close()
         assert loader.process.poll() is None and loader.process.pid == pid and not loader.restarts  # lived on
+        client = connect(loader.location, cluster.credentials)
+        status = wire.call(client, "status")  # what `overlord status` and the metrics page count
+        client.close()
+        assert status["failed_reads"] >= 1
+        assert all(f.startswith(f"s3://{prefix}/captions/{victim} row group") for f in status["recent_failed_reads"])
     log = loader.log_path.read_text()
     assert f"cannot read s3://{prefix}/captions/{victim} row group" in log, log[-3000:]
     assert "endpoint_override" not in log and "testing" not in log
