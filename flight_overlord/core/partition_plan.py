@@ -104,16 +104,21 @@ class PartitionPlan:
                    int(d["read_ahead_row_groups"]), tuple(d.get("notes", ())))
 
 
-def actor_bytes(p: SourceProfile, actors: int, read_ahead: int) -> float:
+def actor_bytes(p: SourceProfile, actors: int, read_ahead: int, read_ahead_bytes: int = 0) -> float:
     """One actor's memory: its share of the source's file states, the row group being served and
-    ``read_ahead`` more."""
+    ``read_ahead`` more (fewer under ``loader.read_ahead_bytes``: it reads ahead while below it)."""
+    if read_ahead_bytes and p.row_group_bytes > 0:
+        read_ahead = min(read_ahead, max(0, math.ceil(read_ahead_bytes / p.row_group_bytes) - 1))
     return p.reader_bytes / actors + (1 + read_ahead) * p.row_group_bytes
 
 
 def plan_partition(profiles: list[SourceProfile], budget: Budget, *, read_ahead_row_groups: int = 2,
-                   host_base_bytes: float = HOST_BASE_BYTES) -> PartitionPlan:
+                   read_ahead_bytes: int = 0, host_base_bytes: float = HOST_BASE_BYTES) -> PartitionPlan:
     """The partition plan for ``profiles`` within ``budget`` (see the module's docstring)."""
     budget.check()
+
+    def actor_bytes_(p: SourceProfile, actors: int, read_ahead: int) -> float:
+        return actor_bytes(p, actors, read_ahead, read_ahead_bytes)
     if not profiles:
         raise ValueError("partition: no sources to plan")
     names = [p.name for p in profiles]
@@ -140,21 +145,21 @@ def plan_partition(profiles: list[SourceProfile], budget: Budget, *, read_ahead_
         if need_cpu > 1:
             actors = min(need_cpu, p.row_groups, hosts)
             reasons.append(f"cpu: {share[p.name]:.0%} of the transform cost > one host's {1 / hosts:.0%}")
-        if actor_bytes(p, actors, read_ahead_row_groups) > cap:
-            fit = next((a for a in range(actors, p.row_groups + 1) if actor_bytes(p, a, read_ahead_row_groups) <= cap),
+        if actor_bytes_(p, actors, read_ahead_row_groups) > cap:
+            fit = next((a for a in range(actors, p.row_groups + 1) if actor_bytes_(p, a, read_ahead_row_groups) <= cap),
                        None)
             if fit is None:
                 raise ValueError(
                     f"partition: source {p.name!r} does not fit the memory budget: one actor needs at least "
-                    f"{actor_bytes(p, p.row_groups, read_ahead_row_groups) / MiB:.1f} MiB (row group "
-                    f"{p.row_groups and p.row_group_bytes / MiB:.1f} MiB x {1 + read_ahead_row_groups} buffered) but a "
+                    f"{actor_bytes_(p, p.row_groups, read_ahead_row_groups) / MiB:.1f} MiB (row group "
+                    f"{p.row_group_bytes / MiB:.1f} MiB, buffered with what it reads ahead) but a "
                     f"host has {cap / MiB:.1f} MiB ({budget.memory_bytes / GiB:.2f} GiB over {hosts} hosts); give "
-                    f"more memory or lower loader.read_ahead_row_groups")
-            reasons.append(f"memory: one actor {actor_bytes(p, actors, read_ahead_row_groups) / MiB:.1f} MiB > a "
+                    f"more memory, or lower loader.read_ahead_row_groups or set loader.read_ahead_bytes")
+            reasons.append(f"memory: one actor {actor_bytes_(p, actors, read_ahead_row_groups) / MiB:.1f} MiB > a "
                            f"host's {cap / MiB:.1f} MiB; {fit} actors hold "
-                           f"{actor_bytes(p, fit, read_ahead_row_groups) / MiB:.1f} MiB each")
+                           f"{actor_bytes_(p, fit, read_ahead_row_groups) / MiB:.1f} MiB each")
             actors = fit
-        plans[p.name] = SourcePlan(p.name, actors, share[p.name], actor_bytes(p, actors, read_ahead_row_groups),
+        plans[p.name] = SourcePlan(p.name, actors, share[p.name], actor_bytes_(p, actors, read_ahead_row_groups),
                                    tuple(reasons))
     # grouping: longest processing time first onto the least-loaded host with room
     items = sorted(((share[p.name] / plans[p.name].actors, plans[p.name].actor_bytes, p.name, a)

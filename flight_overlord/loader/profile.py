@@ -126,7 +126,8 @@ def partition(cfg: Config, *, cpus: float | None = None, memory_gib: float | Non
     budget = budget_of(cfg, cpus, memory_gib)
     profiles, reused = load_or_profile(cfg, reprofile=reprofile)
     try:
-        plan = plan_partition(profiles, budget, read_ahead_row_groups=cfg.loader.read_ahead_row_groups)
+        plan = plan_partition(profiles, budget, read_ahead_row_groups=cfg.loader.read_ahead_row_groups,
+                              read_ahead_bytes=cfg.loader.read_ahead_bytes)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     _write_json(partition_dir(cfg) / "plan.json", plan.to_dict())

@@ -91,5 +91,8 @@ def test_a_source_that_fits_nowhere_is_named():
     rows = _profile("fat", rg_mib=300)  # 3 buffered row groups of 300 MiB whatever the actors
     with pytest.raises(ValueError, match=r"source 'fat' does not fit the memory budget.*read_ahead"):
         plan_partition(PROFILES[:3] + [rows], Budget(2, 1 * GiB))
+    # reading no row group ahead (loader.read_ahead_bytes: 1) it fits: one row group buffered, not three
+    fits = plan_partition(PROFILES[:3] + [rows], Budget(2, 1 * GiB), read_ahead_bytes=1)
+    assert next(s.actor_bytes for s in fits.sources if s.name == "fat") < 301 * MiB
     with pytest.raises(ValueError, match="memory budget .* too small"):
         plan_partition([_profile(f"m{i}", rg_mib=40) for i in range(10)], Budget(2, 0.5 * GiB))
