@@ -30,8 +30,15 @@ Scenarios are a table (``SCENARIOS``: a corpus, config overrides, and a compute 
 rank's microbatches); ``--scenarios`` picks some. The static context-parallel ones
 (``text-cp2-bshd``, ``text-cp2-thd``) run dp=4 x cp=2 and add ring attention's KV traffic;
 ``text-hdp`` runs the same 8 ranks with dynamic CP groups (``distribute("HDP")``, 16K tokens per rank).
+None of these is in the default set. ``vlm-backbone`` balances the VLM backbone only (images stay
+with their sequence). The colocated DataLoader reads text sources only, so the VLM mix has no
+colocated side.
 
-    .venv/bin/python scripts/bench_training.py                   # defaults: ~3 min on 2 cores
+Most of a run's wall time is starting things (clusters, 8 spawned trainers importing torch, the
+DataLoader workers): about 4 minutes with the defaults when the machine is otherwise idle (an
+estimate), 10 minutes measured at a load average of 30-57.
+
+    .venv/bin/python scripts/bench_training.py                   # defaults: 6 scenarios x 20 steps
     .venv/bin/python scripts/bench_training.py --steps 10 --scenarios text-balanced,text-unbalanced
     .venv/bin/python scripts/bench_training.py --ranks 16 --data /tmp/bench-data
 
@@ -394,8 +401,9 @@ def report(results: list[Result], args) -> None:
             continue
         first = group[0]
         for r in group[1:]:
-            print(f"- {corpus}: {first.name} vs {r.name}: step time {r.step_times.mean() / first.step_times.mean():.2f}x "
-                  f"shorter, tokens/s {first.tokens_per_s / r.tokens_per_s:.2f}x")
+            print(f"- {corpus}: mean step time {r.name} / {first.name} = {r.step_times.mean() / first.step_times.mean():.2f} "
+                  f"(p50: {np.median(r.step_times) / np.median(first.step_times):.2f}); tokens/s {first.name} / {r.name} = "
+                  f"{first.tokens_per_s / r.tokens_per_s:.2f}")
     goals = [r for r in results if not r.scenario.colocated and args.prefetch == 2]
     for r in goals:
         met = "met" if r.share(1) < 0.01 else "NOT met"
