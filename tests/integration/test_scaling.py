@@ -7,10 +7,12 @@ import json
 
 import pytest
 
+from flight_overlord import wire
 from flight_overlord.config import load_config
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.deploy.status import cluster_status, render
 from flight_overlord.store import read_journal
+from flight_overlord.wire.server import connect
 
 from ..helpers import WEIGHTS, journal, journal_records, write_config
 from .test_recovery import train
@@ -23,13 +25,13 @@ SCALING = {"interval": 3, "up_threshold": 0.5, "down_threshold": 0.2, "consecuti
 EXPECTED = [(14, "code", 1, 2), (32, "code", 2, 1)]
 
 
-def config(directory, corpus, *, enabled: bool):
+def config(directory, corpus, *, enabled: bool, shadows: int = 0):
     directory.mkdir(parents=True, exist_ok=True)
     strategy = directory / "staged.py"
     strategy.write_text("from flight_overlord.orchestration import staged\n"
                         f"def build(s):\n    return s.mix(staged([(0, {WEIGHTS!r}), (8, {HEAVY!r}), (26, {WEIGHTS!r})]))\n")
     return write_config(directory, corpus, strategy=str(strategy), checkpoint={"every": 8},
-                        loader={"hosts": 2, "scaling": {"enabled": enabled, **SCALING}})
+                        loader={"hosts": 2, "shadows": shadows, "scaling": {"enabled": enabled, **SCALING}})
 
 
 def events(path) -> list[tuple]:
@@ -92,10 +94,10 @@ def test_nothing_lost_or_duplicated_through_the_reshards(scaled):
 
 
 def test_kill_9_of_a_loader_host_after_a_scale_up_then_a_full_resume(reference, corpus, tmp_path):
-    """loader-host0 hosts code[0] and the added code[1]: killed just after the scale-up (and the
-    Planner a few steps later); the whole cluster dies at step 24 and resumes from the journals;
-    loader-host0 is killed again just after the scale-down."""
-    path = config(tmp_path, corpus, enabled=True)
+    """loader-host0 hosts code[0] and the added code[1] (with a shadow: constructors fail over to it):
+    killed just after the scale-up (and the Planner a few steps later); the whole cluster dies at step
+    24 and resumes from the journals; loader-host0 is killed again just after the scale-down."""
+    path = config(tmp_path, corpus, enabled=True, shadows=1)
     cut = 24
     with LocalCluster(path) as cluster:
         assert "code:1" in cluster.child("loader-host0").args[cluster.child("loader-host0").args.index("--actors") + 1]
@@ -107,6 +109,10 @@ def test_kill_9_of_a_loader_host_after_a_scale_up_then_a_full_resume(reference, 
                 cluster.kill("loader-host0" if step == 16 else "planner")
         first = train(cluster.planner, 0, cut, on_step=on_step)
         assert cluster.child("loader-host0").restarts and cluster.child("planner").restarts
+        shadow = connect(cluster.child("loader-host0-shadow1").location, cluster.credentials)
+        actors = {(a["source"], a["actor"]): a for a in wire.call(shadow, "status")["actors"]}
+        shadow.close()
+        assert actors[("code", 1)]["segments"] == [[0, 1], [6, 2]], "the shadow does not own what code[1] owns"
         for child in cluster.children:
             child.process.kill()
     with LocalCluster(path, mode="resume") as cluster:
