@@ -3,6 +3,7 @@ moves with the run (samples served equal what the trainers received, planned sam
 journal's), and a kill -9 of a loader shows up as a re-registration."""
 from __future__ import annotations
 
+import time
 import urllib.request
 
 import pytest
@@ -97,8 +98,14 @@ def test_every_role_exposes_metrics_that_move_with_the_run(cluster):
         assert pick(page, "overlord_constructor_bytes_fetched_total", constructor=r) > 0
         assert pick(page, "overlord_role_errors", role="constructor") == 0
 
-    planner = after["planner"]
-    assert pick(planner, "overlord_planner_steps_planned_total") >= STEPS
+    # The Planner plans prefetch (2) steps past the trainers, then stops: wait for that, then read it settled
+    deadline = time.monotonic() + 30
+    while pick(scrape(urls["planner"]), "overlord_planner_steps_planned_total") < STEPS + 2:
+        assert time.monotonic() < deadline, "the Planner did not plan prefetch steps ahead"
+        time.sleep(0.1)
+    time.sleep(0.5)
+    planner = scrape(urls["planner"])
+    assert pick(planner, "overlord_planner_steps_planned_total") == STEPS + 2
     plans = journal(path)
     planned_steps = int(pick(planner, "overlord_planner_steps_planned_total"))
     by_source: dict[str, int] = {}
