@@ -37,7 +37,9 @@ def hdp_rank_table(step: int, bucket: int, microbatches: list[list[tuple[Sample,
     rows = {k: [] for k in ("ids", "pos", "labels", "keys", "size", "rank", "first", "ranges", "cu", "cu_pad",
                             "cu_local", "real")}
     for entries in microbatches:
-        parts = [shard(s.tokens, size, bucket - first, cfg.pad_token_id) for s, size, first in entries]
+        parts = _whole(entries)  # sequences this rank holds whole: one pack for all of them
+        parts = [parts.get(k) or shard(s.tokens, size, bucket - first, cfg.pad_token_id)
+                 for k, (s, size, first) in enumerate(entries)]
         lengths = [len(s.tokens) for s, _, _ in entries]
         kept = [len(p[0]) for p in parts]
         rows["ids"].append(_cat([p[0] for p in parts]) if delivery.tokens else _empty())
@@ -72,6 +74,20 @@ def hdp_rank_table(step: int, bucket: int, microbatches: list[list[tuple[Sample,
         "cu_local": list_array(rows["cu_local"]),
         "num_tokens": pa.array(np.array(rows["real"], dtype=np.int32)),
     }, schema=load_schema(HDP_MICROBATCH))
+
+
+def _whole(entries) -> dict[int, tuple]:
+    """``shard``'s answer for every entry held whole (group of 1), from one pack and one labelling
+    of them back to back (most entries are short samples: this is the constructor's hot path)."""
+    whole = [k for k, (_, size, _) in enumerate(entries) if size == 1]
+    if not whole:
+        return {}
+    tokens = [entries[k][0].tokens for k in whole]
+    packed = pack(tokens, sum(len(t) for t in tokens))
+    labels = shifted_labels(packed, None)
+    cu = packed.cu_seqlens.tolist()
+    return {k: (packed.input_ids[a:b], packed.position_ids[a:b], labels[a:b], [0, b - a, b - a, b - a], b - a)
+            for k, a, b in zip(whole, cu[:-1], cu[1:])}
 
 
 def _real_kept(ranges: list[int], length: int) -> int:
