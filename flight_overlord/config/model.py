@@ -134,6 +134,7 @@ class ScalingConfig:
     down_threshold: float = 0.2  # at most up_threshold / 2, so a scale-up never triggers a scale-down
     consecutive: int = 2
     max_actors: int = 2  # per source, idle ones included
+    sources: tuple[str, ...] = ()  # the sources that may scale (their idle actors are provisioned); empty: all
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,8 @@ class Config:
     def provisioned_actors(self, source: SourceConfig) -> int:
         """Loader actors of ``source`` in all: its ``loaders``, plus idle ones that scaling may activate."""
         scaling = self.loader.scaling
-        return max(source.loaders, scaling.max_actors) if scaling.enabled else source.loaders
+        scales = scaling.enabled and (not scaling.sources or source.name in scaling.sources)
+        return max(source.loaders, scaling.max_actors) if scales else source.loaders
 
     def source(self, name: str) -> SourceConfig:
         for src in self.sources:

@@ -149,7 +149,8 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
                             _int(loader["hosts"], "loader.hosts", minimum=0),
                             _int(loader["read_ahead_bytes"], "loader.read_ahead_bytes", minimum=0),
                             _choice(loader["partition"], "loader.partition", ("manual", "auto")),
-                            _parse_budget(loader["budget"]), scaling=_parse_scaling(loader["scaling"])),
+                            _parse_budget(loader["budget"]),
+                            scaling=_parse_scaling(loader["scaling"], [s.name for s in sources])),
         constructor=ConstructorConfig(_int(constructor["dp_per_constructor"], "constructor.dp_per_constructor",
                                            minimum=1)),
         checkpoint=CheckpointConfig(_int(checkpoint["every"], "checkpoint.every", minimum=1)),
@@ -182,8 +183,8 @@ def _parse_metrics(raw: Any) -> MetricsConfig:
     return MetricsConfig(port)
 
 
-def _parse_scaling(raw: Any) -> ScalingConfig:
-    """loader.scaling: {enabled, interval, up_threshold, down_threshold, consecutive, max_actors}."""
+def _parse_scaling(raw: Any, names: list[str]) -> ScalingConfig:
+    """loader.scaling: {enabled, interval, up_threshold, down_threshold, consecutive, max_actors, sources}."""
     if isinstance(raw, ScalingConfig):  # absent: the default
         return raw
     f = _fields(raw, "loader.scaling", _defaults(ScalingConfig))
@@ -196,9 +197,15 @@ def _parse_scaling(raw: Any) -> ScalingConfig:
     if down > up / 2:
         raise ConfigError(f"loader.scaling.down_threshold: must be <= up_threshold / 2 = {up / 2} (one more "
                           f"actor at most halves a source's load: a scale-up must not trigger a scale-down), got {down}")
+    sources = f["sources"] or []
+    if not isinstance(sources, (list, tuple)):
+        raise ConfigError(f"loader.scaling.sources: expected a list of source names, got {sources!r}")
+    for name in sources:
+        if name not in names:
+            raise ConfigError(f"loader.scaling.sources: no source named {name!r} (have: {', '.join(names)})")
     return ScalingConfig(f["enabled"], _int(f["interval"], "loader.scaling.interval", minimum=1), up, down,
                          _int(f["consecutive"], "loader.scaling.consecutive", minimum=1),
-                         _int(f["max_actors"], "loader.scaling.max_actors", minimum=1))
+                         _int(f["max_actors"], "loader.scaling.max_actors", minimum=1), tuple(sources))
 
 
 def _parse_budget(raw: Any) -> PartitionBudget:

@@ -44,7 +44,9 @@ class ScaleEvent:
 
 class Scaler:
     def __init__(self, minimum: dict[str, int], *, interval: int, up_threshold: float, down_threshold: float,
-                 consecutive: int, max_actors: int):
+                 consecutive: int, max_actors: int | dict[str, int]):
+        """``minimum``: each source's configured actors; ``max_actors``: at most, for every source or per
+        source (a source at its minimum there never scales)."""
         if interval < 1 or consecutive < 1:
             raise ValueError("scaling: interval and consecutive must be >= 1")
         if not 0 <= down_threshold <= up_threshold / 2:
@@ -52,7 +54,9 @@ class Scaler:
                              f"{up_threshold}), or one scale-up could trigger a scale-down")
         self.minimum = dict(minimum)
         self.interval, self.up, self.down = interval, up_threshold, down_threshold
-        self.consecutive, self.max_actors = consecutive, max_actors
+        self.consecutive = consecutive
+        self.maximum = {s: max(n, max_actors[s] if isinstance(max_actors, dict) else max_actors)
+                        for s, n in minimum.items()}
         self.actors = dict(minimum)
         self._sums = {s: 0.0 for s in minimum}
         self._steps = 0  # steps folded into the current interval
@@ -74,7 +78,7 @@ class Scaler:
             self._above[source] = self._above[source] + 1 if load > self.up else 0
             self._below[source] = self._below[source] + 1 if load < self.down else 0
             n = self.actors[source]
-            if self._above[source] >= self.consecutive and n < max(self.max_actors, self.minimum[source]):
+            if self._above[source] >= self.consecutive and n < self.maximum[source]:
                 self.actors[source] = n + 1
             elif self._below[source] >= self.consecutive and n > self.minimum[source]:
                 self.actors[source] = n - 1

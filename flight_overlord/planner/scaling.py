@@ -26,7 +26,8 @@ class SourceScaling:
         self.cfg = cfg
         self.scaler = Scaler({s.name: s.loaders for s in cfg.sources}, interval=rule.interval,
                              up_threshold=rule.up_threshold, down_threshold=rule.down_threshold,
-                             consecutive=rule.consecutive, max_actors=rule.max_actors)
+                             consecutive=rule.consecutive,
+                             max_actors={s.name: cfg.provisioned_actors(s) for s in cfg.sources})
         self.segments = {s.name: [[0, s.loaders]] for s in cfg.sources}
         self.events: list[dict] = []
         self._registry: Registry | None = None

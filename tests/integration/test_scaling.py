@@ -19,7 +19,8 @@ from .test_recovery import train
 
 STEPS = 40
 HEAVY = {name: (0.8 if name == "code" else 0.04) for name in WEIGHTS}  # code: 0.2 -> 0.8 -> 0.2
-SCALING = {"interval": 3, "up_threshold": 0.5, "down_threshold": 0.2, "consecutive": 2, "max_actors": 2}
+SCALING = {"interval": 3, "up_threshold": 0.5, "down_threshold": 0.2, "consecutive": 2, "max_actors": 2,
+           "sources": ["code", "qa"]}  # only these get an idle actor; qa never needs it
 # intervals end at steps 2, 5, 8, ...: code is over 0.5 per actor in [9, 11] and [12, 14] -> up at 14;
 # back to 0.2 (0.1 per actor) in [27, 29] and [30, 32] -> down at 32
 EXPECTED = [(14, "code", 1, 2), (32, "code", 2, 1)]
@@ -66,7 +67,8 @@ def test_an_actor_is_added_and_reclaimed_mid_run(scaled):
     assert "code 1 -> 2 actors" in render(status)
     served = {(lo["source"], lo["actor"]): lo["counters"]["bytes_served"] for lo in status["loaders"]}
     assert served[("code", 1)] > 0, "the added actor served nothing"
-    assert all(served[(s, 1)] == 0 for s in WEIGHTS if s != "code"), "an idle actor served"
+    assert served[("qa", 1)] == 0, "an idle actor served"
+    assert sorted(served) == sorted([(s, 0) for s in WEIGHTS] + [("code", 1), ("qa", 1)])  # loader.scaling.sources
     added = load_config(path).run_dir / "loaders" / "code-1" / "journal.jsonl"
     assert any("segments" in r for _, r in read_journal(added)), "the reshard is not in the actor's journal"
     code1 = next(lo for lo in status["loaders"] if (lo["source"], lo["actor"]) == ("code", 1))

@@ -212,3 +212,28 @@ def test_a_loader_actor_takes_over_after_a_reshard_and_restores_it(tmp_path):
     finally:
         again.close()
         first.close()
+
+
+def test_a_source_scales_only_up_to_its_own_maximum():
+    s = Scaler({"web": 1, "code": 1}, interval=1, up_threshold=0.3, down_threshold=0.1, consecutive=1,
+               max_actors={"web": 1, "code": 3})  # web is not among loader.scaling.sources
+    run(s, lambda step: {"web": 0.5, "code": 0.5}, 10)
+    assert s.actors == {"web": 1, "code": 2}
+
+
+def test_scaling_config_names_what_is_wrong(tmp_path):
+    from flight_overlord.config import ConfigError
+    from flight_overlord.config.parse import parse_config
+    (tmp_path / "a.parquet").write_bytes(b"")
+    base = {"sources": [{"name": "a", "paths": "a.parquet"}, {"name": "b", "paths": "a.parquet", "loaders": 3}],
+            "global_batch": {"context_length": 64, "microbatches": 1, "samples_per_step": 4}}
+
+    def parsed(scaling):
+        return parse_config({**base, "loader": {"scaling": scaling}}, base_dir=tmp_path)
+    cfg = parsed({"enabled": True, "max_actors": 2, "sources": ["a"]})
+    assert [cfg.provisioned_actors(s) for s in cfg.sources] == [2, 3]
+    assert [parsed({"max_actors": 4}).provisioned_actors(s) for s in cfg.sources] == [1, 3]  # not enabled
+    for bad, message in [({"sources": ["c"]}, "no source named 'c'"), ({"down_threshold": 0.3}, "up_threshold / 2"),
+                         ({"enabled": "yes"}, "enabled"), ({"interval": 0}, "interval"), ({"max": 2}, "unknown key")]:
+        with pytest.raises(ConfigError, match=message):
+            parsed(bad)
