@@ -113,7 +113,7 @@ class Ownership:
         self.segments: list[tuple[int, int]] = []
         for first, actors in segments:
             self.extend(int(first), int(actors))
-        self._orders: dict[int, list[int]] = {}  # epoch -> catalog indices in that epoch's order
+        self._orders: dict[int, np.ndarray] = {}  # epoch -> catalog indices (int32) in that epoch's order
         self._inverse: dict[int, np.ndarray] = {}  # epoch -> index in the order of each catalog index
 
     @property
@@ -125,15 +125,16 @@ class Ownership:
             raise ValueError(f"source {self.source!r}: segment [{first}, {actors}] does not extend {self.segments}")
         self.segments.append((first, actors))
 
-    def _order(self, epoch: int) -> list[int]:
+    def _order(self, epoch: int) -> np.ndarray:
         """The catalog indices in ``epoch``'s seeded order: ``core.order.epoch_order``'s order (the same
         key), as indices, so owning a position needs no lookup by name."""
         order = self._orders.get(epoch)
         if order is None:  # (several threads may ask: the result is returned, never re-read)
             c, seed, source = self.catalog, self.seed, self.source
-            order = self._orders[epoch] = sorted(
-                range(len(c)), key=lambda i: (stable_hash(seed, source, epoch, c[i].file, c[i].row_group), c[i]))
-            _trim(self._orders)
+            order = self._orders[epoch] = np.array(sorted(
+                range(len(c)), key=lambda i: (stable_hash(seed, source, epoch, c[i].file, c[i].row_group), c[i])),
+                dtype=np.int32)
+            _trim(self._orders, keep=2)
         return order
 
     def position(self, epoch: int, file: str, row_group: int) -> int:
@@ -144,15 +145,15 @@ class Ownership:
             raise KeyError(f"row group {file}:{row_group} is not in source {self.source!r}")
         inverse = self._inverse.get(epoch)
         if inverse is None:
-            inverse = np.empty(self.rows, dtype=np.int64)
-            inverse[np.asarray(self._order(epoch), dtype=np.int64)] = np.arange(self.rows)
+            inverse = np.empty(self.rows, dtype=np.int32)
+            inverse[self._order(epoch)] = np.arange(self.rows, dtype=np.int32)
             self._inverse[epoch] = inverse
-            _trim(self._inverse)
+            _trim(self._inverse, keep=2)
         return epoch * self.rows + int(inverse[index])
 
     def row_group(self, position: int) -> RowGroupRef:
         epoch, index = divmod(position, self.rows)
-        return self.catalog[self._order(epoch)[index]]
+        return self.catalog[int(self._order(epoch)[index])]
 
     def actors_at(self, position: int) -> int:
         if position >= self.segments[-1][0]:
@@ -161,7 +162,15 @@ class Ownership:
 
     def owner_at(self, position: int) -> int:
         epoch, index = divmod(position, self.rows)
-        return self._order(epoch)[index] % self.actors_at(position)
+        return int(self._order(epoch)[index]) % self.actors_at(position)
+
+    def owners_of_epoch(self, epoch: int) -> np.ndarray:
+        """The owner of every position of ``epoch``, at once."""
+        base = epoch * self.rows
+        firsts = np.array([f for f, _ in self.segments], dtype=np.int64)
+        actors = np.array([a for _, a in self.segments], dtype=np.int64)
+        counts = actors[np.searchsorted(firsts, base + np.arange(self.rows), side="right") - 1]
+        return self._order(epoch) % counts
 
     def owner(self, epoch: int, file: str, row_group: int) -> int:
         return self.owner_at(self.position(epoch, file, row_group))
@@ -200,16 +209,15 @@ class ActorView:
 
     def __init__(self, ownership: Ownership, actor: int):
         self.ownership, self.actor = ownership, actor
-        self._owned: dict[int, list[int]] = {}  # epoch -> indices in that epoch's order owned by the actor
+        self._owned: dict[int, np.ndarray] = {}  # epoch -> indices in that epoch's order owned by the actor
         self._prefix = [0]  # local positions before each epoch, epochs up to the last segment's
         self._lock = threading.RLock()  # an actor's reading and serving threads share its view
 
-    def _owned_in(self, epoch: int) -> list[int]:
+    def _owned_in(self, epoch: int) -> np.ndarray:
         owned = self._owned.get(epoch)
         if owned is None:
-            o, base = self.ownership, epoch * self.ownership.rows
-            owned = self._owned[epoch] = [i for i in range(o.rows) if o.owner_at(base + i) == self.actor]
-            _trim(self._owned)
+            owned = self._owned[epoch] = np.flatnonzero(self.ownership.owners_of_epoch(epoch) == self.actor)
+            _trim(self._owned, keep=2)
         return owned
 
     def _count_in(self, epoch: int) -> int:
@@ -249,7 +257,7 @@ class ActorView:
         """The local position of global ``position``; None when this actor does not own it."""
         epoch, index = divmod(position, self.ownership.rows)
         owned = self._owned_in(epoch)
-        i = bisect.bisect_left(owned, index)
+        i = int(np.searchsorted(owned, index))
         if i == len(owned) or owned[i] != index:
             return None
         return self._before(epoch) + i
@@ -265,12 +273,12 @@ class ActorView:
             epoch = bisect.bisect_right(self._prefix[:last + 2], local) - 1
             while self._prefix[epoch + 1] <= local:  # epochs that own nothing
                 epoch += 1
-        return epoch * self.ownership.rows + self._owned_in(epoch)[local - self._before(epoch)]
+        return epoch * self.ownership.rows + int(self._owned_in(epoch)[local - self._before(epoch)])
 
     def first_local_at(self, position: int) -> int:
         """How many positions below global ``position`` this actor owns."""
         epoch, index = divmod(position, self.ownership.rows)
-        return self._before(epoch) + bisect.bisect_left(self._owned_in(epoch), index)
+        return self._before(epoch) + int(np.searchsorted(self._owned_in(epoch), index))
 
 
 def _trim(cache: dict, keep: int = 4) -> None:
