@@ -389,7 +389,7 @@ class _ShardReader:
 
 
 def _make_colocated_dataset(sources, data_dir: str, rank: int, ranks: int, context_length: int,
-                            pad_token_id: int, seed: int):
+                            pad_token_id: int, seed: int, samples_only: bool = False):
     import torch
     from torch.utils.data import IterableDataset, get_worker_info
 
@@ -423,6 +423,9 @@ def _make_colocated_dataset(sources, data_dir: str, rank: int, ranks: int, conte
             pending, used = [], 0
             while True:
                 key, tokens = readers[rng.choice(len(readers), p=odds)].next()
+                if samples_only:  # (key, tokens) one by one; the caller batches and packs
+                    yield key, tokens
+                    continue
                 if pending and used + len(tokens) > context_length:  # greedy, in arrival order
                     yield self._microbatch(pending)
                     pending, used = [], 0
@@ -444,11 +447,13 @@ def _make_colocated_dataset(sources, data_dir: str, rank: int, ranks: int, conte
     return ColocatedDataset()
 
 
-def colocated_loader(sources, data_dir: str, rank: int, ranks: int, workers: int, context_length: int, seed: int):
-    """Rank ``rank``'s colocated torch DataLoader: an endless stream of packed microbatch dicts."""
+def colocated_loader(sources, data_dir: str, rank: int, ranks: int, workers: int, context_length: int, seed: int,
+                     samples_only: bool = False):
+    """Rank ``rank``'s colocated torch DataLoader: an endless stream of packed microbatch dicts
+    (``samples_only``: of (key, tokens) samples, unpacked)."""
     from torch.utils.data import DataLoader
 
-    dataset = _make_colocated_dataset(sources, data_dir, rank, ranks, context_length, 0, seed)
+    dataset = _make_colocated_dataset(sources, data_dir, rank, ranks, context_length, 0, seed, samples_only)
     # fork: Linux's default, stated because this rank process itself was spawned.
     return DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=workers > 0,
                       prefetch_factor=2 if workers > 0 else None,

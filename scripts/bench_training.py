@@ -200,6 +200,7 @@ class Scenario:
     compute: Callable
     config: dict = field(default_factory=dict)
     colocated: bool = False  # bench_delivery's colocated DataLoader instead of a cluster
+    equal_samples: bool = False  # colocated: each rank the same sample count per step, not the same microbatches
     encoder: bool = False    # the strategy has an image graph: TrainerClient(encoder=True)
 
 
@@ -207,6 +208,8 @@ SCENARIOS: dict[str, Scenario] = {
     "text-balanced": Scenario("text", "flight_overlord balanced", backbone, {"balance": {"method": "greedy"}}),
     "text-unbalanced": Scenario("text", "flight_overlord unbalanced", backbone, {"balance": {"method": "none"}}),
     "text-colocated": Scenario("text", "colocated DataLoader", backbone, colocated=True),
+    "text-colocated-samples": Scenario("text", "colocated DataLoader, equal sample counts", backbone,
+                                       colocated=True, equal_samples=True),
     "vlm-hybrid": Scenario("vlm", "flight_overlord hybrid (vlm.py)", vlm_hybrid, encoder=True),
     "vlm-backbone": Scenario("vlm", "flight_overlord balanced backbone, images with their sequence",
                              vlm_own_images, {"strategy": None, "balance": {"method": "greedy"}}),
@@ -261,10 +264,48 @@ def overlord_rank(channel, planner: str, scenario: Scenario, warmup: int, steps:
 
 def colocated_rank(channel, scenario: Scenario, sources, data_dir: str, ranks: int, workers: int,
                    context_length: int, microbatches: int, seed: int, warmup: int, steps: int, scale: float,
-                   barrier) -> None:
-    batches = iter(colocated_loader(sources, data_dir, channel.rank, ranks, workers, context_length, seed))
-    train(channel, lambda: ([next(batches) for _ in range(microbatches)], None), scenario.compute,
-          warmup, steps, scale, barrier)
+                   barrier, samples_per_step: int | None = None) -> None:
+    """``microbatches`` packed microbatches per step or, with ``samples_per_step``, that many samples
+    packed greedily in arrival order into as many microbatches as they need."""
+    if samples_per_step is None:
+        batches = iter(colocated_loader(sources, data_dir, channel.rank, ranks, workers, context_length, seed))
+        train(channel, lambda: ([next(batches) for _ in range(microbatches)], None), scenario.compute,
+              warmup, steps, scale, barrier)
+        return
+    from flight_overlord.core.packing import pack
+    samples = iter(colocated_loader(sources, data_dir, channel.rank, ranks, workers, context_length, seed,
+                                    samples_only=True))
+
+    def next_batch():
+        bins, used = [[]], 0
+        for _ in range(samples_per_step):
+            tokens = np.asarray(next(samples)[1])
+            if bins[-1] and used + len(tokens) > context_length:
+                bins.append([])
+                used = 0
+            bins[-1].append(tokens)
+            used += len(tokens)
+        packed = [pack(b, context_length) for b in bins]
+        return [{"cu_seqlens": p.cu_seqlens, "num_tokens": p.num_tokens} for p in packed], None
+
+    train(channel, next_batch, scenario.compute, warmup, steps, scale, barrier)
+
+
+def samples_per_rank(raw: dict, data_dir: Path, ranks: int) -> int:
+    """Samples per rank and step that carry the config's tokens_per_step on average: the sources'
+    mean byte-token lengths (truncated to the context), mixed by their token-share weights."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    context = raw["global_batch"]["context_length"]
+    weights, means = [], []
+    for source in raw["sources"]:
+        lengths = np.concatenate([pc.binary_length(pq.read_table(f, columns=["text"])["text"]).to_numpy()
+                                  for f in sorted((data_dir / source["name"]).glob("*.parquet"))])
+        weights.append(float(source.get("weight", 1.0)))
+        means.append(float(np.minimum(lengths, context).mean()))
+    weights = np.array(weights) / sum(weights)
+    mean_length = 1.0 / float((weights / np.array(means)).sum())
+    return max(1, round(raw["global_batch"]["tokens_per_step"] / ranks / mean_length))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,11 +394,14 @@ def run_scenario(args, tmp: Path, data_dir: Path, name: str) -> Result:
         raw = yaml.safe_load(config.read_text())
         sources = [(s["name"], float(s.get("weight", 1.0)), 1) for s in raw["sources"]]
         gb = raw["global_batch"]
+        per_sample = samples_per_rank(raw, data_dir, args.ranks) if scenario.equal_samples else None
         per_rank = (scenario, sources, str(data_dir), args.ranks, args.workers, gb["context_length"],
-                    gb["microbatches"], raw["seed"], args.warmup, args.steps, scale, barrier)
+                    gb["microbatches"], raw["seed"], args.warmup, args.steps, scale, barrier, per_sample)
         records, sampler = run_ranks(name, colocated_rank, [per_rank] * args.ranks, label="rank",
                                      child_label="worker", timeout=args.timeout)
-        notes.append(f"{args.ranks} ranks x {args.workers} DataLoader workers")
+        notes.append(f"{args.ranks} ranks x {args.workers} DataLoader workers, "
+                     + (f"{per_sample} samples per rank and step" if per_sample else
+                        f"{gb['microbatches']} microbatches per rank and step"))
     else:
         from flight_overlord.deploy.launch import LocalCluster
         cluster = LocalCluster(config)

@@ -79,3 +79,8 @@ def test_every_scenario_config_is_valid(bt, tmp_path):
         assert cfg.balance.method == ("none" if "unbalanced" in name else "greedy")
         assert cfg.cost.b == pytest.approx(bt.LLM.b / bt.LLM.a, rel=1e-3)
         assert cfg.prefetch == 2 and cfg.global_batch.context_length == 32768
+        if scenario.equal_samples:  # as many samples per rank as carry tokens_per_step on average
+            raw = {"sources": [{"name": "longtail_32k"}], "global_batch": {"context_length": 32768,
+                                                                         "tokens_per_step": 480000}}
+            mean = long_tail_lengths(200, 32768).mean()
+            assert bt.samples_per_rank(raw, tmp_path / "data", 8) == round(480000 / 8 / mean)
