@@ -237,3 +237,15 @@ def test_scaling_config_names_what_is_wrong(tmp_path):
                          ({"enabled": "yes"}, "enabled"), ({"interval": 0}, "interval"), ({"max": 2}, "unknown key")]:
         with pytest.raises(ConfigError, match=message):
             parsed(bad)
+
+
+def test_a_linear_curriculum_moving_weight_onto_a_source_scales_it_once():
+    from flight_overlord.core.schedules import linear
+    schedule = linear({"web": 1.0, "code": 0.0}, {"web": 0.1, "code": 0.9}, start=0, end=40)
+    events = run(scaler(), lambda step: schedule.weights(step), 80)
+    code = [(e.step, e.actors) for e in events if e.source == "code"]
+    # code's interval means pass 0.5 in the interval ending at step 27: up after a second one, at 31;
+    # then 0.45 per actor: it stays at 2 (below 0.5, above 0.2), and never reaches max_actors 3
+    assert code == [(31, 2)]
+    # web starts as the whole mixture (up at 7) and is reclaimed once under 0.2 per actor (w < 0.4) twice
+    assert [(e.step, e.actors) for e in events if e.source == "web"] == [(7, 2), (35, 1)]
