@@ -14,6 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pyarrow.flight as fl
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
@@ -24,6 +25,7 @@ from flight_overlord.config import ConfigError, load_config
 from flight_overlord.demo.data import make_many_sources
 from flight_overlord.deploy import cli
 from flight_overlord.deploy.launch import LocalCluster
+from flight_overlord.store import read_journal
 from flight_overlord.wire.server import connect
 
 from ..helpers import delivered_keys, fetch_run, journal, write_config
@@ -184,13 +186,13 @@ WRONG_SECRET = "wrong-secret-0000000000000000000000000000"
 @pytest.fixture(scope="module")
 def s3_iam(corpus):
     """A moto server enforcing IAM (after its set-up): a user who may read everything, one who may only
-    list. Yields (query, {"reader": credentials, "lister": credentials})."""
+    list, an admin. Yields (query, {"reader": credentials, "lister": ..., "admin": ...}, IAM endpoint)."""
     import boto3
     with _moto_server(corpus, "guarded") as (query, port, _):
         iam = boto3.client("iam", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
                            aws_access_key_id="testing", aws_secret_access_key="testing")
         users = {}
-        for user, actions in (("reader", ["s3:*"]), ("lister", ["s3:ListBucket"])):
+        for user, actions in (("reader", ["s3:*"]), ("lister", ["s3:ListBucket"]), ("admin", ["*"])):
             iam.create_user(UserName=user)
             iam.put_user_policy(UserName=user, PolicyName="s3", PolicyDocument=json.dumps({
                 "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}))
@@ -199,11 +201,11 @@ def s3_iam(corpus):
         request = urllib.request.Request(f"http://127.0.0.1:{port}/moto-api/reset-auth", data=b"0", method="POST",
                                          headers={"Content-Type": "text/plain"})
         urllib.request.urlopen(request, timeout=10).read()  # from now on every request is authenticated
-        yield query, users
+        yield query, users, f"http://127.0.0.1:{port}"
 
 
 def test_a_wrong_key_names_the_uri_never_the_credentials(s3_iam, corpus, tmp_path):
-    query, users = s3_iam
+    query, users, _ = s3_iam
     path = _s3_config(tmp_path, corpus, query, {n: f"s3://guarded/{n}/*.parquet?{query}" for n in SOURCES})
     with _env(**users["reader"]):
         assert len(load_config(path).sources[0].files) > 1  # the right key lists the files
@@ -215,7 +217,7 @@ def test_a_wrong_key_names_the_uri_never_the_credentials(s3_iam, corpus, tmp_pat
 
 
 def test_a_denied_read_names_the_file(s3_iam, corpus, tmp_path):
-    query, users = s3_iam
+    query, users, _ = s3_iam
     path = _s3_config(tmp_path, corpus, query, {n: f"s3://guarded/{n}/*.parquet?{query}" for n in SOURCES})
     with _env(**users["lister"]):  # may list the bucket, not read its objects
         cluster = LocalCluster(path)  # the config loads: listing is allowed
@@ -258,3 +260,52 @@ def test_a_file_deleted_mid_run_is_named_and_the_loader_lives_on(s3, corpus, tmp
     assert "endpoint_override" not in log and "testing" not in log
     planned = [k for record in journal(path)[:12] for b in record["bins"] for k in b]
     assert sorted(delivered) == sorted(planned) and len(set(delivered)) == len(delivered)  # the rest, once each
+
+
+def test_a_read_denied_mid_run_is_named_and_the_loader_lives_on(s3_iam, corpus, tmp_path):
+    """The reader's permission is revoked mid-run: the loaders record each denied row group by URI and
+    stay up; once a source has no readable row group left the Planner stops planning with an error
+    that names the source, which trainers get; what arrived before arrived once."""
+    import boto3
+    query, users, endpoint = s3_iam
+    path = _s3_config(tmp_path, corpus, query, {n: f"s3://guarded/{n}/*.parquet?{query}" for n in SOURCES})
+    path.write_text(path.read_text() + "loader: {read_ahead_row_groups: 1}\n")
+    iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1",
+                       aws_access_key_id=users["admin"]["AWS_ACCESS_KEY_ID"],
+                       aws_secret_access_key=users["admin"]["AWS_SECRET_ACCESS_KEY"])
+    with _env(**users["reader"]):
+        cfg = load_config(path)
+        cluster = LocalCluster(path)
+    ranks = cfg.mesh.world_size
+    try:
+        with _env(**users["reader"]):  # the roles inherit the reader's key
+            cluster.start()
+        loaders = [cluster.child(f"loader-{n}-0") for n in SOURCES]
+        pids = [lo.process.pid for lo in loaders]
+        fetchers = [StepFetcher(cluster.planner, r, timeout=60) for r in range(ranks)]
+        delivered, error = [], None
+        for step in range(40):
+            if step == 1:
+                iam.delete_user_policy(UserName="reader", PolicyName="s3")  # from now on: AccessDenied
+            try:
+                delivered += [k for f in fetchers for k in delivered_keys([f.fetch(step)])]
+            except fl.FlightServerError as exc:
+                error = str(exc)
+                break
+        for f in fetchers:
+            f.close()
+        assert error and "no readable sample in a whole epoch" in error and "see its loaders' logs" in error, error
+        alive = [*loaders, cluster.child("planner")]
+        assert [lo.process.pid for lo in loaders] == pids and all(c.process.poll() is None for c in alive)
+        failed = []
+        for lo in loaders:
+            client = connect(lo.location, cluster.credentials)
+            failed += wire.call(client, "status")["recent_failed_reads"]
+            client.close()
+    finally:
+        cluster.stop()
+    assert failed and all(f.startswith("s3://guarded/") and "ACCESS_DENIED" in f for f in failed), failed
+    assert all("endpoint_override" not in f and users["reader"]["AWS_SECRET_ACCESS_KEY"] not in f for f in failed)
+    plans = [r for _, r in read_journal(cfg.run_dir / "plan-journal.jsonl") if "bins" in r]  # (its config lists
+    planned = {k for record in plans for b in record["bins"] for k in b}                # files it may not now)
+    assert set(delivered) <= planned and len(set(delivered)) == len(delivered)
