@@ -171,6 +171,21 @@ def test_planner_steps_under_hdp_are_checked_and_reproducible(tmp_path, corpus):
         assert stats["cp_tokens"] > 0 and 0 <= stats["idle_fraction"] < 1 and set(stats["groups"]) >= {"1"}
 
 
+def test_journaled_hdp_plan_gives_the_same_groups(tmp_path, corpus):
+    """A restarted Planner serves a step from its journal record: the groups read back from its bins
+    (what each constructor receives) must be the ones planned."""
+    from flight_overlord.planner.hdp import hdp_groups
+    from flight_overlord.planner.program import StepPlan
+
+    batch = {"context_length": 8192, "microbatches": 2, "tokens_per_step": 24000}
+    cfg = load_config(write_config(tmp_path, corpus, mesh={"dp": 2, "cp": 2}, global_batch=batch))
+    strategy = Strategy(cfg).distribute("HDP", max_tokens_per_rank=2048).plan()
+    plan = plan_step(0, _feeds(8192), Mixer(["longdocs"]), strategy, {"longdocs": 1.0})
+    again = StepPlan.from_record(plan.to_record())
+    assert hdp_groups(again, range(4)) == hdp_groups(plan, range(4))
+    assert any(g > 1 for b in hdp_groups(plan, range(4)).values() for mb in b for g, _ in mb)
+
+
 @pytest.mark.parametrize("size", [1, 2, 4, 8])
 def test_shards_reassemble_the_sequence_with_its_labels(size):
     rng = np.random.default_rng(size)
