@@ -163,7 +163,7 @@ def prefetch_table(plan_times: dict[int, float]) -> list[str]:
         cells = []
         for s in step_times:
             p = prefetch_needed(s, plan_s)
-            cells.append(f"{p}" if plan_s < s else f"{p} (behind)")
+            cells.append(f"{p}" if plan_s < s else "behind")
         lines.append(f"| {dp} | {plan_s * 1000:.1f} | " + " | ".join(cells) + " |")
     return lines
 
@@ -227,7 +227,7 @@ def main() -> None:
               f"{k[1]:.4f} | {k[2]} | {1e6 * g[0] / n:.2f} us |")
     print("\nPrefetch guidance: steps ahead (`prefetch`) so that no trainer waits for a plan = "
           "ceil(planning time / step time) + 1 (one step of slack for the constructors to fetch and pack); "
-          "'behind' = planning is slower than a step, no prefetch keeps up:\n")
+          "behind = planning takes longer than a step: the Planner falls further behind whatever the prefetch:\n")
     print("\n".join(prefetch_table({r["dp"]: r["greedy"][0] for r in planning})))
     if args.plot:
         plot(balancer, planning, args.plot)
