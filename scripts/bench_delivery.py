@@ -389,7 +389,7 @@ class _ShardReader:
 
 
 def _make_colocated_dataset(sources, data_dir: str, rank: int, ranks: int, context_length: int,
-                            pad_token_id: int, seed: int, samples_only: bool = False):
+                            pad_token_id: int, seed: int, samples_per_batch: int = 0):
     import torch
     from torch.utils.data import IterableDataset, get_worker_info
 
@@ -423,8 +423,11 @@ def _make_colocated_dataset(sources, data_dir: str, rank: int, ranks: int, conte
             pending, used = [], 0
             while True:
                 key, tokens = readers[rng.choice(len(readers), p=odds)].next()
-                if samples_only:  # (key, tokens) one by one; the caller batches and packs
-                    yield key, tokens
+                if samples_per_batch:  # lists of that many (key, tokens) samples, unpacked: the caller packs
+                    pending.append((key, np.array(tokens)))
+                    if len(pending) == samples_per_batch:
+                        yield pending
+                        pending = []
                     continue
                 if pending and used + len(tokens) > context_length:  # greedy, in arrival order
                     yield self._microbatch(pending)
@@ -448,12 +451,12 @@ def _make_colocated_dataset(sources, data_dir: str, rank: int, ranks: int, conte
 
 
 def colocated_loader(sources, data_dir: str, rank: int, ranks: int, workers: int, context_length: int, seed: int,
-                     samples_only: bool = False):
+                     samples_per_batch: int = 0):
     """Rank ``rank``'s colocated torch DataLoader: an endless stream of packed microbatch dicts
-    (``samples_only``: of (key, tokens) samples, unpacked)."""
+    (``samples_per_batch``: of lists of that many (key, tokens) samples, unpacked)."""
     from torch.utils.data import DataLoader
 
-    dataset = _make_colocated_dataset(sources, data_dir, rank, ranks, context_length, 0, seed, samples_only)
+    dataset = _make_colocated_dataset(sources, data_dir, rank, ranks, context_length, 0, seed, samples_per_batch)
     # fork: Linux's default, stated because this rank process itself was spawned.
     return DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=workers > 0,
                       prefetch_factor=2 if workers > 0 else None,

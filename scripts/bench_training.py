@@ -273,13 +273,13 @@ def colocated_rank(channel, scenario: Scenario, sources, data_dir: str, ranks: i
               warmup, steps, scale, barrier)
         return
     from flight_overlord.core.packing import pack
-    samples = iter(colocated_loader(sources, data_dir, channel.rank, ranks, workers, context_length, seed,
-                                    samples_only=True))
+    batches = iter(colocated_loader(sources, data_dir, channel.rank, ranks, workers, context_length, seed,
+                                    samples_per_batch=samples_per_step))  # a worker batches a step's samples
 
     def next_batch():
         bins, used = [[]], 0
-        for _ in range(samples_per_step):
-            tokens = np.asarray(next(samples)[1])
+        for _, tokens in next(batches):
+            tokens = np.asarray(tokens)
             if bins[-1] and used + len(tokens) > context_length:
                 bins.append([])
                 used = 0
