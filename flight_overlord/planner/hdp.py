@@ -37,6 +37,23 @@ def hdp_groups(plan, buckets) -> dict[str, list[list[list[int]]]]:
     return {str(b): [[list(x) for x in groups[b * m + i]] for i in range(m)] for b in buckets}
 
 
+def _in_order(work: np.ndarray, groups: np.ndarray, placed: np.ndarray, domain: int, microbatches: int) -> np.ndarray:
+    """Per-rank work of the same samples on the same group sizes without balancing, the baseline of
+    the ``*_unbalanced`` stats: in arrival order, equal-count runs per microbatch, each sample on the
+    next aligned group after the previous one (wrapping), as a loader filling ranks in turn would."""
+    loads = np.zeros(domain)
+    for run in np.array_split(placed, microbatches):
+        cursor = 0
+        for i in run:
+            g = int(groups[i])
+            start = -(-cursor // g) * g
+            if start + g > domain:
+                start = 0
+            loads[start:start + g] += work[i]
+            cursor = start + g
+    return loads
+
+
 def hdp_stats(costs: np.ndarray, lengths: np.ndarray, bins: list[np.ndarray], domain: int,
               microbatches: int) -> dict:
     """Per-rank work under the THD split (a sample's cost / its group size), the step time it gives
@@ -50,6 +67,7 @@ def hdp_stats(costs: np.ndarray, lengths: np.ndarray, bins: list[np.ndarray], do
     step = float(loads.max(axis=1).sum())
     rank_costs = loads.sum(axis=0)
     mean = float(rank_costs.mean()) if len(rank_costs) else 0.0
+    unbalanced = _in_order(work, groups, placed, domain, microbatches)
     return {"hdp": {
         "step_time": step, "idle_fraction": 1.0 - float(loads.sum()) / (step * domain) if step > 0 else 0.0,
         "groups": {str(g): int(n) for g, n in zip(*np.unique(groups[placed], return_counts=True))},
@@ -58,5 +76,7 @@ def hdp_stats(costs: np.ndarray, lengths: np.ndarray, bins: list[np.ndarray], do
         "imbalance": float(rank_costs.max() / mean) if mean > 0 else 1.0,
         "lower_bound": float(costs[placed].sum()) / domain,  # every sample's work spread over the domain
         "max_rank_cost": float(rank_costs.max()) if len(rank_costs) else 0.0,
+        "imbalance_unbalanced": float(unbalanced.max() / unbalanced.mean()) if unbalanced.mean() > 0 else 1.0,
+        "max_rank_cost_unbalanced": float(unbalanced.max()),
         "microbatch_imbalance": float(loads.max() / loads.mean()) if loads.size and loads.mean() > 0 else 1.0,
     }
