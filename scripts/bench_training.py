@@ -38,7 +38,7 @@ Most of a run's wall time is starting things (clusters, 8 spawned trainers impor
 DataLoader workers): about 4 minutes with the defaults when the machine is otherwise idle (an
 estimate), 10 minutes measured at a load average of 30-57.
 
-    .venv/bin/python scripts/bench_training.py                   # defaults: 6 scenarios x 20 steps
+    .venv/bin/python scripts/bench_training.py                   # defaults: 7 scenarios x 20 steps
     .venv/bin/python scripts/bench_training.py --steps 10 --scenarios text-balanced,text-unbalanced
     .venv/bin/python scripts/bench_training.py --ranks 16 --data /tmp/bench-data
 
@@ -223,7 +223,8 @@ SCENARIOS: dict[str, Scenario] = {
                          {"mesh": {"cp": 2}, "strategy": {"file": str(REPO / "configs" / "strategies" / "long_context_hdp.py"),
                                                           "options": {"max_tokens_per_rank": 16384}}}),
 }
-DEFAULT_SCENARIOS = "text-balanced,text-unbalanced,text-colocated,vlm-hybrid,vlm-backbone,vlm-unbalanced"
+DEFAULT_SCENARIOS = ("text-balanced,text-unbalanced,text-colocated,text-colocated-samples,"
+                     "vlm-hybrid,vlm-backbone,vlm-unbalanced")
 
 
 # ---------------------------------------------------------------------------------------------
