@@ -97,6 +97,31 @@ class MixerRun:
         credit[i] -= amount
         self._realized[i] += amount
 
+    def fill(self, budget: float, take: list, *, by_tokens: bool, longest: float) -> list[int]:
+        """``choose``, ``take[i]()`` (the chosen source's next sample's tokens, capped at ``longest``),
+        ``charge`` (those tokens, or 1 when not ``by_tokens``) until ``budget`` is reached: the loop of
+        a step's draw in one frame, the same operations as choose/charge. Returns the source chosen
+        at each draw."""
+        credit, w, realized, eligible = self._credit, self._w, self._realized, self._eligible
+        everyone = list(enumerate(w))
+        choices, total, minus_inf = [], 0, -np.inf
+        append = choices.append
+        while total < budget:
+            best, best_value = -1, minus_inf
+            for i in eligible:  # ascending, strict >: ties go to the first source, as argmax
+                value = credit[i] + w[i]
+                if value > best_value:
+                    best, best_value = i, value
+            tokens = take[best]()
+            amount = (tokens if tokens <= longest else longest) if by_tokens else 1
+            for j, x in everyone:
+                credit[j] += x * amount
+            credit[best] -= amount
+            realized[best] += amount
+            append(best)
+            total += amount
+        return choices
+
     def close(self) -> None:
         self._mixer._credit = np.array(self._credit, dtype=float)
         self._mixer.realized = np.array(self._realized, dtype=float)

@@ -107,22 +107,16 @@ def draw_mixture(feeds: dict[str, SourceFeed], mixer: Mixer, weights: dict[str, 
     by_tokens = gb.tokens_per_step is not None
     budget = gb.tokens_per_step if by_tokens else gb.samples_per_step
     longest = strategy.max_sample_tokens
-    draw = [feeds[source].next for source in mixer.sources]
+    streams = [feeds[source].stream() for source in mixer.sources]
     mix = mixer.run(weights)  # the mixer's choose/charge on plain floats: same choices, no numpy per sample
-    picks, total = [], 0
     try:
-        while total < budget:
-            i = mix.choose()
-            pick = draw[i]()
-            if pick.tokens > longest:
-                pick = pick._replace(tokens=longest)
-            amount = pick.tokens if by_tokens else 1
-            mix.charge(i, amount)
-            picks.append(pick)
-            total += amount
+        choices = mix.fill(budget, [s.next_tokens for s in streams], by_tokens=by_tokens, longest=longest)
     finally:
         mix.close()
-    return picks
+    # The drawn samples as objects only now, each source's at once, then in the mixer's order.
+    drawn = [iter(s.picks()).__next__ for s in streams]
+    picks = [drawn[i]() for i in choices]
+    return [p if p.tokens <= longest else p._replace(tokens=longest) for p in picks]
 
 
 def fill_in_order(sizes: np.ndarray, k: int, capacity: int) -> tuple[list[np.ndarray], np.ndarray]:
