@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 from collections import defaultdict
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 
 import numpy as np
 
@@ -103,6 +104,12 @@ def draw_mixture(feeds: dict[str, SourceFeed], mixer: Mixer, weights: dict[str, 
                  strategy: Strategy) -> list[Pick]:
     """The step's samples: sources interleaved by the mixer until the batch is full. A sample longer
     than a microbatch holds is planned truncated to it (the constructor cuts it the same way)."""
+    return _draw(feeds, mixer, weights, strategy)[0]
+
+
+def _draw(feeds: dict[str, SourceFeed], mixer: Mixer, weights: dict[str, float],
+          strategy: Strategy) -> tuple[list[Pick], np.ndarray]:
+    """``draw_mixture``'s samples and the index (in ``mixer.sources``) of each one's source."""
     gb = strategy.cfg.global_batch
     by_tokens = gb.tokens_per_step is not None
     budget = gb.tokens_per_step if by_tokens else gb.samples_per_step
@@ -116,7 +123,8 @@ def draw_mixture(feeds: dict[str, SourceFeed], mixer: Mixer, weights: dict[str, 
     # The drawn samples as objects only now, each source's at once, then in the mixer's order.
     drawn = [iter(s.picks()).__next__ for s in streams]
     picks = [drawn[i]() for i in choices]
-    return [p if p.tokens <= longest else p._replace(tokens=longest) for p in picks]
+    picks = [p if p.tokens <= longest else p._replace(tokens=longest) for p in picks]
+    return picks, np.array(choices, dtype=np.int64)
 
 
 def fill_in_order(sizes: np.ndarray, k: int, capacity: int) -> tuple[list[np.ndarray], np.ndarray]:
@@ -201,10 +209,17 @@ def _checked_raw(ctx: PlanContext, result) -> tuple[list[np.ndarray], np.ndarray
     return bins, unplaced
 
 
-def sample_meta(picks: list[Pick]) -> dict[str, np.ndarray]:
-    return {"num_tokens": np.array([p.tokens for p in picks], dtype=np.int64),
-            "image_patches": np.array([p.patches for p in picks], dtype=np.int64),
-            "source": np.array([p.ref.source for p in picks], dtype=object)}
+def sample_meta(picks: list[Pick], source_names: np.ndarray | None = None,
+                source_index: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Per-sample arrays for the cost function; the sources from (names, index per pick) when known."""
+    n = len(picks)
+    if source_index is None:
+        sources = np.array(list(map(attrgetter("ref.source"), picks)), dtype=object)
+    else:
+        sources = source_names[source_index]
+    return {"num_tokens": np.fromiter(map(itemgetter(1), picks), dtype=np.int64, count=n),
+            "image_patches": np.fromiter(map(itemgetter(2), picks), dtype=np.int64, count=n),
+            "source": sources}
 
 
 def plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: Strategy,
@@ -226,8 +241,9 @@ def _plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: 
     if strategy.buffer_policy is not None:
         summary = {name: feed.summary() for name, feed in feeds.items()}
         weights = dict(strategy.buffer_policy(step, summary, dict(weights)))
-    picks = draw_mixture(feeds, mixer, weights, strategy)
-    meta = sample_meta(picks)
+    picks, source_index = _draw(feeds, mixer, weights, strategy)
+    source_names = np.array(mixer.sources, dtype=object)
+    meta = sample_meta(picks, source_names, source_index)
     costs = np.asarray(strategy.cost_fn(meta), dtype=np.float64)
     if costs.shape != (len(picks),):
         raise ValueError(f"cost function returned shape {costs.shape}, expected ({len(picks)},)")
@@ -239,17 +255,19 @@ def _plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: 
                          f"keep_global_batch forbids deferring them: raise microbatches or context_length, "
                          f"or lower the step's batch size")
     _defer([picks[i] for i in unplaced], feeds, mixer, weights, by_tokens=gb.tokens_per_step is not None)
-    bins = [[picks[i] for i in idx] for idx in bin_indices]
+    pick_array = np.fromiter(picks, dtype=object, count=len(picks))
+    bins = [pick_array[idx].tolist() for idx in bin_indices]
     plan = StepPlan(step, strategy.axis, ctx.num_buckets, gb.microbatches, ctx.capacity, bins,
                     dict(weights), feedback)
-    plan.stats = _stats(plan, picks, costs, bin_indices, unplaced)
+    plan.stats = _stats(plan, meta, source_index, source_names, costs, bin_indices, unplaced)
     if strategy.axis == "HDP":
         plan.stats.update(hdp_stats(costs, meta["num_tokens"], bin_indices, ctx.num_buckets, gb.microbatches))
     if strategy.image_graph is not None:
         plan.encoder_axis = strategy.image_graph.axis
         plan.encoder, plan.stats["encoder"] = place_images(bins, strategy)
     else:
-        plan.stats["encoder"] = _encoder_stats(_per_bucket(bins, gb.microbatches))
+        images = np.fromiter(map(len, map(itemgetter(3), picks)), dtype=np.int64, count=len(picks))
+        plan.stats["encoder"] = _encoder_stats_arrays(meta["image_patches"], images, bin_indices, gb.microbatches)
     return plan
 
 
@@ -294,6 +312,15 @@ def _encoder_stats(buckets: list[list[Pick]]) -> dict:
             "imbalance": max_over_mean(loads), "max_cost": float(loads.max()) if len(loads) else 0.0}
 
 
+def _encoder_stats_arrays(patches: np.ndarray, images: np.ndarray, bin_indices, microbatches: int) -> dict:
+    """``_encoder_stats`` of the buckets the bins make, from per-sample patch and image counts."""
+    bucket_of_bin = np.arange(len(bin_indices)) // microbatches
+    n_buckets = -(-len(bin_indices) // microbatches)
+    loads = np.bincount(bucket_of_bin, weights=_sums(patches.astype(np.float64), bin_indices), minlength=n_buckets)
+    return {"images": int(_sums(images.astype(np.float64), bin_indices).sum()), "patches": int(loads.sum()),
+            "imbalance": max_over_mean(loads), "max_cost": float(loads.max()) if len(loads) else 0.0}
+
+
 def _per_bucket(bins: list[list[Pick]], microbatches: int) -> list[list[Pick]]:
     """All samples of each bucket (its microbatches' bins joined)."""
     return [sum(bins[i:i + microbatches], []) for i in range(0, len(bins), microbatches)]
@@ -309,9 +336,10 @@ def _defer(items: list[Pick], feeds, mixer: Mixer, weights, *, by_tokens: bool) 
         feeds[source].defer(source_items)
 
 
-def _stats(plan: StepPlan, picks: list[Pick], costs: np.ndarray, bin_indices, unplaced) -> dict:
+def _stats(plan: StepPlan, meta: dict[str, np.ndarray], source_index: np.ndarray, source_names: np.ndarray,
+           costs: np.ndarray, bin_indices, unplaced) -> dict:
     buckets, m = plan.num_buckets, plan.microbatches
-    placed = np.ones(len(picks), dtype=bool)
+    placed = np.ones(len(costs), dtype=bool)
     placed[unplaced] = False
     bin_costs = _sums(costs, bin_indices)
     bucket_costs = bin_costs.reshape(buckets, m).sum(axis=1)
@@ -320,14 +348,16 @@ def _stats(plan: StepPlan, picks: list[Pick], costs: np.ndarray, bin_indices, un
     order = np.flatnonzero(placed)
     short, extra = divmod(order.size, buckets)
     unbalanced = _sums(costs, np.split(order, np.cumsum([short + 1] * extra + [short] * (buckets - extra))[:-1]))
-    kept = [p for p, ok in zip(picks, placed.tolist()) if ok]
-    names = list(dict.fromkeys(p.ref.source for p in kept))  # first placed appearance first, as a loop would
-    code = {name: i for i, name in enumerate(names)}
-    codes = np.fromiter((code[p.ref.source] for p in kept), dtype=np.int64, count=len(kept))
+    kept = source_index[placed]
+    present, first = np.unique(kept, return_index=True)
+    present = present[np.argsort(first)]  # first placed appearance first, as a loop would
+    names = source_names[present].tolist()
+    code = np.zeros(len(source_names), dtype=np.int64)
+    code[present] = np.arange(len(present))
+    codes = code[kept]
     samples, tokens, patches = (
         dict(zip(names, np.bincount(codes, weights=w, minlength=len(names)).astype(np.int64).tolist()))
-        for w in (None, np.fromiter((p.tokens for p in kept), dtype=np.float64, count=len(kept)),
-                  np.fromiter((p.patches for p in kept), dtype=np.float64, count=len(kept))))
+        for w in (None, meta["num_tokens"][placed].astype(np.float64), meta["image_patches"][placed].astype(np.float64)))
     return {
         "weights": plan.weights, "samples": dict(samples), "tokens": dict(tokens), "image_patches": dict(patches),
         "deferred": int(len(unplaced)),
