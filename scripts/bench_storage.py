@@ -14,7 +14,7 @@ The same demo text sources are read from three places, in the same run:
 2. Delivery: a ``LocalCluster`` per place and per read-ahead side: ``none`` (``loader:
    {read_ahead_row_groups: 1, read_ahead_bytes: 1}``: a row group is read when the Planner asks for
    it) and ``--read-ahead`` row groups; one ``StepFetcher`` per rank in lock-step, each step followed
-   by ``--step-ms`` of simulated trainer compute (the Planner's ``prefetch: 2`` as in the demo).
+   by ``--step-ms`` of simulated trainer compute (the Planner's ``--prefetch``, 2 as in the demo).
    Reported: the trainers' wait for data per step (median, p90) and samples per second over the
    timed steps, each the median over ``--repeats`` runs (the sides interleave).
 
@@ -169,6 +169,8 @@ def main() -> None:
     p.add_argument("--read-ahead", type=int, default=4, help="read_ahead_row_groups of the read-ahead side "
                    "(the other side: none)")
     p.add_argument("--repeats", type=int, default=2, help="runs of each delivery configuration (default 2)")
+    p.add_argument("--prefetch", type=int, default=2, help="the Planner's prefetch, steps planned ahead of the "
+                   "trainers (default 2, as in the demo)")
     p.add_argument("--tokens-per-step", type=int, default=16000)
     p.add_argument("--plot", type=Path, help="write a plot here (needs matplotlib: the bench extra)")
     args = p.parse_args()
@@ -191,7 +193,8 @@ def main() -> None:
                 print(f"{place:<14} {len(times):>10} {1e3 * statistics.median(times):>8.2f} "
                       f"{1e3 * times[int(0.9 * (len(times) - 1))]:>8.2f} {sum(times):>8.2f}")
             print(f"\n2. delivery: 2 ranks, {args.steps} timed steps after {args.warmup}, {args.step_ms:g} ms of "
-                  f"trainer compute per step, tokens_per_step {args.tokens_per_step}")
+                  f"trainer compute per step, tokens_per_step {args.tokens_per_step}, prefetch {args.prefetch}, "
+                  f"median of {args.repeats} runs")
             print(f"{'place':<14} {'read-ahead':>12} {'wait median ms':>15} {'wait p90 ms':>12} {'samples/s':>10}")
             sides = {"none": {"read_ahead_row_groups": 1, "read_ahead_bytes": 1},
                      f"{args.read_ahead} groups": {"read_ahead_row_groups": args.read_ahead}}
@@ -205,7 +208,7 @@ def main() -> None:
                             run / "config.yaml", data_dir,
                             [{"name": n, "weight": w, "paths": paths_of(place, where, data_dir, n)} for n, w in SOURCES],
                             ranks=2, context_length=4096, microbatches=2, tokens_per_step=args.tokens_per_step, seed=0,
-                            run_dir=run / "run", loader=loader)
+                            run_dir=run / "run", loader=loader, prefetch=args.prefetch)
                         log(f"delivery: {place}, read-ahead {side}, run {repeat + 1}/{args.repeats}")
                         runs.setdefault((place, side), []).append(deliver(config, args.steps, args.warmup, args.step_ms))
             delivery = {key: {k: statistics.median(r[k] for r in results) for k in results[0]}
