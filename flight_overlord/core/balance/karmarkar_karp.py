@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 
@@ -185,6 +186,8 @@ def _absorb_short_run(unit, j, bar, cs, link) -> tuple[int, bool]:
     """
     n = len(cs) - 1
     vals, parts = unit.vals, unit.parts
+    if vals.size < _ROUNDS_MIN_BINS:  # few bins (a rank's microbatches): the same steps on lists
+        return _absorb_short_run_lists(unit, j, bar, cs, link)
     for _ in range(_SHORT_RUN):
         load, part = vals[0] + cs[j], parts[0]
         at = int(np.searchsorted(vals, load, side="right"))
@@ -198,6 +201,28 @@ def _absorb_short_run(unit, j, bar, cs, link) -> tuple[int, bool]:
             return j, True
     unit.vals, unit.parts = vals, parts
     return j, False
+
+
+def _absorb_short_run_lists(unit, j, bar, cs, link) -> tuple[int, bool]:
+    """``_absorb_short_run`` on Python lists: for a few bins numpy's per-call cost is most of each
+    step. The same additions and the same insertion point (bisect_right = searchsorted right)."""
+    n = len(cs) - 1
+    vals, parts = unit.vals.tolist(), unit.parts.tolist()
+    ended = False
+    for _ in range(_SHORT_RUN):
+        load, part = vals[0] + cs[j], parts[0]
+        at = bisect.bisect_right(vals, load)
+        del vals[0], parts[0]
+        vals.insert(at - 1, load)
+        parts.insert(at - 1, part)
+        link[j] = part
+        j += 1
+        spread = vals[-1] - vals[0]
+        if j == n or cs[j] <= bar or spread <= bar or spread < cs[j + 1]:
+            ended = True
+            break
+    unit.vals, unit.parts = np.array(vals, dtype=unit.vals.dtype), np.array(parts, dtype=unit.parts.dtype)
+    return j, ended
 
 
 def _kk(cs_arr: np.ndarray, k: int) -> np.ndarray:
