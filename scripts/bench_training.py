@@ -35,8 +35,8 @@ with their sequence). The colocated DataLoader reads text sources only, so the V
 colocated side.
 
 Most of a run's wall time is starting things (clusters, 8 spawned trainers importing torch, the
-DataLoader workers): about 4 minutes with the defaults when the machine is otherwise idle (an
-estimate), 10 minutes measured at a load average of 30-57.
+DataLoader workers): 6.6 minutes with the defaults measured at a load average of 17-31 (10 at
+30-57, with one scenario fewer); an otherwise idle machine should need about half (an estimate).
 
     .venv/bin/python scripts/bench_training.py                   # defaults: 7 scenarios x 20 steps
     .venv/bin/python scripts/bench_training.py --steps 10 --scenarios text-balanced,text-unbalanced
@@ -474,9 +474,9 @@ def plot(results: list[Result], path: Path) -> None:
         ax.set_title(f"{corpus}: step time per step, {args_summary(results, corpus)}")
         ax.set_xlabel("timed step")
         ax.set_ylabel("step time (ms, scaled simulation)")
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, 1.5 * max(r.step_times.max() for r in results if r.scenario.corpus == corpus) * 1e3)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=7, loc="upper left", ncol=2)  # above the curves: the y range leaves room
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"plot: {path}")
