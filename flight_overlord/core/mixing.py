@@ -99,9 +99,9 @@ class MixerRun:
 
     def fill(self, budget: float, take: list, *, by_tokens: bool, longest: float) -> list[int]:
         """``choose``, ``take[i]()`` (the chosen source's next sample's tokens, capped at ``longest``),
-        ``charge`` (those tokens, or 1 when not ``by_tokens``) until ``budget`` is reached: the loop of
-        a step's draw in one frame, the same operations as choose/charge. Returns the source chosen
-        at each draw."""
+        ``charge`` (those tokens; or 1 when not ``by_tokens``, without calling ``take``) until
+        ``budget`` is reached: the loop of a step's draw in one frame, the same operations as
+        choose/charge. Returns the source chosen at each draw."""
         credit, w, realized, eligible = self._credit, self._w, self._realized, self._eligible
         everyone = list(enumerate(w))
         choices, total, minus_inf = [], 0, -np.inf
@@ -112,8 +112,11 @@ class MixerRun:
                 value = credit[i] + w[i]
                 if value > best_value:
                     best, best_value = i, value
-            tokens = take[best]()
-            amount = (tokens if tokens <= longest else longest) if by_tokens else 1
+            if by_tokens:
+                tokens = take[best]()
+                amount = tokens if tokens <= longest else longest
+            else:
+                amount = 1
             for j, x in everyone:
                 credit[j] += x * amount
             credit[best] -= amount

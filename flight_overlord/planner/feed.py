@@ -141,15 +141,39 @@ class FeedStream:
 
     def __init__(self, feed: SourceFeed):
         self._feed = feed
-        self._deferred: list[Pick] = []
-        self._segments: list[list] = []  # [epoch, row group, permutation, meta, lengths, start row index, end]
+        self._parts: list[list] = []  # Picks, or [epoch, row group, permutation, meta, lengths, start, end]
         self.next_tokens = self._tokens().__next__
+
+    def take(self, n: int) -> None:
+        """Draw ``n`` samples at once (when their token counts are not needed one by one): what ``n``
+        calls of ``next()`` draw, the runs of readable rows of a row group as one slice each."""
+        feed = self._feed
+        while n > 0 and feed._deferred:
+            self._parts.append([feed._deferred.popleft()])
+            feed.drawn += 1
+            n -= 1
+        while n > 0:
+            rg, permutation, meta, _ = feed._row_group()
+            start = feed.row_index
+            rows = np.asarray(permutation[start:start + n], dtype=np.int64)
+            empty = np.flatnonzero(np.asarray(meta["num_tokens"])[rows] <= 0)
+            run = int(empty[0]) if empty.size else rows.size  # readable rows in a row from the cursor
+            if run:
+                self._parts.append([feed.epoch, rg, permutation, meta, _, start, start + run])
+                feed.row_index += run
+                feed.drawn += run
+                n -= run
+            elif rows.size:  # an empty row next: next() skips it (and knows when nothing is readable)
+                self._parts.append([feed.next()])
+                n -= 1
+            else:
+                feed._advance()
 
     def _tokens(self):
         feed = self._feed
         while feed._deferred:
             pick = feed._deferred.popleft()
-            self._deferred.append(pick)
+            self._parts.append([pick])
             feed.drawn += 1
             yield pick.tokens
         passed = 0
@@ -157,7 +181,7 @@ class FeedStream:
             rg, permutation, meta, lengths = feed._row_group()
             start = feed.row_index
             segment = [feed.epoch, rg, permutation, meta, lengths, start, start]
-            self._segments.append(segment)
+            self._parts.append(segment)
             for position in range(start, len(permutation)):
                 tokens = lengths[permutation[position]]
                 feed.row_index = position + 1
@@ -176,9 +200,13 @@ class FeedStream:
 
     def picks(self) -> list[Pick]:
         """Every sample drawn so far, in order, as ``next()`` would have returned them."""
-        picks = list(self._deferred)
+        picks: list[Pick] = []
         name = self._feed.name
-        for epoch, rg, permutation, meta, lengths, start, end in self._segments:
+        for part in self._parts:
+            if len(part) == 1:
+                picks.append(part[0])
+                continue
+            epoch, rg, permutation, meta, lengths, start, end = part
             rows = [r for r in permutation[start:end] if lengths[r] > 0]
             patches, sizes = meta.get("image_patches"), meta.get("image_sizes")
             # SampleRef(...) field by field through a frozen dataclass's __init__ costs ~1 us each;

@@ -120,6 +120,9 @@ def _draw(feeds: dict[str, SourceFeed], mixer: Mixer, weights: dict[str, float],
         choices = mix.fill(budget, [s.next_tokens for s in streams], by_tokens=by_tokens, longest=longest)
     finally:
         mix.close()
+    if not by_tokens:  # a count per draw: the mixer's choices need no sample, the feeds give theirs at once
+        for stream, n in zip(streams, np.bincount(choices, minlength=len(streams)).tolist()):
+            stream.take(n)
     # The drawn samples as objects only now, each source's at once, then in the mixer's order.
     drawn = [iter(s.picks()).__next__ for s in streams]
     picks = [drawn[i]() for i in choices]
