@@ -476,7 +476,8 @@ def plot(results: list[Result], path: Path) -> None:
         ax.set_ylabel("step time (ms, scaled simulation)")
         ax.set_ylim(0, 1.5 * max(r.step_times.max() for r in results if r.scenario.corpus == corpus) * 1e3)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", ncol=2)  # above the curves: the y range leaves room
+        ax.legend(fontsize=7, loc="upper left")  # above the curves: the y range leaves room
+        ax.xaxis.get_major_locator().set_params(integer=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"plot: {path}")
