@@ -51,6 +51,9 @@ def _partition(args) -> None:
     cfg = load_config(args.config)
     _, table = partition(cfg, cpus=args.cpus, memory_gib=args.memory, reprofile=args.reprofile)
     print(table, flush=True)
+    if cfg.loader.partition != "auto":
+        print(f"note: {args.config} has loader.partition: manual; with `loader: {{partition: auto}}` the run "
+              f"starts with this plan", flush=True)
 
 
 def _make_demo_data(args) -> None:
