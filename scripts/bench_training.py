@@ -28,7 +28,8 @@ and the ratios are what carries over.
 
 Scenarios are a table (``SCENARIOS``: a corpus, config overrides, and a compute function of a
 rank's microbatches); ``--scenarios`` picks some. The static context-parallel ones
-(``text-cp2-bshd``, ``text-cp2-thd``) run dp=4 x cp=2 and add ring attention's KV traffic;
+(``text-cp2-bshd``, ``text-cp2-thd``; ``text-cp4-*``: dp=2 x cp=4) run dp=4 x cp=2 and add ring
+attention's KV traffic;
 ``text-hdp`` runs the same 8 ranks with dynamic CP groups (``distribute("HDP")``, 16K tokens per rank).
 None of these is in the default set. ``vlm-backbone`` balances the VLM backbone only (images stay
 with their sequence). The colocated DataLoader reads text sources only, so the VLM mix has no
@@ -219,6 +220,10 @@ SCENARIOS: dict[str, Scenario] = {
                               {"mesh": {"cp": 2, "cp_format": "bshd"}, "balance": {"method": "greedy"}}),
     "text-cp2-thd": Scenario("text", "static CP=2, per-sequence split (thd)", partial(context_parallel, 2),
                              {"mesh": {"cp": 2, "cp_format": "thd"}, "balance": {"method": "greedy"}}),
+    "text-cp4-bshd": Scenario("text", "static CP=4, whole-buffer split (bshd)", partial(context_parallel, 4),
+                              {"mesh": {"cp": 4, "cp_format": "bshd"}, "balance": {"method": "greedy"}}),
+    "text-cp4-thd": Scenario("text", "static CP=4, per-sequence split (thd)", partial(context_parallel, 4),
+                             {"mesh": {"cp": 4, "cp_format": "thd"}, "balance": {"method": "greedy"}}),
     "text-hdp": Scenario("text", "HDP: dynamic CP groups over dp4 x cp2, 16K per rank", hdp_groups,
                          {"mesh": {"cp": 2}, "strategy": {"file": str(REPO / "configs" / "strategies" / "long_context_hdp.py"),
                                                           "options": {"max_tokens_per_rank": 16384}}}),
