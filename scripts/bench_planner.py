@@ -218,13 +218,16 @@ def main() -> None:
     print(f"\nWhole step (`plan_step`: mix 6 sources, read metadata, cost, ranks then microbatches under the "
           f"token capacity, stats); mean of {args.steps} consecutive steps after an untimed first one, best of {args.reps} runs "
           f"(1 run from dp 1024):\n")
-    print("| dp | samples | microbatches/rank | greedy ms | max/LB | deferred | KK ms | max/LB | deferred | per sample (greedy) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| dp | samples | microbatches/rank | greedy ms | max/LB | deferred | KK ms | max/LB | deferred "
+          "| per sample (greedy) | greedy / heapq LPT | KK / heapq LPT |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    heapq_ms = {r["dp"]: r["heapq"][0] for r in balancer}  # the rank level alone, plain heapq, same run
     for r in planning:
         g, k = r["greedy"], r["karmarkar_karp"]
         n = r["dp"] * PER_RANK
         print(f"| {r['dp']} | {n} | {g[3]} | {1000 * g[0]:.1f} | {g[1]:.4f} | {g[2]} | {1000 * k[0]:.1f} | "
-              f"{k[1]:.4f} | {k[2]} | {1e6 * g[0] / n:.2f} us |")
+              f"{k[1]:.4f} | {k[2]} | {1e6 * g[0] / n:.2f} us | {g[0] / heapq_ms[r['dp']]:.1f} "
+              f"| {k[0] / heapq_ms[r['dp']]:.1f} |")
     print("\nPrefetch guidance: steps ahead (`prefetch`) so that no trainer waits for a plan = "
           "ceil(planning time / step time) + 1 (one step of slack for the constructors to fetch and pack); "
           "behind = planning takes longer than a step: the Planner falls further behind whatever the prefetch:\n")

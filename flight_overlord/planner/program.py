@@ -173,9 +173,13 @@ def place(ctx: PlanContext, strategy: Strategy) -> tuple[list[np.ndarray], np.nd
     for members, n_buckets in groups:
         buckets, unplaced = _split(costs[members], sizes[members], n_buckets, m * cap, b.method, inter, b.equal_size)
         left.append(members[unplaced])
-        for idx in buckets:
-            idx = members[idx]
-            mbs, mb_unplaced = _split(costs[idx], sizes[idx], m, cap, b.method, intra, b.equal_size)
+        ranks = [members[idx] for idx in buckets]
+        if intra:  # every bucket's microbatches in one call: the same as one partition per bucket
+            splits = balance.partition_each(costs, ranks, m, method=b.method, sizes=sizes, capacity=cap,
+                                            equal_size=b.equal_size)
+        else:
+            splits = [fill_in_order(sizes[idx], m, cap) for idx in ranks]
+        for idx, (mbs, mb_unplaced) in zip(ranks, splits):
             bins.extend(idx[x] for x in mbs)
             left.append(idx[mb_unplaced])
     return bins, np.sort(np.concatenate(left)).astype(np.int64)

@@ -128,3 +128,26 @@ def _pinned_run(tmp_path, corpus, name: str) -> str:
 @pytest.mark.parametrize("name", sorted(PINNED_PLANS))
 def test_a_fixed_seed_plans_the_pinned_stream(tmp_path, corpus, name):
     assert _pinned_run(tmp_path, corpus, name) == PINNED_PLANS[name]
+
+
+@pytest.mark.parametrize("method", ["greedy", "karmarkar_karp"])
+@pytest.mark.parametrize("seed", range(3))
+def test_partition_each_gives_what_one_partition_per_group_gives(method, seed):
+    """The microbatch level balances every rank in one call: the same bins and leftovers as a
+    partition per rank, under tight capacity (leftovers, oversize items), ties and zero costs."""
+    from flight_overlord.core.balance import partition, partition_each
+    rng = np.random.default_rng(seed)
+    n = 3000
+    sizes = rng.integers(1, 1200, n).astype(float)
+    sizes[rng.random(n) < 0.01] = 5000  # larger than a bin
+    costs = np.round(sizes * rng.choice([1.0, 1.5], n), -2)  # many equal costs
+    costs[rng.random(n) < 0.05] = 0.0
+    groups = np.array_split(rng.permutation(n), 97)
+    groups.append(np.array([], dtype=np.int64))
+    for k, capacity in ((3, 2048), (5, 4096), (1, 30000)):
+        batched = partition_each(costs, groups, k, method=method, sizes=sizes, capacity=capacity)
+        for g, (bins, left) in zip(groups, batched):
+            want_bins, want_left = partition(costs[g], k, method=method, sizes=sizes[g], capacity=capacity,
+                                             leftover="return")
+            assert [b.tolist() for b in bins] == [b.tolist() for b in want_bins]
+            assert left.tolist() == want_left.tolist()

@@ -43,6 +43,7 @@ __all__ = [
     "PartitionStats",
     "lower_bound",
     "partition",
+    "partition_each",
     "partition_stats",
     "register_balancer",
 ]
@@ -124,6 +125,46 @@ def partition(
     if leftover == "return":
         return bins, np.sort(np.concatenate([oversize, leftovers])).astype(np.int64)
     return bins
+
+
+def partition_each(costs, groups, k: int, *, method: str, sizes, capacity, equal_size: bool = False):
+    """``partition(costs[g], k, method=..., sizes=sizes[g], capacity=..., leftover="return",
+    equal_size=...)`` for every index array ``g`` of ``groups``: the same answers, one per group.
+
+    For greedy LPT under a capacity over few bins (a rank's microbatches), the construction of all
+    groups runs at once: column p of a (groups x items) matrix is every group's p-th item by
+    descending cost, placed on the least (load, bin) bin with room, as the heap does per group.
+    Only the refinement and the grouping stay per group."""
+    c = _as_weights(costs, "costs")
+    s, cap = _check_sizes(sizes, capacity, c.size)
+    k = _check_k(k)
+    groups = [np.asarray(g, dtype=np.int64) for g in groups]
+    if method != "greedy" or equal_size or s is None or k >= greedy._ROUNDS_MIN_BINS or not groups:
+        return [partition(c[g], k, method=method, sizes=s[g] if s is not None else None, capacity=capacity,
+                          leftover="return", equal_size=equal_size) for g in groups]
+    if method not in _BALANCERS:
+        raise ValueError(f"unknown method {method!r}; allowed: {', '.join(_BALANCERS)}")
+    lengths = np.array([g.size for g in groups], dtype=np.int64)
+    members = np.concatenate(groups)
+    owner = np.repeat(np.arange(len(groups)), lengths)
+    local = np.arange(members.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    gc, gs = c[members], s[members]
+    # Each group's items by descending cost, ties by index: its own stable argsort of -cost.
+    order = np.lexsort((local, -gc, owner))
+    starts = np.cumsum(lengths) - lengths
+    column = np.arange(members.size) - np.repeat(starts, lengths)
+    chosen = greedy.lpt_columns(gc[order], gs[order], owner[order], column, len(groups), int(lengths.max()), k, cap)
+    bin_of_all = np.empty(members.size, dtype=np.int64)
+    bin_of_all[order] = chosen
+    out = []
+    for g, start, n in zip(range(len(groups)), starts.tolist(), lengths.tolist()):
+        gcost, gsize = gc[start:start + n], gs[start:start + n]
+        problem = _Problem(gcost, k, gsize, cap, None, np.argsort(-gcost, kind="stable"))
+        bin_of = bin_of_all[start:start + n].copy()
+        unplaced = np.flatnonzero(bin_of < 0).astype(np.int64)  # as partition: what the construction left
+        _Refiner(problem, bin_of).run()
+        out.append(([b.astype(np.int64) for b in _group(problem.desc, bin_of, k)], unplaced))
+    return out
 
 
 def _construct(problem: _Problem, items: np.ndarray, method: str):

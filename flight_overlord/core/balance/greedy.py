@@ -176,3 +176,31 @@ def _lpt_rounds(problem: _Problem, loads, room, counts, items) -> np.ndarray:
         chosen[pos:] = _lpt_constrained(problem, loads.tolist(), room.tolist(), counts.tolist(), rest,
                                         problem.costs[rest].tolist())
     return chosen
+
+
+def lpt_columns(costs, sizes, owner, column, groups: int, width: int, k: int, capacity: float) -> np.ndarray:
+    """LPT under a capacity for many independent groups at once, each over its own ``k`` bins.
+
+    Items come grouped by ``owner`` and, within a group, by descending cost (``column`` = rank in
+    its group). Column by column, every group's item goes onto its least (load, bin) bin with room
+    for it, -1 where none has: what ``_lpt_constrained`` does per group without a quota (a bin too
+    full for an item waits there until a smaller one comes, its load unchanged). Same additions, so
+    the same loads and choices."""
+    loads = np.zeros((groups, k))
+    room = np.full((groups, k), float(capacity))
+    chosen = np.full(costs.size, -1, dtype=np.int64)
+    by_column = np.argsort(column, kind="stable")
+    ends = np.cumsum(np.bincount(column, minlength=width)).tolist()
+    start = 0
+    for end in ends:
+        at = by_column[start:end]
+        start = end
+        g, x, size = owner[at], costs[at], sizes[at]
+        fits = room[g] >= size[:, None]
+        best = np.argmin(np.where(fits, loads[g], np.inf), axis=1)  # first minimum: the lowest bin
+        ok = fits[np.arange(g.size), best]
+        g, best, at = g[ok], best[ok], at[ok]
+        loads[g, best] += x[ok]
+        room[g, best] -= size[ok]
+        chosen[at] = best
+    return chosen
