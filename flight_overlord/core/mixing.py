@@ -7,6 +7,7 @@ every point, not only on average; weights may change from step to step.
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import numpy as np
@@ -102,6 +103,8 @@ class MixerRun:
         ``charge`` (those tokens; or 1 when not ``by_tokens``, without calling ``take``) until
         ``budget`` is reached: the loop of a step's draw in one frame, the same operations as
         choose/charge. Returns the source chosen at each draw."""
+        if not by_tokens and all(x >= 0 for x in self._w):
+            return self._fill_count(max(0, int(math.ceil(budget))))
         credit, w, realized, eligible = self._credit, self._w, self._realized, self._eligible
         everyone = list(enumerate(w))
         choices, total, minus_inf = [], 0, -np.inf
@@ -123,6 +126,28 @@ class MixerRun:
             realized[best] += amount
             append(best)
             total += amount
+        return choices
+
+    def _fill_count(self, n: int) -> list[int]:
+        """``fill`` charging 1 per draw, ``n`` draws. Charging 1 adds each source's weight to its
+        credit (w * 1 == w), which is the value choose compares: one pass per draw does both."""
+        credit, realized, choices = self._credit, self._realized, []
+        positive = [(j, x) for j, x in enumerate(self._w) if x > 0]
+        append, minus_inf = choices.append, -np.inf
+        for _ in range(n):
+            best, best_value = -1, minus_inf
+            for j, x in positive:  # ascending, strict >: ties go to the first source, as argmax
+                value = credit[j] + x
+                credit[j] = value
+                if value > best_value:
+                    best, best_value = j, value
+            credit[best] -= 1
+            realized[best] += 1
+            append(best)
+        if n:  # the sources without weight were charged w * 1 = 0.0 each time: only -0.0 would change
+            for j, x in enumerate(self._w):
+                if not x > 0:
+                    credit[j] += x
         return choices
 
     def close(self) -> None:

@@ -151,3 +151,24 @@ def test_partition_each_gives_what_one_partition_per_group_gives(method, seed):
                                              leftover="return")
             assert [b.tolist() for b in bins] == [b.tolist() for b in want_bins]
             assert left.tolist() == want_left.tolist()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mixer_fill_by_count_makes_the_same_choices_as_choose_and_charge(seed):
+    rng = np.random.default_rng(seed)
+    sources = [f"s{i}" for i in range(5)]
+    weights = dict(zip(sources, rng.choice([0.0, 0.1, 0.25, 1 / 3, 0.7], size=5).tolist()))
+    weights["s3"] = 0.3
+    slow, fast = Mixer(sources), Mixer(sources)
+    for step in range(4):
+        slow_choices = []
+        for _ in range(997):
+            source = slow.choose(weights)
+            slow.charge(source, 1, weights)
+            slow_choices.append(sources.index(source))
+        run = fast.run(weights)
+        fast_choices = run.fill(997, [], by_tokens=False, longest=0)
+        run.close()
+        assert fast_choices == slow_choices
+        assert fast.state_dict() == slow.state_dict()
+        weights = {**weights, "s0": 0.5 if step % 2 else 0.0}
