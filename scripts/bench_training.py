@@ -202,6 +202,8 @@ class Scenario:
     config: dict = field(default_factory=dict)
     colocated: bool = False  # bench_delivery's colocated DataLoader instead of a cluster
     equal_samples: bool = False  # colocated: each rank the same sample count per step, not the same microbatches
+    token_share: float = 1.0  # of a row's num_tokens this rank counts: 1/cp under static CP (rows carry the
+    # whole sequence's count on every CP rank), so tokens/s counts every token once
     encoder: bool = False    # the strategy has an image graph: TrainerClient(encoder=True)
 
 
@@ -217,13 +219,17 @@ SCENARIOS: dict[str, Scenario] = {
     "vlm-unbalanced": Scenario("vlm", "flight_overlord unbalanced", vlm_own_images,
                                {"strategy": None, "balance": {"method": "none"}}),
     "text-cp2-bshd": Scenario("text", "static CP=2, whole-buffer split (bshd)", partial(context_parallel, 2),
-                              {"mesh": {"cp": 2, "cp_format": "bshd"}, "balance": {"method": "greedy"}}),
+                              {"mesh": {"cp": 2, "cp_format": "bshd"}, "balance": {"method": "greedy"}},
+                              token_share=1 / 2),
     "text-cp2-thd": Scenario("text", "static CP=2, per-sequence split (thd)", partial(context_parallel, 2),
-                             {"mesh": {"cp": 2, "cp_format": "thd"}, "balance": {"method": "greedy"}}),
+                             {"mesh": {"cp": 2, "cp_format": "thd"}, "balance": {"method": "greedy"}},
+                             token_share=1 / 2),
     "text-cp4-bshd": Scenario("text", "static CP=4, whole-buffer split (bshd)", partial(context_parallel, 4),
-                              {"mesh": {"cp": 4, "cp_format": "bshd"}, "balance": {"method": "greedy"}}),
+                              {"mesh": {"cp": 4, "cp_format": "bshd"}, "balance": {"method": "greedy"}},
+                              token_share=1 / 4),
     "text-cp4-thd": Scenario("text", "static CP=4, per-sequence split (thd)", partial(context_parallel, 4),
-                             {"mesh": {"cp": 4, "cp_format": "thd"}, "balance": {"method": "greedy"}}),
+                             {"mesh": {"cp": 4, "cp_format": "thd"}, "balance": {"method": "greedy"}},
+                             token_share=1 / 4),
     "text-hdp": Scenario("text", "HDP: dynamic CP groups over dp4 x cp2, 16K per rank", hdp_groups,
                          {"mesh": {"cp": 2}, "strategy": {"file": str(REPO / "configs" / "strategies" / "long_context_hdp.py"),
                                                           "options": {"max_tokens_per_rank": 16384}}}),
@@ -236,7 +242,8 @@ DEFAULT_SCENARIOS = ("text-balanced,text-unbalanced,text-colocated,text-colocate
 # A rank: fetch, compute (sleep), barrier
 # ---------------------------------------------------------------------------------------------
 
-def train(channel, next_batch: Callable, compute: Callable, warmup: int, steps: int, scale: float, barrier) -> None:
+def train(channel, next_batch: Callable, compute: Callable, warmup: int, steps: int, scale: float, barrier,
+          token_share: float = 1.0) -> None:
     """Per timed step: (start, data wait, compute, barrier wait, end, real tokens, simulated s, microbatches)."""
     records = []
     for i in range(warmup + steps):
@@ -252,7 +259,7 @@ def train(channel, next_batch: Callable, compute: Callable, warmup: int, steps: 
         barrier.wait(600)
         t3 = time.monotonic()
         if i >= warmup:
-            tokens = sum(int(mb["num_tokens"]) for mb in mbs)
+            tokens = token_share * sum(int(mb["num_tokens"]) for mb in mbs)
             records.append((t0, t1 - t0, t2 - t1, t3 - t2, t3, tokens, sum(seconds), len(mbs)))
     channel.result(records)
 
@@ -265,7 +272,7 @@ def overlord_rank(channel, planner: str, scenario: Scenario, warmup: int, steps:
                        encoder=scenario.encoder) as client:
         batches = iter(client)
         next_batch = (lambda: next(batches)) if scenario.encoder else (lambda: (next(batches), None))
-        train(channel, next_batch, scenario.compute, warmup, steps, scale, barrier)
+        train(channel, next_batch, scenario.compute, warmup, steps, scale, barrier, scenario.token_share)
 
 
 def colocated_rank(channel, scenario: Scenario, sources, data_dir: str, ranks: int, workers: int,

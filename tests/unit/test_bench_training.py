@@ -76,6 +76,8 @@ def test_every_scenario_config_is_valid(bt, tmp_path):
         cfg = load_config(bt.overlord_config(args, tmp_path, tmp_path / "data", name, scenario))
         cp = scenario.config.get("mesh", {}).get("cp", 1)
         assert (cfg.mesh.dp, cfg.mesh.cp) == (8 // cp, cp)
+        if "cp_format" in scenario.config.get("mesh", {}):  # static CP rows repeat the sequence's count per CP rank
+            assert scenario.token_share == 1 / cp
         assert cfg.balance.method == ("none" if "unbalanced" in name else "greedy")
         assert cfg.cost.b == pytest.approx(bt.LLM.b / bt.LLM.a, rel=1e-3)
         assert cfg.prefetch == 2 and cfg.global_batch.context_length == 32768
