@@ -51,6 +51,9 @@ class _Unit:
         if not self.full:  # positions ascend, so the first is the largest item
             return cs[self.positions[0]]
         if self.heap is None:
+            if self.vals.size < _ROUNDS_MIN_BINS:  # a few bins: two reductions on a list, same doubles
+                vals = self.vals.tolist()
+                return max(vals) - min(vals)
             return float(self.vals.max() - self.vals.min())
         return self.maxv - self.heap[0][0]
 
