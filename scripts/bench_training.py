@@ -207,6 +207,13 @@ class Scenario:
     encoder: bool = False    # the strategy has an image graph: TrainerClient(encoder=True)
 
 
+def static_cp(cp: int, fmt: str) -> Scenario:
+    """Balanced DP over ranks / cp groups, each packed sequence split over the cp ranks of its group."""
+    split = {"bshd": "whole-buffer split (bshd)", "thd": "per-sequence split (thd)"}[fmt]
+    return Scenario("text", f"static CP={cp}, {split}", partial(context_parallel, cp),
+                    {"mesh": {"cp": cp, "cp_format": fmt}, "balance": {"method": "greedy"}}, token_share=1 / cp)
+
+
 SCENARIOS: dict[str, Scenario] = {
     "text-balanced": Scenario("text", "flight_overlord balanced", backbone, {"balance": {"method": "greedy"}}),
     "text-unbalanced": Scenario("text", "flight_overlord unbalanced", backbone, {"balance": {"method": "none"}}),
@@ -218,18 +225,7 @@ SCENARIOS: dict[str, Scenario] = {
                              vlm_own_images, {"strategy": None, "balance": {"method": "greedy"}}),
     "vlm-unbalanced": Scenario("vlm", "flight_overlord unbalanced", vlm_own_images,
                                {"strategy": None, "balance": {"method": "none"}}),
-    "text-cp2-bshd": Scenario("text", "static CP=2, whole-buffer split (bshd)", partial(context_parallel, 2),
-                              {"mesh": {"cp": 2, "cp_format": "bshd"}, "balance": {"method": "greedy"}},
-                              token_share=1 / 2),
-    "text-cp2-thd": Scenario("text", "static CP=2, per-sequence split (thd)", partial(context_parallel, 2),
-                             {"mesh": {"cp": 2, "cp_format": "thd"}, "balance": {"method": "greedy"}},
-                             token_share=1 / 2),
-    "text-cp4-bshd": Scenario("text", "static CP=4, whole-buffer split (bshd)", partial(context_parallel, 4),
-                              {"mesh": {"cp": 4, "cp_format": "bshd"}, "balance": {"method": "greedy"}},
-                              token_share=1 / 4),
-    "text-cp4-thd": Scenario("text", "static CP=4, per-sequence split (thd)", partial(context_parallel, 4),
-                             {"mesh": {"cp": 4, "cp_format": "thd"}, "balance": {"method": "greedy"}},
-                             token_share=1 / 4),
+    **{f"text-cp{cp}-{fmt}": static_cp(cp, fmt) for cp in (2, 4) for fmt in ("bshd", "thd")},
     "text-hdp": Scenario("text", "HDP: dynamic CP groups over dp4 x cp2, 16K per rank", hdp_groups,
                          {"mesh": {"cp": 2}, "strategy": {"file": str(REPO / "configs" / "strategies" / "long_context_hdp.py"),
                                                           "options": {"max_tokens_per_rank": 16384}}}),
