@@ -21,9 +21,15 @@ source, per constructor) a MODEL of 512 nodes x 8 GPUs, batch 512, 4 workers, ov
 colocated loading is repeated on every GPU rank, flight_overlord loads once and builds once per
 data-parallel group. Written as a table and as ``docs/memory_ratio.png`` (needs matplotlib).
 
-    .venv/bin/python scripts/bench_memory.py                 # defaults: ~1.5 min on 2 cores
+Each flight_overlord cell runs two loader variants: ``default`` (2 row groups read ahead) and
+``lean`` (``loader.read_ahead_bytes: 1``: nothing read ahead of the Planner's demand). A
+"data path only" table subtracts R bare trainer processes (measured together in the same run)
+from both sides: an estimate, labelled as such; the headline is the total PSS.
+
+    .venv/bin/python scripts/bench_memory.py                 # defaults: ~1.5 min on 2 quiet cores
     .venv/bin/python scripts/bench_memory.py --grid full     # S x R all combinations (within --max-gib)
     .venv/bin/python scripts/bench_memory.py --sources 6,24 --ranks 2 --no-plot
+    .venv/bin/python scripts/bench_memory.py --row-group-mib 2 --sources 96 --ranks 2   # realistic row groups
 """
 from __future__ import annotations
 
