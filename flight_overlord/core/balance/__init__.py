@@ -35,7 +35,7 @@ from .problem import (
     lower_bound,
     partition_stats,
 )
-from .refine import _Refiner
+from .refine import _GOOD_ENOUGH, _Refiner
 
 __all__ = [
     "METHODS",
@@ -156,15 +156,29 @@ def partition_each(costs, groups, k: int, *, method: str, sizes, capacity, equal
     chosen = greedy.lpt_columns(gc[order], gs[order], owner[order], column, len(groups), int(lengths.max()), k, cap)
     bin_of_all = np.empty(members.size, dtype=np.int64)
     bin_of_all[order] = chosen
-    out = []
+    placed = bin_of_all >= 0
+    unplaced = [np.flatnonzero(~placed[start:start + n]) for start, n in zip(starts.tolist(), lengths.tolist())]
+    # The refinement's first test, for all groups: the heaviest bin already within _GOOD_ENOUGH of
+    # the lower bound (loads summed per bin in item order, as its bincount does) ends it at once.
+    slot = owner[placed] * k + bin_of_all[placed]
+    heaviest = np.bincount(slot, weights=gc[placed], minlength=len(groups) * k).reshape(len(groups), k).max(axis=1)
     for g, start, n in zip(range(len(groups)), starts.tolist(), lengths.tolist()):
-        gcost, gsize = gc[start:start + n], gs[start:start + n]
-        problem = _Problem(gcost, k, gsize, cap, None, np.argsort(-gcost, kind="stable"))
+        gcost = gc[start:start + n]
+        kept = gcost[placed[start:start + n]]
+        bound = max(float(kept.sum()) / k, float(kept.max())) if kept.size else 0.0
+        if heaviest[g] <= bound * (1 + _GOOD_ENOUGH):
+            continue
+        problem = _Problem(gcost, k, gs[start:start + n], cap, None, np.argsort(-gcost, kind="stable"))
         bin_of = bin_of_all[start:start + n].copy()
-        unplaced = np.flatnonzero(bin_of < 0).astype(np.int64)  # as partition: what the construction left
         _Refiner(problem, bin_of).run()
-        out.append(([b.astype(np.int64) for b in _group(problem.desc, bin_of, k)], unplaced))
-    return out
+        bin_of_all[start:start + n] = bin_of
+    # Each group's bins: its items by descending cost (ties by index) per bin, cut from one sort.
+    ranked = order[bin_of_all[order] >= 0]
+    ranked = ranked[np.argsort(owner[ranked] * k + bin_of_all[ranked], kind="stable")]
+    ends = np.cumsum(np.bincount(owner[ranked] * k + bin_of_all[ranked], minlength=len(groups) * k)).tolist()
+    local_ranked = local[ranked]
+    cuts = [local_ranked[a:b] for a, b in zip([0] + ends[:-1], ends)]
+    return [(cuts[g * k:(g + 1) * k], unplaced[g]) for g in range(len(groups))]
 
 
 def _construct(problem: _Problem, items: np.ndarray, method: str):
