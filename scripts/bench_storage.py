@@ -27,13 +27,10 @@ import glob
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-
-import pyarrow.fs as pafs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
@@ -43,17 +40,12 @@ from flight_overlord import storage  # noqa: E402
 from flight_overlord.client import StepFetcher  # noqa: E402
 from flight_overlord.config import load_config  # noqa: E402
 from flight_overlord.deploy.launch import LocalCluster  # noqa: E402
+from tests.s3 import moto_s3  # noqa: E402
 
 SOURCES = [("captions", 0.15), ("longdocs", 0.25), ("code", 0.20), ("docstrings", 0.15), ("manuals", 0.15),
            ("qa", 0.10)]
 BUCKET = "bench"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_EC2_METADATA_DISABLED": "true"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LatencyProxy:
@@ -93,27 +85,6 @@ class LatencyProxy:
 
     def close(self) -> None:
         self.sock.close()
-
-
-def start_s3(data_dir: Path, names: list[str]) -> tuple[subprocess.Popen, int]:
-    port = _free_port()
-    server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    fs = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", region="us-east-1",
-                           access_key="bench", secret_key="bench", allow_bucket_creation=True)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            fs.create_dir(BUCKET)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-    for name in names:
-        for path in sorted((data_dir / name).glob("*.parquet")):
-            pafs.copy_files(str(path), f"{BUCKET}/{name}/{path.name}", destination_filesystem=fs)
-    return server, port
 
 
 def paths_of(place: str, port: int | None, data_dir: Path, name: str) -> str:
@@ -177,8 +148,8 @@ def main() -> None:
     benchlib.print_header()
     names = [n for n, _ in SOURCES]
     os.environ.update(CREDENTIALS)  # the roles are child processes: they inherit them
-    with benchlib.workspace("bench-storage-", args.data, names, args.scale) as (tmp, data_dir):
-        server, port = start_s3(data_dir, names)
+    with (benchlib.workspace("bench-storage-", args.data, names, args.scale) as (tmp, data_dir),
+          moto_s3(data_dir, names, BUCKET, access_key=CREDENTIALS["AWS_ACCESS_KEY_ID"]) as (_, port, _)):
         proxy = LatencyProxy(port, args.latency_ms / 1000)
         lat = f"s3+{args.latency_ms:g}ms"
         places = [("disk", None), ("s3", port), (lat, proxy.port)]
@@ -222,8 +193,6 @@ def main() -> None:
                 print(f"plot: {args.plot}")
         finally:
             proxy.close()
-            server.terminate()
-            server.wait(10)
 
 
 def plot(path: Path, reads: dict, delivery: dict, places: list[str], sides: list[str]) -> None:

@@ -7,12 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
-from pathlib import Path
 
 import pyarrow.flight as fl
 import pyarrow.fs as pafs
@@ -29,15 +24,10 @@ from flight_overlord.store import read_journal
 from flight_overlord.wire.server import connect
 
 from ..helpers import delivered_keys, fetch_run, journal, write_config
+from ..s3 import moto_s3
 
 BUCKET = "overlord-data"
 SOURCES = {"qa": 0.5, "captions": 0.5}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -52,38 +42,11 @@ def _env(**values):
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
-@contextlib.contextmanager
-def _moto_server(corpus, bucket: str, **env):
-    """A moto S3 server on a free port holding the sources of ``SOURCES``; yields (query, port, fs)."""
-    port = _free_port()
-    server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **env})
-    try:
-        fs = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", region="us-east-1",
-                               access_key="testing", secret_key="testing", allow_bucket_creation=True)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                fs.create_dir(bucket)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        for name in SOURCES:
-            for path in sorted((corpus / name).glob("*.parquet")):
-                pafs.copy_files(str(path), f"{bucket}/{name}/{path.name}", destination_filesystem=fs)
-        yield f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1", port, fs
-    finally:
-        server.terminate()
-        server.wait(10)
-
-
 @pytest.fixture(scope="module")
 def s3(corpus):
     """A moto S3 server holding two demo sources; yields the URI query string that reaches it."""
     with _env(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_EC2_METADATA_DISABLED="true"):
-        with _moto_server(corpus, BUCKET) as (query, _, fs):
+        with moto_s3(corpus, SOURCES, BUCKET) as (query, _, fs):
             yield query, fs
 
 
@@ -188,7 +151,7 @@ def s3_iam(corpus):
     """A moto server enforcing IAM (after its set-up): a user who may read everything, one who may only
     list, an admin. Yields (query, {"reader": credentials, "lister": ..., "admin": ...}, IAM endpoint)."""
     import boto3
-    with _moto_server(corpus, "guarded") as (query, port, _):
+    with moto_s3(corpus, SOURCES, "guarded") as (query, port, _):
         iam = boto3.client("iam", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
                            aws_access_key_id="testing", aws_secret_access_key="testing")
         users = {}
