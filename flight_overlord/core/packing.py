@@ -3,7 +3,9 @@
 Each sample occupies a *slot*: its tokens, then (with ``seq_multiple`` > 1) padding up to the next
 multiple, as TransformerEngine's THD layout for context parallelism wants (every sequence padded to a
 multiple of 2 * cp, then split on its own). ``cu_seqlens`` counts real tokens; ``cu_seqlens_padded``
-gives the slots' boundaries in the buffer (equal to ``cu_seqlens`` without per-sample padding).
+gives the slots' boundaries in the buffer (equal to ``cu_seqlens`` without per-sample padding). With
+per-sample padding, padding after the last sample is one more, padding-only, slot: both arrays then
+have ``num_samples + 2`` entries, the extra sequence having zero real tokens.
 """
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ import numpy as np
 class PackedSequence:
     input_ids: np.ndarray          # int32 [sequence length]
     position_ids: np.ndarray       # int32 [sequence length], restart at every sample, 0 on padding
-    cu_seqlens: np.ndarray         # int32 [num_samples + 1]: cumulative real lengths
-    cu_seqlens_padded: np.ndarray  # int32 [num_samples + 1]: slot boundaries in the buffer
+    cu_seqlens: np.ndarray         # int32 [num_samples + 1, + 1 more for a tail padding slot]: cumulative real lengths
+    cu_seqlens_padded: np.ndarray  # int32 [same]: slot boundaries in the buffer
     num_tokens: int                # real tokens, the rest is padding
 
 
@@ -30,8 +32,12 @@ def pack(samples: list[np.ndarray], context_length: int, pad_token_id: int = 0,
          pad_to_multiple: int | None = None, seq_multiple: int = 1) -> PackedSequence:
     """Samples back to back, each in a slot of a multiple of ``seq_multiple`` tokens; the buffer is
     padded to ``context_length`` or, with ``pad_to_multiple``, only up to the next multiple of it (at
-    least one multiple, at most the context length). With per-sample padding the tail padding joins
-    the last slot (a padding-only slot when there is no sample), so the slots cover the buffer."""
+    least one multiple, at most the context length). With per-sample padding the slots cover the
+    buffer: the tail padding after the last sample is a slot of its own with no real token
+    (``cu_seqlens`` repeats its last value, ``cu_seqlens_padded`` ends at the buffer length), so
+    under THD every real sequence, and the padding, is split evenly over the CP ranks. The buffer
+    length must then be a multiple of ``seq_multiple`` (the config checks context_length and
+    pad_to_multiple against 2*cp)."""
     lengths = np.array([len(s) for s in samples], dtype=np.int64)
     slots = round_up(lengths, seq_multiple)
     used = int(slots.sum())
@@ -48,11 +54,13 @@ def pack(samples: list[np.ndarray], context_length: int, pad_token_id: int = 0,
         where, within = _real_positions(cu_seqlens, cu_padded)
         input_ids[where] = np.concatenate(samples)
         position_ids[where] = within
-    if seq_multiple > 1:
-        if len(samples):
-            cu_padded[-1] = length
-        else:
-            cu_seqlens, cu_padded = np.zeros(2, np.int32), np.array([0, length], np.int32)
+    if seq_multiple > 1 and length % seq_multiple:
+        raise ValueError(f"sequence length {length} is not a multiple of {seq_multiple}, the slot size "
+                         f"multiple (THD context parallelism: context_length and pad_to_multiple must be "
+                         f"multiples of 2*cp)")
+    if seq_multiple > 1 and length > used:  # the tail padding: a slot of its own, with no real token
+        cu_seqlens = np.append(cu_seqlens, cu_seqlens[-1]).astype(np.int32)
+        cu_padded = np.append(cu_padded, length).astype(np.int32)
     return PackedSequence(input_ids, position_ids, cu_seqlens, cu_padded, int(lengths.sum()))
 
 

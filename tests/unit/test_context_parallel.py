@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from flight_overlord.core.context_parallel import reassemble, take_ranges, thd_token_ranges
-from flight_overlord.core.packing import pack, shifted_labels
+from flight_overlord.core.packing import pack, round_up, shifted_labels
 
 
 def te_partitioned_indices(cu_seqlens_padded: list[int], cp: int, rank: int) -> list[int]:
@@ -48,7 +48,9 @@ def test_thd_shares_equal_transformer_engines_partition(cp):
     for _ in range(60):
         samples, packed = random_pack(rng, cp)
         cu_padded = packed.cu_seqlens_padded.tolist()
-        assert cu_padded[-1] == len(packed.input_ids)  # the slots cover the buffer (tail in the last slot)
+        assert cu_padded[-1] == len(packed.input_ids)  # the slots cover the buffer (tail: its own slot)
+        tail = len(packed.input_ids) - round_up(len(samples[-1]), 2 * cp) - (cu_padded[len(samples) - 1])
+        assert len(cu_padded) == len(samples) + 1 + (tail > 0) == len(packed.cu_seqlens)
         shares = []
         for rank in range(cp):
             ranges = thd_token_ranges(cu_padded, cp, rank)
@@ -84,8 +86,10 @@ def test_labels_and_positions_follow_the_shares(cp):
 
 def test_cu_seqlens_count_real_tokens_and_empty_packs():
     packed = pack([np.arange(1, 6), np.arange(1, 4)], 16, seq_multiple=4)
-    assert packed.cu_seqlens.tolist() == [0, 5, 8]
-    assert packed.cu_seqlens_padded.tolist() == [0, 8, 16]  # 5 -> 8, then 3 -> 4 plus the tail
+    assert packed.cu_seqlens.tolist() == [0, 5, 8, 8]
+    assert packed.cu_seqlens_padded.tolist() == [0, 8, 12, 16]  # 5 -> 8, 3 -> 4, then the tail: its own slot
+    full = pack([np.arange(1, 6), np.arange(1, 8)], 16, seq_multiple=4)
+    assert full.cu_seqlens.tolist() == [0, 5, 12] and full.cu_seqlens_padded.tolist() == [0, 8, 16]  # no tail
     empty = pack([], 16, seq_multiple=4)
     assert empty.cu_seqlens.tolist() == [0, 0] and empty.cu_seqlens_padded.tolist() == [0, 16]
     plain = pack([np.arange(1, 6)], 16)
@@ -94,6 +98,44 @@ def test_cu_seqlens_count_real_tokens_and_empty_packs():
         pack([np.arange(5)] * 3, 16, seq_multiple=4)  # 15 real tokens fit, three 8-token slots do not
     with pytest.raises(ValueError, match="not a multiple of 2\\*cp"):
         thd_token_ranges([0, 6], 2, 0)
+    with pytest.raises(ValueError, match="sequence length 18 is not a multiple of 4"):
+        pack([np.arange(5)], 18, seq_multiple=4)
+
+
+def real_tokens_per_rank(packed, cp: int) -> np.ndarray:
+    """[sequence, cp rank]: the real tokens of each sequence (slot) each CP rank holds."""
+    real = np.zeros(len(packed.input_ids), dtype=bool)
+    for start, n in zip(packed.cu_seqlens_padded, np.diff(packed.cu_seqlens)):
+        real[start:start + n] = True
+    slot_of = np.repeat(np.arange(len(packed.cu_seqlens) - 1), np.diff(packed.cu_seqlens_padded))
+    out = np.zeros((len(packed.cu_seqlens) - 1, cp), dtype=np.int64)
+    for rank in range(cp):
+        held = np.array(indices(thd_token_ranges(packed.cu_seqlens_padded, cp, rank)), dtype=np.int64)
+        np.add.at(out[:, rank], slot_of[held[real[held]]], 1)
+    return out
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_every_sequences_real_tokens_are_split_evenly(cp):
+    """The CP ranks' real tokens of every sequence differ by at most that sequence's own padding
+    (under 2*cp tokens), however long the buffer's tail padding: the tail is a padding-only slot
+    of its own (it used to join the last sample's slot, and the ranks holding that slot's first
+    chunks then got most of the last sample, the others its padding)."""
+    rng = np.random.default_rng(100 + cp)
+    packs = [random_pack(rng, cp, capacity=512)[1] for _ in range(30)]
+    # a lot of tail padding: one short sample in a long buffer, and a few in a quarter-filled one
+    packs.append(pack([rng.integers(1, 100, size=3 * cp + 1)], 64 * cp, seq_multiple=2 * cp))
+    packs.append(pack([rng.integers(1, 100, size=n) for n in (37, 5, 60)], 1024, seq_multiple=2 * cp))
+    for packed in packs:
+        per_rank = real_tokens_per_rank(packed, cp)
+        lengths = np.diff(packed.cu_seqlens)
+        slots = np.diff(packed.cu_seqlens_padded)
+        assert np.array_equal(per_rank.sum(axis=1), lengths)  # every real token on exactly one rank
+        spread = per_rank.max(axis=1) - per_rank.min(axis=1)
+        assert np.all(spread <= slots - lengths)  # ranks differ by at most the sequence's padding
+        assert np.all(spread < 2 * cp)  # which is the 2*cp rounding only: the tail is not in it
+        assert np.all(slots > 0) and np.all(slots % (2 * cp) == 0)
+        assert np.all((slots - lengths)[lengths > 0] < 2 * cp)
 
 
 def test_the_planner_budgets_each_sample_padded_to_its_slot(tmp_path):
