@@ -29,8 +29,9 @@ class Sample:
     """One fetched sample, after the decode stage."""
     key: str
     tokens: np.ndarray
-    patches: np.ndarray | None = None  # uint8 [patches, 3*p*p]
-    grids: np.ndarray | None = None    # int32 flattened (t, h, w) per image
+    patches: np.ndarray | None = None  # uint8 [patches, 3*p*p] of the images in ``decoded``, in order
+    grids: np.ndarray | None = None    # int32 flattened (t, h, w) per image (every image)
+    decoded: tuple[int, ...] | None = None  # the images whose pixels are in ``patches``; None: all
 
 
 @dataclass
@@ -53,16 +54,24 @@ class BadSample(RuntimeError):
     """A sample that cannot be delivered under ``vision.on_bad_image: fail``."""
 
 
-def decode_stage(key: str, tokens: np.ndarray, images: list[bytes], grids: list[int], cfg: Config) -> Sample:
+def decode_stage(key: str, tokens: np.ndarray, images: list[bytes], grids: list[int], cfg: Config,
+                 ships: set[int] | None = None) -> Sample:
     """Pixels for a sample's images: decoded here (``decode_at: constructor``), or the loader's
-    patch bytes viewed as an array. Raises ImageError naming what is wrong."""
+    patch bytes viewed as an array. Raises ImageError naming what is wrong.
+
+    ``ships``: the images whose pixels this constructor ships (an image graph's encoder rows;
+    None: all). Only those are decoded; under ``vision.on_bad_image: skip`` the others are checked
+    (``core.vision.check_image``: their data decoded, not resized), so that every constructor
+    holding the sample drops it for a bad image exactly when the one decoding that image does."""
     if not images:
         return Sample(key, tokens)
+    grids = np.asarray(grids, dtype=np.int32)
     if cfg.vision.decode_at == "loader":
-        patches = patches_from_bytes(images, cfg.vision.spec)
-    else:
-        patches = decode_sample_images(images, grids, cfg.vision.spec)
-    return Sample(key, tokens, patches, np.asarray(grids, dtype=np.int32))
+        return Sample(key, tokens, patches_from_bytes(images, cfg.vision.spec), grids)
+    only = None if ships is None else sorted(i for i in ships if 0 <= i < len(images))
+    patches = decode_sample_images(images, grids.tolist(), cfg.vision.spec, only,
+                                   check_others=cfg.vision.on_bad_image == "skip")
+    return Sample(key, tokens, patches, grids, None if only is None else tuple(only))
 
 
 def truncate(sample: Sample, length: int, cfg: Config) -> Sample:
@@ -78,8 +87,9 @@ def truncate(sample: Sample, length: int, cfg: Config) -> Sample:
     whole = int(np.sum(ends < length))  # images whose run ends inside the cut
     cut = length if whole == len(starts) or starts[whole] >= length else int(starts[whole])
     triples = sample.grids.reshape(-1, 3)[:whole]
-    rows = int(triples.prod(axis=1).sum())
-    return Sample(sample.key, sample.tokens[:cut], sample.patches[:rows], triples.reshape(-1))
+    decoded = None if sample.decoded is None else tuple(i for i in sample.decoded if i < whole)
+    rows = int(triples[list(range(whole) if decoded is None else decoded)].prod(axis=1).sum())
+    return Sample(sample.key, sample.tokens[:cut], sample.patches[:rows], triples.reshape(-1), decoded)
 
 
 def drop_bad(samples: dict[int, Sample | Failed], cfg: Config) -> tuple[dict[int, Sample], list[str]]:
@@ -125,7 +135,10 @@ def image_patches(sample: Sample, image: int) -> tuple[np.ndarray, np.ndarray]:
     """One image of a sample: its patch rows and its (t, h, w) grid."""
     triples = sample.grids.reshape(-1, 3)
     sizes = triples.prod(axis=1)
-    start = int(sizes[:image].sum())
+    before = list(range(image)) if sample.decoded is None else [i for i in sample.decoded if i < image]
+    if sample.decoded is not None and image not in sample.decoded:
+        raise ValueError(f"sample {sample.key}: image {image} was not decoded here (decoded: {sample.decoded})")
+    start = int(sizes[before].sum())
     return sample.patches[start:start + int(sizes[image])], triples[image]
 
 
@@ -180,8 +193,22 @@ def rank_table(step: int, bucket: int, microbatches: list[Microbatch], delivery:
     return pa.table(columns, schema=load_schema(MICROBATCH))
 
 
-def decode_or_error(key: str, tokens, images, grids, cfg: Config) -> Sample | Failed:
+def shipped_images(plan_encoder: dict[int, list[list[int]]] | None) -> dict[int, set[int]] | None:
+    """Item index -> the images whose pixels this constructor ships, from its encoder rows
+    ``[item, image, owner bucket, owner microbatch]``; None without an image graph (a sequence's
+    constructor ships all its images' pixels then). Under an image graph the sequence's own
+    constructor ships none: its microbatches carry grids and placeholders only."""
+    if plan_encoder is None:
+        return None
+    out: dict[int, set[int]] = {}
+    for rows in plan_encoder.values():
+        for item, image, _, _ in rows:
+            out.setdefault(item, set()).add(image)
+    return out
+
+
+def decode_or_error(key: str, tokens, images, grids, cfg: Config, ships: set[int] | None = None) -> Sample | Failed:
     try:
-        return decode_stage(key, tokens, images, grids, cfg)
+        return decode_stage(key, tokens, images, grids, cfg, ships)
     except ImageError as exc:
         return Failed(key, str(exc))

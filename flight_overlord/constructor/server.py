@@ -29,7 +29,8 @@ from ..core.mesh import Delivery
 from ..wire.plan import ConstructorPlan, FetchGroup
 from ..planner.strategy import load_strategy
 from .hdp import hdp_rank_table
-from .assembly import Sample, build_microbatch, decode_or_error, drop_bad, encoder_table, rank_table, truncate
+from .assembly import (Sample, build_microbatch, decode_or_error, drop_bad, encoder_table, rank_table,
+                       shipped_images, truncate)
 from .staging import Staging
 
 log = logging.getLogger(__name__)
@@ -169,10 +170,12 @@ class ConstructorServer(ActionServer):
         tokens = table.column("tokens").combine_chunks()
         offsets, values = tokens.offsets.to_numpy(), tokens.values.to_numpy()
         images, grids = table.column("images").to_pylist(), table.column("image_grids").to_pylist()
+        ships = shipped_images(plan.encoder)  # image graph: decode only the images encoded here
         out = {}
         for j, item in enumerate(group.items):
             ids = values[offsets[j]:offsets[j + 1]]
-            sample = decode_or_error(plan.keys[item], ids, images[j], grids[j], self.cfg)
+            sample = decode_or_error(plan.keys[item], ids, images[j], grids[j], self.cfg,
+                                     None if ships is None else ships.get(item, set()))
             out[item] = truncate(sample, plan.lengths[item], self.cfg) if isinstance(sample, Sample) else sample
         return out
 

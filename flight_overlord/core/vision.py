@@ -200,11 +200,7 @@ def decode_patches(data: bytes, spec: VisionSpec = VisionSpec()) -> tuple[np.nda
     converted to RGB (see ``_to_rgb``). EXIF orientation is not applied (see the module docstring).
     Any decoding problem, a truncated file included, raises ImageError.
     """
-    # Pillow raises "image file is truncated" unless someone set ImageFile.LOAD_TRUNCATED_IMAGES, in
-    # which case it fills the missing part with grey: refuse rather than train on filler pixels.
-    if ImageFile.LOAD_TRUNCATED_IMAGES:
-        raise ImageError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: truncated images would decode "
-                         "to filler pixels")
+    _refuse_filler_pixels()
     with _open(data) as im:
         fmt, (width, height) = im.format, im.size
         grid = patch_grid(width, height, spec)
@@ -212,8 +208,7 @@ def decode_patches(data: bytes, spec: VisionSpec = VisionSpec()) -> tuple[np.nda
             im.load()
             rgb = _to_rgb(im, spec.background)
         except _PIL_ERRORS as e:
-            what = "truncated" if "truncated" in str(e).lower() else "corrupt"
-            raise ImageError(f"{what} {fmt}: {e}") from None
+            raise _load_error(fmt, e) from None
         if rgb.size != (width, height):        # the budget was made from the header's size
             raise ImageError(f"{fmt} header says {width}x{height} but the image decodes to {rgb.size}")
         _, gh, gw = grid
@@ -222,6 +217,39 @@ def decode_patches(data: bytes, spec: VisionSpec = VisionSpec()) -> tuple[np.nda
     pixels = np.asarray(resized, dtype=np.uint8)
     patches = pixels.reshape(gh // m, m, p, gw // m, m, p, 3).transpose(_TO_PATCHES)
     return np.ascontiguousarray(patches).reshape(num_patches(grid), 3 * p * p), grid
+
+
+def _refuse_filler_pixels() -> None:
+    # Pillow raises "image file is truncated" unless someone set ImageFile.LOAD_TRUNCATED_IMAGES, in
+    # which case it fills the missing part with grey: refuse rather than train on filler pixels.
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        raise ImageError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: truncated images would decode "
+                         "to filler pixels")
+
+
+def _load_error(fmt: str, e: Exception) -> ImageError:
+    what = "truncated" if "truncated" in str(e).lower() else "corrupt"
+    return ImageError(f"{what} {fmt}: {e}")
+
+
+def check_image(data: bytes, spec: VisionSpec = VisionSpec()) -> None:
+    """Raise the ImageError ``decode_patches`` raises for bad data (unreadable header, extreme aspect
+    ratio, truncated or corrupt pixel data, a decoded size other than the header's), at a fraction
+    of its cost: the compressed data is decoded (a JPEG at its smallest draft scale, which still
+    reads every coded block) but not converted, resized or patchified. For a constructor that
+    ships none of an image's pixels yet must drop its sample exactly when the constructor that
+    does would (``vision.on_bad_image: skip`` with an image graph)."""
+    _refuse_filler_pixels()
+    with _open(data) as im:
+        fmt, size = im.format, im.size
+        patch_grid(*size, spec)
+        try:
+            scaled = fmt == "JPEG" and im.draft(im.mode, (1, 1)) is not None
+            im.load()
+        except _PIL_ERRORS as e:
+            raise _load_error(fmt, e) from None
+        if not scaled and im.size != size:
+            raise ImageError(f"{fmt} header says {size[0]}x{size[1]} but the image decodes to {im.size}")
 
 
 def unpatchify(patches: np.ndarray, grid: tuple[int, int, int], spec: VisionSpec = VisionSpec()) -> np.ndarray:
@@ -234,12 +262,20 @@ def unpatchify(patches: np.ndarray, grid: tuple[int, int, int], spec: VisionSpec
     return np.ascontiguousarray(windows).reshape(gh * p, gw * p, 3)
 
 
-def decode_sample_images(images: list[bytes], grids: list[int], spec: VisionSpec) -> np.ndarray:
+def decode_sample_images(images: list[bytes], grids: list[int], spec: VisionSpec,
+                         only: list[int] | None = None, check_others: bool = False) -> np.ndarray:
     """The constructor's decode stage: a sample's images -> uint8 patches [sum of patches, 3*p*p].
     The grids were budgeted from the headers; a decode that disagrees is an error, not a silent
-    change of the sample's length."""
+    change of the sample's length. ``only``: the indices of the images to decode, in increasing
+    order (the result holds their patches alone); the others are not decoded, only checked with
+    ``check_image`` when ``check_others``."""
     out = []
+    wanted = range(len(images)) if only is None else set(only)
     for i, data in enumerate(images):
+        if i not in wanted:
+            if check_others:
+                check_image(data, spec)  # the error decode_patches would raise, for the same bad data
+            continue
         patches, grid = decode_patches(data, spec)
         if list(grid) != list(grids[3 * i:3 * i + 3]):
             raise ImageError(f"image {i}: decodes to grid {grid}, its header gave {grids[3 * i:3 * i + 3]}")

@@ -9,8 +9,9 @@ import pytest
 from PIL import Image, ImageDraw, ImageFile, features
 
 from flight_overlord.config import ConfigError, VisionConfig, _parse_vision
-from flight_overlord.core.vision import (FORMATS, ImageError, VisionSpec, decode_patches, image_patch_counts,
-                                    image_size, patch_grid, placeholder_tokens, smart_resize, unpatchify)
+from flight_overlord.core.vision import (FORMATS, ImageError, VisionSpec, check_image, decode_patches,
+                                    image_patch_counts, image_size, patch_grid, placeholder_tokens, smart_resize,
+                                    unpatchify)
 from flight_overlord.demo.images import _gen_imagecaps
 
 from ..helpers import qwen2_vl_convert_to_rgb
@@ -448,3 +449,94 @@ def test_demo_corpus_decodes_like_qwen2_vl():
         expected, expected_grid = qwen2_vl_preprocess(data, spec)
         assert grid == expected_grid and np.array_equal(patches, expected)
     assert transparent >= 3, transparent
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "GIF", "BMP"])
+@pytest.mark.parametrize("keep", [0.3, 0.6, 0.98])
+def test_check_image_raises_what_decoding_raises(fmt, keep):
+    """The cheap check of an image a constructor does not ship fails exactly when decoding does."""
+    data = encode(400, 300, fmt)
+    check_image(data)
+    with pytest.raises(ImageError) as decoding:
+        decode_patches(data[:int(len(data) * keep)])
+    with pytest.raises(ImageError) as checking:
+        check_image(data[:int(len(data) * keep)])
+    assert str(checking.value) == str(decoding.value)
+    with pytest.raises(ImageError, match="truncated JPEG"):
+        check_image(encode(64, 64, "JPEG")[:-2])
+    for bad in (b"hello", bytes(1000)):
+        with pytest.raises(ImageError, match="not an image"):
+            check_image(bad)
+
+
+def _image_graph_sample(tmp_path, policy="skip"):
+    """A config, and a sample of three images (one PNG) with its placeholder tokens."""
+    from flight_overlord.config import parse_config
+
+    (tmp_path / "f.parquet").write_bytes(b"")
+    cfg = parse_config({"run_dir": str(tmp_path / "run"), "data_root": str(tmp_path),
+                        "sources": [{"name": "s", "paths": "f.parquet", "image_column": "images"}],
+                        "global_batch": {"context_length": 4096, "samples_per_step": 1},
+                        "vision": {"on_bad_image": policy}}, base_dir=tmp_path)
+    spec, v = cfg.vision.spec, cfg.vision
+    images = [encode(120, 90, "JPEG", seed=1), encode(64, 200, "PNG", "RGBA", seed=2), encode(300, 160, seed=3)]
+    grids = [x for data in images for x in patch_grid(*image_size(data), spec)]
+    tokens = [1, 2]
+    for data in images:
+        tokens += [v.vision_start_id] + [v.image_token_id] * placeholder_tokens(
+            patch_grid(*image_size(data), spec), spec) + [v.vision_end_id, 3]
+    return cfg, images, grids, np.array(tokens, dtype=np.int32)
+
+
+def test_constructors_decode_only_the_images_they_ship(tmp_path, monkeypatch):
+    """Image graph: a constructor decodes the images its encoder rows name, no other (a sequence's
+    own constructor, shipping no pixels, decodes none), and the rows it ships are byte-identical to
+    decoding every image; cutting the sample keeps the right rows."""
+    from flight_overlord.constructor import assembly
+    from flight_overlord.core import vision
+
+    cfg, images, grids, tokens = _image_graph_sample(tmp_path)
+    full = assembly.decode_stage("s:k:0:0", tokens, images, grids, cfg)  # no image graph: every image
+    expected = [assembly.image_patches(full, i)[0] for i in range(3)]
+    decodes = []
+    real_decode = vision.decode_patches
+    monkeypatch.setattr(vision, "decode_patches", lambda data, spec: decodes.append(images.index(data)) or
+                        real_decode(data, spec))
+    # item 0: images 0 and 2 encoded on this constructor's buckets 1 and 3; item 5: none (owner only)
+    ships = assembly.shipped_images({1: [[0, 2, 0, 0]], 3: [[0, 0, 0, 0]], 2: []})
+    assert ships == {0: {0, 2}} and assembly.shipped_images(None) is None
+    sample = assembly.decode_stage("s:k:0:0", tokens, images, grids, cfg, ships[0])
+    assert sorted(decodes) == [0, 2] and sample.decoded == (0, 2)
+    for i in (0, 2):
+        assert np.array_equal(assembly.image_patches(sample, i)[0], expected[i])
+    with pytest.raises(ValueError, match="image 1 was not decoded here"):
+        assembly.image_patches(sample, 1)
+    table = assembly.encoder_table(0, [(sample, 2, 0, 0), (sample, 0, 0, 0)])
+    reference = assembly.encoder_table(0, [(full, 2, 0, 0), (full, 0, 0, 0)])
+    assert table.equals(reference)
+    decodes.clear()
+    owner = assembly.decode_stage("s:k:0:0", tokens, images, grids, cfg, ships.get(5, set()))
+    assert decodes == [] and owner.decoded == () and len(owner.patches) == 0
+    assert np.array_equal(owner.grids, full.grids)
+    # cut after the second image: image 2 is dropped with its rows, image 0's stay
+    cut_at = int(np.flatnonzero(tokens == cfg.vision.vision_end_id)[1]) + 1
+    cut = assembly.truncate(sample, cut_at, cfg)
+    assert cut.decoded == (0,) and np.array_equal(cut.patches, expected[0]) and len(cut.grids) == 6
+    assert np.array_equal(assembly.image_patches(cut, 0)[0], expected[0])
+
+
+@pytest.mark.parametrize("policy", ["skip", "fail"])
+def test_an_unshipped_bad_image_still_drops_its_sample_under_skip(tmp_path, monkeypatch, policy):
+    """Every constructor holding a sample must drop it for a bad image (vision.on_bad_image: skip),
+    not only the one decoding that image: unshipped images are checked. Under fail the run stops
+    at the constructor decoding it, so the others do not check."""
+    from flight_overlord.constructor import assembly
+
+    cfg, images, grids, tokens = _image_graph_sample(tmp_path, policy)
+    images[1] = images[1][:len(images[1]) // 2]
+    result = assembly.decode_or_error("s:k:0:0", tokens, images, grids, cfg, {0})
+    if policy == "skip":
+        assert isinstance(result, assembly.Failed) and "truncated PNG" in result.message
+    else:
+        assert isinstance(result, assembly.Sample) and result.decoded == (0,)
+    assert isinstance(assembly.decode_or_error("s:k:0:0", tokens, images, grids, cfg, {1}), assembly.Failed)
