@@ -20,7 +20,8 @@ a supervised ``LocalCluster`` on this machine:
                        file (mtime) -> the first ``status`` call that succeeds on a fresh connection;
                      - steps lost: every rank's stream (sample keys per microbatch and a hash of the
                        token ids, per step) against an undisturbed run of the same config; must be 0.
-                     The loader kills hit ``loader-<--loader-source>-0``; constructor kills alternate
+                     The loader kills hit ``loader-<--loader-source>-0`` (part 1 runs ``loader.hosts:
+                     0``, one process per loader actor); constructor kills alternate
                      between the constructors.
 2. resume            one run driven as fast as it goes (a ``StepFetcher`` thread per rank, a tiny
                      config: 1 microbatch of 512 tokens per rank) to step N for each --resume-at N;
@@ -143,7 +144,8 @@ def part1_config(tmp: Path, data_dir: Path, name: str, args, *, prefetch: int, s
     return write_config(directory / "config.yaml", data_dir, [{"name": n, "weight": w} for n, w in SOURCES.items()],
                         ranks=args.ranks, context_length=1024, microbatches=2, tokens_per_step=1800 * args.ranks,
                         seed=SEED, run_dir=directory / "run", balance={"method": "greedy"}, prefetch=prefetch,
-                        checkpoint={"every": args.checkpoint_every}, loader={"shadows": shadows})
+                        checkpoint={"every": args.checkpoint_every},
+                        loader={"shadows": shadows, "hosts": 0})  # one process per actor: a kill hits one source
 
 
 def kill_targets(args) -> list[int]:
@@ -346,7 +348,7 @@ def report_part1(references: dict, faults: dict, args) -> None:
           f"{args.kill_every} steps ({args.steps} steps, {args.ranks} ranks)\n")
     print(f"Trainers consume every step at a steady simulated step time of {args.step_time * 1000:.0f} ms "
           f"(they sleep after each batch), so prefetch can hide a fault. Config: 6 demo sources, one loader "
-          f"each; dp {args.ranks}, 2 microbatches of 1,024 tokens per rank, {1800 * args.ranks} tokens per step; "
+          f"each, one process per loader actor (loader.hosts: 0); dp {args.ranks}, 2 microbatches of 1,024 tokens per rank, {1800 * args.ranks} tokens per step; "
           f"checkpoint.every {args.checkpoint_every}; TrainerClient prefetch = config prefetch. Loader kills hit "
           f"loader-{args.loader_source}-0; constructor kills alternate constructor-0/1. A kill waits until the "
           "previous one's role serves again.\n")

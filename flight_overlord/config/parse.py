@@ -146,7 +146,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
                               _advertise(network["advertise"])),
         loader=LoaderConfig(_int(loader["read_ahead_row_groups"], "loader.read_ahead_row_groups", minimum=1),
                             _int(loader["shadows"], "loader.shadows", minimum=0),
-                            _int(loader["hosts"], "loader.hosts", minimum=0),
+                            _hosts(loader["hosts"]),
                             _int(loader["read_ahead_bytes"], "loader.read_ahead_bytes", minimum=0),
                             _choice(loader["partition"], "loader.partition", ("manual", "auto")),
                             _parse_budget(loader["budget"]),
@@ -174,6 +174,16 @@ def _advertise(value: Any) -> str | None:
         return check_host(value, "network.advertise")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _hosts(value: Any) -> int | str:
+    """loader.hosts: auto, or how many loader processes (0: one per actor)."""
+    if value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"loader.hosts: expected auto, 0 (one process per loader actor) or a number of "
+                          f"loader processes, got {value!r}")
+    return value
 
 
 def _parse_metrics(raw: Any) -> MetricsConfig:

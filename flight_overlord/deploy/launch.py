@@ -159,6 +159,15 @@ class LocalCluster:
                 return c
         raise KeyError(f"no role named {name!r} (roles: {', '.join(c.name for c in self.children)})")
 
+    def loader_of(self, source: str, actor: int = 0, replica: int = 0) -> Child:
+        """The loader process hosting actor ``source[actor]`` (its shadow ``replica``), whatever
+        ``loader.hosts`` grouped it with."""
+        for c in self.children:
+            if (c.args[0] == "loader" and f"{source}:{actor}" in c.args[c.args.index("--actors") + 1].split(",")
+                    and c.args[c.args.index("--replica") + 1] == str(replica)):
+                return c
+        raise KeyError(f"no loader process hosts {source}[{actor}] replica {replica}")
+
     def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
         """Signal one role (a test's ``kill -9``); the supervisor brings it back. Returns the pid."""
         pid = self.child(name).process.pid
@@ -231,12 +240,21 @@ class LocalCluster:
         self.stop()
 
 
-def loader_hosts(cfg: Config) -> list[tuple[str, list[tuple[str, int]]]]:
-    """(process name, the loader actors it hosts). With ``loader.scaling`` a source's idle actors
+def machine_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def loader_hosts(cfg: Config, cpus: int | None = None) -> list[tuple[str, list[tuple[str, int]]]]:
+    """(process name, the loader actors it hosts). ``cpus`` (default: this machine's) bounds the
+    processes of ``loader.hosts: auto``. With ``loader.scaling`` a source's idle actors
     (``loaders`` .. ``max_actors`` - 1, activated by a live reshard) live in the process of its actor
     ``a % loaders``: pre-provisioned, so no process is started mid-run, every actor has its journal and
     shadows from the start, and an idle one costs its catalog, not a process."""
-    hosts = _hosts_of_configured_actors(cfg)
+    hosts = _hosts_of_configured_actors(cfg, cpus)
     where = {actor: i for i, (_, actors) in enumerate(hosts) for actor in actors}
     for s in cfg.sources:
         for a in range(s.loaders, cfg.provisioned_actors(s)):
@@ -244,16 +262,20 @@ def loader_hosts(cfg: Config) -> list[tuple[str, list[tuple[str, int]]]]:
     return hosts
 
 
-def _hosts_of_configured_actors(cfg: Config) -> list[tuple[str, list[tuple[str, int]]]]:
-    """(process name, the loader actors it hosts): one process per actor (``loader-SOURCE-ACTOR``), or
-    with ``loader.hosts: N`` the actors dealt round robin onto N processes (``loader-hostH``). Which
-    process hosts an actor changes nothing in the streams: the read order is per source, not per process."""
+def _hosts_of_configured_actors(cfg: Config, cpus: int | None) -> list[tuple[str, list[tuple[str, int]]]]:
+    """(process name, the loader actors it hosts): with ``loader.hosts: N`` the actors dealt round robin
+    onto N processes (``loader-hostH``); ``auto`` (the default) is N = min(actors, CPUs); 0, or N >= the
+    actors, is one process per actor (``loader-SOURCE-ACTOR``). Which process hosts an actor changes
+    nothing in the streams: the read order is per source, not per process."""
     if cfg.loader.groups:  # loader.partition: auto: the plan's hosts (clusters of sources by cost)
         return [(f"loader-host{h}", list(group)) for h, group in enumerate(cfg.loader.groups)]
     actors = [(s.name, a) for s in cfg.sources for a in range(s.loaders)]
-    if not cfg.loader.hosts or cfg.loader.hosts >= len(actors):
+    hosts = cfg.loader.hosts
+    if hosts == "auto":
+        hosts = min(len(actors), cpus or machine_cpus())
+    if not hosts or hosts >= len(actors):
         return [(f"loader-{s}-{a}", [(s, a)]) for s, a in actors]
-    return [(f"loader-host{h}", actors[h::cfg.loader.hosts]) for h in range(cfg.loader.hosts)]
+    return [(f"loader-host{h}", actors[h::hosts]) for h in range(hosts)]
 
 
 def _tail(path: Path, lines: int = 30) -> str:

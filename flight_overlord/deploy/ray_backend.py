@@ -125,14 +125,16 @@ class RayCluster(LocalCluster):
                      **local)
             self._started_ray = True
         try:
-            check_resources(self.cfg, ray.cluster_resources())
+            resources = ray.cluster_resources()
+            check_resources(self.cfg, resources)
+            hosts = loader_hosts(self.cfg, int(resources.get("CPU", 0)) or None)  # hosts: auto: the cluster's CPUs
             config = ["--config", str(self.config_path)]
             planner = self._actor("planner", "planner", [*config, "--port", str(_free_port()),
                                                           *(["--resume"] if self.mode == "resume" else [])])
             self.planner = planner.location
             roles = [(name + (f"-shadow{r}" if r else ""), "loader", None,
                       [*config, "--actors", ",".join(f"{s}:{a}" for s, a in actors), "--replica", str(r)])
-                     for name, actors in loader_hosts(self.cfg) for r in range(1 + self.cfg.loader.shadows)]
+                     for name, actors in hosts for r in range(1 + self.cfg.loader.shadows)]
             roles += [(f"constructor-{c}", "constructor", c, [*config, "--index", str(c)])
                       for c in range(self.cfg.num_constructors)]
             for name, role, index, argv in roles:

@@ -602,7 +602,7 @@ def test_loader_metadata_of_a_far_epoch_keeps_read_ahead_bounded(corpus, tmp_pat
     cluster = LocalCluster(_small_config(tmp_path, corpus))
     cluster.start()
     try:
-        location = cluster.child("loader-qa-0").location
+        location = cluster.loader_of("qa", 0).location
         loader = fl.connect(location)
         rg = read_catalog(load_config(cluster.config_path).source("qa"))[0]
         ticket = {"kind": "metadata", "epoch": 10 ** 6, "file": rg.file, "row_group": rg.row_group}
@@ -732,7 +732,7 @@ def test_damage_found_only_when_reading_costs_its_row_group_and_nothing_else(cor
     sources = [{"name": "captions", "paths": "captions/*.parquet", "weight": 0.2},
                {"name": "qa", "paths": "qa/*.parquet", "weight": 0.5},
                {"name": "huge", "paths": "huge/*.parquet", "weight": 0.3}]
-    config = write_config(tmp_path, root, sources=sources)
+    config = write_config(tmp_path, root, sources=sources, loader={"hosts": 0})  # per-actor status and logs
     cfg = load_config(config)
     flipped = epoch_order(read_catalog(cfg.source("captions")), seed=cfg.seed, source="captions", epoch=0)[0]
     _flip_bits(root / flipped.file, flipped.row_group, flips=64, seed=0)

@@ -32,7 +32,7 @@ def test_no_error_carries_a_server_traceback(cluster):
     # plan, register and a loader's tickets are internal calls: the clients carry the run's secret
     planner = connect(running.planner, running.credentials)
     constructor = connect(running.child("constructor-0").location, running.credentials)
-    loader = connect(running.child("loader-code-0").location, running.credentials)
+    loader = connect(running.loader_of("code", 0).location, running.credentials)
     calls = [
         lambda: planner.get_flight_info(fl.FlightDescriptor.for_path("batch", "x", "0")),
         lambda: planner.get_flight_info(fl.FlightDescriptor.for_path("nope")),

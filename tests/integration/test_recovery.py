@@ -70,7 +70,10 @@ def train(planner: str, start: int, end: int, *, ranks: int = RANKS, report: boo
 
 
 def config(directory, corpus, **overrides):
+    """One process per loader actor (``loader-SOURCE-ACTOR``: the kills below are of one actor's
+    process) unless a test sets ``loader.hosts``."""
     overrides.setdefault("checkpoint", {"every": 8})
+    overrides["loader"] = {"hosts": 0, **overrides.get("loader", {})}
     return write_config(directory, corpus, loaders={"captions": 2}, **overrides)
 
 

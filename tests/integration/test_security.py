@@ -85,14 +85,14 @@ def test_a_live_role_cannot_be_redirected_even_with_the_secret(plain):
     status = wire.call(insider, "status")
     assert status["constructors"]["0"] == real
     assert [loc for s, a, r, loc, _ in status["loaders"] if (s, a, r) == ("code", 0, 0)] == \
-        [cluster.child("loader-code-0").location]
+        [cluster.loader_of("code", 0).location]
 
 
 def test_a_stranger_cannot_take_samples_from_a_loader(plain):
     cluster, _ = plain
     file = sorted(load_config(cluster.config_path).source("code").file_ids)[0]
     samples = wire.ticket({"kind": "samples", "step": 0, "constructor": 0, "samples": [[0, file, 0, 0]]})
-    stranger = fl.connect(cluster.child("loader-code-0").location)
+    stranger = fl.connect(cluster.loader_of("code", 0).location)
     message = _refused(fl.FlightUnauthenticatedError, lambda: stranger.do_get(samples).read_all())
     assert "do_get of a 'samples' ticket: this call needs the run's cluster secret" in message
     metadata = wire.ticket({"kind": "metadata", "epoch": 0, "file": file, "row_group": 0})

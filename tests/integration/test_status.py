@@ -31,7 +31,8 @@ def _settled(planner: str, deadline: float) -> dict:
 
 def test_cluster_status_reports_every_role(corpus, tmp_path):
     sources = [{"name": name, "paths": f"{name}/*.parquet", "weight": 1.0, "loaders": n} for name, n in SOURCES.items()]
-    config = write_config(tmp_path, corpus, sources=sources, mesh={"dp": RANKS})
+    # one process per loader actor: the one killed below is reported down alone
+    config = write_config(tmp_path, corpus, sources=sources, mesh={"dp": RANKS}, loader={"hosts": 0})
     with LocalCluster(config) as cluster:
         fetchers = [StepFetcher(cluster.planner, rank, timeout=60) for rank in range(RANKS)]
         try:

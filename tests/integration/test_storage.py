@@ -113,14 +113,15 @@ def test_kill_9_of_a_loader_reading_from_s3_changes_no_stream(s3, s3_run, corpus
     with LocalCluster(path) as cluster:
         fetchers = [StepFetcher(cluster.planner, r, timeout=60) for r in range(ranks)]
         run = {r: [] for r in range(ranks)}
+        victim = cluster.loader_of("captions", 0).name  # whatever loader.hosts grouped it with
         for step in range(STEPS):
             if step == 3:
-                cluster.kill("loader-captions-0")
+                cluster.kill(victim)
             for r, f in enumerate(fetchers):
                 run[r].append(f.fetch(step))
         for f in fetchers:
             f.close()
-        assert cluster.child("loader-captions-0").restarts  # it really died and came back
+        assert cluster.child(victim).restarts  # it really died and came back
     assert {r: _keys(t) for r, t in run.items()} == {r: _keys(t) for r, t in reference.items()}
 
 
@@ -202,7 +203,7 @@ def test_a_file_deleted_mid_run_is_named_and_the_loader_lives_on(s3, corpus, tmp
     victim = sorted((corpus / "captions").glob("*.parquet"))[-1].name
     ranks = load_config(path).mesh.world_size
     with LocalCluster(path) as cluster:
-        loader = cluster.child("loader-captions-0")
+        loader = cluster.loader_of("captions", 0)
         pid = loader.process.pid
         fetchers = [StepFetcher(cluster.planner, r, timeout=60) for r in range(ranks)]
         delivered = []
@@ -243,7 +244,7 @@ def test_a_read_denied_mid_run_is_named_and_the_loader_lives_on(s3_iam, corpus, 
     try:
         with _env(**users["reader"]):  # the roles inherit the reader's key
             cluster.start()
-        loaders = [cluster.child(f"loader-{n}-0") for n in SOURCES]
+        loaders = [c for c in cluster.children if c.args[0] == "loader"]  # every loader process
         pids = [lo.process.pid for lo in loaders]
         fetchers = [StepFetcher(cluster.planner, r, timeout=60) for r in range(ranks)]
         delivered, error = [], None

@@ -1,0 +1,42 @@
+"""``loader.hosts``: ``auto`` (the default) puts the loader actors in min(actors, CPUs) processes,
+dealt round robin as ``hosts: N`` does; 0 is one process per actor; anything else is a named error."""
+from __future__ import annotations
+
+import pytest
+
+from flight_overlord.config import ConfigError, load_config
+from flight_overlord.deploy.launch import loader_hosts, machine_cpus
+
+from ..helpers import WEIGHTS, write_config
+
+ACTORS = [(s, a) for s in WEIGHTS for a in range(2 if s == "captions" else 1)]  # 7: captions in two
+
+
+def _cfg(tmp_path, corpus, **loader):
+    return load_config(write_config(tmp_path, corpus, loaders={"captions": 2}, **({"loader": loader} if loader else {})))
+
+
+def test_auto_is_the_default_and_deals_the_actors_onto_one_process_per_cpu(corpus, tmp_path):
+    cfg = _cfg(tmp_path, corpus)
+    assert cfg.loader.hosts == "auto"
+    two = loader_hosts(cfg, cpus=2)
+    assert two == [("loader-host0", ACTORS[0::2]), ("loader-host1", ACTORS[1::2])]
+    assert loader_hosts(cfg, cpus=2) == loader_hosts(_cfg(tmp_path / "n", corpus, hosts=2))  # as hosts: 2
+    # as many CPUs as actors, or more: one process per actor, named by it
+    assert loader_hosts(cfg, cpus=64) == [(f"loader-{s}-{a}", [(s, a)]) for s, a in ACTORS]
+    assert len(loader_hosts(cfg)) == min(len(ACTORS), machine_cpus())  # this machine's CPUs by default
+    assert 1 <= machine_cpus()
+
+
+def test_zero_is_one_process_per_actor_and_n_is_n_whatever_the_cpus(corpus, tmp_path):
+    per_actor = [(f"loader-{s}-{a}", [(s, a)]) for s, a in ACTORS]
+    assert loader_hosts(_cfg(tmp_path / "0", corpus, hosts=0), cpus=1) == per_actor
+    three = loader_hosts(_cfg(tmp_path / "3", corpus, hosts=3), cpus=1)
+    assert [name for name, _ in three] == ["loader-host0", "loader-host1", "loader-host2"]
+    assert sorted(a for _, actors in three for a in actors) == sorted(ACTORS)  # each actor exactly once
+
+
+@pytest.mark.parametrize("value", ["many", "AUTO", -1, True, 1.5, None])
+def test_bad_hosts_values_are_named(corpus, tmp_path, value):
+    with pytest.raises(ConfigError, match=r"loader\.hosts: expected auto, 0 .* got "):
+        _cfg(tmp_path, corpus, hosts=value)
