@@ -15,11 +15,18 @@ plan is never late, for a given step time and planning time.
 
     .venv/bin/python scripts/bench_planner.py                 # dp 8 .. 4096, plot to docs/planner_scaling.png
     .venv/bin/python scripts/bench_planner.py --max-dp 512    # quicker
+    # plan_step of another checkout side by side (alternating processes, same input, plan hashes):
+    git archive 4d3fe2b flight_overlord | tar -x -C /tmp/before
+    .venv/bin/python scripts/bench_planner.py --compare-with /tmp/before --compare-dp 1024 4096
 """
 from __future__ import annotations
 
+import hashlib
 import heapq
+import json
 import math
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -192,14 +199,58 @@ def plot(balancer: list[dict], planning: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def one_run(dp: int, method: str, steps: int) -> None:
+    """Child of --compare-with: mean plan_step time over ``steps`` steps after an untimed one, and a
+    hash of the plan records (the same seed must give the same plans in both trees)."""
+    import flight_overlord
+    feeds, mixer, strategy, weights = synthetic_planner(dp, method=method)
+    plan_step(0, feeds, mixer, strategy, weights)
+    total, digest = 0.0, hashlib.sha256()
+    for step in range(1, steps + 1):
+        start = time.perf_counter()
+        plan = plan_step(step, feeds, mixer, strategy, weights)
+        total += time.perf_counter() - start
+        digest.update(json.dumps(plan.to_record(), sort_keys=True).encode())
+    print(json.dumps({"mean_s": total / steps, "hash": digest.hexdigest()[:16],
+                      "package": str(Path(flight_overlord.__file__).parent)}))
+
+
+def compare(other: Path, dps: list[int], steps: int) -> None:
+    """plan_step of ``other`` (a flight_overlord source tree's parent) vs this tree, alternating."""
+    print(f"\nplan_step, this tree vs {other} (one process each, alternating, {steps} steps after an untimed one):\n")
+    print("| dp | method | before ms | now ms | speed-up | same plans |")
+    print("|---:|---|---:|---:|---:|---|")
+    for dp in dps:
+        for method in ("greedy", "karmarkar_karp"):
+            out = {}
+            for name, root in (("before", other), ("now", REPO)):
+                env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{REPO / 'scripts'}")
+                cmd = [sys.executable, __file__, "--one", str(dp), method, str(steps)]
+                out[name] = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True,
+                                                      text=True).stdout.strip().splitlines()[-1])
+                log(f"dp {dp} {method} {name}: {out[name]}")
+            b, n = out["before"], out["now"]
+            print(f"| {dp} | {method} | {1000 * b['mean_s']:.0f} | {1000 * n['mean_s']:.0f} | "
+                  f"{b['mean_s'] / n['mean_s']:.1f}x | {'yes' if b['hash'] == n['hash'] else 'NO'} |")
+
+
 def main() -> None:
+    if len(sys.argv) == 5 and sys.argv[1] == "--one":
+        return one_run(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
     p = argument_parser(__doc__)
     p.add_argument("--max-dp", type=int, default=4096)
     p.add_argument("--reps", type=int, default=3, help="runs per point; the best is reported (default 3)")
     p.add_argument("--steps", type=int, default=3, help="consecutive plan_step calls per run (default 3)")
     p.add_argument("--plot", type=Path, default=REPO / "docs" / "planner_scaling.png")
+    p.add_argument("--compare-with", type=Path, default=None,
+                   help="only compare plan_step with the flight_overlord package under this directory")
+    p.add_argument("--compare-dp", type=int, nargs="+", default=[1024, 4096])
     args = p.parse_args()
     print_header()
+    if args.compare_with is not None:
+        if not (args.compare_with / "flight_overlord").is_dir():
+            sys.exit(f"--compare-with {args.compare_with}: no flight_overlord package there")
+        return compare(args.compare_with.resolve(), args.compare_dp, args.steps)
     dps = [dp for dp in (8, 32, 128, 512, 1024, 2048, 4096) if dp <= args.max_dp]
     balancer, planning = [], []
     for dp in dps:
