@@ -70,17 +70,22 @@ class SourceFeed:
             self.row_index += 1
             tokens = int(lengths[row])
             if tokens <= 0:
-                self.skipped += 1
-                passed += 1
-                if passed > self._rows:
-                    raise ValueError(f"source {self.name!r}: no readable sample in a whole epoch (every row group "
-                                     f"failed to read, or every sample is empty): see its loaders' logs")
+                passed = self._pass_empty(passed)
                 continue
             patches = meta.get("image_patches")
             sizes = meta.get("image_sizes")
             return Pick(SampleRef(self.name, self.epoch, rg.file, rg.row_group, row), tokens,
                         int(patches[row]) if patches is not None else 0,
                         tuple(sizes[row]) if sizes is not None else ())
+
+    def _pass_empty(self, passed: int) -> int:
+        """An empty (or unreadable) row passed over, after ``passed`` others since the last sample:
+        a whole epoch of them means nothing is readable."""
+        self.skipped += 1
+        if passed + 1 > self._rows:
+            raise ValueError(f"source {self.name!r}: no readable sample in a whole epoch (every row group "
+                             f"failed to read, or every sample is empty): see its loaders' logs")
+        return passed + 1
 
     def stream(self) -> "FeedStream":
         """The samples ``next()`` would return, as token counts at Python speed (the mixer's loop);
@@ -153,13 +158,13 @@ class FeedStream:
             feed.drawn += 1
             n -= 1
         while n > 0:
-            rg, permutation, meta, _ = feed._row_group()
+            rg, permutation, meta, lengths = feed._row_group()
             start = feed.row_index
             rows = np.asarray(permutation[start:start + n], dtype=np.int64)
             empty = np.flatnonzero(np.asarray(meta["num_tokens"])[rows] <= 0)
             run = int(empty[0]) if empty.size else rows.size  # readable rows in a row from the cursor
             if run:
-                self._parts.append([feed.epoch, rg, permutation, meta, _, start, start + run])
+                self._parts.append([feed.epoch, rg, permutation, meta, lengths, start, start + run])
                 feed.row_index += run
                 feed.drawn += run
                 n -= run
@@ -186,11 +191,7 @@ class FeedStream:
                 tokens = lengths[permutation[position]]
                 feed.row_index = position + 1
                 if tokens <= 0:
-                    feed.skipped += 1
-                    passed += 1
-                    if passed > feed._rows:
-                        raise ValueError(f"source {feed.name!r}: no readable sample in a whole epoch (every row "
-                                         f"group failed to read, or every sample is empty): see its loaders' logs")
+                    passed = feed._pass_empty(passed)
                     continue
                 passed = 0
                 feed.drawn += 1

@@ -172,3 +172,13 @@ def test_mixer_fill_by_count_makes_the_same_choices_as_choose_and_charge(seed):
         assert fast_choices == slow_choices
         assert fast.state_dict() == slow.state_dict()
         weights = {**weights, "s0": 0.5 if step % 2 else 0.0}
+
+
+@pytest.mark.parametrize("unit", ["tokens_per_step", "samples_per_step"])
+def test_a_source_with_nothing_readable_stops_the_draw_with_its_name(tmp_path, corpus, unit):
+    batch = {"context_length": 1024, "microbatches": 2, unit: 4000 if unit == "tokens_per_step" else 40}
+    strategy = Strategy(load_config(write_config(tmp_path, corpus, global_batch=batch)))
+    feeds = _feeds({s: 300 for s in WEIGHTS}, rows=50)
+    feeds["code"].fetch_meta = lambda epoch, rg: {"num_tokens": np.zeros(rg.num_rows, dtype=np.int64)}
+    with pytest.raises(ValueError, match="source 'code': no readable sample in a whole epoch"):
+        plan_step(0, feeds, Mixer(list(WEIGHTS)), strategy, dict(WEIGHTS))
