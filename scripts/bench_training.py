@@ -136,7 +136,8 @@ def context_parallel(cp: int, mbs: list[dict], encoder_inputs=None) -> list[floa
     sequence), plus ring attention's exposed KV traffic: CP_PASSES * (cp - 1) * held tokens *
     KV_BYTES_PER_TOKEN / CP_LINK_BYTES_PER_S. Sequence i's real tokens are the first
     ``cu_seqlens[i+1] - cu_seqlens[i]`` positions of its slot in ``cu_seqlens_padded``; padding
-    (within a slot, or after the last) costs nothing, as for the other scenarios."""
+    (within a slot, or the buffer's tail: under THD a padding-only slot of its own, zero real
+    tokens) costs nothing, as for the other scenarios."""
     out = []
     for mb in mbs:
         starts = np.asarray(mb["cu_seqlens_padded"], dtype=np.int64)[:-1]

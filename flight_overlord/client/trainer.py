@@ -41,7 +41,9 @@ def table_to_microbatches(table: pa.Table) -> list[dict]:
     ``input_ids`` (and ``position_ids``, ``labels``, ``loss_mask``) hold the positions
     ``token_ranges`` names: the whole sequence, this rank's context-parallel share, or nothing
     (metadata only: they are None; ``cu_seqlens`` and the keys are still there for pipeline
-    stages and broadcast receivers). Image-text rows add ``pixel_values`` uint8 [patches, 3*p*p]
+    stages and broadcast receivers). Under THD context parallelism ``cu_seqlens`` and
+    ``cu_seqlens_padded`` may end with a padding-only sequence (zero real tokens: the buffer's tail
+    padding), one more than ``sample_keys``, as TransformerEngine takes them. Image-text rows add ``pixel_values`` uint8 [patches, 3*p*p]
     and ``image_grid_thw`` int32 [images, 3]. Under distribute('HDP'): :func:`hdp_microbatches`."""
     import torch
 
