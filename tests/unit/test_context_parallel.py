@@ -162,3 +162,19 @@ def test_the_planner_budgets_each_sample_padded_to_its_slot(tmp_path):
         for bin_ in plan.bins:
             assert sum(-(-p.tokens // 8) * 8 for p in bin_) <= plan.capacity
     planner.close()
+
+
+@pytest.mark.parametrize("key, bad", [("context_length", 252), ("pad_to_multiple", 12)])
+def test_thd_lengths_must_be_multiples_of_2cp(tmp_path, key, bad):
+    """Under THD every slot, the tail's padding-only one included, is a multiple of 2*cp: the
+    buffer length must be one too, said clearly at config time."""
+    from flight_overlord.config import ConfigError, parse_config
+
+    (tmp_path / "f.parquet").write_bytes(b"")
+    batch = {"context_length": 256, "microbatches": 2, "tokens_per_step": 900, key: bad}
+    raw = {"run_dir": str(tmp_path / "run"), "data_root": str(tmp_path), "global_batch": batch,
+           "sources": [{"name": "s", "paths": "f.parquet"}], "mesh": {"dp": 2, "cp": 4, "cp_format": "thd"}}
+    with pytest.raises(ConfigError, match=f"global_batch.{key} {bad} must divide into 8 equal chunks for the thd"):
+        parse_config(raw, base_dir=tmp_path)
+    batch[key] = 256 if key == "context_length" else 16
+    assert parse_config(raw, base_dir=tmp_path).mesh.cp_format == "thd"
