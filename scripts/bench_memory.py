@@ -7,8 +7,9 @@ last sample (all processes still up) are reported. Same corpus, same steps on bo
 
   flight_overlord  ``LocalCluster`` (Planner, loader hosts, one Data Constructor per rank) plus
                    one trainer process per rank iterating ``TrainerClient`` (bench_delivery's
-                   ``overlord_trainer``); ``loader: {hosts: 2}``, and ``hosts: 0`` (one process
-                   per loader actor) as well at the smallest source count.
+                   ``overlord_trainer``); ``loader: {hosts: auto}`` (the default: min(loader
+                   actors, CPUs) processes; ``--hosts N``), and ``hosts: 0`` (one process per
+                   loader actor) as well at the smallest source count.
   colocated        bench_delivery's baseline: a torch DataLoader per rank with ``--workers``
                    workers, every worker opening every file of every source.
 
@@ -80,7 +81,7 @@ class Run:
     side: str          # "overlord" / "colocated"
     sources: int
     ranks: int
-    hosts: int | None  # loader hosts (overlord)
+    hosts: int | str | None  # loader.hosts (overlord): N or auto
     variant: str = ""  # overlord: "default" (read-ahead 2 row groups) or "lean" (read ahead only what is asked)
     max_pss: int = 0
     end_pss: int = 0
@@ -106,7 +107,7 @@ def _rate(tallies) -> float:
 VARIANTS = {"default": {}, "lean": {"read_ahead_bytes": 1}}  # lean: no row group read ahead of the Planner's demand
 
 
-def run_overlord(args, tmp: Path, data_dir: Path, names: list[str], ranks: int, hosts: int,
+def run_overlord(args, tmp: Path, data_dir: Path, names: list[str], ranks: int, hosts: int | str,
                  variant: str = "default") -> Run:
     from flight_overlord.deploy.launch import LocalCluster
     tag = f"o-s{len(names)}-r{ranks}-h{hosts}-{variant}"
@@ -297,7 +298,8 @@ def components(runs: list[Run], args) -> Components | None:
               and x.variant == v)
     return Components(col_worker=max(col[1], 0.0), col_worker_source=max(col[0], 0.0),
                       col_rank_extra=max(c0.label_avg("rank") - o0.label_avg("trainer"), 0.0),
-                      host_base=max(load[1], 0.0) / args.hosts, loader_source=max(load[0], 0.0),
+                      host_base=max(load[1], 0.0) / max(1, o0.by_label.get("loader", (1, 0))[0]),
+                      loader_source=max(load[0], 0.0),
                       constructor=max(cons[1], 0.0), constructor_source=max(cons[0], 0.0),
                       planner=max(plan[1], 0.0), planner_source=max(plan[0], 0.0))
 
@@ -391,7 +393,8 @@ def parse_args(argv=None):
     p.add_argument("--grid", choices=["cross", "full"], default="cross",
                    help="cross (default): every S at the smallest R, every R at the smallest S; full: all S x R")
     p.add_argument("--workers", type=int, default=4, help="colocated DataLoader workers per rank (default 4)")
-    p.add_argument("--hosts", type=int, default=2, help="flight_overlord loader hosts (default 2)")
+    p.add_argument("--hosts", type=lambda v: v if v == "auto" else int(v), default="auto",
+                   help="flight_overlord loader.hosts: auto (default, the config's default: min(actors, CPUs)) or N")
     p.add_argument("--no-hosts0", action="store_true", help="skip the hosts: 0 run at the smallest S")
     p.add_argument("--max-gib", type=float, default=20.0,
                    help="skip colocated runs the fitted model puts above this (default 20)")

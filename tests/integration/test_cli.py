@@ -9,6 +9,9 @@ import psutil
 import pyarrow.flight as fl
 import pytest
 
+from flight_overlord.config import load_config
+from flight_overlord.deploy.launch import loader_hosts
+
 from ..helpers import write_config
 
 
@@ -22,10 +25,12 @@ def _start_up(config) -> tuple[subprocess.Popen, str]:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_up_serves_then_shuts_everything_down_on_signal(corpus, tmp_path, sig):
-    proc, address = _start_up(write_config(tmp_path, corpus))
+    config = write_config(tmp_path, corpus)
+    proc, address = _start_up(config)
     try:
         children = psutil.Process(proc.pid).children(recursive=True)
-        assert len(children) == 1 + 6 + 2  # planner, a loader per source, a constructor per dp rank
+        # planner, the loader processes (loader.hosts: auto), a constructor per dp rank
+        assert len(children) == 1 + len(loader_hosts(load_config(config))) + 2
         client = fl.connect(address)
         assert client.get_flight_info(fl.FlightDescriptor.for_path("batch", "0", "0")).endpoints
         client.close()

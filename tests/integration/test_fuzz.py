@@ -88,7 +88,8 @@ class Fuzzed:
 
 @pytest.fixture(scope="module")
 def fuzzed(corpus, tmp_path_factory):
-    path = write_config(tmp_path_factory.mktemp("fuzz"), corpus)
+    # one process per loader actor: each loader is fuzzed with its own source's names (loader-SOURCE-0)
+    path = write_config(tmp_path_factory.mktemp("fuzz"), corpus, loader={"hosts": 0})
     with LocalCluster(path) as cluster:
         target = Fuzzed(cluster, path)
         yield target
