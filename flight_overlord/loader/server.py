@@ -9,7 +9,8 @@ hosts one actor). Three kinds of ``do_get`` ticket:
   after a live reshard (``loader.scaling``) it carries the source's ``segments`` (core/scaling.py).
 - ``{"kind": "samples", "source", "actor", "step": s, "constructor": c, "samples": [[e, f, g,
   row, consumers], ...]}`` (from a Data Constructor): stream those samples, in order, and pop them.
-- ``{"kind": "buffer"}`` (inspection): the metadata of every buffered, not yet popped sample.
+- ``{"kind": "buffer"}`` (inspection): the metadata of every buffered, not yet popped sample (with
+  ``"source", "actor"``, as the Planner's source endpoints carry: that hosted actor's only).
 
 ``metadata`` and ``samples`` are internal calls: they need the run's cluster secret.
 """
@@ -65,8 +66,9 @@ class LoaderServer(ActionServer):
             return fl.RecordBatchStream(self._actor(request).samples(
                 wire.field(request, "step", int, "samples ticket"),
                 wire.field(request, "constructor", int, "samples ticket"), _checked_samples(request)))
-        if kind == "buffer":
-            tables = [a.buffer_metadata() for a in self.actors.values()]
+        if kind == "buffer":  # one actor's buffer (the Planner's source endpoints), or every hosted actor's
+            actors = [self._actor(request)] if "source" in request else list(self.actors.values())
+            tables = [a.buffer_metadata() for a in actors]
             return fl.RecordBatchStream(pa.concat_tables(tables))
         raise ValueError(f"malformed ticket: unknown kind {kind!r} (loader tickets: 'metadata', 'samples', 'buffer')")
 

@@ -292,7 +292,8 @@ class PlannerServer(ActionServer):
         source = self.cfg.source(name)
         with self._cond:
             rows = sum(rg.num_rows for rg in self.planner.registry.source_row_groups(source.name))
-            endpoints = [fl.FlightEndpoint(wire.ticket({"kind": "buffer"}), self.planner.registry.locations(actor))
+            endpoints = [fl.FlightEndpoint(wire.ticket({"kind": "buffer", "source": actor[0], "actor": actor[1]}),
+                                           self.planner.registry.locations(actor))
                          for actor in sorted(self.planner.registry.loaders) if actor[0] == source.name]
         return fl.FlightInfo(load_schema(SAMPLE_METADATA), descriptor, endpoints, rows, -1)
 

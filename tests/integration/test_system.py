@@ -138,7 +138,8 @@ def test_bad_requests_get_clear_errors_and_servers_stay_up(corpus, tmp_path):
         with pytest.raises(fl.FlightServerError, match="invalid request: .*malformed ticket"):
             loader.do_get(wire.ticket({"kind": "nope"})).read_all()
         with pytest.raises(fl.FlightServerError, match="invalid request: .*is not \\[epoch, file, row_group, row\\]"):
-            loader.do_get(wire.ticket({"kind": "samples", "step": 0, "constructor": 0, "samples": [[1]]})).read_all()
+            loader.do_get(wire.ticket({"kind": "samples", "source": "captions", "actor": 0, "step": 0, "constructor": 0,
+                                       "samples": [[1]]})).read_all()  # (a host of several actors needs their name)
         with pytest.raises(fl.FlightServerError, match="not found: .*unknown descriptor"):
             planner.get_flight_info(fl.FlightDescriptor.for_path("nope"))
         with pytest.raises(fl.FlightServerError, match="invalid request: .*rank 99 is outside the mesh"):
