@@ -606,7 +606,8 @@ def test_loader_metadata_of_a_far_epoch_keeps_read_ahead_bounded(corpus, tmp_pat
         location = cluster.loader_of("qa", 0).location
         loader = fl.connect(location)
         rg = read_catalog(load_config(cluster.config_path).source("qa"))[0]
-        ticket = {"kind": "metadata", "epoch": 10 ** 6, "file": rg.file, "row_group": rg.row_group}
+        ticket = {"kind": "metadata", "source": "qa", "actor": 0, "epoch": 10 ** 6, "file": rg.file,
+                  "row_group": rg.row_group}
         try:
             loader.do_get(fl.Ticket(json.dumps(ticket).encode()), _options(cluster)).read_all()
         except fl.FlightError as exc:

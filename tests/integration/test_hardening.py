@@ -40,10 +40,11 @@ def test_no_error_carries_a_server_traceback(cluster):
         lambda: list(planner.do_action(fl.Action("register", json.dumps({"role": "loader"}).encode()))),
         lambda: constructor.do_get(fl.Ticket(b"\xff\xfe")).read_all(),
         lambda: constructor.do_get(fl.Ticket(json.dumps({"kind": "batch", "step": 0, "rank": 77}).encode())).read_all(),
-        lambda: loader.do_get(fl.Ticket(json.dumps({"kind": "samples", "step": 0, "constructor": 0,
+        lambda: loader.do_get(fl.Ticket(json.dumps({"kind": "samples", "source": "code", "actor": 0, "step": 0,
+                                                    "constructor": 0,
                                                     "samples": [[0, "../../etc/passwd", 0, 0]]}).encode())).read_all(),
-        lambda: loader.do_get(fl.Ticket(json.dumps({"kind": "metadata", "epoch": -5, "file": 3,
-                                                    "row_group": 0}).encode())).read_all(),
+        lambda: loader.do_get(fl.Ticket(json.dumps({"kind": "metadata", "source": "code", "actor": 0, "epoch": -5,
+                                                    "file": 3, "row_group": 0}).encode())).read_all(),
     ]
     for call in calls:
         message = _error(call)
