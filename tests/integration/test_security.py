@@ -253,7 +253,7 @@ def test_up_prints_a_tls_address_and_keeps_the_secret_off_command_lines(guarded)
     assert g["address"].startswith("grpc+tls://127.0.0.1:"), g["address"]
     secret = g["run"].credentials.token
     children = psutil.Process(g["proc"].pid).children(recursive=True)
-    assert len(children) == 1 + len(loader_hosts(load_config(g["path"]))) + 2  # planner, loader processes, constructors
+    assert len(children) == 1 + len(loader_hosts(load_config(g["path"]))) + 2  # planner, loaders, constructors
     for child in children:
         assert secret not in " ".join(child.cmdline())
     stored = load_config(g["path"]).run_dir / "secrets" / "cluster-secret"
