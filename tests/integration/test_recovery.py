@@ -200,11 +200,21 @@ def test_loader_hosts_serve_the_same_streams_from_fewer_processes(reference, cor
     path = config(tmp_path, corpus, loader={"hosts": 2})
     hosted = {}
 
+    inspected = {}
+
     def count(cluster):
         loaders = [c for c in cluster.children if c.name.startswith("loader")]
         hosted.update({c.name: c.args[c.args.index("--actors") + 1] for c in loaders})
+        planner = fl.connect(cluster.planner)  # a stock client's source inspection, through the hosts
+        for source in ("captions", "longdocs", "code", "docstrings", "manuals", "qa"):
+            info = planner.get_flight_info(fl.FlightDescriptor.for_path("source", source))
+            inspected[source] = [k for e in info.endpoints for k in fl.connect(e.locations[0].uri.decode())
+                                 .do_get(e.ticket).read_all().column("key").to_pylist()]
+        planner.close()
     assert run(path, check=count) == reference
     assert sorted(hosted) == ["loader-host0", "loader-host1"]
+    assert sum(map(len, inspected.values())) > 0  # each source's buffer, only its own samples
+    assert all(k.startswith(f"{source}:") for source, keys in inspected.items() for k in keys), inspected
     assert sorted(a for actors in hosted.values() for a in actors.split(",")) == sorted(
         ["captions:0", "captions:1", "longdocs:0", "code:0", "docstrings:0", "manuals:0", "qa:0"])
 
