@@ -394,7 +394,7 @@ def parse_args(argv=None):
                    help="cross (default): every S at the smallest R, every R at the smallest S; full: all S x R")
     p.add_argument("--workers", type=int, default=4, help="colocated DataLoader workers per rank (default 4)")
     p.add_argument("--hosts", type=lambda v: v if v == "auto" else int(v), default="auto",
-                   help="flight_overlord loader.hosts: auto (default, the config's default: min(actors, CPUs)) or N")
+                   help="flight_overlord loader.hosts: auto (default, the config's default: min(ceil(actors / 4), CPUs)) or N")
     p.add_argument("--no-hosts0", action="store_true", help="skip the hosts: 0 run at the smallest S")
     p.add_argument("--max-gib", type=float, default=20.0,
                    help="skip colocated runs the fitted model puts above this (default 20)")

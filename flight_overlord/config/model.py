@@ -141,8 +141,8 @@ class ScalingConfig:
 class LoaderConfig:
     read_ahead_row_groups: int = 2
     shadows: int = 0  # hot standbys per loader actor (per loader process, which stands by for all it hosts)
-    hosts: int | str = "auto"  # loader processes hosting the actors (round robin); auto: min(actors, this
-    # machine's CPUs); 0: one process per actor
+    hosts: int | str = "auto"  # loader processes hosting the actors (round robin); auto: min(ceil(actors / 4),
+    # this machine's CPUs); 0: one process per actor
     read_ahead_bytes: int = 0  # per actor: read ahead only while its buffer holds less (0: no byte bound)
     partition: str = "manual"  # manual: sources' loaders and hosts as written; auto: `overlord partition`'s plan
     budget: PartitionBudget = PartitionBudget()

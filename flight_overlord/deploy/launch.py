@@ -240,6 +240,12 @@ class LocalCluster:
         self.stop()
 
 
+# ``loader.hosts: auto`` puts up to this many actors in one process: an actor spends most of its time in
+# Arrow's reads and decompression (GIL released), and a process costs ~64 MiB before any data, so four
+# per process keeps that under 16 MiB a source while one process per CPU still bounds the parallelism.
+ACTORS_PER_HOST = 4
+
+
 def machine_cpus() -> int:
     """The CPUs this process may run on (its affinity mask, else the machine's count)."""
     try:
@@ -264,7 +270,8 @@ def loader_hosts(cfg: Config, cpus: int | None = None) -> list[tuple[str, list[t
 
 def _hosts_of_configured_actors(cfg: Config, cpus: int | None) -> list[tuple[str, list[tuple[str, int]]]]:
     """(process name, the loader actors it hosts): with ``loader.hosts: N`` the actors dealt round robin
-    onto N processes (``loader-hostH``); ``auto`` (the default) is N = min(actors, CPUs); 0, or N >= the
+    onto N processes (``loader-hostH``); ``auto`` (the default) is N = min(ceil(actors / ACTORS_PER_HOST),
+    CPUs); 0, or N >= the
     actors, is one process per actor (``loader-SOURCE-ACTOR``). Which process hosts an actor changes
     nothing in the streams: the read order is per source, not per process."""
     if cfg.loader.groups:  # loader.partition: auto: the plan's hosts (clusters of sources by cost)
@@ -272,7 +279,7 @@ def _hosts_of_configured_actors(cfg: Config, cpus: int | None) -> list[tuple[str
     actors = [(s.name, a) for s in cfg.sources for a in range(s.loaders)]
     hosts = cfg.loader.hosts
     if hosts == "auto":
-        hosts = min(len(actors), cpus or machine_cpus())
+        hosts = min(-(-len(actors) // ACTORS_PER_HOST), cpus or machine_cpus())
     if not hosts or hosts >= len(actors):
         return [(f"loader-{s}-{a}", [(s, a)]) for s, a in actors]
     return [(f"loader-host{h}", actors[h::hosts]) for h in range(hosts)]

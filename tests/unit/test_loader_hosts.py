@@ -1,11 +1,11 @@
-"""``loader.hosts``: ``auto`` (the default) puts the loader actors in min(actors, CPUs) processes,
+"""``loader.hosts``: ``auto`` (the default) puts the loader actors in min(ceil(actors / 4), CPUs) processes,
 dealt round robin as ``hosts: N`` does; 0 is one process per actor; anything else is a named error."""
 from __future__ import annotations
 
 import pytest
 
 from flight_overlord.config import ConfigError, load_config
-from flight_overlord.deploy.launch import loader_hosts, machine_cpus
+from flight_overlord.deploy.launch import ACTORS_PER_HOST, loader_hosts, machine_cpus
 
 from ..helpers import WEIGHTS, write_config
 
@@ -16,15 +16,16 @@ def _cfg(tmp_path, corpus, **loader):
     return load_config(write_config(tmp_path, corpus, loaders={"captions": 2}, **({"loader": loader} if loader else {})))
 
 
-def test_auto_is_the_default_and_deals_the_actors_onto_one_process_per_cpu(corpus, tmp_path):
+def test_auto_is_the_default_and_deals_four_actors_a_process_at_most_one_per_cpu(corpus, tmp_path):
     cfg = _cfg(tmp_path, corpus)
     assert cfg.loader.hosts == "auto"
     two = loader_hosts(cfg, cpus=2)
     assert two == [("loader-host0", ACTORS[0::2]), ("loader-host1", ACTORS[1::2])]
     assert loader_hosts(cfg, cpus=2) == loader_hosts(_cfg(tmp_path / "n", corpus, hosts=2))  # as hosts: 2
-    # as many CPUs as actors, or more: one process per actor, named by it
-    assert loader_hosts(cfg, cpus=64) == [(f"loader-{s}-{a}", [(s, a)]) for s, a in ACTORS]
-    assert len(loader_hosts(cfg)) == min(len(ACTORS), machine_cpus())  # this machine's CPUs by default
+    # more CPUs than that: still ceil(7 / ACTORS_PER_HOST) = 2 processes, not one per actor
+    assert loader_hosts(cfg, cpus=64) == two
+    assert loader_hosts(cfg, cpus=1) == [("loader-host0", ACTORS)]
+    assert len(loader_hosts(cfg)) == min(-(-len(ACTORS) // ACTORS_PER_HOST), machine_cpus())  # this machine's
     assert 1 <= machine_cpus()
 
 
