@@ -151,24 +151,43 @@ class ConstructorServer(ActionServer):
         """Every loader's samples for this step, concurrently, through the decode stage; item index ->
         sample (or the failure of its decode), cut to its planned length (the plan may truncate a
         sample to the capacity)."""
-        def one(group: FetchGroup) -> dict:
-            request = wire.ticket({"kind": "samples", "source": group.source, "actor": group.actor, "step": step,
-                                   "constructor": self.index, "samples": group.samples})
-            table = call_any(self._clients, group.locations, lambda c: c.do_get(request).read_all(),
-                             what=f"the loader of {plan.keys[group.items[0]].rsplit(':', 3)[0]}",
+        def one(groups: list[FetchGroup]) -> list[dict]:
+            """The groups of the actors one loader process hosts (same locations): one call (a Flight call
+            costs both sides CPU), their tables back to back."""
+            parts = [{"source": g.source, "actor": g.actor, "samples": g.samples} for g in groups]
+            request = wire.ticket({"kind": "samples", "step": step, "constructor": self.index,
+                                   **(parts[0] if len(parts) == 1 else {"parts": parts})})
+            table = call_any(self._clients, groups[0].locations, lambda c: c.do_get(request).read_all(),
+                             what=f"the loader of {', '.join(plan.keys[g.items[0]].rsplit(':', 3)[0] for g in groups)}",
                              stop=lambda: self._stopping)
+            if table.num_rows != sum(len(g.samples) for g in groups):
+                raise RuntimeError(f"the loader at {groups[0].locations[0]} returned {table.num_rows} samples for "
+                                   f"{sum(len(g.samples) for g in groups)} asked (step {step})")
             with self._cond:
                 self._bytes_fetched += table.nbytes
-            return self._decoded(plan, group, table)
+            out, start = [], 0
+            for group in groups:
+                out.append(self._decoded(plan, group, table.slice(start, len(group.samples))))
+                start += len(group.samples)
+            return out
 
+        by_location: dict[tuple[str, ...], list[FetchGroup]] = {}
+        for group in plan.fetch:
+            by_location.setdefault(tuple(group.locations), []).append(group)
+        decoded = {id(g): part for groups, parts in zip(by_location.values(), self._pool.map(one, by_location.values()))
+                   for g, part in zip(groups, parts)}
         samples: dict[int, Sample] = {}
-        for part in self._pool.map(one, plan.fetch):
-            samples.update(part)
+        for group in plan.fetch:  # in plan order, as before the calls were merged
+            samples.update(decoded[id(group)])
         return samples
 
     def _decoded(self, plan: ConstructorPlan, group: FetchGroup, table: pa.Table) -> dict:
         tokens = table.column("tokens").combine_chunks()
         offsets, values = tokens.offsets.to_numpy(), tokens.values.to_numpy()
+        if not any(len(chunk.values) for chunk in table.column("images").chunks):  # text only: no decode stage
+            return {item: Sample(plan.keys[item], values[offsets[j]:offsets[j] + min(offsets[j + 1] - offsets[j],
+                                                                                      plan.lengths[item])])
+                    for j, item in enumerate(group.items)}
         images, grids = table.column("images").to_pylist(), table.column("image_grids").to_pylist()
         ships = shipped_images(plan.encoder)  # image graph: decode only the images encoded here
         out = {}

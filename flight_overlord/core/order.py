@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterable
 
 import numpy as np
@@ -36,7 +37,7 @@ class SampleRef:
     row_group: int
     row: int
 
-    @property
+    @cached_property  # asked for several times per sample and step (plan record, constructor views)
     def key(self) -> str:
         return sample_key(self.source, self.file, self.row_group, self.row)
 

@@ -248,9 +248,13 @@ class LoaderActor:
             if cache_key in self._served:
                 return self._served[cache_key]
         parts, rows = [], []
+        groups: dict[tuple, tuple[int, RowGroupSamples]] = {}  # a request names few row groups, many rows each
         for epoch, file, row_group, row, *rest in wanted:
-            position = self.position(epoch, file, row_group)
-            buffered = self._checked(position)
+            group = groups.get((epoch, file, row_group))
+            if group is None:
+                position = self.position(epoch, file, row_group)
+                group = groups[(epoch, file, row_group)] = (position, self._checked(position))
+            position, buffered = group
             if not 0 <= row < len(buffered.keys) or (buffered.bad is not None and buffered.bad[row]) or buffered.failed:
                 raise KeyError(f"sample {[epoch, file, row_group, row]} is not servable by loader {self.name}")
             parts.append((buffered, row))

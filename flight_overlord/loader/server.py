@@ -9,6 +9,8 @@ hosts one actor). Three kinds of ``do_get`` ticket:
   after a live reshard (``loader.scaling``) it carries the source's ``segments`` (core/scaling.py).
 - ``{"kind": "samples", "source", "actor", "step": s, "constructor": c, "samples": [[e, f, g,
   row, consumers], ...]}`` (from a Data Constructor): stream those samples, in order, and pop them.
+  ``{"kind": "samples", "step", "constructor", "parts": [{"source", "actor", "samples"}, ...]}``: the
+  same for several actors of this process in one call, their tables back to back in ``parts`` order.
 - ``{"kind": "buffer"}`` (inspection): the metadata of every buffered, not yet popped sample (with
   ``"source", "actor"``, as the Planner's source endpoints carry: that hosted actor's only).
 
@@ -63,9 +65,16 @@ class LoaderServer(ActionServer):
                 wire.field(request, "epoch", int, "metadata ticket"), wire.field(request, "file", str, "metadata ticket"),
                 wire.field(request, "row_group", int, "metadata ticket"), _checked_segments(request)))
         if kind == "samples":
-            return fl.RecordBatchStream(self._actor(request).samples(
-                wire.field(request, "step", int, "samples ticket"),
-                wire.field(request, "constructor", int, "samples ticket"), _checked_samples(request)))
+            step = wire.field(request, "step", int, "samples ticket")
+            constructor = wire.field(request, "constructor", int, "samples ticket")
+            if "parts" in request:  # several hosted actors' samples in one call: their tables back to back
+                parts = wire.field(request, "parts", list, "samples ticket")
+                if not parts or not all(isinstance(part, dict) for part in parts):
+                    raise ValueError(f"malformed samples ticket: parts {parts!r} is not a non-empty list of "
+                                     f"{{'source', 'actor', 'samples'}}")
+                return fl.RecordBatchStream(pa.concat_tables([self._actor(part).samples(
+                    step, constructor, _checked_samples(part)) for part in parts]))
+            return fl.RecordBatchStream(self._actor(request).samples(step, constructor, _checked_samples(request)))
         if kind == "buffer":  # one actor's buffer (the Planner's source endpoints), or every hosted actor's
             actors = [self._actor(request)] if "source" in request else list(self.actors.values())
             tables = [a.buffer_metadata() for a in actors]
