@@ -140,6 +140,25 @@ def test_bad_requests_get_clear_errors_and_servers_stay_up(corpus, tmp_path):
         with pytest.raises(fl.FlightServerError, match="invalid request: .*is not \\[epoch, file, row_group, row\\]"):
             loader.do_get(wire.ticket({"kind": "samples", "source": "captions", "actor": 0, "step": 0, "constructor": 0,
                                        "samples": [[1]]})).read_all()  # (a host of several actors needs their name)
+        # A constructor asks for all the actors a loader process hosts in one call ("parts"): the same
+        # rows as one call per actor, back to back (asked at far steps: serving is a function of the request).
+        hosted = collections.defaultdict(list)
+        for key in loader.do_get(wire.ticket({"kind": "buffer"})).read_all().column("key").to_pylist():
+            source, file, group, row = key.rsplit(":", 3)
+            hosted[source].append([0, file, int(group), int(row)])
+        parts = [{"source": s, "actor": 0, "samples": rows[:3]} for s, rows in sorted(hosted.items())]
+        assert len(parts) >= 2
+        one_by_one = [loader.do_get(wire.ticket({"kind": "samples", "step": 10 ** 6, "constructor": 0, **p})).read_all()
+                      for p in parts]
+        merged = loader.do_get(wire.ticket({"kind": "samples", "step": 10 ** 6 + 1, "constructor": 0,
+                                            "parts": parts})).read_all()
+        assert merged.column("key").to_pylist() == [k for t in one_by_one for k in t.column("key").to_pylist()]
+        assert merged.column("tokens").to_pylist() == [x for t in one_by_one for x in t.column("tokens").to_pylist()]
+        with pytest.raises(fl.FlightServerError, match="invalid request: .*parts .* is not a non-empty list"):
+            loader.do_get(wire.ticket({"kind": "samples", "step": 0, "constructor": 0, "parts": []})).read_all()
+        with pytest.raises(fl.FlightServerError, match="not found: .*nope\\[0\\] is not hosted here"):
+            loader.do_get(wire.ticket({"kind": "samples", "step": 0, "constructor": 0,
+                                       "parts": [{"source": "nope", "actor": 0, "samples": []}]})).read_all()
         with pytest.raises(fl.FlightServerError, match="not found: .*unknown descriptor"):
             planner.get_flight_info(fl.FlightDescriptor.for_path("nope"))
         with pytest.raises(fl.FlightServerError, match="invalid request: .*rank 99 is outside the mesh"):
