@@ -63,7 +63,7 @@ CAPTURED_PER_RANK = 4  # real step tables per rank kept for the ceiling side
 def microbatch_nbytes(mb: dict) -> int:
     """What the microbatch's row adds to the Arrow ``nbytes`` of a step table (schemas/microbatch.json).
 
-    Fixed columns 8+4+4+4+4 bytes; each of the nine list columns one 4-byte offset plus its values
+    Fixed columns 8+4+4+4+4 bytes; each of the ten list columns one 4-byte offset plus its values
     (int32, or one byte for loss_mask and pixel_values); the key strings one offset each plus their
     UTF-8 bytes. Checked against real tables below.
     """
@@ -71,7 +71,7 @@ def microbatch_nbytes(mb: dict) -> int:
     int32 = sum(mb[k].numel() for k in ("input_ids", "position_ids", "labels", "cu_seqlens", "cu_seqlens_padded",
                                      "image_grid_thw"))
     bytes8 = mb["loss_mask"].numel() + (mb["pixel_values"].numel() if mb["pixel_values"] is not None else 0)
-    return 24 + 36 + 4 * (int32 + len(mb["token_ranges"]) + len(keys)) + bytes8 + sum(len(k.encode()) for k in keys)
+    return 24 + 40 + 4 * (int32 + len(mb["token_ranges"]) + len(keys)) + bytes8 + sum(len(k.encode()) for k in keys)
 
 
 @dataclass
