@@ -158,7 +158,7 @@ class ConstructorServer(ActionServer):
             request = wire.ticket({"kind": "samples", "step": step, "constructor": self.index,
                                    **(parts[0] if len(parts) == 1 else {"parts": parts})})
             table = call_any(self._clients, groups[0].locations, lambda c: c.do_get(request).read_all(),
-                             what=f"the loader of {', '.join(plan.keys[g.items[0]].rsplit(':', 3)[0] for g in groups)}",
+                             what=f"the loader of {', '.join(sorted({g.source for g in groups}))}",
                              stop=lambda: self._stopping)
             if table.num_rows != sum(len(g.samples) for g in groups):
                 raise RuntimeError(f"the loader at {groups[0].locations[0]} returned {table.num_rows} samples for "
@@ -185,8 +185,8 @@ class ConstructorServer(ActionServer):
         tokens = table.column("tokens").combine_chunks()
         offsets, values = tokens.offsets.to_numpy(), tokens.values.to_numpy()
         if not any(len(chunk.values) for chunk in table.column("images").chunks):  # text only: no decode stage
-            return {item: Sample(plan.keys[item], values[offsets[j]:offsets[j] + min(offsets[j + 1] - offsets[j],
-                                                                                      plan.lengths[item])])
+            return {item: truncate(Sample(plan.keys[item], values[offsets[j]:offsets[j + 1]]),
+                                   plan.lengths[item], self.cfg)
                     for j, item in enumerate(group.items)}
         images, grids = table.column("images").to_pylist(), table.column("image_grids").to_pylist()
         ships = shipped_images(plan.encoder)  # image graph: decode only the images encoded here
