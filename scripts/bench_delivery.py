@@ -617,7 +617,7 @@ def alternate_rounds(args, config_for, tmp: Path, data_dir: Path, sources, seed,
         overlord, baseline = results if r % 2 else results[::-1]
         log(f"[round {r}] overlord {overlord.batches_per_s:.1f}, baseline {baseline.batches_per_s:.1f} batches/s")
         rows.append((r, overlord.batches_per_s, baseline.batches_per_s, os.getloadavg()[0]))
-    print(f"\nAlternating rounds (flight_overlord vs baseline, microbatches/s; odd rounds run flight_overlord first):\n")
+    print("\nAlternating rounds (flight_overlord vs baseline, microbatches/s; odd rounds run flight_overlord first):\n")
     print("| round | flight_overlord | baseline | ratio | load average (1 min) after |")
     print("| ---: | ---: | ---: | ---: | ---: |")
     for r, o, b, load in rows:

@@ -53,7 +53,6 @@ from flight_overlord.core import hdp
 from flight_overlord.core.context_parallel import token_ranges
 from flight_overlord.core.mixing import Mixer
 from flight_overlord.core.order import RowGroupRef
-from flight_overlord.core.packing import round_up
 from flight_overlord.demo.long_tail import long_tail_name, make_long_tail
 from flight_overlord.planner.feed import SourceFeed
 from flight_overlord.planner.hdp import hdp_groups
@@ -286,7 +285,7 @@ def main(argv=None) -> None:
               f"{(h['tokens'].sum() / h['step'].sum()) / (r['tokens'].sum() / r['step'].sum()):.2f}x, "
               f"step time {r['step'].mean() / base:.2f}x shorter, CP volume per token "
               f"{(r['sent'].sum() / r['tokens'].sum()) / max(h['sent'].sum() / h['tokens'].sum(), 1):.1f}x lower")
-    print(f"- deferred samples (planned into a later step): "
+    print("- deferred samples (planned into a later step): "
           + ", ".join(f"{s.name} {results[s.name]['deferred']}" for s in SCENARIOS))
     plot(results, args.plot, f"long-tail 256K corpus, {args.ranks} ranks x {args.microbatches} microbatches: "
                              "static CP=8 vs HDP")

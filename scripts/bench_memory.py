@@ -214,7 +214,7 @@ def _find(runs: list[Run], side: str, s: int, r: int, hosts=None, variant: str =
 
 
 def measured_table(runs: list[Run], args, bare: dict[int, int]) -> None:
-    print(f"\n### Measured PSS (GiB, summed over every process of the side, max while running)\n")
+    print("\n### Measured PSS (GiB, summed over every process of the side, max while running)\n")
     print(f"W = {args.workers} DataLoader workers per rank (colocated); {args.microbatches} microbatches of "
           f"{args.context_length} tokens per rank and step, {args.warmup} warm-up + {args.steps} timed steps. "
           f"overlord: `loader.hosts: {args.hosts}`; *default* reads 2 row groups ahead "
@@ -359,7 +359,7 @@ def plot(rows, args, path: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print(f"\n(no plot: matplotlib is not installed; `pip install matplotlib`)")
+        print("\n(no plot: matplotlib is not installed; `pip install matplotlib`)")
         return
     levels = sorted({r[1] for r in rows})
     fig, axes = plt.subplots(1, len(levels), figsize=(3.2 * len(levels), 3.4), sharey=True)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFile, features
 
-from flight_overlord.config import ConfigError, VisionConfig, _parse_vision
+from flight_overlord.config import ConfigError, VisionConfig
+from flight_overlord.config.parse import _parse_vision
 from flight_overlord.core.vision import (FORMATS, ImageError, VisionSpec, check_image, decode_patches,
                                     image_patch_counts, image_size, patch_grid, placeholder_tokens, smart_resize,
                                     unpatchify)
