@@ -19,6 +19,7 @@ from flight_overlord.demo.long_tail import make_long_tail
 from flight_overlord.deploy.launch import LocalCluster
 
 from ..helpers import journal, write_config
+from .test_recovery import train
 
 STEPS, PER_RANK = 4, 2048
 STRATEGY = f"""
@@ -27,16 +28,20 @@ def build(s):
 """
 
 
+def hdp_config(directory, data, strategy_file, **overrides):
+    return write_config(directory, data, sources=[{"name": "longtail", "paths": "longtail/*.parquet", "loaders": 2}],
+                        mesh={"dp": 2, "cp": 2, "tp": 2},
+                        global_batch={"context_length": 8192, "microbatches": 2, "tokens_per_step": 12000},
+                        cost={"model": "attention", "a": 1.0, "b": 0.0005},
+                        strategy={"file": str(strategy_file)}, **overrides)
+
+
 @pytest.fixture(scope="module")
 def hdp_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("hdp")
     make_long_tail(root / "data", "longtail", rows=800, max_tokens=8192, seed=3, files=2, tail_fraction=0.15)
     (root / "hdp_strategy.py").write_text(STRATEGY)
-    path = write_config(root, root / "data", sources=[{"name": "longtail", "paths": "longtail/*.parquet", "loaders": 2}],
-                        mesh={"dp": 2, "cp": 2, "tp": 2},
-                        global_batch={"context_length": 8192, "microbatches": 2, "tokens_per_step": 12000},
-                        cost={"model": "attention", "a": 1.0, "b": 0.0005},
-                        strategy={"file": str(root / "hdp_strategy.py")})
+    path = hdp_config(root, root / "data", root / "hdp_strategy.py")
     cfg = load_config(path)
     with LocalCluster(path) as cluster:
         client = fl.FlightClient(cluster.planner)  # a stock client: descriptor -> endpoint -> do_get
@@ -115,3 +120,36 @@ def test_trainer_client_rows_under_hdp(hdp_run):
     for mb in microbatches:
         assert mb["input_ids"] is None or len(mb["input_ids"]) == int(mb["cu_local"][-1])
         assert len(mb["seq_cp_size"]) == len(mb["sample_keys"]) == len(mb["cu_seqlens"]) - 1
+
+
+
+KILL_STEPS = 12
+
+
+def _hdp_streams(directory, hdp_run, kill: str | None = None, at: int = 0) -> dict[int, list]:
+    """Every rank's stream (keys and token hash per step, through TrainerClient) of a fresh run of
+    the HDP config, with ``kill`` given SIGKILL when rank 0 reaches step ``at``."""
+    root = hdp_run[1].parent
+    path = hdp_config(directory, root / "data", root / "hdp_strategy.py", checkpoint={"every": 4})
+    with LocalCluster(path) as cluster:
+        def on_step(rank: int, step: int) -> None:
+            if kill and rank == 0 and step == at:
+                cluster.kill(kill)
+        streams = train(cluster.planner, 0, KILL_STEPS, ranks=load_config(path).mesh.world_size, on_step=on_step)
+        if kill:
+            assert cluster.child(kill).restarts, f"{kill} was not restarted"
+    return streams
+
+
+@pytest.fixture(scope="module")
+def hdp_reference(hdp_run, tmp_path_factory):
+    streams = _hdp_streams(tmp_path_factory.mktemp("hdp-reference"), hdp_run)
+    assert all(len(steps) == KILL_STEPS for steps in streams.values())
+    return streams
+
+
+@pytest.mark.parametrize("role", ["planner", "constructor-0"])
+def test_kill_9_under_hdp_changes_no_rank_stream(hdp_run, hdp_reference, tmp_path, role):
+    """The HDP groups live in the plan journal (Planner) and in the constructors' staged shards: a
+    kill -9 of either mid-run leaves every rank's stream equal to an undisturbed run's."""
+    assert _hdp_streams(tmp_path, hdp_run, kill=role, at=5) == hdp_reference
