@@ -137,7 +137,7 @@ def _hdp_streams(directory, hdp_run, kill: str | None = None, at: int = 0) -> di
                 cluster.kill(kill)
         streams = train(cluster.planner, 0, KILL_STEPS, ranks=load_config(path).mesh.world_size, on_step=on_step)
         if kill:
-            assert cluster.child(kill).restarts, f"{kill} was not restarted"
+            cluster.wait_restarted(kill)
     return streams
 
 
