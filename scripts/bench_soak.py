@@ -35,10 +35,23 @@ def trainer(planner: str, rank: int, steps: int) -> None:
             pass
 
 
-def slowest_step(client: fl.FlightClient) -> int:
+def slowest_step(client: fl.FlightClient) -> tuple[int, list[str]]:
+    """The slowest rank's step, and the loader hosts' locations (from the Planner's status)."""
     from flight_overlord import wire
-    requested = wire.call(client, "status", {}, timeout=10)["requested"]
-    return min(requested.values()) if requested else -1
+    status = wire.call(client, "status", {}, timeout=10)
+    requested = status["requested"]
+    return min(requested.values()) if requested else -1, sorted({row[3] for row in status["loaders"]})
+
+
+def buffered_bytes(locations: list[str]) -> int:
+    """What the loader actors hold (their ``status``): row groups buffered, the part PSS should track."""
+    from flight_overlord import wire
+    total = 0
+    for location in locations:
+        client = fl.connect(location)
+        total += wire.call(client, "status", {}, timeout=10)["buffered_bytes"]
+        client.close()
+    return total
 
 
 def pss_by_role(roots) -> dict[str, int]:
@@ -68,16 +81,17 @@ def soak(args, tmp: Path, data_dir: Path, names: list[str]) -> list[tuple[int, f
         roots = lambda: roles + [(p.pid, "trainer", "trainer") for p in procs]  # noqa: E731
         client = fl.connect(planner)
         started, mark = time.monotonic(), args.every
-        print(f"\n{'step':>7} {'s':>6}  " + "  ".join(f"{r:>11}" for r in ROLES) + "   (PSS, MiB)")
+        print(f"\n{'step':>7} {'s':>6}  " + "  ".join(f"{r:>11}" for r in ROLES) + "  buffered   (PSS; loader actors' "
+              f"buffered row groups; MiB)")
         while any(p.is_alive() for p in procs):
             if time.monotonic() - started > args.timeout:
                 raise TimeoutError(f"soak: {args.steps} steps not done in {args.timeout:.0f}s")
-            step = slowest_step(client)
+            step, loaders = slowest_step(client)
             if step >= mark:
                 pss = pss_by_role(roots())
                 samples.append((step, time.monotonic() - started, pss))
-                print(f"{step:>7} {samples[-1][1]:>6.0f}  " + "  ".join(f"{pss[r] / MiB:>11.1f}" for r in ROLES),
-                      flush=True)
+                print(f"{step:>7} {samples[-1][1]:>6.0f}  " + "  ".join(f"{pss[r] / MiB:>11.1f}" for r in ROLES)
+                      + f"  {buffered_bytes(loaders) / MiB:>8.1f}", flush=True)
                 mark = (step // args.every + 1) * args.every
             time.sleep(0.5)
         bad = [p.name for p in procs if p.exitcode != 0]

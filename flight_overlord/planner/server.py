@@ -39,6 +39,7 @@ from .strategy import load_strategy
 log = logging.getLogger(__name__)
 WAIT_SECONDS = 30.0  # a blocking call waits this long server-side, then the client may ask again
 STEPS_AHEAD = 16    # beyond prefetch: how far past the planned steps a trainer may ask before it is an error
+STATS_KEPT = 1024   # per-step plan stats kept for the ``stats`` action (older steps: their journal records)
 
 
 class PlannerServer(ActionServer):
@@ -158,6 +159,7 @@ class PlannerServer(ActionServer):
                     self._plans[plan.step] = plan
                     self._fetched[plan.step] = set()
                     self._stats[plan.step] = plan.stats
+                    self._stats.pop(plan.step - STATS_KEPT, None)  # bounded in steps (a rewind may leave a few)
                     for key in ("samples", "tokens"):
                         for source, n in plan.stats.get(key, {}).items():
                             self._planned[key][source] = self._planned[key].get(source, 0) + n
