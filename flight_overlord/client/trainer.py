@@ -127,6 +127,7 @@ class StepFetcher:
         elif token is not None:
             credentials = credentials.with_token(token)
         self._pool = ClientPool(credentials)
+        self._closed = False
         self.planner_location = planner
 
     @property
@@ -155,6 +156,8 @@ class StepFetcher:
         deadline = time.monotonic() + self.timeout
         down_since = None
         while True:
+            if self._closed:
+                raise RuntimeError(f"rank {self.rank}: the client is closed (no {what})")
             try:
                 return call(self._pool.get(location))
             except fl.FlightTimedOutError:  # the server waited its share; the data is still coming
@@ -170,18 +173,29 @@ class StepFetcher:
                 raise TimeoutError(f"rank {self.rank}: no {what} after {self.timeout:.0f}s") from None
 
     def close(self) -> None:
+        self._closed = True
         self._pool.close()
 
 
 class TrainerClient:
-    """Iterates steps from ``start_step`` on, prefetching ``prefetch`` steps in a background thread."""
+    """Iterates steps from ``start_step`` on, prefetching ``prefetch`` steps in a background thread.
+
+    The client is its own iterator, like a file: one prefetch thread serves it for its whole life,
+    so a second ``for`` loop (an epoch loop, a framework wrapper calling ``iter()`` again) continues
+    where the last one stopped, in order, no step twice. ``state_dict()`` names the step after the
+    last one yielded, at any point between steps. ``close()`` stops the thread and joins it."""
+
+    CLOSE_JOIN_SECONDS = 10.0  # close() waits this long for a fetch in flight (the thread is a daemon)
 
     def __init__(self, planner: str, rank: int, *, start_step: int = 0, num_steps: int | None = None,
                  prefetch: int = 2, timeout: float = 300.0, as_tensors: bool = True, encoder: bool = False,
                  token: str | None = None, credentials: Credentials | None = None):
-        """``encoder=True`` (strategies with an image graph): each step yields ``(microbatches,
-        encoder_inputs)``, the second being the images this rank's vision encoder processes.
-        ``token`` / ``credentials``: as for :class:`StepFetcher` (trainer token, TLS)."""
+        """``num_steps``: how many steps to yield in all, counted from the step of the first
+        iteration (None: no end). ``encoder=True`` (strategies with an image graph): each step yields
+        ``(microbatches, encoder_inputs)``, the second being the images this rank's vision encoder
+        processes. ``token`` / ``credentials``: as for :class:`StepFetcher` (trainer token, TLS)."""
+        if prefetch < 1:
+            raise ValueError(f"prefetch must be >= 1, got {prefetch!r}")
         self.rank = rank
         self.encoder = encoder
         self.next_step = start_step
@@ -189,9 +203,11 @@ class TrainerClient:
         self.prefetch = prefetch
         self.as_tensors = as_tensors
         self._fetcher = StepFetcher(planner, rank, timeout=timeout, token=token, credentials=credentials)
-        self._queue: queue.Queue | None = None
+        self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._end: int | None = None
+        self._failure: BaseException | None = None
 
     def report(self, step: int, losses: dict[str, float]) -> None:
         """Per-source training loss of ``step``, for dynamic mixing schedules (``dynamic(...)``)."""
@@ -200,29 +216,43 @@ class TrainerClient:
                       fetcher.planner_location, f"report of step {step}", "the planner")
 
     def state_dict(self) -> dict:
+        """The position: the step after the last one yielded (prefetched steps are not counted)."""
         return {"rank": self.rank, "next_step": self.next_step}
 
     def load_state_dict(self, state: dict) -> None:
         if self._thread is not None:
-            raise RuntimeError("load_state_dict must be called before iterating")
+            raise RuntimeError(f"load_state_dict must be called before iterating (rank {self.rank} is at step "
+                               f"{self.next_step}): make a new TrainerClient to start elsewhere")
         self.next_step = int(state["next_step"])
 
-    def __iter__(self) -> Iterator:
-        end = None if self.num_steps is None else self.next_step + self.num_steps
-        self._queue = queue.Queue(maxsize=self.prefetch)
-        self._thread = threading.Thread(target=self._prefetch_loop, args=(self.next_step, end), daemon=True)
+    def __iter__(self) -> "TrainerClient":
+        return self
+
+    def __next__(self):
+        if self._stop.is_set():
+            raise RuntimeError(f"TrainerClient of rank {self.rank} is closed")
+        if self._thread is None:
+            self._start_prefetch()
+        if self._failure is not None:
+            raise self._failure
+        if self._end is not None and self.next_step >= self._end:
+            raise StopIteration
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            self._failure = item  # the thread has stopped: every later call says why
+            raise item
+        step, table, encoder = item
+        self.next_step = step + 1
+        batch = table_to_microbatches(table) if self.as_tensors else table
+        if self.encoder:
+            return batch, table_to_encoder_inputs(encoder) if self.as_tensors else encoder
+        return batch
+
+    def _start_prefetch(self) -> None:
+        self._end = None if self.num_steps is None else self.next_step + self.num_steps
+        self._thread = threading.Thread(target=self._prefetch_loop, args=(self.next_step, self._end),
+                                        name=f"overlord-prefetch-rank{self.rank}", daemon=True)
         self._thread.start()
-        while end is None or self.next_step < end:
-            item = self._queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            step, table, encoder = item
-            self.next_step = step + 1
-            batch = table_to_microbatches(table) if self.as_tensors else table
-            if self.encoder:
-                yield batch, table_to_encoder_inputs(encoder) if self.as_tensors else encoder
-            else:
-                yield batch
 
     def _prefetch_loop(self, step: int, end: int | None) -> None:
         try:
@@ -232,19 +262,23 @@ class TrainerClient:
                 self._put((step, table, encoder))
                 step += 1
         except BaseException as exc:  # hand the failure to the consumer instead of dying silently
-            self._put(exc)
+            if not self._stop.is_set():
+                self._put(exc)
 
     def _put(self, item) -> None:
         while not self._stop.is_set():
             try:
-                self._queue.put(item, timeout=0.5)
+                self._queue.put(item, timeout=0.2)
                 return
             except queue.Full:
                 continue
 
     def close(self) -> None:
+        """Stop the prefetch thread and join it; the client yields nothing more."""
         self._stop.set()
-        self._fetcher.close()
+        self._fetcher.close()  # a fetch in flight ends at its next retry
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(self.CLOSE_JOIN_SECONDS)
 
     def __enter__(self):
         return self
