@@ -376,6 +376,7 @@ class PlannerServer(ActionServer):
         with self._cond:
             registry = self.planner.registry
             return {"ready": registry.complete(), "planned": self.planner.next_step - 1,
+                    "world_size": self.mesh.world_size,
                     "requested": {str(r): s for r, s in sorted(self._requested.items())},
                     "error": self._error, "recovered": self._resumed,
                     "samples_planned": dict(self._planned["samples"]), "tokens_planned": dict(self._planned["tokens"]),

@@ -71,3 +71,22 @@ def test_close_mid_stream_joins_the_prefetch_thread_and_a_new_client_resumes_fro
         other.join(timeout=60)
     assert state == {"rank": 0, "next_step": 2}
     assert _steps(head + tail) == list(range(STEPS))
+
+
+def test_from_env_takes_the_launchers_rank_and_checks_its_world_size(idle_cluster):
+    env = {"RANK": "1", "WORLD_SIZE": "2", "OVERLORD_PLANNER": idle_cluster.planner}
+    with TrainerClient.from_env(env=env, timeout=30) as client:
+        assert client.rank == 1
+    slurm = {"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}
+    with pytest.raises(ValueError, match="started 4 ranks but the run .* has a mesh of 2 ranks"):
+        TrainerClient.from_env(idle_cluster.planner, env=slurm, timeout=30)
+    with pytest.raises(ValueError, match="OVERLORD_PLANNER"):
+        TrainerClient.from_env(env={"RANK": "0", "WORLD_SIZE": "2"})
+
+
+def test_tensors_are_placed_on_the_device_asked_for(idle_cluster):
+    with TrainerClient(idle_cluster.planner, 0, num_steps=1, device="meta", timeout=30) as client:
+        (batch,) = list(client)
+    assert batch and all(mb["input_ids"].device.type == "meta" and mb["cu_seqlens"].device.type == "meta"
+                         for mb in batch)
+    assert isinstance(batch[0]["sample_keys"], list)
