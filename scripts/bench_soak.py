@@ -21,7 +21,8 @@ from pathlib import Path
 import pyarrow.flight as fl
 
 from bench_delivery import stop_processes
-from benchlib import MiB, argument_parser, cluster_roots, log, print_header, tree_usage, workspace, write_config
+from benchlib import (MiB, argument_parser, cluster_roots, log, print_header, pyplot, tree_usage, workspace,
+                      write_config)
 
 REPO = Path(__file__).resolve().parent.parent
 ROLES = ("planner", "loader", "constructor", "trainer")
@@ -121,12 +122,8 @@ def verdict(samples, args) -> None:
 
 
 def plot(samples, path: Path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(no plot: matplotlib is not installed)")
+    plt = pyplot(path)
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 4))
     for role in ROLES:
