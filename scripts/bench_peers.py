@@ -11,7 +11,8 @@ side), sampled every second of the timed steps; the max is reported.
                    ``TrainerClient`` process per rank (bench_delivery's trainer, torch tensors).
                    ``default``: the config's defaults (one constructor per rank); ``node``: a
                    single-node deployment, ``constructor.dp_per_constructor: R`` (one constructor
-                   process builds every rank's batches; the streams are the same plans).
+                   process builds every rank's batches; the streams are the same plans); ``node1``:
+                   that and ``loader.hosts: 1`` (every loader actor in one process).
   Streaming        ``mosaicml-streaming`` 0.13 (``pip install -e '.[peers]'``): the corpus converted
                    to MDS by this script (one dataset per source, columns key and text), per rank a
                    ``StreamingDataset`` with one ``Stream`` per source (proportion 1/S), a torch
@@ -155,8 +156,10 @@ def cell(args, tmp: Path, data_dir: Path, mds_root: Path, names: list[str], rank
     for side, variant in attempts:
         try:
             if side == "overlord":
-                sections = {"constructor": {"dp_per_constructor": ranks}} if variant == "node" else {}
-                runs.append(bm.run_overlord(args, tmp, data_dir, names, ranks, "auto", variant, sections))
+                node = variant.startswith("node")  # node: one constructor; node1: and one loader host
+                sections = {"constructor": {"dp_per_constructor": ranks}} if node else {}
+                hosts = 1 if variant == "node1" else "auto"
+                runs.append(bm.run_overlord(args, tmp, data_dir, names, ranks, hosts, variant, sections))
             elif side == "streaming":
                 runs.append(run_streaming(args, convert_to_mds(data_dir, names, mds_root), ranks))
             elif bm.fitted_colocated(len(names), ranks, args.workers) > args.max_gib * GiB:
@@ -198,7 +201,8 @@ def parse_args(argv=None):
     p.add_argument("--ranks", type=ints, default=[2, 8])
     p.add_argument("--workers", type=int, default=4, help="DataLoader workers per rank (Streaming, colocated)")
     p.add_argument("--variants", type=lambda t: t.split(","), default=["default", "node"],
-                   help="flight_overlord deployments: default, node (one constructor per node), lean")
+                   help="flight_overlord deployments: default; node (one constructor process per node); node1 "
+                        "(and one loader host process); lean (read_ahead_bytes: 1)")
     p.add_argument("--no-colocated", action="store_true")
     p.add_argument("--max-gib", type=float, default=12.0, help="skip colocated runs fitted above this")
     p.add_argument("--rows-per-source", type=int, default=2000)
