@@ -5,7 +5,8 @@
 over ``--sources`` demo sources (``overlord make-demo-data --sources N``), driven by one trainer
 process per rank iterating ``TrainerClient`` for ``--steps`` steps. Every ``--every`` steps (the
 slowest rank's position, from the Planner's ``status``) the PSS of every process is taken
-(psutil ``memory_full_info().pss``) and printed summed per role. The verdict compares each role's
+(psutil ``memory_full_info()``) and printed summed per role: PSS, and USS (the pages no
+other process shares: PSS also moves with the other programs of the machine, USS does not). The verdict compares each role's
 PSS at the last sample with the one at ``--from-step`` (default 2,000): flat means it grew by at
 most ``--tolerance`` (default 5%).
 
@@ -18,6 +19,7 @@ import multiprocessing as mp
 import time
 from pathlib import Path
 
+import psutil
 import pyarrow.flight as fl
 
 from bench_delivery import stop_processes
@@ -55,10 +57,17 @@ def buffered_bytes(locations: list[str]) -> int:
     return total
 
 
-def pss_by_role(roots) -> dict[str, int]:
-    out = dict.fromkeys(ROLES, 0)
-    for label, pss, _ in tree_usage(roots).values():
+def memory_by_role(roots) -> dict[str, int]:
+    """PSS per role, and USS per role under "ROLE uss": PSS splits shared library pages over every
+    process of the machine, so it moves when other programs start or stop; USS (pages this process
+    alone holds) does not, and is what a leak grows."""
+    out = dict.fromkeys(ROLES, 0) | {f"{r} uss": 0 for r in ROLES}
+    for pid, (label, pss, _) in tree_usage(roots).items():
         out[label] = out.get(label, 0) + pss
+        try:
+            out[f"{label} uss"] = out.get(f"{label} uss", 0) + psutil.Process(pid).memory_full_info().uss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
     return out
 
 
@@ -82,16 +91,17 @@ def soak(args, tmp: Path, data_dir: Path, names: list[str]) -> list[tuple[int, f
         roots = lambda: roles + [(p.pid, "trainer", "trainer") for p in procs]  # noqa: E731
         client = fl.connect(planner)
         started, mark = time.monotonic(), args.every
-        print(f"\n{'step':>7} {'s':>6}  " + "  ".join(f"{r:>11}" for r in ROLES) + "  buffered   (PSS; loader actors' "
-              f"buffered row groups; MiB)")
+        print(f"\n{'step':>7} {'s':>6}  " + "  ".join(f"{r:>11}" for r in ROLES) + "  buffered   (PSS USS per role; the loader "
+              f"actors' buffered row groups; MiB)")
         while any(p.is_alive() for p in procs):
             if time.monotonic() - started > args.timeout:
                 raise TimeoutError(f"soak: {args.steps} steps not done in {args.timeout:.0f}s")
             step, loaders = slowest_step(client)
             if step >= mark:
-                pss = pss_by_role(roots())
-                samples.append((step, time.monotonic() - started, pss))
-                print(f"{step:>7} {samples[-1][1]:>6.0f}  " + "  ".join(f"{pss[r] / MiB:>11.1f}" for r in ROLES)
+                mem = memory_by_role(roots())
+                samples.append((step, time.monotonic() - started, mem))
+                print(f"{step:>7} {samples[-1][1]:>6.0f}  " + "  ".join(f"{mem[r] / MiB:>5.1f} {mem[r + ' uss'] / MiB:>5.1f}"
+                                                                       for r in ROLES)
                       + f"  {buffered_bytes(loaders) / MiB:>8.1f}", flush=True)
                 mark = (step // args.every + 1) * args.every
             time.sleep(0.5)
@@ -114,11 +124,13 @@ def verdict(samples, args) -> None:
     print(f"\ngrowth from step {base[0]} to step {last[0]} ({(last[1] - base[1]) / 60:.1f} min, "
           f"{(last[0] - base[0]) / max(last[1] - base[1], 1e-9):.0f} steps/s):")
     for role in ROLES:
-        a, b = base[2][role], last[2][role]
-        growth = (b - a) / a if a else 0.0
-        per_k = (b - a) / MiB / (last[0] - base[0]) * 1000
-        flag = "flat" if growth <= args.tolerance else "GROWS"
-        print(f"  {role:<12} {a / MiB:7.1f} -> {b / MiB:7.1f} MiB  {growth:+6.1%}  ({per_k:+.2f} MiB per 1,000 steps)  {flag}")
+        for kind in ("", " uss"):
+            a, b = base[2][role + kind], last[2][role + kind]
+            growth = (b - a) / a if a else 0.0
+            per_k = (b - a) / MiB / (last[0] - base[0]) * 1000
+            flag = "flat" if growth <= args.tolerance else "GROWS"
+            print(f"  {role:<12} {kind.strip() or 'pss':<4} {a / MiB:7.1f} -> {b / MiB:7.1f} MiB  {growth:+6.1%}  "
+                  f"({per_k:+.2f} MiB per 1,000 steps)  {flag}")
 
 
 def plot(samples, path: Path) -> None:
