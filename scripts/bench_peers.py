@@ -90,7 +90,7 @@ def streaming_rank(channel, mds_dirs: list[str], ranks: int, workers: int, conte
     os.environ.update({"RANK": str(channel.rank), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(channel.rank),
                        "LOCAL_WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     streaming = _import_streaming()
-    from torch.utils.data import DataLoader, IterableDataset
+    from torch.utils.data import IterableDataset
 
     pack_into = bd._make_colocated_dataset([], "", 0, 1, context_length, 0, seed)._microbatch  # the same packing
 
@@ -110,20 +110,7 @@ def streaming_rank(channel, mds_dirs: list[str], ranks: int, workers: int, conte
                 pending.append((sample["key"], tokens))
                 used += len(tokens)
 
-    loader = DataLoader(Packed(), batch_size=None, num_workers=workers, persistent_workers=workers > 0,
-                        prefetch_factor=2 if workers > 0 else None,
-                        multiprocessing_context="fork" if workers > 0 else None)
-    tally, batches = bd.Tally(channel.rank), iter(loader)
-    for i in range(warmup + steps):
-        if i == warmup:
-            channel.warm()
-            tally.t0 = time.monotonic()
-        step = [next(batches) for _ in range(microbatches)]
-        if i >= warmup:
-            tally.add_step(step, sum(bd.microbatch_nbytes(mb) for mb in step))
-    tally.t1 = time.monotonic()
-    channel.result(tally)
-    del batches
+    bd.timed_microbatches(channel, bd.worker_loader(Packed(), workers), microbatches, warmup, steps)
 
 
 def free_port() -> int:
