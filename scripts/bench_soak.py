@@ -30,12 +30,15 @@ REPO = Path(__file__).resolve().parent.parent
 ROLES = ("planner", "loader", "constructor", "trainer")
 
 
-def trainer(planner: str, rank: int, steps: int) -> None:
-    """One rank: iterate its stream to the end, keeping nothing (as_tensors=False: the Arrow tables)."""
+def trainer(planner: str, rank: int, steps: int, finished, release) -> None:
+    """One rank: iterate its stream to the end, keeping nothing (as_tensors=False: the Arrow tables),
+    then stay up (client open) until the driver has taken its last sample."""
     from flight_overlord.client.trainer import TrainerClient
     with TrainerClient(planner, rank, num_steps=steps, as_tensors=False) as client:
         for _ in client:
             pass
+        finished.release()
+        release.wait(600)
 
 
 def slowest_step(client: fl.FlightClient) -> tuple[int, list[str]]:
@@ -84,7 +87,8 @@ def soak(args, tmp: Path, data_dir: Path, names: list[str]) -> list[tuple[int, f
     try:
         planner = cluster.start()
         roles = cluster_roots(cluster)
-        procs = [ctx.Process(target=trainer, args=(planner, r, args.steps), name=f"trainer-{r}")
+        finished, release = ctx.Semaphore(0), ctx.Event()
+        procs = [ctx.Process(target=trainer, args=(planner, r, args.steps, finished, release), name=f"trainer-{r}")
                  for r in range(args.ranks)]
         for p in procs:
             p.start()
@@ -93,10 +97,14 @@ def soak(args, tmp: Path, data_dir: Path, names: list[str]) -> list[tuple[int, f
         started, mark = time.monotonic(), args.every
         print(f"\n{'step':>7} {'s':>6}  " + "  ".join(f"{r:>11}" for r in ROLES) + "  buffered   (PSS USS per role; the loader "
               f"actors' buffered row groups; MiB)")
-        while any(p.is_alive() for p in procs):
-            if time.monotonic() - started > args.timeout:
-                raise TimeoutError(f"soak: {args.steps} steps not done in {args.timeout:.0f}s")
+        done = 0
+        while done < len(procs):
+            if time.monotonic() - started > args.timeout or not all(p.is_alive() for p in procs):
+                raise RuntimeError(f"soak: {args.steps} steps not done in {args.timeout:.0f}s, or a trainer died")
+            done += finished.acquire(timeout=0.5)
             step, loaders = slowest_step(client)
+            if done == len(procs):  # every rank at its last step: the last sample, trainers still up
+                step, mark = args.steps - 1, 0
             if step >= mark:
                 mem = memory_by_role(roots())
                 samples.append((step, time.monotonic() - started, mem))
@@ -104,10 +112,7 @@ def soak(args, tmp: Path, data_dir: Path, names: list[str]) -> list[tuple[int, f
                                                                        for r in ROLES)
                       + f"  {buffered_bytes(loaders) / MiB:>8.1f}", flush=True)
                 mark = (step // args.every + 1) * args.every
-            time.sleep(0.5)
-        bad = [p.name for p in procs if p.exitcode != 0]
-        if bad:
-            raise RuntimeError(f"trainer processes failed: {bad}")
+        release.set()
         client.close()
     finally:
         stop_processes(procs)
