@@ -23,6 +23,7 @@ from ..config import Config
 from ..core.mesh import Delivery
 from ..planner.strategy import Strategy
 from ..wire.plan import ConstructorPlan, FetchGroup
+from ..wire.status import ConstructorStatus
 from .assembly import (Sample, build_microbatch, decode_or_error, drop_bad, encoder_table, rank_table,
                        shipped_images, truncate)
 from .hdp import hdp_rank_table
@@ -202,13 +203,12 @@ class Constructor:
         served["bytes"] += table.nbytes
 
     # -- inspection and state ----------------------------------------------------------
-    def status(self) -> dict:
+    def status(self) -> ConstructorStatus:
         """Assembly progress, staged steps, and what each rank was served."""
         with self.cond:
-            return {"index": self.index, "dp_ranks": list(self.dp_ranks), "assembled": self.staging.next_step - 1,
-                    "staged_steps": self.staging.steps(), "error": self.error,
-                    "bad_samples": list(self._bad_samples), "bytes_fetched": self.bytes_fetched,
-                    "served": {str(r): dict(s) for r, s in sorted(self._served.items())}}
+            return ConstructorStatus(self.index, list(self.dp_ranks), self.staging.next_step - 1, self.staging.steps(),
+                                     self.error, list(self._bad_samples), self.bytes_fetched,
+                                     {str(r): dict(s) for r, s in sorted(self._served.items())})
 
     def state_dict(self) -> dict:
         with self.cond:

@@ -15,6 +15,7 @@ import argparse
 import concurrent.futures
 import logging
 import threading
+from dataclasses import replace
 
 import pyarrow.flight as fl
 
@@ -25,6 +26,7 @@ from ..serving import add_serving_args, advertised_host, start_metrics
 from ..wire.plan import ConstructorPlan, FetchGroup
 from ..wire.security import INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, ClientPool, call_any, location_of, register, serve
+from ..wire.tickets import BatchTicket, Registration, SamplesPart, SamplesTicket
 from .assembly import Sample
 from .constructor import Constructor
 
@@ -90,9 +92,8 @@ class ConstructorServer(ActionServer):
         """Every loader's samples for this step, concurrently (one call per loader process), through
         the decode stage: item index -> sample (or the failure of its decode)."""
         def one(groups: list[FetchGroup]) -> list[dict]:
-            parts = [{"source": g.source, "actor": g.actor, "samples": g.samples} for g in groups]
-            request = wire.ticket({"kind": "samples", "step": step, "constructor": self.index,
-                                   **(parts[0] if len(parts) == 1 else {"parts": parts})})
+            parts = tuple(SamplesPart(g.source, g.actor, tuple(map(tuple, g.samples))) for g in groups)
+            request = wire.ticket(SamplesTicket(step, self.index, parts).to_wire())
             table = call_any(self._clients, groups[0].locations, lambda c: c.do_get(request).read_all(),
                              what=f"the loader of {', '.join(sorted({g.source for g in groups}))}",
                              stop=lambda: self.constructor.stopping)
@@ -104,20 +105,17 @@ class ConstructorServer(ActionServer):
     # -- Flight ------------------------------------------------------------------------
     def do_get(self, context, ticket):
         request = wire.decode(ticket.ticket, "ticket")
-        kind = request.get("kind")
-        if kind not in ("batch", "encoder"):
-            raise ValueError(f"malformed ticket: kind {kind!r}, a constructor serves 'batch' and 'encoder' tickets")
+        kind = BatchTicket.checked_kind(request)
         self.authorize(context, TRAINER, f"do_get of a {kind!r} ticket")
-        step = wire.field(request, "step", int, "batch ticket")
-        rank = wire.field(request, "rank", int, "batch ticket")
-        self.constructor.check_rank(rank)
+        batch = BatchTicket.from_wire(request)
+        self.constructor.check_rank(batch.rank)
         self.security.verify_ticket(request)  # forged, altered or expired: FlightUnauthorizedError
-        return fl.RecordBatchStream(self.constructor.take(kind, step, rank))
+        return fl.RecordBatchStream(self.constructor.take(batch.kind, batch.step, batch.rank))
 
     @requires(INSPECT)
     def action_status(self, body):
         """Assembly progress, staged steps, and what each rank was served."""
-        return {**self.constructor.status(), "metrics": getattr(self, "metrics_url", None)}
+        return replace(self.constructor.status(), metrics=getattr(self, "metrics_url", None)).to_wire()
 
     def shutdown(self):
         self.constructor.stop()
@@ -145,7 +143,7 @@ def start(argv=None) -> tuple[ConstructorServer, str, str | None]:
     server = ConstructorServer(cfg, args.index, args.planner, port=args.port)
     location = location_of(server, host)
     start_metrics(server, cfg, args, "constructor", location)
-    register(args.planner, {"role": "constructor", "index": args.index, "location": location},
+    register(args.planner, Registration("constructor", location, index=args.index).to_wire(),
              server.security.credentials)
     server.start()
     return server, location, args.ready_file

@@ -13,6 +13,7 @@ from .. import wire
 from ..core.order import RowGroupRef
 from ..wire.security import Credentials
 from ..wire.server import ClientPool, call_any, connect
+from ..wire.tickets import MetadataTicket, Reshard
 from .planner import Planner
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,8 @@ class PlannerCalls:
         def send():
             for (source, location), segments in jobs.items():
                 try:
-                    wire.call(self.clients.get(location), "reshard", {"source": source, "segments": segments},
-                              timeout=10)
+                    wire.call(self.clients.get(location), "reshard",
+                              Reshard(source, tuple(map(tuple, segments))).to_wire(), timeout=10)
                 except Exception as exc:  # noqa: BLE001 - best effort: tickets carry the segments too
                     log.warning("reshard of %s at %s not delivered (%s); its tickets carry it", source, location, exc)
         threading.Thread(target=send, name="reshard", daemon=True).start()
@@ -65,13 +66,12 @@ class PlannerCalls:
     def meta_fetcher(self, source: str):
         def fetch(epoch: int, rg: RowGroupRef) -> dict[str, np.ndarray]:
             actor = self.planner.registry.owner(source, rg.file, rg.row_group, epoch)
-            request = {"kind": "metadata", "source": source, "actor": actor[1], "epoch": epoch, "file": rg.file,
-                       "row_group": rg.row_group}
             segments = self.planner.scaling.segments_of(source) if self.planner.scaling is not None else None
-            if segments:  # a resharded source: its actors learn (and journal) the ownership from the ticket
-                request["segments"] = segments
+            # a resharded source: its actors learn (and journal) the ownership from the ticket
+            request = MetadataTicket(source, actor[1], epoch, rg.file, rg.row_group,
+                                     tuple(map(tuple, segments)) if segments else None)
             table = call_any(self.clients, self.planner.registry.locations(actor),
-                             lambda c: c.do_get(wire.ticket(request)).read_all(),
+                             lambda c: c.do_get(wire.ticket(request.to_wire())).read_all(),
                              what=f"loader {source}[{actor[1]}]", stop=self.stopping)
             rows = table.column("row").to_numpy()
             meta = {}

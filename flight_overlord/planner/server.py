@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import replace
 import pyarrow.flight as fl
 
 from .. import wire
@@ -27,6 +28,7 @@ from ..serving import add_serving_args, advertised_host, start_metrics
 from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, location_of, serve
+from ..wire.tickets import BufferTicket, Registration
 from .calls import PlannerCalls
 from .planner import Planner
 from .service import PlanService
@@ -59,24 +61,15 @@ class PlannerServer(ActionServer):
         """A loader or constructor announces itself: {"role", "location", ...}. A registered role
         moves to another location only when its registered one no longer answers (recovery restarts a
         role on its own address), so not even a holder of the secret can redirect a live role."""
-        role = wire.field(body, "role", str, "register")
-        location = wire.field(body, "location", str, "register")
-        scheme = self.security.scheme
+        registration = Registration.from_wire(body)
+        location, scheme = registration.location, self.security.scheme
         if not location.startswith(f"{scheme}://") or not location.rsplit(":", 1)[-1].isdigit():
             raise ValueError(f"register: location {location!r} must be {scheme}://HOST:PORT (the scheme of this run)")
-        if role == "loader":
-            source = wire.field(body, "source", str, "register")
-            self.cfg.source(source)
-            actor = wire.field(body, "actor", int, "register")
-            replica = body.get("replica", 0)
-            if isinstance(replica, bool) or not isinstance(replica, int):
-                raise ValueError(f"malformed register: field 'replica' must be an integer, got {replica!r}")
-            row_groups = wire.field(body, "row_groups", list, "register")
-            self.service.register_loader(source, actor, replica, location, row_groups)
-        elif role == "constructor":
-            self.service.register_constructor(wire.field(body, "index", int, "register"), location)
+        if registration.role == "loader":
+            self.service.register_loader(registration.source, registration.actor, registration.replica, location,
+                                         registration.row_groups)
         else:
-            raise ValueError(f"register: unknown role {role!r} (roles: loader, constructor)")
+            self.service.register_constructor(registration.index, location)
         return {"ok": True}
 
     # -- trainer-facing ----------------------------------------------------------------
@@ -136,7 +129,7 @@ class PlannerServer(ActionServer):
         source = self.cfg.source(name)
         with self.service.cond:
             rows = sum(rg.num_rows for rg in self.planner.registry.source_row_groups(source.name))
-            endpoints = [fl.FlightEndpoint(wire.ticket({"kind": "buffer", "source": actor[0], "actor": actor[1]}),
+            endpoints = [fl.FlightEndpoint(wire.ticket(BufferTicket(*actor).to_wire()),
                                            self.planner.registry.locations(actor))
                          for actor in sorted(self.planner.registry.loaders) if actor[0] == source.name]
         return fl.FlightInfo(load_schema(SAMPLE_METADATA), descriptor, endpoints, rows, -1)
@@ -178,7 +171,7 @@ class PlannerServer(ActionServer):
     @requires(INSPECT)
     def action_status(self, body):
         """Registration, planning progress, trainer positions, and where every role is."""
-        return {**self.service.status(), "metrics": getattr(self, "metrics_url", None)}
+        return replace(self.service.status(), metrics=getattr(self, "metrics_url", None)).to_wire()
 
     @requires(INSPECT)
     def action_stats(self, body):

@@ -15,6 +15,7 @@ from typing import Callable
 from .. import wire
 from ..config import Config
 from ..store import write_json_atomic
+from ..wire.status import PlannerStatus
 from .planner import Planner, constructor_view
 from .program import StepPlan
 
@@ -211,19 +212,18 @@ class PlanService:
         with self.cond:
             return [s for s in sorted(self.stats) if s >= self.planner.next_step - self.cfg.prefetch - 1]
 
-    def status(self) -> dict:
+    def status(self) -> PlannerStatus:
         """Registration, planning progress, trainer positions, and where every role is."""
         with self.cond:
             registry = self.planner.registry
             unit = "tokens" if self.cfg.global_batch.tokens_per_step else "samples"
-            return {"ready": registry.complete(), "planned": self.planner.next_step - 1,
-                    "requested": {str(r): s for r, s in sorted(self.requested.items())},
-                    "error": self.error, "recovered": self.resumed,
-                    "samples_planned": dict(self._planned["samples"]), "tokens_planned": dict(self._planned["tokens"]),
-                    "mixture_realized": _shares(self._planned[unit]),
-                    "reregistrations": dict(self._reregistrations),
-                    **registry.state_dict(),
-                    **({"scaling": self.planner.scaling.status()} if self.planner.scaling is not None else {})}
+            return PlannerStatus(
+                ready=registry.complete(), planned=self.planner.next_step - 1,
+                requested={str(r): s for r, s in sorted(self.requested.items())}, error=self.error,
+                recovered=self.resumed, samples_planned=dict(self._planned["samples"]),
+                tokens_planned=dict(self._planned["tokens"]), mixture_realized=_shares(self._planned[unit]),
+                reregistrations=dict(self._reregistrations), **registry.state_dict(),
+                scaling=self.planner.scaling.status() if self.planner.scaling is not None else None)
 
     def step_stats(self, first: int, last: int | None) -> dict:
         """Per-step plan statistics of the steps in ``first..last`` still held (default: to the last planned)."""

@@ -86,8 +86,8 @@ def test_a_rank_gets_its_bucket_packed_in_plan_order(constructor):
     ids = table.column("input_ids").to_pylist()
     assert ids[0][:8] == TOKENS["a:0"] + TOKENS["b:0"] and ids[1][:5] == [9, 10, 11, 13, 14]
     status = constructor.status()
-    assert status["served"]["0"] == {"step": 0, "batches": 1, "samples": 4, "bytes": table.nbytes}
-    assert status["assembled"] == 0 and status["bytes_fetched"] > 0
+    assert status.served["0"] == {"step": 0, "batches": 1, "samples": 4, "bytes": table.nbytes}
+    assert status.assembled == 0 and status.bytes_fetched > 0
 
 
 def test_a_rank_of_another_constructor_is_refused(constructor):
@@ -100,7 +100,7 @@ def test_a_step_is_released_once_every_stream_is_past_it(constructor):
         p = plan(step)
         constructor.stage(step, constructor.assemble(step, p, fetched(constructor, p)))
         constructor.take("batch", step, 0)
-    assert constructor.status()["staged_steps"] == [2, 3]  # kept while within keep=2 steps of the last served
+    assert constructor.status().staged_steps == [2, 3]  # kept while within keep=2 steps of the last served
     with pytest.raises(KeyError, match="already served and released"):
         constructor.take("batch", 0, 0)
 
@@ -113,7 +113,7 @@ def test_state_round_trips_and_restarts_assembly_where_it_was(cfg, constructor):
     restored = Constructor(cfg, 0, load_strategy(cfg))
     restored.load_state_dict(state)
     assert restored.state_dict() == state
-    assert restored.staging.next_step == 1 and restored.status()["staged_steps"] == []
+    assert restored.staging.next_step == 1 and restored.status().staged_steps == []
 
 
 def test_an_assembly_failure_reaches_every_taker(constructor):
