@@ -454,10 +454,14 @@ def colocated_loader(sources, data_dir: str, rank: int, ranks: int, workers: int
                      samples_per_batch: int = 0):
     """Rank ``rank``'s colocated torch DataLoader: an endless stream of packed microbatch dicts
     (``samples_per_batch``: of lists of that many (key, tokens) samples, unpacked)."""
-    from torch.utils.data import DataLoader
-
     dataset = _make_colocated_dataset(sources, data_dir, rank, ranks, context_length, 0, seed, samples_per_batch)
-    # fork: Linux's default, stated because this rank process itself was spawned.
+    return worker_loader(dataset, workers)
+
+
+def worker_loader(dataset, workers: int):
+    """A torch DataLoader yielding ``dataset``'s items as they are, from ``workers`` forked workers
+    (fork: Linux's default, stated because the rank process itself was spawned)."""
+    from torch.utils.data import DataLoader
     return DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=workers > 0,
                       prefetch_factor=2 if workers > 0 else None,
                       multiprocessing_context="fork" if workers > 0 else None)
@@ -466,6 +470,11 @@ def colocated_loader(sources, data_dir: str, rank: int, ranks: int, workers: int
 def baseline_rank(channel: RankChannel, sources, data_dir: str, ranks: int, workers: int,
                   context_length: int, microbatches: int, warmup: int, steps: int, seed: int) -> None:
     loader = colocated_loader(sources, data_dir, channel.rank, ranks, workers, context_length, seed)
+    timed_microbatches(channel, loader, microbatches, warmup, steps)
+
+
+def timed_microbatches(channel: RankChannel, loader, microbatches: int, warmup: int, steps: int) -> None:
+    """A rank's steps of ``microbatches`` packed microbatch dicts from ``loader``: warm up, then time."""
     tally = Tally(channel.rank)
     batches = iter(loader)
     for i in range(warmup + steps):

@@ -89,6 +89,7 @@ class Run:
     start_s: float = 0.0
     by_label: dict = field(default_factory=dict)  # label -> (processes, PSS) at the max
     batches_per_s: float = 0.0
+    samples_per_s: float = 0.0
     error: str = ""
 
     def label_avg(self, label: str) -> float:
@@ -99,23 +100,32 @@ class Run:
         return float(self.by_label.get(label, (0, 0))[1])
 
 
-def _rate(tallies) -> float:
+def _rate(tallies, what: str = "batches") -> float:
     elapsed = max(t.t1 for t in tallies) - min(t.t0 for t in tallies)
-    return sum(t.batches for t in tallies) / elapsed if elapsed > 0 else 0.0
+    return sum(getattr(t, what) for t in tallies) / elapsed if elapsed > 0 else 0.0
+
+
+def measured(run: Run, tallies, sampler) -> Run:
+    """``run`` with what ``bd.run_ranks`` measured: PSS (max, last, by process kind) and rates."""
+    run.max_pss, run.end_pss, run.processes = sampler.max_pss, sampler.end_pss, sampler.processes
+    run.by_label, run.batches_per_s = dict(sampler.pss_by_label), _rate(tallies)
+    run.samples_per_s = _rate(tallies, "samples")
+    return run
 
 
 VARIANTS = {"default": {}, "lean": {"read_ahead_bytes": 1}}  # lean: no row group read ahead of the Planner's demand
 
 
 def run_overlord(args, tmp: Path, data_dir: Path, names: list[str], ranks: int, hosts: int | str,
-                 variant: str = "default") -> Run:
+                 variant: str = "default", sections: dict | None = None) -> Run:
+    """``sections``: further config sections (say ``constructor``) on top of the variant's loader settings."""
     from flight_overlord.deploy.launch import LocalCluster
     tag = f"o-s{len(names)}-r{ranks}-h{hosts}-{variant}"
     config = write_config(tmp / f"{tag}.yaml", data_dir, [{"name": n, "weight": 1.0} for n in names],
                           ranks=ranks, context_length=args.context_length, microbatches=args.microbatches,
                           tokens_per_step=int(ranks * args.microbatches * args.context_length * FILL),
                           seed=args.seed, run_dir=tmp / f"run-{tag}", balance={"method": "greedy"},
-                          loader={"hosts": hosts, **VARIANTS[variant]})
+                          **{"loader": {"hosts": hosts, **VARIANTS.get(variant, {})}, **(sections or {})})
     capture = tmp / f"cap-{tag}"
     capture.mkdir()
     run = Run("overlord", len(names), ranks, hosts, variant)
@@ -132,9 +142,7 @@ def run_overlord(args, tmp: Path, data_dir: Path, names: list[str], ranks: int, 
             label="trainer", extra_roots=lambda: roles, timeout=args.timeout)
     finally:
         cluster.stop()
-    run.max_pss, run.end_pss, run.processes = sampler.max_pss, sampler.end_pss, sampler.processes
-    run.by_label, run.batches_per_s = dict(sampler.pss_by_label), _rate(tallies)
-    return run
+    return measured(run, tallies, sampler)
 
 
 def run_colocated(args, data_dir: Path, names: list[str], ranks: int) -> Run:
@@ -148,9 +156,7 @@ def run_colocated(args, data_dir: Path, names: list[str], ranks: int) -> Run:
           args.warmup, args.steps, args.seed) for _ in range(ranks)],
         label="rank", child_label="worker", timeout=args.timeout)
     run.start_s = time.monotonic() - started
-    run.max_pss, run.end_pss, run.processes = sampler.max_pss, sampler.end_pss, sampler.processes
-    run.by_label, run.batches_per_s = dict(sampler.pss_by_label), _rate(tallies)
-    return run
+    return measured(run, tallies, sampler)
 
 
 def fitted_colocated(sources: int, ranks: int, workers: int, row_group_mib: float = 0.0) -> float:

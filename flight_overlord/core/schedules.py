@@ -140,14 +140,24 @@ class FeedbackLog:
     """Per-step trainer reports, aggregated the same way whatever order they arrived in."""
     expected: int  # reports (distinct data-parallel groups) that make a step's feedback complete
     reports: dict[int, dict[int, Losses]] = field(default_factory=dict)  # step -> group -> losses
+    floor: int = 0  # reports of steps below this are no longer needed (forget_before) and not kept
 
     def add(self, step: int, group: int, losses: Losses) -> bool:
         """Record one report; the first report of a group for a step wins (retries are harmless)."""
+        if step < self.floor:
+            return False
         per_step = self.reports.setdefault(step, {})
         if group in per_step:
             return False
         per_step[group] = {str(k): float(v) for k, v in losses.items()}
         return True
+
+    def forget_before(self, step: int) -> None:
+        """Drop the reports of steps below ``step`` (no plan reads them any more): bounded in steps."""
+        if step > self.floor:
+            self.floor = step
+            for old in [s for s in self.reports if s < step]:
+                del self.reports[old]
 
     def complete(self, step: int) -> bool:
         return len(self.reports.get(step, {})) >= self.expected

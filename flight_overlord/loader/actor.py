@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from .. import allocator
 from ..core.order import RowGroupRef
 from ..core.scaling import ActorView, Ownership
 from ..core.vision import ImageError
@@ -27,6 +28,9 @@ from .state import LoaderState
 
 log = logging.getLogger(__name__)
 FOLLOW_SECONDS = 0.2  # how often a replica folds in what the others journaled
+# Served tables kept for a retried fetch (answered from the cache, else rebuilt: the same rows either
+# way): the newest few, bounded in count and bytes per actor so 100s of actors stay small.
+SERVED_KEPT, SERVED_BYTES = 8, 2 * 1024 * 1024
 
 
 class LoaderActor:
@@ -45,6 +49,7 @@ class LoaderActor:
         self._fatal: dict[int, str] = {}  # positions whose bad image must stop the run
         self._served: collections.OrderedDict[tuple[int, int, str], pa.Table] = collections.OrderedDict()
         self._view: ActorView | None = None  # the positions this actor owns (core/scaling), per the segments
+        self._served_bytes = 0  # of the tables in _served
         self._bytes_served = 0
         self._failed_reads = 0  # row groups skipped as unreadable (status, metrics)
         self._recent_failed_reads: list[str] = []  # the last few: "FILE row group G: error"
@@ -150,6 +155,7 @@ class LoaderActor:
             buffered.remaining[list(self.state.popped.get(position, ()))] = False
             if not buffered.remaining.any():
                 del self._buffer[position]
+                allocator.trim_now_and_then()  # the freed row group goes back to the system
                 if not self.state.is_released(position):
                     self._journal.append({"release": position})
                     self.state.release(position)
@@ -263,10 +269,12 @@ class LoaderActor:
         table = samples_table(parts)
         with self._cond:
             self._record({"fetch": step, "constructor": constructor, "rows": rows})
-            self._served[cache_key] = table
+            if cache_key not in self._served:  # (a concurrent retry may have served it meanwhile)
+                self._served[cache_key] = table
+                self._served_bytes += table.nbytes
             self._bytes_served += table.nbytes
-            while len(self._served) > 64:
-                self._served.popitem(last=False)
+            while len(self._served) > 1 and (len(self._served) > SERVED_KEPT or self._served_bytes > SERVED_BYTES):
+                self._served_bytes -= self._served.popitem(last=False)[1].nbytes
             self._maybe_snapshot()
         return table
 
@@ -319,7 +327,7 @@ def samples_table(parts: list[tuple[RowGroupSamples, int]]) -> pa.Table:
             return pa.ListArray.from_arrays(pa.array(np.zeros(len(rows) + 1, np.int32)), pa.array([], value_type))
         tables.append(pa.table({
             "key": pa.array([buffered.keys[r] for r in rows], pa.string()),
-            "tokens": buffered.tokens.take(indices),
+            "tokens": buffered.tokens.take(indices).cast(schema.field("tokens").type),  # widened (compact_tokens)
             "images": taken(buffered.images, pa.binary()),   # text sources: empty lists
             "image_grids": taken(buffered.grids, pa.int32()),
         }, schema=schema))

@@ -24,7 +24,7 @@ import logging
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from .. import wire
+from .. import allocator, wire
 from ..config import load_config
 from ..serving import add_serving_args, advertised_host, start_metrics
 from ..wire.schemas import SAMPLE_METADATA, load_schema
@@ -142,6 +142,7 @@ def start(argv=None) -> tuple[LoaderServer, str, str | None]:
     wanted = parse_actors(args.actors) if args.actors else [(args.source, args.actor)] if args.source else []
     if not wanted:
         parser.error("name the loader actors: --actors SOURCE:ACTOR,... or --source S [--actor A]")
+    allocator.tame()  # before the actors' threads make arenas: a long run's heap stays flat
     actors = [LoaderActor(SourcePartition(cfg.source(source), index, cfg.global_batch.context_length, cfg.vision,
                                           cfg.provisioned_actors(cfg.source(source))),
                           seed=cfg.seed, read_ahead=cfg.loader.read_ahead_row_groups, run_dir=cfg.run_dir,

@@ -78,6 +78,7 @@ class Planner:
         step = self.next_step
         if step % self.cfg.checkpoint.every == 0:
             self._snapshot()
+        self.feedback.forget_before(step - self.strategy.schedule.lag - 1)  # what state_dict keeps
         weights, feedback = weights_at(self.strategy.schedule, step, self.feedback)
         weights = self._checked_weights(step, weights)
         scaled = self.scaling.decide(step, weights, self.feeds) if self.scaling is not None else []
@@ -145,6 +146,7 @@ class Planner:
 
     def load_state_dict(self, state: dict) -> None:
         self.next_step = int(state["next_step"])
+        self.feedback.floor = min(self.feedback.floor, self.next_step - self.strategy.schedule.lag - 1)  # a rewind
         self.mixer.load_state_dict(state["mixer"])
         if self.scaling is not None and "scaling" in state:
             self.scaling.load_state_dict(state["scaling"])

@@ -22,6 +22,7 @@ from .program import StepPlan
 log = logging.getLogger(__name__)
 WAIT_SECONDS = 30.0  # a blocking call waits this long server-side, then the client may ask again
 STEPS_AHEAD = 16    # beyond prefetch: how far past the planned steps a trainer may ask before it is an error
+STATS_KEPT = 1024   # per-step plan stats kept for the ``stats`` action (older steps: their journal records)
 
 
 class PlanService:
@@ -112,6 +113,7 @@ class PlanService:
                     self._plans[plan.step] = plan
                     self._fetched[plan.step] = set()
                     self.stats[plan.step] = plan.stats
+                    self.stats.pop(plan.step - STATS_KEPT, None)  # bounded in steps (a rewind may leave a few)
                     for key in ("samples", "tokens"):
                         for source, n in plan.stats.get(key, {}).items():
                             self._planned[key][source] = self._planned[key].get(source, 0) + n

@@ -13,7 +13,7 @@ from flight_overlord.config import ConfigError, load_config
 from flight_overlord.core.partition_plan import GiB
 from flight_overlord.deploy.cli import main
 from flight_overlord.deploy.launch import loader_hosts
-from flight_overlord.loader.actor import LoaderActor
+from flight_overlord.loader.actor import SERVED_KEPT, LoaderActor
 from flight_overlord.loader.partition import SourcePartition
 
 from ..helpers import delivered_keys, fetch_run, journal, write_config
@@ -111,6 +111,32 @@ def test_read_ahead_bytes_bounds_the_buffer_and_changes_no_sample(corpus, tmp_pa
     finally:
         free.close()
         bounded.close()
+
+
+def test_served_tables_kept_are_bounded_and_a_retry_past_them_gets_the_same_samples(corpus, tmp_path):
+    """A loader keeps a few served tables for retries, not one per fetch; a retry of an older fetch is
+    rebuilt from the (compact) buffer: the same rows, the tokenizer's int32 ids."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from flight_overlord.transforms import make_transform
+    cfg = load_config(write_config(tmp_path, corpus))
+    source = cfg.source("longdocs")
+    actor = LoaderActor(SourcePartition(source, 0, cfg.global_batch.context_length, cfg.vision), seed=cfg.seed,
+                        read_ahead=1, run_dir=tmp_path / "run")
+    try:
+        rg = actor._at(0)
+        asked = [[[0, rg.file, rg.row_group, step % rg.num_rows]] for step in range(10 * SERVED_KEPT)]
+        served = [actor.samples(step, 0, wanted) for step, wanted in enumerate(asked)]
+        assert len(actor._served) <= SERVED_KEPT
+        assert actor.samples(0, 0, asked[0]).equals(served[0])  # evicted long ago: rebuilt, equal
+        path = next(p for p, f in zip(source.files, source.file_ids) if f == rg.file)
+        text = pq.ParquetFile(path).read_row_group(rg.row_group, columns=[source.text_column]).column(0)
+        expected = make_transform("byte_tokenizer")(text.combine_chunks(), cfg.global_batch.context_length)
+        assert served[0].schema.field("tokens").type == pa.list_(pa.int32())
+        assert served[0].column("tokens").to_pylist() == [expected[0].as_py()]
+    finally:
+        actor.close()
 
 
 def test_loader_processes_run_with_the_system_allocator(idle_cluster):

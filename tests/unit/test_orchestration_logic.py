@@ -125,6 +125,18 @@ def test_feedback_is_order_independent_and_lagged():
     assert used == {"x": 2.0, "y": 1.0} and weights["x"] > weights["y"]
 
 
+
+def test_feedback_kept_is_bounded_in_steps():
+    """A long run keeps only the reports a plan may still read: older ones are dropped and refused."""
+    log = FeedbackLog(expected=1)
+    for step in range(5000):
+        log.add(step, 0, {"x": float(step)})
+        log.forget_before(step - 3)
+    assert sorted(log.reports) == [4996, 4997, 4998, 4999]
+    assert not log.add(10, 0, {"x": 1.0}) and 10 not in log.reports  # a late report of a forgotten step
+    assert log.losses(4997) == {"x": 4997.0} and log.complete(4999)
+
+
 # -- the program, pure (feeds over synthetic metadata) ----------------------------------
 def _feeds(lengths: dict[str, int], rows: int = 4000):
     def fetch(source):

@@ -158,3 +158,20 @@ def test_config_names_a_missing_tokenizer_file(tmp_path):
         parse_config(_config({"name": "hf_tokenizer", "path": "missing.json"}), base_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"sources\[0\]\.transform\.path: expected a file path"):
         parse_config(_config({"name": "hf_tokenizer", "path": 3}), base_dir=tmp_path)
+
+
+def test_buffered_tokens_are_compact_and_served_back_as_int32():
+    """A loader buffers token ids in the narrowest type that holds them; widening gives back exactly
+    the tokenizer's int32 lists (the byte tokenizer's ids fit uint8; a wide vocabulary is kept as is)."""
+    from flight_overlord.loader.partition import compact_tokens
+    from flight_overlord.transforms import make_transform
+    tokens = make_transform("byte_tokenizer")(pa.array(["héllo wörld", None, "ab" * 40]), 16)
+    small = compact_tokens(tokens)
+    assert small.type == pa.list_(pa.uint8()) and small.nbytes < tokens.nbytes
+    assert small.cast(tokens.type).equals(tokens)
+    mid = pa.array([[1, 300], [], [65535]], pa.list_(pa.int32()))
+    assert compact_tokens(mid).type == pa.list_(pa.uint16()) and compact_tokens(mid).cast(mid.type).equals(mid)
+    wide = pa.array([[1, 70000]], pa.list_(pa.int32()))
+    assert compact_tokens(wide) is wide
+    sliced = pa.array([[1, 2], [7, 8, 9]], pa.list_(pa.int32()))[1:]
+    assert compact_tokens(sliced).cast(sliced.type).to_pylist() == [[7, 8, 9]]

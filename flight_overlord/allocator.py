@@ -1,0 +1,62 @@
+"""Keep a long-running loader process's heap from creeping up (glibc malloc only; a no-op elsewhere).
+
+A loader host frees and reallocates row-group-sized arrays all day from dozens of threads. With
+glibc's defaults that memory is kept: every thread may get its own arena (up to 8 per core), and
+the mmap threshold rises to the size of the largest block freed, so later row groups land in
+arenas that fragment instead of being mapped and unmapped. Measured over 12,000 steps at 96
+sources, one process with every actor (docs/methods/memory-peers.md): PSS +11% with the defaults,
+flat with these settings. So: a fixed mmap threshold, two arenas, and a periodic ``malloc_trim``.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import threading
+import time
+
+log = logging.getLogger(__name__)
+M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # mallopt parameters (malloc.h)
+MMAP_THRESHOLD = 256 * 1024  # blocks at least this big are mapped and unmapped: freed row groups leave
+ARENAS = 2
+TRIM_SECONDS = 5.0
+
+_libc = None
+_lock = threading.Lock()
+_last_trim = 0.0
+
+
+def _glibc():
+    global _libc
+    if _libc is None:
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _libc = libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else False
+        except OSError:
+            _libc = False
+    return _libc
+
+
+def tame() -> bool:
+    """Set the mmap threshold and arena count for this process; False where malloc is not glibc's."""
+    libc = _glibc()
+    if not libc:
+        return False
+    ok = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and libc.mallopt(M_ARENA_MAX, ARENAS) == 1
+    if not ok:
+        log.warning("mallopt refused the loader's allocator settings; memory may creep up over a long run")
+    return ok
+
+
+def trim_now_and_then() -> None:
+    """Give freed heap pages back to the system, at most every ``TRIM_SECONDS`` (after a buffer release)."""
+    global _last_trim
+    libc = _glibc()
+    now = time.monotonic()
+    if not libc or now - _last_trim < TRIM_SECONDS:
+        return
+    with _lock:
+        if now - _last_trim < TRIM_SECONDS:
+            return
+        _last_trim = now
+    libc.malloc_trim(0)

@@ -1,0 +1,220 @@
+#!/usr/bin/env python
+"""Memory and samples/s of flight_overlord beside MosaicML Streaming and the colocated DataLoader.
+
+Same corpus (``overlord make-demo-data --sources N``; a run with S sources uses the first S,
+equal weights), same work per rank and step (``--microbatches`` packed microbatches of
+``--context-length`` tokens, byte-tokenized text), same ranks, all in one run. Measured: PSS summed
+over every process of a side (trainer processes and their DataLoader workers counted on every
+side), sampled every second of the timed steps; the max is reported.
+
+  flight_overlord  ``LocalCluster`` (Planner, loader hosts, Data Constructors) plus one
+                   ``TrainerClient`` process per rank (bench_delivery's trainer, torch tensors).
+                   ``default``: the config's defaults (one constructor per rank); ``node``: a
+                   single-node deployment, ``constructor.dp_per_constructor: R`` (one constructor
+                   process builds every rank's batches; the streams are the same plans); ``node1``:
+                   that and ``loader.hosts: 1`` (every loader actor in one process).
+  Streaming        ``mosaicml-streaming`` 0.13 (``pip install -e '.[peers]'``): the corpus converted
+                   to MDS by this script (one dataset per source, columns key and text), per rank a
+                   ``StreamingDataset`` with one ``Stream`` per source (proportion 1/S), a torch
+                   DataLoader with ``--workers`` workers, the same byte tokenizer and greedy
+                   packing as the colocated side, inside the workers.
+  colocated        bench_delivery's baseline: per rank a DataLoader with ``--workers`` workers, each
+                   worker opening every file of every source (skipped where its fitted size passes
+                   ``--max-gib``).
+
+    .venv/bin/python scripts/bench_peers.py --data /tmp/c96                         # 6, 96 sources x 2, 8 ranks
+    .venv/bin/python scripts/bench_peers.py --data /tmp/c96 --sources 96 --ranks 2 --no-colocated
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import bench_delivery as bd
+import bench_memory as bm
+from benchlib import MiB, argument_parser, log, print_header, workspace
+
+GiB = 1024 * MiB
+
+
+def _import_streaming():
+    """``import streaming``: it imports torchvision for its vision datasets; where the installed
+    torchvision does not match the CPU torch (its C++ ops fail to register), stand in empty modules
+    for the two names it imports (text datasets never use them; it only makes Streaming's processes
+    smaller, so the comparison errs in Streaming's favour)."""
+    try:
+        import torchvision  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure of torchvision
+        import importlib.machinery
+        import types
+        for name in [n for n in sys.modules if n.startswith("torchvision")]:
+            del sys.modules[name]
+        stub = {name: types.ModuleType(name) for name in
+                ("torchvision", "torchvision.datasets", "torchvision.transforms", "torchvision.transforms.functional")}
+        for name, module in stub.items():
+            module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        stub["torchvision.datasets"].VisionDataset = type("VisionDataset", (), {})
+        stub["torchvision.datasets"].CIFAR10 = None
+        stub["torchvision.transforms.functional"].to_tensor = None
+        sys.modules.update(stub)
+    import streaming
+    return streaming
+
+
+def convert_to_mds(data_dir: Path, names: list[str], out: Path) -> list[Path]:
+    """Each source's Parquet rows as an MDS dataset ``out/NAME`` (key, text); kept for later runs."""
+    import pyarrow.parquet as pq
+    streaming = _import_streaming()
+    dirs = []
+    for name in names:
+        target = out / name
+        dirs.append(target)
+        if (target / "index.json").exists():
+            continue
+        with streaming.MDSWriter(out=str(target), columns={"key": "str", "text": "str"}) as writer:
+            for path in sorted((data_dir / name).glob("*.parquet")):
+                texts = pq.read_table(path, columns=["text"]).column("text").to_pylist()
+                for row, text in enumerate(texts):
+                    writer.write({"key": f"{name}:{path.name}:{row}", "text": text or ""})
+    return dirs
+
+
+def streaming_rank(channel, mds_dirs: list[str], ranks: int, workers: int, context_length: int,
+                   microbatches: int, warmup: int, steps: int, seed: int, port: int) -> None:
+    """One rank: Streaming's dataset over every source, packed microbatches from its DataLoader.
+    Streaming joins torch.distributed (gloo, loopback) itself from the launcher's variables."""
+    os.environ.update({"RANK": str(channel.rank), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(channel.rank),
+                       "LOCAL_WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    streaming = _import_streaming()
+    from torch.utils.data import IterableDataset
+
+    pack_into = bd._make_colocated_dataset([], "", 0, 1, context_length, 0, seed)._microbatch  # the same packing
+
+    class Packed(IterableDataset):
+        def __init__(self):
+            streams = [streaming.Stream(local=d, proportion=1.0 / len(mds_dirs)) for d in mds_dirs]
+            self.samples = streaming.StreamingDataset(streams=streams, batch_size=16, shuffle=True,
+                                                      shuffle_seed=seed, epoch_size=1 << 22)
+
+        def __iter__(self):
+            pending, used = [], 0
+            for sample in self.samples:
+                tokens = np.frombuffer(sample["text"].encode(), np.uint8)[:context_length].astype(np.int32)
+                if pending and used + len(tokens) > context_length:
+                    yield pack_into(pending)
+                    pending, used = [], 0
+                pending.append((sample["key"], tokens))
+                used += len(tokens)
+
+    bd.timed_microbatches(channel, bd.worker_loader(Packed(), workers), microbatches, warmup, steps)
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_streaming(args, mds_dirs: list[Path], ranks: int) -> bm.Run:
+    streaming = _import_streaming()
+    streaming.base.util.clean_stale_shared_memory()
+    log(f"[streaming S={len(mds_dirs)} R={ranks} W={args.workers}]")
+    run = bm.Run("streaming", len(mds_dirs), ranks, None)
+    started, port = time.monotonic(), free_port()
+    tallies, sampler = bd.run_ranks(
+        "streaming", streaming_rank,
+        [([str(d) for d in mds_dirs], ranks, args.workers, args.context_length, args.microbatches,
+          args.warmup, args.steps, args.seed, port) for _ in range(ranks)],
+        label="rank", child_label="worker", timeout=args.timeout)
+    run.start_s = time.monotonic() - started
+    return bm.measured(run, tallies, sampler)
+
+
+def cell(args, tmp: Path, data_dir: Path, mds_root: Path, names: list[str], ranks: int) -> list[bm.Run]:
+    runs = []
+    attempts = [("overlord", v) for v in args.variants] + [("streaming", "")]
+    if not args.no_colocated:
+        attempts.append(("colocated", ""))
+    for side, variant in attempts:
+        try:
+            if side == "overlord":
+                node = variant.startswith("node")  # node: one constructor; node1: and one loader host
+                sections = {"constructor": {"dp_per_constructor": ranks}} if node else {}
+                hosts = 1 if variant == "node1" else "auto"
+                runs.append(bm.run_overlord(args, tmp, data_dir, names, ranks, hosts, variant, sections))
+            elif side == "streaming":
+                runs.append(run_streaming(args, convert_to_mds(data_dir, names, mds_root), ranks))
+            elif bm.fitted_colocated(len(names), ranks, args.workers) > args.max_gib * GiB:
+                runs.append(bm.Run("colocated", len(names), ranks, None, error="skipped (fit above --max-gib)"))
+            else:
+                runs.append(bm.run_colocated(args, data_dir, names, ranks))
+        except Exception as exc:  # noqa: BLE001 - reported in the table
+            runs.append(bm.Run(side, len(names), ranks, None, variant, error=f"failed: {type(exc).__name__}"))
+            log(f"{side} {variant} S={len(names)} R={ranks} failed: {exc}")
+    return runs
+
+
+def table(runs: list[bm.Run], args) -> None:
+    sides = [("overlord", v) for v in args.variants] + [("streaming", "")] + [("colocated", "")] * (not args.no_colocated)
+    title = lambda s, v: f"flight_overlord {v}" if s == "overlord" else s  # noqa: E731
+    print("\n| S | R | " + " | ".join(f"{title(s, v)} GiB (samples/s)" for s, v in sides)
+          + " | " + " | ".join(f"{title('overlord', v)} / Streaming" for v in args.variants) + " |")
+    print("| ---: " * (2 + len(sides) + len(args.variants)) + "|")
+    for s, r in sorted({(x.sources, x.ranks) for x in runs}):
+        got = {(x.side, x.variant): x for x in runs if (x.sources, x.ranks) == (s, r)}
+        cells = [(x.error or f"{x.max_pss / GiB:.2f} ({x.samples_per_s:.0f})") if (x := got.get(k)) else "-"
+                 for k in sides]
+        peer = got.get(("streaming", ""))
+        ratios = [f"**{o.max_pss / peer.max_pss:.2f}x**" if (o := got.get(("overlord", v))) and peer and not o.error
+                  and not peer.error else "-" for v in args.variants]
+        print(f"| {s} | {r} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+    print("\nPSS by process kind at the max (MiB, processes x total):")
+    for x in runs:
+        if not x.error:
+            kinds = ", ".join(f"{k} {n}x {p / MiB:.0f}" for k, (n, p) in sorted(x.by_label.items()))
+            print(f"- {title(x.side, x.variant)} S={x.sources} R={x.ranks}: {kinds}")
+
+
+def parse_args(argv=None):
+    p = argument_parser(__doc__)
+    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    p.add_argument("--data", type=Path, help="corpus dir (make_many_sources; generated if missing)")
+    p.add_argument("--sources", type=ints, default=[6, 96])
+    p.add_argument("--ranks", type=ints, default=[2, 8])
+    p.add_argument("--workers", type=int, default=4, help="DataLoader workers per rank (Streaming, colocated)")
+    p.add_argument("--variants", type=lambda t: t.split(","), default=["default", "node"],
+                   help="flight_overlord deployments: default; node (one constructor process per node); node1 "
+                        "(and one loader host process); lean (read_ahead_bytes: 1)")
+    p.add_argument("--no-colocated", action="store_true")
+    p.add_argument("--max-gib", type=float, default=12.0, help="skip colocated runs fitted above this")
+    p.add_argument("--rows-per-source", type=int, default=2000)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--context-length", type=int, default=4096)
+    p.add_argument("--microbatches", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=600.0)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    bm._patch_sampler()
+    print_header()
+    runs: list[bm.Run] = []
+    with workspace("bench-peers-", args.data, [], 1.0) as (tmp, data_dir):
+        names = bm.ensure_many(data_dir, max(args.sources), args)
+        mds_root = data_dir.with_name(f"{data_dir.name}-mds")
+        for s in sorted(args.sources):
+            for r in sorted(args.ranks):
+                runs += cell(args, tmp, data_dir, mds_root, names[:s], r)
+        table(runs, args)
+
+
+if __name__ == "__main__":
+    main()
