@@ -14,7 +14,7 @@ from typing import Callable
 
 from .. import wire
 from ..config import Config
-from ..store import write_json_atomic
+from ..journal import write_json_atomic
 from ..wire.status import PlannerStatus
 from .planner import Planner, constructor_view
 from .program import StepPlan
