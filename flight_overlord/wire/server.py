@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import pyarrow.flight as fl
 
+from ..errors import OverlordError
 from . import call, decode, encode
 from .security import CLUSTER, INSPECT, MIDDLEWARE_KEY, Credentials, Security
 
@@ -184,7 +185,7 @@ def retry(fn: Callable[[], Any], *, attempts: int, delay: float, what: str) -> A
 RETRY_SECONDS = 0.05  # between tries of an unreachable role: a local connect costs ~1 ms
 
 
-class RoleDown(ConnectionError):
+class RoleDown(OverlordError, ConnectionError):
     """Every replica of a role stayed unreachable for the whole retry window."""
 
 
