@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from benchlib import argument_parser, log, print_header
+from benchlib import argument_parser, log, print_header, pyplot
 from bench_balance import cost, sample_lengths
 from flight_overlord.balance import lower_bound, partition
 from flight_overlord.config import load_config
@@ -176,9 +176,9 @@ def prefetch_table(plan_times: dict[int, float]) -> list[str]:
 
 
 def plot(balancer: list[dict], planning: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
     fig, ax = plt.subplots(figsize=(7, 4.5))
     dps = [r["dp"] for r in balancer]
     for key, label, style in (("heapq", "heapq LPT (partition only)", "k--"),

@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import benchlib  # noqa: E402
-from benchlib import log  # noqa: E402
+from benchlib import log, pyplot  # noqa: E402
 from flight_overlord import source_files  # noqa: E402
 from flight_overlord.client import StepFetcher  # noqa: E402
 from flight_overlord.config import load_config  # noqa: E402
@@ -196,9 +196,9 @@ def main() -> None:
 
 
 def plot(path: Path, reads: dict, delivery: dict, places: list[str], sides: list[str]) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     left.bar(places, [1e3 * statistics.median(reads[p]) for p in places], color="tab:blue")
     left.set_ylabel("ms per row group (median)")

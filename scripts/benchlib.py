@@ -33,6 +33,19 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend, imported only when a plot is asked for; None
+    (and one line saying so) when matplotlib is not installed, so a benchmark still prints its table."""
+    try:
+        import matplotlib
+    except ImportError:
+        log("no plot: matplotlib is not installed (pip install flight_overlord[bench])")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
 # ---------------------------------------------------------------------------------------------
 # Header
 # ---------------------------------------------------------------------------------------------
