@@ -292,7 +292,7 @@ def main(argv=None) -> None:
 
 
 def plot(results: dict, path: Path, title: str) -> None:
-    plt = pyplot()
+    plt = pyplot(path)
     if plt is None:
         return
     fig, ax = plt.subplots(figsize=(9, 3.8))

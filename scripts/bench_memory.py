@@ -354,7 +354,7 @@ def simulation(c: Components, args) -> list[tuple[int, int, int, int, float, flo
 
 
 def plot(rows, args, path: Path) -> None:
-    plt = pyplot()
+    plt = pyplot(path)
     if plt is None:
         return
     levels = sorted({r[1] for r in rows})

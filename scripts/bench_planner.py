@@ -176,7 +176,7 @@ def prefetch_table(plan_times: dict[int, float]) -> list[str]:
 
 
 def plot(balancer: list[dict], planning: list[dict], path: Path) -> None:
-    plt = pyplot()
+    plt = pyplot(path)
     if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -197,6 +197,7 @@ def plot(balancer: list[dict], planning: list[dict], path: Path) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    print(f"\nplot: {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
 
 
 def one_run(dp: int, method: str, steps: int) -> None:
@@ -285,7 +286,6 @@ def main() -> None:
     print("\n".join(prefetch_table({r["dp"]: r["greedy"][0] for r in planning})))
     if args.plot:
         plot(balancer, planning, args.plot)
-        print(f"\nplot: {args.plot.relative_to(REPO) if args.plot.is_relative_to(REPO) else args.plot}")
 
 
 if __name__ == "__main__":

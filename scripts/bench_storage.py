@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import benchlib  # noqa: E402
-from benchlib import log, pyplot  # noqa: E402
+from benchlib import log  # noqa: E402
 from flight_overlord import source_files  # noqa: E402
 from flight_overlord.client import StepFetcher  # noqa: E402
 from flight_overlord.config import load_config  # noqa: E402
@@ -190,13 +190,12 @@ def main() -> None:
             print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
             if args.plot:
                 plot(args.plot, reads, delivery, [p for p, _ in places], list(sides))
-                print(f"plot: {args.plot}")
         finally:
             proxy.close()
 
 
 def plot(path: Path, reads: dict, delivery: dict, places: list[str], sides: list[str]) -> None:
-    plt = pyplot()
+    plt = benchlib.pyplot(path)
     if plt is None:
         return
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -214,6 +213,7 @@ def plot(path: Path, reads: dict, delivery: dict, places: list[str], sides: list
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":

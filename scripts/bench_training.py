@@ -470,7 +470,7 @@ def report(results: list[Result], args) -> None:
 
 
 def plot(results: list[Result], path: Path) -> None:
-    plt = pyplot()
+    plt = pyplot(path)
     if plt is None:
         return
 

@@ -33,13 +33,13 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def pyplot():
-    """matplotlib's pyplot on the file-only Agg backend, imported only when a plot is asked for; None
-    (and one line saying so) when matplotlib is not installed, so a benchmark still prints its table."""
+def pyplot(path: Path):
+    """``matplotlib.pyplot`` (headless) for the plot at ``path``, or None when matplotlib is not
+    installed: the benchmark's figures are printed anyway, only the plot is skipped (said on stderr)."""
     try:
         import matplotlib
     except ImportError:
-        log("no plot: matplotlib is not installed (pip install flight_overlord[bench])")
+        log(f"no plot {path}: matplotlib is not installed (pip install -e '.[bench]')")
         return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

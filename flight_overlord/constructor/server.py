@@ -108,6 +108,7 @@ class ConstructorServer(ActionServer):
         kind = BatchTicket.checked_kind(request)
         self.authorize(context, TRAINER, f"do_get of a {kind!r} ticket")
         batch = BatchTicket.from_wire(request)
+        self.authorize(context, TRAINER, f"do_get of a {kind!r} ticket", rank=batch.rank)
         self.constructor.check_rank(batch.rank)
         self.security.verify_ticket(request)  # forged, altered or expired: FlightUnauthorizedError
         return fl.RecordBatchStream(self.constructor.take(batch.kind, batch.step, batch.rank))

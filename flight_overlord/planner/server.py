@@ -80,6 +80,7 @@ class PlannerServer(ActionServer):
                        f"get_flight_info of {parts[0] if batch else 'this descriptor'!r}")
         if batch:
             step, rank = self._parse_batch(parts)
+            self.authorize(context, TRAINER, f"get_flight_info of {parts[0]!r}", rank=rank)
             if parts[0] == "encoder" and self.strategy.image_graph is None:
                 raise KeyError("no encoder streams: this run's strategy has no image graph "
                                "(images travel with their sequences in ('batch', STEP, RANK))")
@@ -159,7 +160,7 @@ class PlannerServer(ActionServer):
         return {"step": self.service.resume_point(wire.field(body, "constructor", int, "resume_point"))}
 
     # -- trainer feedback --------------------------------------------------------------
-    @requires(TRAINER)
+    @requires(TRAINER, rank_field="rank")
     def action_report(self, body):
         """A trainer's per-source loss for one step: {"step", "rank", "losses": {source: loss}}.
         One report per data-parallel group counts; it is journaled before any plan reads it."""

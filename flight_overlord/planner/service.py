@@ -219,8 +219,9 @@ class PlanService:
             registry = self.planner.registry
             unit = "tokens" if self.cfg.global_batch.tokens_per_step else "samples"
             return PlannerStatus(
-                ready=registry.complete(), planned=self.planner.next_step - 1,
-                requested={str(r): s for r, s in sorted(self.requested.items())}, error=str(self.failure) if self.failure else None,
+                ready=registry.complete(), planned=self.planner.next_step - 1, world_size=self.mesh.world_size,
+                requested={str(r): s for r, s in sorted(self.requested.items())},
+                error=str(self.failure) if self.failure else None,
                 recovered=self.resumed, samples_planned=dict(self._planned["samples"]),
                 tokens_planned=dict(self._planned["tokens"]), mixture_realized=_shares(self._planned[unit]),
                 reregistrations=dict(self._reregistrations), **registry.state_dict(),

@@ -29,6 +29,7 @@ class PlannerStatus(_Status):
     """Registration, planning progress, trainer positions, and where every role is."""
     ready: bool = False
     planned: int = -1                                     # the last planned step
+    world_size: int = 0                                   # ranks of the run's mesh
     requested: dict[str, int] = field(default_factory=dict)  # rank -> the step it asked for last
     error: str | None = None
     recovered: bool = False
