@@ -1,13 +1,22 @@
 """Everything a strategy file uses, in one import:
 
     from flight_overlord.orchestration import linear, staged, cosine, dynamic, loss_weighted
+
+and every way to add a named piece (``core/registry.py``: a taken name or an unknown one is an
+error naming them): ``register_balancer``, ``register_cost_model``, ``register_transform``,
+``register_cp_split``.
 """
-from .core.cost import attention_cost, patches_cost, tokens_cost
+from .core.balance import register_balancer
+from .core.context_parallel import CPSplit, register_cp_split
+from .core.cost import attention_cost, patches_cost, register_cost_model, tokens_cost
+from .core.registry import Registry, UnknownName
+from .transforms import register_transform
 from .core.schedules import FeedbackLog, Schedule, constant, cosine, dynamic, linear, loss_weighted, staged
 from .planner.program import PlanContext, fill_in_order
 from .planner.strategy import Strategy, load_strategy
 from .core.balance import partition
 
-__all__ = ["FeedbackLog", "PlanContext", "Schedule", "Strategy", "attention_cost", "constant", "cosine", "dynamic",
-           "fill_in_order", "linear", "load_strategy", "loss_weighted", "partition", "patches_cost", "staged",
-           "tokens_cost"]
+__all__ = ["CPSplit", "FeedbackLog", "PlanContext", "Registry", "Schedule", "Strategy", "UnknownName",
+           "attention_cost", "constant", "cosine", "dynamic", "fill_in_order", "linear", "load_strategy",
+           "loss_weighted", "partition", "patches_cost", "register_balancer", "register_cost_model",
+           "register_cp_split", "register_transform", "staged", "tokens_cost"]

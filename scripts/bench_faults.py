@@ -67,7 +67,7 @@ from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.loader.state import LoaderState
 from flight_overlord.planner.planner import Planner
 from flight_overlord.planner.strategy import load_strategy
-from flight_overlord.store import Snapshots, read_journal
+from flight_overlord.journal import Snapshots, read_journal
 
 SOURCES = {"captions": 0.15, "longdocs": 0.25, "code": 0.20, "docstrings": 0.15, "manuals": 0.15, "qa": 0.10}
 KINDS = ("loader", "loader+shadow", "planner", "constructor")

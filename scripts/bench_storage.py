@@ -9,7 +9,7 @@ The same demo text sources are read from three places, in the same run:
                  before forwarding it: the first-byte latency of a real object store (moto on
                  loopback answers in about a millisecond, S3 in tens).
 
-1. Row-group reads: every row group of the sources read once, cold (``storage.parquet_file``, as
+1. Row-group reads: every row group of the sources read once, cold (``source_files.parquet_file``, as
    a loader opens files, then ``read_row_group`` of the text column): median and p90 per row group.
 2. Delivery: a ``LocalCluster`` per place and per read-ahead side: ``none`` (``loader:
    {read_ahead_row_groups: 1, read_ahead_bytes: 1}``: a row group is read when the Planner asks for
@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import benchlib  # noqa: E402
 from benchlib import log  # noqa: E402
-from flight_overlord import storage  # noqa: E402
+from flight_overlord import source_files  # noqa: E402
 from flight_overlord.client import StepFetcher  # noqa: E402
 from flight_overlord.config import load_config  # noqa: E402
 from flight_overlord.deploy.launch import LocalCluster  # noqa: E402
@@ -95,10 +95,10 @@ def paths_of(place: str, port: int | None, data_dir: Path, name: str) -> str:
 
 def row_group_reads(pattern: str) -> list[float]:
     """Seconds per row group, every row group of the files ``pattern`` names, each file opened cold."""
-    files = storage.expand(pattern) if storage.is_uri(pattern) else sorted(glob.glob(pattern))
+    files = source_files.expand(pattern) if source_files.is_uri(pattern) else sorted(glob.glob(pattern))
     times = []
     for path in files:
-        opened = storage.parquet_file(path, pre_buffer=False)
+        opened = source_files.parquet_file(path, pre_buffer=False)
         for g in range(opened.metadata.num_row_groups):
             start = time.perf_counter()
             opened.read_row_group(g, columns=["text"])

@@ -82,7 +82,7 @@ def fetch(client_of, planner: str, step: int, rank: int) -> pa.Table:
 
 def plan_hash(run_dir: Path, steps: int) -> str:
     """The journaled plans of steps < ``steps``, in step order, without wall-clock fields."""
-    from flight_overlord.store import read_journal
+    from flight_overlord.journal import read_journal
     plans = {}
     for _, record in read_journal(run_dir / "plan-journal.jsonl"):
         if "bins" in record and record.get("step", steps) < steps:

@@ -11,7 +11,7 @@ from PIL import Image
 from flight_overlord.client import StepFetcher
 from flight_overlord.config import load_config
 from flight_overlord.deploy.launch import LocalCluster
-from flight_overlord.store import read_journal
+from flight_overlord.journal import read_journal
 
 DEMO_SEED, DEMO_SCALE = 0, 0.03  # the session's demo corpus (tests/conftest.py)
 WEIGHTS = {"captions": 0.15, "longdocs": 0.25, "code": 0.20, "docstrings": 0.15, "manuals": 0.15, "qa": 0.10}

@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import OverlordError
 from ..core.mesh import MEGATRON_ORDER, Mesh
 from ..core.vision import VisionSpec
 
 
-class ConfigError(ValueError):
+class ConfigError(OverlordError, ValueError):
     """An invalid configuration; the message names the key or file that is wrong."""
 
 

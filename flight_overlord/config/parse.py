@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from .. import storage
+from .. import source_files
 from ..core import balance
 from ..core.context_parallel import CP_FORMATS, CP_SPLITS, chunk_count
 from ..core.cost import COST_MODELS
@@ -235,25 +235,25 @@ def _resolve_paths(raw: Any, data_root: Path, where: str) -> tuple[str, ...]:
         raise ConfigError(f"{where}: expected a path, a glob or a list of them")
     files: list[str] = []
     for pattern in patterns:
-        if storage.is_uri(str(pattern)):
+        if source_files.is_uri(str(pattern)):
             try:
-                matches = storage.expand(str(pattern))
-            except storage.StorageError as exc:
+                matches = source_files.expand(str(pattern))
+            except source_files.StorageError as exc:
                 raise ConfigError(f"{where}: {exc}") from None
-            full = storage.display(str(pattern))
+            full = source_files.display(str(pattern))
         else:
             full = str(_path(data_root, pattern, where, resolve=False))
             matches = [str(Path(m).resolve()) for m in sorted(glob.glob(full, recursive=True)) if os.path.isfile(m)]
         if not matches:
-            what = "no file matches the glob" if storage.has_magic(str(pattern)) else "file not found"
+            what = "no file matches the glob" if source_files.has_magic(str(pattern)) else "file not found"
             raise ConfigError(f"{where}: {what}: {full}")
         files.extend(matches)
     return tuple(sorted(set(files)))
 
 
 def _file_id(path: str, data_root: Path) -> str:
-    if storage.is_uri(path):
-        return storage.display(path)
+    if source_files.is_uri(path):
+        return source_files.display(path)
     try:
         return str(Path(path).relative_to(data_root))
     except ValueError:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from ..errors import OverlordError
 from ..config import Config, MeshConfig
 from ..core.context_parallel import take_ranges, thd_token_ranges, token_ranges
 from ..core.mesh import Delivery
@@ -50,7 +51,7 @@ class Failed:
     message: str
 
 
-class BadSample(RuntimeError):
+class BadSample(OverlordError, RuntimeError):
     """A sample that cannot be delivered under ``vision.on_bad_image: fail``."""
 
 

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from .. import wire
 from ..config import Config
+from ..errors import BackgroundFailure
 from ..core.mesh import Delivery
 from ..planner.strategy import Strategy
 from ..wire.plan import ConstructorPlan, FetchGroup
@@ -50,7 +51,7 @@ class Constructor:
         self.bytes_fetched = 0  # Arrow bytes received from loaders
         self._served: dict[int, dict] = {}  # rank -> {"step", "batches", "samples", "bytes"} (status, metrics)
         self._bad_samples: list[str] = []  # keys skipped for a bad image (vision.on_bad_image: skip)
-        self.error: str | None = None
+        self.failure: BackgroundFailure | None = None  # assembly failed: every waiting take gets it
         self.stopping = False
 
     # -- fetching ----------------------------------------------------------------------
@@ -163,7 +164,7 @@ class Constructor:
     def fail(self, exc: BaseException) -> None:
         """Assembly failed: every waiting and later ``take`` raises with this message."""
         with self.cond:
-            self.error = f"constructor {self.index}: assembly failed: {type(exc).__name__}: {exc}"
+            self.failure = BackgroundFailure.of(f"constructor {self.index}: assembly failed", exc)
             self.cond.notify_all()
 
     def check_rank(self, rank: int) -> None:
@@ -176,10 +177,10 @@ class Constructor:
         most ``WAIT_SECONDS``); a step stays staged until every stream is ``keep`` steps past it."""
         self.check_rank(rank)
         with self.cond:
-            wire.wait_until(self.cond, lambda: self.error is not None or self.staging.assembled(step),
+            wire.wait_until(self.cond, lambda: self.failure is not None or self.staging.assembled(step),
                             WAIT_SECONDS, f"step {step} of rank {rank}")
-            if self.error:
-                raise RuntimeError(self.error)
+            if self.failure:
+                raise BackgroundFailure(str(self.failure), self.failure.cause)
             if kind == "batch":
                 key = (step, self._deliveries[rank].key)
             else:
@@ -207,7 +208,7 @@ class Constructor:
         """Assembly progress, staged steps, and what each rank was served."""
         with self.cond:
             return ConstructorStatus(self.index, list(self.dp_ranks), self.staging.next_step - 1, self.staging.steps(),
-                                     self.error, list(self._bad_samples), self.bytes_fetched,
+                                     str(self.failure) if self.failure else None, list(self._bad_samples), self.bytes_fetched,
                                      {str(r): dict(s) for r, s in sorted(self._served.items())})
 
     def state_dict(self) -> dict:

@@ -22,7 +22,7 @@ import pyarrow.flight as fl
 from .. import wire
 from ..config import Config, load_config
 from ..planner.strategy import load_strategy
-from ..serving import add_serving_args, advertised_host, start_metrics
+from ..role_process import add_serving_args, advertised_host, start_metrics
 from ..wire.plan import ConstructorPlan, FetchGroup
 from ..wire.security import INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, ClientPool, call_any, location_of, register, serve

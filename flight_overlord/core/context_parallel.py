@@ -15,6 +15,8 @@ from typing import Callable
 
 import numpy as np
 
+from .registry import Registry
+
 
 @dataclass(frozen=True)
 class CPSplit:
@@ -23,15 +25,19 @@ class CPSplit:
     picks: Callable[[int, int], list[int]]
 
 
-CP_SPLITS: dict[str, CPSplit] = {
-    "load_balanced": CPSplit(2, lambda cp, rank: [rank, 2 * cp - 1 - rank]),
-    "contiguous": CPSplit(1, lambda cp, rank: [rank]),
-}
+CP_SPLITS: Registry = Registry("context-parallel split")
+
+
+def register_cp_split(name: str, split: CPSplit) -> CPSplit:
+    """Make ``split`` available as ``mesh.cp_split: name``."""
+    return CP_SPLITS.register(name)(split)
+
+
+register_cp_split("load_balanced", CPSplit(2, lambda cp, rank: [rank, 2 * cp - 1 - rank]))
+register_cp_split("contiguous", CPSplit(1, lambda cp, rank: [rank]))
 
 
 def cp_split(mode: str) -> CPSplit:
-    if mode not in CP_SPLITS:
-        raise ValueError(f"unknown context-parallel split {mode!r} (splits: {', '.join(CP_SPLITS)})")
     return CP_SPLITS[mode]
 
 

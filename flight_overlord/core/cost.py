@@ -10,24 +10,21 @@ from typing import Callable
 
 import numpy as np
 
+from .registry import Registry
+
 CostFn = Callable[[dict], np.ndarray]
-COST_MODELS: dict[str, Callable[..., CostFn]] = {}
+COST_MODELS: Registry = Registry("cost model", hint="or pass a function of the sample metadata")
 
 
 def register_cost_model(name: str):
     """Decorator: ``factory(**params) -> CostFn`` becomes available as ``cost(name, **params)``."""
-    def decorate(factory):
-        COST_MODELS[name] = factory
-        return factory
-    return decorate
+    return COST_MODELS.register(name)
 
 
 def make_cost(name: str, **params) -> CostFn:
-    if name not in COST_MODELS:
-        raise ValueError(f"unknown cost model {name!r} (registered: {', '.join(COST_MODELS)}; "
-                         f"or pass a function of the sample metadata)")
+    factory = COST_MODELS[name]
     try:
-        return COST_MODELS[name](**params)
+        return factory(**params)
     except TypeError as exc:
         raise ValueError(f"cost model {name!r}: bad parameters {params}: {exc}") from None
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageFile
 
+from ..errors import OverlordError
+
 MAX_ASPECT_RATIO = 200          # Qwen2-VL's processor refuses images longer than this to one side
 
 # Image.open only tries these formats. The data is untrusted, and some of Pillow's other plugins
@@ -38,7 +40,7 @@ _PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.er
                Image.DecompressionBombError)
 
 
-class ImageError(ValueError):
+class ImageError(OverlordError, ValueError):
     """Bytes that are not a usable image; the message says what is wrong."""
 
 

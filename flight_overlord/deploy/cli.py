@@ -57,17 +57,17 @@ def _partition(args) -> None:
 
 
 def _make_demo_data(args) -> None:
-    from .. import storage
-    if args.dir and storage.is_uri(args.dir):  # made in a temporary folder, then uploaded
+    from .. import source_files
+    if args.dir and source_files.is_uri(args.dir):  # made in a temporary folder, then uploaded
         import tempfile
         try:
-            storage.check_destination(args.dir)
+            source_files.check_destination(args.dir)
             with tempfile.TemporaryDirectory(prefix="overlord-demo-") as tmp:
                 _make_demo_data(argparse.Namespace(**{**vars(args), "dir": tmp}))
-                written = storage.upload_tree(tmp, args.dir)
-        except storage.StorageError as exc:
+                written = source_files.upload_tree(tmp, args.dir)
+        except source_files.StorageError as exc:
             raise SystemExit(f"error: {exc}") from None
-        print(f"uploaded {len(written)} files to {storage.display(args.dir)}")
+        print(f"uploaded {len(written)} files to {source_files.display(args.dir)}")
         return
     from ..demo.data import make_demo_data, make_many_sources
     out = Path(args.dir) if args.dir else DEFAULT_DATA_DIR

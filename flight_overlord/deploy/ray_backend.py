@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..config import Config, ConfigError
-from ..serving import WILDCARDS
+from ..role_process import WILDCARDS
 from ..wire.security import SECRET_ENV, secret_path, write_secret
 from .launch import LocalCluster, loader_hosts
 

@@ -20,7 +20,7 @@ from .. import allocator
 from ..core.order import RowGroupRef
 from ..core.scaling import ActorView, Ownership
 from ..core.vision import ImageError
-from ..store import Journal, Snapshots, read_journal
+from ..journal import Journal, Snapshots, read_journal
 from ..wire.schemas import SAMPLE_METADATA, SAMPLES, load_schema
 from ..wire.status import LoaderActorStatus
 from .partition import RowGroupSamples, SourcePartition

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import storage
+from .. import source_files
 from ..config import ConfigError, SourceConfig, VisionConfig
 from ..core.order import RowGroupRef, owned_row_groups, sample_key
 from ..core.vision import ImageError
@@ -25,12 +25,12 @@ def read_catalog(source: SourceConfig) -> list[RowGroupRef]:
     catalog = []
     for path, file_id in zip(source.files, source.file_ids):
         try:
-            with storage.parquet_file(path) as opened:
+            with source_files.parquet_file(path) as opened:
                 meta = opened.metadata
         except (OSError, pa.ArrowException) as exc:
-            raise ConfigError(f"source {source.name!r}: cannot read Parquet file {storage.display(path)}: "
+            raise ConfigError(f"source {source.name!r}: cannot read Parquet file {source_files.display(path)}: "
                               f"{exc}") from None
-        _check_columns(source, storage.display(path), meta.schema.to_arrow_schema())
+        _check_columns(source, source_files.display(path), meta.schema.to_arrow_schema())
         catalog.extend(RowGroupRef(file_id, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups))
     return sorted(catalog)
 
@@ -173,7 +173,7 @@ class SourcePartition:
     def _file(self, file_id: str) -> pq.ParquetFile:
         # One handle per owned file, opened on first use: the footer stays in this process only.
         if file_id not in self._open:
-            self._open[file_id] = storage.parquet_file(self._paths[file_id], pre_buffer=False,
+            self._open[file_id] = source_files.parquet_file(self._paths[file_id], pre_buffer=False,
                                                        page_checksum_verification=True)  # where the file has CRCs
         return self._open[file_id]
 

@@ -19,7 +19,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from .. import storage
+from .. import source_files
 from ..config import Config, ConfigError
 from ..core.order import epoch_order
 from ..core.partition_plan import GiB, Budget, PartitionPlan, SourceProfile, plan_partition, render
@@ -54,7 +54,7 @@ def profile_source(cfg: Config, name: str, row_groups: int = PROFILE_ROW_GROUPS)
     catalog = read_catalog(one)
     footer = 0
     for path in one.files:
-        with storage.parquet_file(path) as opened:
+        with source_files.parquet_file(path) as opened:
             footer += opened.metadata.serialized_size
     partition = SourcePartition(one, 0, cfg.global_batch.context_length, cfg.vision)
     order = epoch_order(catalog, seed=cfg.seed, source=name, epoch=0)[:max(1, row_groups)]

@@ -26,7 +26,7 @@ import pyarrow.flight as fl
 
 from .. import allocator, wire
 from ..config import load_config
-from ..serving import add_serving_args, advertised_host, start_metrics
+from ..role_process import add_serving_args, advertised_host, start_metrics
 from ..wire.schemas import SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, Security, requires
 from ..wire.server import ActionServer, location_of, register, serve

@@ -17,7 +17,7 @@ from ..config import Config
 from ..core.mesh import Mesh
 from ..core.mixing import Mixer
 from ..core.schedules import FeedbackLog, weights_at
-from ..store import Journal, Snapshots, read_journal
+from ..journal import Journal, Snapshots, read_journal
 from ..wire.plan import ConstructorPlan, FetchGroup
 from .feed import FetchMeta, SourceFeed
 from .hdp import hdp_groups

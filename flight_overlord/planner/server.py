@@ -24,7 +24,7 @@ import pyarrow.flight as fl
 
 from .. import wire
 from ..config import Config, load_config
-from ..serving import add_serving_args, advertised_host, start_metrics
+from ..role_process import add_serving_args, advertised_host, start_metrics
 from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, location_of, serve

@@ -14,7 +14,8 @@ from typing import Callable
 
 from .. import wire
 from ..config import Config
-from ..store import write_json_atomic
+from ..errors import BackgroundFailure
+from ..journal import write_json_atomic
 from ..wire.status import PlannerStatus
 from .planner import Planner, constructor_view
 from .program import StepPlan
@@ -49,7 +50,7 @@ class PlanService:
         self.requested: dict[int, int] = {}        # rank -> the step it asked for last
         self._planned = {"samples": {}, "tokens": {}}  # per source, by this process (metrics)
         self._reregistrations = {"loader": 0, "constructor": 0}  # restarts of registered roles (metrics)
-        self.error: str | None = None
+        self.failure: BackgroundFailure | None = None  # planning failed: every waiting call gets it
         self.stopping = False
         self._started = False
 
@@ -121,7 +122,7 @@ class PlanService:
         except Exception as exc:  # surface to every waiting client instead of hanging them
             log.exception("planning failed")
             with self.cond:
-                self.error = f"planning failed: {type(exc).__name__}: {exc}"
+                self.failure = BackgroundFailure.of("planning failed", exc)
                 self.cond.notify_all()
 
     def _may_plan(self, step: int) -> bool:
@@ -141,10 +142,10 @@ class PlanService:
                              f"{self.planner.next_step - 1}, trainers may ask at most {horizon}")
 
     def _wait_for_plan(self, step: int, timeout: float) -> None:
-        wire.wait_until(self.cond, lambda: self.error is not None or self.stopping
+        wire.wait_until(self.cond, lambda: self.failure is not None or self.stopping
                         or step < self.planner.next_step, timeout, f"the plan of step {step}")
-        if self.error:
-            raise RuntimeError(self.error)
+        if self.failure:
+            raise BackgroundFailure(str(self.failure), self.failure.cause)
 
     # -- trainers ----------------------------------------------------------------------
     def trainer_asks(self, step: int, rank: int) -> None:
@@ -221,7 +222,8 @@ class PlanService:
             unit = "tokens" if self.cfg.global_batch.tokens_per_step else "samples"
             return PlannerStatus(
                 ready=registry.complete(), planned=self.planner.next_step - 1, world_size=self.mesh.world_size,
-                requested={str(r): s for r, s in sorted(self.requested.items())}, error=self.error,
+                requested={str(r): s for r, s in sorted(self.requested.items())},
+                error=str(self.failure) if self.failure else None,
                 recovered=self.resumed, samples_planned=dict(self._planned["samples"]),
                 tokens_planned=dict(self._planned["tokens"]), mixture_realized=_shares(self._planned[unit]),
                 reregistrations=dict(self._reregistrations), **registry.state_dict(),

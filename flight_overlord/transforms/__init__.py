@@ -12,23 +12,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..core.registry import Registry
+
 Tokenize = Callable[[pa.Array, int], pa.ListArray]
-_FACTORIES: dict[str, Callable[..., Tokenize]] = {}
+TRANSFORMS: Registry = Registry("transform")
 
 
 def register_transform(name: str):
     """Decorator: make ``factory`` available to configs as ``transform: name``."""
-    def decorate(factory: Callable[..., Tokenize]) -> Callable[..., Tokenize]:
-        _FACTORIES[name] = factory
-        return factory
-    return decorate
+    return TRANSFORMS.register(name)
 
 
 def make_transform(name: str, options: dict | None = None) -> Tokenize:
-    if name not in _FACTORIES:
-        raise KeyError(f"unknown transform {name!r} (registered: {', '.join(sorted(_FACTORIES))})")
+    factory = TRANSFORMS[name]
     try:
-        return _FACTORIES[name](**(options or {}))
+        return factory(**(options or {}))
     except TypeError as exc:
         raise ValueError(f"transform {name!r}: bad options {options!r}: {exc}") from None
 

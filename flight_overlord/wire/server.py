@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import pyarrow.flight as fl
 
+from ..errors import OverlordError
 from . import call, decode, encode
 from .security import CLUSTER, INSPECT, MIDDLEWARE_KEY, Credentials, Security
 
@@ -173,23 +174,11 @@ def serve(server: fl.FlightServerBase, location: str, ready_file: str | None) ->
     server.shutdown()
 
 
-def retry(fn: Callable[[], Any], *, attempts: int, delay: float, what: str) -> Any:
-    """Call ``fn`` until it succeeds, for connection set-up races between starting processes."""
-    for attempt in range(attempts):
-        try:
-            return fn()
-        except fl.FlightUnavailableError:
-            if attempt == attempts - 1:
-                raise
-            log.info("%s: not reachable yet, retrying", what)
-            time.sleep(delay)
-
-
-
 RETRY_SECONDS = 0.05  # between tries of an unreachable role: a local connect costs ~1 ms
+REGISTER_SECONDS = 20.0  # a starting role waits this long for the Planner to come up
 
 
-class RoleDown(ConnectionError):
+class RoleDown(OverlordError, ConnectionError):
     """Every replica of a role stayed unreachable for the whole retry window."""
 
 
@@ -215,8 +204,9 @@ def call_any(pool: "ClientPool", locations: list[str], fn: Callable[[fl.FlightCl
 def register(planner: str, body: dict, credentials: Credentials) -> None:
     """Announce this role to the Planner, waiting for it to come up (processes start in any order).
     Registration needs the run's cluster secret (``credentials``)."""
-    client = connect(planner, credentials)
+    pool = ClientPool(credentials)
     try:
-        retry(lambda: call(client, "register", body), attempts=100, delay=0.2, what="planner")
+        call_any(pool, [planner], lambda client: call(client, "register", body), what="planner",
+                 timeout=REGISTER_SECONDS)
     finally:
-        client.close()
+        pool.close()

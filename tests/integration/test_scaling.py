@@ -11,7 +11,7 @@ from flight_overlord import wire
 from flight_overlord.config import load_config
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.deploy.status import cluster_status, render
-from flight_overlord.store import read_journal
+from flight_overlord.journal import read_journal
 from flight_overlord.wire.server import connect
 
 from ..helpers import WEIGHTS, journal, journal_records, write_config

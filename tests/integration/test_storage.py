@@ -20,7 +20,7 @@ from flight_overlord.config import ConfigError, load_config
 from flight_overlord.demo.data import make_many_sources
 from flight_overlord.deploy import cli
 from flight_overlord.deploy.launch import LocalCluster
-from flight_overlord.store import read_journal
+from flight_overlord.journal import read_journal
 from flight_overlord.wire.server import connect
 
 from ..helpers import delivered_keys, fetch_run, journal, write_config

@@ -8,6 +8,7 @@ import pytest
 
 from flight_overlord.config import parse_config
 from flight_overlord.constructor.constructor import Constructor
+from flight_overlord.errors import BackgroundFailure, OverlordError
 from flight_overlord.planner.strategy import load_strategy
 from flight_overlord.wire.plan import ConstructorPlan, FetchGroup
 from flight_overlord.wire.schemas import load_schema
@@ -117,9 +118,12 @@ def test_state_round_trips_and_restarts_assembly_where_it_was(cfg, constructor):
 
 
 def test_an_assembly_failure_reaches_every_taker(constructor):
-    constructor.fail(ValueError("bad plan"))
-    with pytest.raises(RuntimeError, match="constructor 0: assembly failed: ValueError: bad plan"):
+    cause = ValueError("bad plan")
+    constructor.fail(cause)
+    with pytest.raises(BackgroundFailure, match="constructor 0: assembly failed: ValueError: bad plan") as err:
         constructor.take("batch", 0, 0)
+    assert err.value.cause is cause and isinstance(err.value, OverlordError)
+    assert constructor.status().error == "constructor 0: assembly failed: ValueError: bad plan"
 
 
 def test_a_constructor_index_outside_the_mesh_is_refused(cfg):

@@ -149,7 +149,7 @@ def test_trainer_client(next_step):
 
 
 def test_snapshots_are_pruned_but_every_step_keeps_one_not_far_before(tmp_path):
-    from flight_overlord.store import Snapshots
+    from flight_overlord.journal import Snapshots
     snapshots = Snapshots(tmp_path, "p", keep=3, bucket=100)
     for step in range(0, 2000, 10):
         snapshots.write(step, {"step": step})

@@ -35,6 +35,7 @@ from .problem import (
     lower_bound,
     partition_stats,
 )
+from .registry import Registry
 from .refine import _GOOD_ENOUGH, _Refiner
 
 __all__ = [
@@ -49,7 +50,7 @@ __all__ = [
 ]
 
 Balancer = Callable[[_Problem, np.ndarray], np.ndarray]
-_BALANCERS: dict[str, Balancer] = {}
+_BALANCERS: Registry = Registry("balancer")
 
 
 def register_balancer(name: str) -> Callable[[Balancer], Balancer]:
@@ -62,16 +63,7 @@ def register_balancer(name: str) -> Callable[[Balancer], Balancer]:
     ``costs``, -1 for items it leaves unplaced; it must keep ``capacity`` and ``quota``,
     which the refinement then preserves.  Names are unique; ``METHODS`` lists them.
     """
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"balancer name must be a non-empty string, got {name!r}")
-
-    def decorate(fn: Balancer) -> Balancer:
-        if name in _BALANCERS:
-            raise ValueError(f"balancer {name!r} is already registered")
-        _BALANCERS[name] = fn
-        return fn
-
-    return decorate
+    return _BALANCERS.register(name)
 
 
 register_balancer("greedy")(greedy.construct)
@@ -109,8 +101,7 @@ def partition(
     """
     c = _as_weights(costs, "costs")
     k = _check_k(k)
-    if method not in _BALANCERS:
-        raise ValueError(f"unknown method {method!r}; allowed: {', '.join(_BALANCERS)}")
+    _BALANCERS[method]  # an unknown name: the error lists the registered balancers
     _check_leftover(leftover)
     s, cap = _check_sizes(sizes, capacity, c.size)
     items, oversize = _split_oversize(s, cap, c.size, leftover)
@@ -142,8 +133,7 @@ def partition_each(costs, groups, k: int, *, method: str, sizes, capacity, equal
     if method != "greedy" or equal_size or s is None or k >= greedy._ROUNDS_MIN_BINS or not groups:
         return [partition(c[g], k, method=method, sizes=s[g] if s is not None else None, capacity=capacity,
                           leftover="return", equal_size=equal_size) for g in groups]
-    if method not in _BALANCERS:
-        raise ValueError(f"unknown method {method!r}; allowed: {', '.join(_BALANCERS)}")
+    _BALANCERS[method]  # an unknown name: the error lists the registered balancers
     lengths = np.array([g.size for g in groups], dtype=np.int64)
     members = np.concatenate(groups)
     owner = np.repeat(np.arange(len(groups)), lengths)

@@ -21,8 +21,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from .errors import OverlordError
 
-class StorageError(OSError):
+
+class StorageError(OverlordError, OSError):
     """A source file or folder that cannot be listed or opened; the message names it."""
 
 

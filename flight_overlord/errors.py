@@ -1,0 +1,24 @@
+"""The root of this project's errors: ``except OverlordError`` catches every error the package
+raises on purpose, each also a subclass of the builtin it always was (a ``ConfigError`` is still a
+``ValueError``), so existing handlers keep working. The balance package (``core/balance/``) is
+self-contained and keeps its own (``CapacityError``, ``UnknownName``: ValueErrors).
+"""
+from __future__ import annotations
+
+
+class OverlordError(Exception):
+    """Any error flight_overlord raises on purpose."""
+
+
+class BackgroundFailure(OverlordError, RuntimeError):
+    """A role's background work (planning, assembly) failed: every call waiting on it gets this,
+    with the original exception kept as ``cause`` (and ``__cause__``)."""
+
+    def __init__(self, message: str, cause: BaseException):
+        super().__init__(message)
+        self.cause = cause
+        self.__cause__ = cause
+
+    @classmethod
+    def of(cls, what: str, exc: BaseException) -> "BackgroundFailure":
+        return cls(f"{what}: {type(exc).__name__}: {exc}", exc)
