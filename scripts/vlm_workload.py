@@ -119,14 +119,42 @@ def bin_seconds(bin_picks: list, own_images: bool) -> float:
     return LLM_12B.seconds([p.tokens for p in bin_picks]) + vit
 
 
-def rank_seconds(bins: list, encoder, ranks: int, microbatches: int) -> tuple[np.ndarray, np.ndarray]:
-    """(per rank, per microbatch) seconds: a rank runs the ViT over the images it encodes (its own
-    samples' unless an image graph placed them) plus the backbone over each of its microbatches."""
+@dataclass
+class StepLoad:
+    """One step's simulated seconds per rank, backbone and encoder apart. With an image graph
+    (``phases``) a rank's images belong to other ranks' sequences: the embeddings' all-to-all
+    separates the two phases, so each waits for its own slowest rank; without it a rank runs its
+    own images then its own sequences, and only the step's end is a barrier."""
+    backbone: np.ndarray
+    encoder: np.ndarray
+    phases: bool
+    floor: float  # no placement of these samples finishes sooner (each sample or image is atomic)
+
+    @property
+    def seconds(self) -> float:
+        if self.phases:
+            return float(self.encoder.max() + self.backbone.max())
+        return float((self.encoder + self.backbone).max())
+
+    @property
+    def imbalance(self) -> float:
+        return self.seconds / float((self.encoder + self.backbone).mean())
+
+
+def step_load(bins: list, encoder, ranks: int, microbatches: int) -> tuple[StepLoad, np.ndarray]:
+    """The step's ``StepLoad`` and each microbatch's seconds (with its own images when no graph)."""
     per_bin = np.array([bin_seconds(b, encoder is None) for b in bins])
-    per_rank = per_bin.reshape(ranks, microbatches).sum(axis=1)
-    if encoder is not None:
-        per_rank += [VIT_2B.seconds([p.image_sizes[i] for p, i in units]) for units in encoder]
-    return per_rank, per_bin
+    backbone = per_bin.reshape(ranks, microbatches).sum(axis=1)
+    picks = [p for b in bins for p in b]
+    llm = np.array([LLM_12B.seconds([p.tokens]) for p in picks] or [0.0])
+    vit = np.array([VIT_2B.seconds([n]) for p in picks for n in p.image_sizes] or [0.0])
+    if encoder is None:
+        own = np.array([VIT_2B.seconds(list(p.image_sizes)) for p in picks] or [0.0])
+        floor = max(backbone.mean(), float((llm + own).max()))
+        return StepLoad(backbone, np.zeros(ranks), False, floor), per_bin
+    encoded = np.array([VIT_2B.seconds([p.image_sizes[i] for p, i in units]) for units in encoder])
+    floor = max(backbone.mean(), float(llm.max())) + max(encoded.mean(), float(vit.max()))
+    return StepLoad(backbone, encoded, True, floor), per_bin
 
 
 def pack_in_order(picks: list, capacity: int) -> list[list]:
@@ -147,12 +175,12 @@ def equal_samples_seconds(picks: list, ranks: int, capacity: int) -> np.ndarray:
     out = np.zeros(ranks)
     for rank, idx in enumerate(np.array_split(np.arange(len(picks)), ranks)):
         out[rank] = sum(bin_seconds(mb, True) for mb in pack_in_order([picks[i] for i in idx], capacity))
-    return out
+    return StepLoad(out, np.zeros(ranks), False, math.nan)
 
 
 def plan_seconds(strategy, picks: list, step: int, ranks: int, microbatches: int):
-    """The Planner's placement of one step's picks: (per-rank seconds, per-microbatch seconds,
-    placed tokens, indices of the picks left for the next step)."""
+    """The Planner's placement of one step's picks: (``StepLoad``, per-microbatch seconds, placed
+    tokens, indices of the picks left for the next step)."""
     from flight_overlord.planner.program import PlanContext, place, place_images, sample_meta
     meta = sample_meta(picks)
     ctx = PlanContext(step, picks, meta, np.asarray(strategy.cost_fn(meta), dtype=np.float64),
@@ -160,19 +188,19 @@ def plan_seconds(strategy, picks: list, step: int, ranks: int, microbatches: int
     bins_idx, unplaced = place(ctx, strategy)
     bins = [[picks[i] for i in idx] for idx in bins_idx]
     encoder = place_images(bins, strategy)[0] if strategy.image_graph is not None else None
-    per_rank, per_bin = rank_seconds(bins, encoder, ranks, microbatches)
-    return per_rank, per_bin, sum(p.tokens for b in bins for p in b), unplaced
+    load, per_bin = step_load(bins, encoder, ranks, microbatches)
+    return load, per_bin, sum(p.tokens for b in bins for p in b), unplaced
 
 
 def simulate(workload: str, scenario: str, ranks: int, context: int, microbatches: int, steps: int,
              fill: float, seed: int, sources: int | None, workdir: Path) -> dict:
-    """Run ``steps`` steps; tokens/s of the simulated accelerators, max/mean rank time, and the
-    worst microbatch over the mean one (what no token-packed plan of these draws can beat)."""
+    """Run ``steps`` steps; tokens/s of the simulated accelerators, step time over the mean rank's
+    and over the floor (``StepLoad.floor``), and the worst microbatch over the mean one."""
     strategy = make_strategy("vanilla" if scenario == EQUAL_SAMPLES else scenario, ranks, context, microbatches, workdir)
     stream = SampleStream(workload, context, seed, sources)  # same seed: every scenario sees the same draws
     budget = fill * ranks * microbatches * context
     carried: list[Drawn] = []
-    tokens, seconds, imbalance, worst_bin = 0, 0.0, [], []
+    tokens, seconds, imbalance, over_floor, worst_bin = 0, 0.0, [], [], []
     for step in range(steps):
         samples, total = list(carried), sum(d.tokens for d in carried)
         while total < budget:
@@ -180,17 +208,18 @@ def simulate(workload: str, scenario: str, ranks: int, context: int, microbatche
             total += samples[-1].tokens
         picks = picks_of(samples, step)
         if scenario == EQUAL_SAMPLES:
-            per_rank, placed, carried = equal_samples_seconds(picks, ranks, context), total, []
+            load, placed, carried = equal_samples_seconds(picks, ranks, context), total, []
         else:
-            per_rank, per_bin, placed, unplaced = plan_seconds(strategy, picks, step, ranks, microbatches)
+            load, per_bin, placed, unplaced = plan_seconds(strategy, picks, step, ranks, microbatches)
             carried = [samples[i] for i in unplaced]
             busy = per_bin[per_bin > 0]
             worst_bin.append(float(busy.max() / busy.mean()))
         tokens += placed
-        seconds += float(per_rank.max())
-        imbalance.append(float(per_rank.max() / per_rank.mean()))
+        seconds += load.seconds
+        imbalance.append(load.imbalance)
+        over_floor.append(load.seconds / load.floor)
     return {"tokens_per_s": tokens / seconds, "imbalance": float(np.mean(imbalance)), "step_s": seconds / steps,
-            "worst_bin": float(np.mean(worst_bin)) if worst_bin else math.nan}
+            "over_floor": float(np.mean(over_floor)), "worst_bin": float(np.mean(worst_bin)) if worst_bin else math.nan}
 
 
 def run(args) -> dict:
@@ -201,7 +230,7 @@ def run(args) -> dict:
             for ranks in args.model_ranks:
                 for scenario in SCENARIOS + ((EQUAL_SAMPLES,) if args.equal_samples else ()):
                     results[(context, ranks, scenario)] = simulate(
-                        args.workload, scenario, ranks, context, args.microbatches, args.steps, args.fill,
+                        args.workload, scenario, ranks, context, args.microbatches, args.model_steps, args.fill,
                         args.seed, args.sources, Path(tmp))
     report(results, args)
     return results
@@ -222,6 +251,17 @@ def corpus_stats(workload: str, context: int, seed: int, sources: int | None, n:
             f"patches per image p50 {np.percentile(patches, 50):.0f}, p99 {np.percentile(patches, 99):.0f}, max {patches.max()}")
 
 
+def cost_ceiling(workload: str, context: int) -> float:
+    """The most a token of a packed microbatch can cost over the least, under these cost models: one
+    ``context``-long sequence made of the largest images the vision spec allows (each ViT-2B patch
+    in an image of the maximum patch count) vs short text (the linear term only). A token-packed
+    Vanilla's slowest rank is at most this over a perfectly balanced rank (whatever the data)."""
+    v = VISION[workload]
+    most_patches = v["max_pixels"] // v["patch_size"] ** 2
+    per_image_token = v["merge_size"] ** 2 * (VIT_2B.a + VIT_2B.b * most_patches)
+    return (LLM_12B.a + LLM_12B.b * context + per_image_token) / LLM_12B.a
+
+
 def describe_models() -> list[str]:
     return [f"simulated accelerator: {TFLOPS / 1e12:.0f} TFLOP/s at {MFU:.0%} MFU = {FLOPS / 1e12:.0f} TFLOP/s",
             f"- {LLM_12B.describe()}; FLOP/token {6 * LLM_12B.params:.3g} + {12 * LLM_12B.layers * LLM_12B.hidden:.3g} "
@@ -239,18 +279,19 @@ def report(results: dict, args) -> None:
         print(line)
     print(f"workload {args.workload} ({args.sources or 306 if args.workload == 'navit' else 5} sources), "
           f"{args.microbatches} microbatches per rank, step budget {args.fill:.0%} of capacity, "
-          f"{args.steps} steps, seed {args.seed}")
+          f"{args.model_steps} planned steps, seed {args.seed}")
     print()
     print("| context | ranks | vanilla tokens/s | backbone | hybrid | backbone/vanilla | hybrid/vanilla "
-          "| paper (avg) | max/mean rank time: vanilla, backbone, hybrid | vanilla worst/mean microbatch |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+          "| paper (avg) | step / mean rank time: vanilla, backbone, hybrid | hybrid step / floor "
+          "| vanilla worst/mean microbatch |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
     for context in args.contexts:
         for ranks in args.model_ranks:
             r = [results[(context, ranks, s)] for s in SCENARIOS]
             print(f"| {context // 1024}K | {ranks} | {r[0]['tokens_per_s']:,.0f} | {r[1]['tokens_per_s']:,.0f} | "
                   f"{r[2]['tokens_per_s']:,.0f} | {speedup(results, context, ranks, 'backbone'):.2f}x | "
                   f"{speedup(results, context, ranks):.2f}x | {PAPER.get(context, math.nan):.2f}x | "
-                  + ", ".join(f"{x['imbalance']:.2f}" for x in r) + f" | {r[0]['worst_bin']:.2f} |")
+                  + ", ".join(f"{x['imbalance']:.2f}" for x in r) + f" | {r[2]['over_floor']:.2f} | {r[0]['worst_bin']:.2f} |")
     if any(k[2] == EQUAL_SAMPLES for k in results):
         print()
         print(f"| context | ranks | {EQUAL_SAMPLES} tokens/s | its max/mean rank time | hybrid / {EQUAL_SAMPLES} |")
@@ -267,16 +308,19 @@ def report(results: dict, args) -> None:
     top = max(args.model_ranks)
     for context in args.contexts:
         print(f"speedup vs vanilla at {context // 1024}K: {speedup(results, context, top):.2f}x "
-              f"({top} ranks; paper {PAPER.get(context, math.nan):.2f}x)")
+              f"({top} ranks; paper {PAPER.get(context, math.nan):.2f}x; cost-model ceiling for a token-packed "
+              f"vanilla {cost_ceiling(args.workload, context):.2f}x)")
 
 
-def plot(results: dict, args, path: Path) -> None:
+def plot(results: dict, args, path: Path, end_to_end: dict | None = None) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 4))
     x = np.arange(len(args.contexts))
-    series = [(f"hybrid, {r} ranks", [speedup(results, c, r) for c in args.contexts]) for r in args.model_ranks]
+    series = [(f"hybrid, {r} ranks (planned)", [speedup(results, c, r) for c in args.contexts]) for r in args.model_ranks]
+    if end_to_end:
+        series.insert(0, (f"hybrid, {args.cluster_ranks} ranks end to end", [end_to_end[c] for c in args.contexts]))
     series.append(("paper (Fig. 13 average)", [PAPER.get(c, math.nan) for c in args.contexts]))
     width = 0.8 / len(series)
     for i, (label, values) in enumerate(series):
@@ -299,12 +343,19 @@ def add_arguments(p) -> None:
     g.add_argument("--workload", choices=("navit", "coyo"), help="run the paper's VLM setting instead of --scenarios")
     g.add_argument("--contexts", default=",".join(map(str, CONTEXTS)), help="context lengths (default 4096,8192,16384)")
     g.add_argument("--model-ranks", default="8,64,256", help="simulated data-parallel ranks (default 8,64,256)")
+    g.add_argument("--model-steps", type=int, default=20, help="planned steps per case (default 20; "
+                   "--steps and --warmup are the end-to-end runs')")
     g.add_argument("--microbatches", type=int, default=4, help="microbatches per rank and step (default 4)")
     g.add_argument("--fill", type=float, default=0.9, help="step token budget over the ranks' capacity (default 0.9)")
     g.add_argument("--sources", type=int, default=None, help="navit sources (default 306)")
     g.add_argument("--equal-samples", action="store_true",
                    help=f"also the {EQUAL_SAMPLES} baseline (same sample count per rank, microbatches as needed)")
     g.add_argument("--seed", type=int, default=0, help="corpus and draw seed (default 0)")
+    g.add_argument("--cluster-ranks", type=int, default=8,
+                   help="trainer ranks of the end-to-end runs on a LocalCluster (default 8; 0: planned only)")
+    g.add_argument("--cluster-rows", type=int, default=200, help="rows per source of the corpus written (default 200)")
+    g.add_argument("--cluster-step-seconds", type=float, default=2.0,
+                   help="wall seconds of a mean simulated step in the end-to-end runs (sets the time scale; default 2)")
     g.add_argument("--workload-plot", type=Path, default=None,
                    help="plot path (default docs/vlm_<workload>_speedup.png)")
 
@@ -317,12 +368,24 @@ def check_arguments(p, args) -> None:
         p.error("--contexts and --model-ranks take comma-separated integers")
     if not args.contexts or not args.model_ranks or min(args.contexts + args.model_ranks) < 1:
         p.error("--contexts and --model-ranks need positive integers")
-    if args.microbatches < 1 or not 0 < args.fill <= 1 or (args.sources is not None and args.sources < 1):
-        p.error("--microbatches and --sources must be >= 1, --fill in (0, 1]")
+    bad_sources = args.sources is not None and args.sources < 1
+    if min(args.model_steps, args.microbatches) < 1 or not 0 < args.fill <= 1 or bad_sources:
+        p.error("--model-steps, --microbatches and --sources must be >= 1, --fill in (0, 1]")
+    if args.cluster_ranks < 0 or args.cluster_rows < 8 or not args.cluster_step_seconds > 0:
+        p.error("--cluster-ranks must be >= 0, --cluster-rows >= 8, --cluster-step-seconds > 0")
 
 
 def main(args, repo: Path) -> None:
     from benchlib import print_header
     print_header()
     results = run(args)
-    plot(results, args, args.workload_plot or repo / "docs" / f"vlm_{args.workload}_speedup.png")
+    end_to_end = None
+    if args.cluster_ranks:
+        import vlm_cluster
+        print()
+        with tempfile.TemporaryDirectory(prefix="vlm-cluster-") as tmp:
+            measured = vlm_cluster.run_cluster(args, Path(tmp), args.data or Path(tmp) / "data")
+        vlm_cluster.report_cluster(measured, args)
+        end_to_end = {c: vlm_cluster.simulated_tokens_per_s(measured[(c, "hybrid")])
+                      / vlm_cluster.simulated_tokens_per_s(measured[(c, "vanilla")]) for c in args.contexts}
+    plot(results, args, args.workload_plot or repo / "docs" / f"vlm_{args.workload}_speedup.png", end_to_end)
