@@ -313,9 +313,10 @@ def report(results: dict, args) -> None:
 
 
 def plot(results: dict, args, path: Path, end_to_end: dict | None = None) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from benchlib import pyplot
+    plt = pyplot(path)
+    if plt is None:
+        return
     fig, ax = plt.subplots(figsize=(8, 4))
     x = np.arange(len(args.contexts))
     series = [(f"hybrid, {r} ranks (planned)", [speedup(results, c, r) for c in args.contexts]) for r in args.model_ranks]
