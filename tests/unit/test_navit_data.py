@@ -111,3 +111,13 @@ def test_bad_arguments_are_named(tmp_path, bad):
         navit_profiles(bad)
     with pytest.raises(ValueError, match="rows per source"):
         make_coyo(tmp_path, rows_per_source=3)
+
+
+def test_the_command_writes_navit_and_coyo_and_names_bad_counts(tmp_path, capsys):
+    from flight_overlord.deploy.cli import main
+    main(["make-demo-data", str(tmp_path), "--navit", "2", "--rows-per-source", "16"])
+    main(["make-demo-data", str(tmp_path), "--coyo", "--rows-per-source", "16"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["coyo0", "coyo1", "coyo2", "coyo3", "coyo4", "navit000", "navit001"]
+    assert "navit001: 2 files" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--navit: the number of navit sources must be a positive integer, got 0"):
+        main(["make-demo-data", str(tmp_path), "--navit", "0"])
