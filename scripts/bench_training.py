@@ -515,7 +515,11 @@ def parse_args(argv=None):
     p.add_argument("--data", type=Path, help="corpus dir (generated there if missing; default: a temp dir)")
     p.add_argument("--plot", type=Path, default=REPO / "docs" / "training_step_time.png")
     p.add_argument("--timeout", type=float, default=600.0, help="per scenario, against hangs (seconds)")
+    import vlm_workload
+    vlm_workload.add_arguments(p)
     args = p.parse_args(argv)
+    if args.workload:
+        vlm_workload.check_arguments(p, args)
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = [s for s in args.scenarios if s not in SCENARIOS]
     if unknown:
@@ -533,6 +537,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.workload:  # the paper's VLM setting: planned in-process, at any rank count
+        import vlm_workload
+        return vlm_workload.main(args, REPO)
     print_header()
     print("simulated accelerator: "
           f"{TFLOPS / 1e12:.0f} TFLOP/s peak at {MFU:.0%} MFU = {FLOPS / 1e12:.0f} TFLOP/s; per microbatch "

@@ -79,8 +79,17 @@ def _make_demo_data(args) -> None:
                                                                       max_tokens=args.long_tail, seed=args.seed)}
         except ValueError as exc:
             raise SystemExit(f"error: make-demo-data --long-tail: {exc}") from None
+    elif args.navit is not None or args.coyo:
+        from ..demo.navit import make_coyo, make_navit
+        rows = {} if args.rows_per_source is None else {"rows_per_source": args.rows_per_source}
+        try:
+            written = (make_navit(out, args.navit, seed=args.seed, **rows) if args.navit is not None
+                       else make_coyo(out, seed=args.seed, **rows))
+        except ValueError as exc:
+            raise SystemExit(f"error: make-demo-data --{'navit' if args.navit is not None else 'coyo'}: {exc}") from None
     elif args.sources is not None:
-        written = make_many_sources(out, args.sources, seed=args.seed, rows_per_source=args.rows_per_source)
+        rows = 2000 if args.rows_per_source is None else args.rows_per_source
+        written = make_many_sources(out, args.sources, seed=args.seed, rows_per_source=rows)
     else:
         written = make_demo_data(out, seed=args.seed, scale=args.scale)
     for source, files in written.items():
@@ -190,8 +199,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sources", type=int, default=None, metavar="N",
                    help="instead of the demo corpus: N text sources src000.. cycling over the six demo "
                         "generators, each its own size (from --seed) and rows")
-    p.add_argument("--rows-per-source", type=int, default=2000,
-                   help="with --sources: median rows per source (each source x 1/4..4; default 2000)")
+    p.add_argument("--rows-per-source", type=int, default=None,
+                   help="with --sources: median rows per source (each source x 1/4..4; default 2000); "
+                        "with --navit: rows per source (default 200); with --coyo: rows per source (default 2000)")
+    p.add_argument("--navit", type=int, nargs="?", const=306, default=None, metavar="N",
+                   help="instead of the demo corpus: N image-text sources navit000.. (default 306), each with "
+                        "its own image count, resolution and caption length distributions (demo/navit.py)")
+    p.add_argument("--coyo", action="store_true",
+                   help="instead of the demo corpus: 5 image-caption sources coyo0..coyo4 (demo/navit.py)")
     p.add_argument("--long-tail", type=int, default=None, metavar="MAX_TOKENS",
                    help="instead of the demo corpus: one long-tail text source longtail_<K>k (most samples "
                         "short, a few up to MAX_TOKENS byte tokens; synthetic text, see demo/long_tail.py)")
