@@ -32,6 +32,9 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                          "and recoveries of loaders and constructors", ("role",)),
     "overlord_planner_active_loader_actors": ("gauge", "loader actors reading each source (loader.scaling moves "
                                               "it: every change is a scaling event)", ("source",)),
+    "overlord_planner_cost_coefficient": ("gauge", "the cost model in force (a: per token, b: per token squared; "
+                                          "seconds when fitted to the trainers' timings, cost.fit)", ("coefficient",)),
+    "overlord_planner_cost_fitted": ("gauge", "1 when the cost model in force is fitted to trainer timings", ()),
     "overlord_loader_buffered_samples": ("gauge", "samples read ahead and not yet served", ("source", "actor")),
     "overlord_loader_buffered_row_groups": ("gauge", "row groups in the read-ahead buffer", ("source", "actor")),
     "overlord_loader_buffered_bytes": ("gauge", "bytes of the read-ahead buffer", ("source", "actor")),
@@ -72,6 +75,11 @@ def planner_samples(status: dict) -> Iterable[Sample]:
         yield Sample("overlord_planner_reregistrations", {"role": role}, n)
     for source, n in (status.get("scaling") or {}).get("actors", {}).items():
         yield Sample("overlord_planner_active_loader_actors", {"source": source}, n)
+    cost = status.get("cost") or {}
+    for coefficient in ("a", "b"):
+        if cost.get(coefficient) is not None:
+            yield Sample("overlord_planner_cost_coefficient", {"coefficient": coefficient}, cost[coefficient])
+    yield Sample("overlord_planner_cost_fitted", {}, 1 if cost.get("fitted") else 0)
 
 
 def loader_samples(status: dict) -> Iterable[Sample]:

@@ -193,10 +193,19 @@ class TrainerClient:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
-    def report(self, step: int, losses: dict[str, float]) -> None:
-        """Per-source training loss of ``step``, for dynamic mixing schedules (``dynamic(...)``)."""
+    def report(self, step: int, losses: dict[str, float] | None = None,
+               compute_seconds: float | list[float] | None = None) -> None:
+        """Feedback on ``step``: per-source training loss, for dynamic mixing schedules (``dynamic(...)``),
+        and/or this rank's measured compute seconds (one number, or one per microbatch: see
+        :class:`~.compute_timer.ComputeTimer`), from which ``cost: {fit: true}`` fits the cost model."""
+        body = {"step": step, "rank": self.rank}
+        if losses is not None:
+            body["losses"] = losses
+        if compute_seconds is not None:
+            body["compute_seconds"] = ([float(s) for s in compute_seconds] if isinstance(compute_seconds, (list, tuple))
+                                       else float(compute_seconds))
         fetcher = self._fetcher
-        fetcher.retry(lambda client: wire.call(client, "report", {"step": step, "rank": self.rank, "losses": losses}),
+        fetcher.retry(lambda client: wire.call(client, "report", body),
                       fetcher.planner_location, f"report of step {step}", "the planner")
 
     def state_dict(self) -> dict:

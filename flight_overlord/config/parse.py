@@ -198,8 +198,7 @@ def _parse_scaling(raw: Any, names: list[str]) -> ScalingConfig:
     if isinstance(raw, ScalingConfig):  # absent: the default
         return raw
     f = _fields(raw, "loader.scaling", _defaults(ScalingConfig))
-    if not isinstance(f["enabled"], bool):
-        raise ConfigError(f"loader.scaling.enabled: expected true or false, got {f['enabled']!r}")
+    _flag(f["enabled"], "loader.scaling.enabled")
     up = _number(f["up_threshold"], "loader.scaling.up_threshold", minimum=0.0)
     down = _number(f["down_threshold"], "loader.scaling.down_threshold", minimum=0.0)
     if up > 1:
@@ -449,4 +448,13 @@ def _parse_cost(raw: Any) -> CostConfig:
         model=_choice(f["model"], "cost.model", tuple(COST_MODELS)),
         a=_number(f["a"], "cost.a", minimum=0.0),
         b=_number(f["b"], "cost.b", minimum=0.0),
+        fit=_flag(f["fit"], "cost.fit"),
+        lag=_int(f["lag"], "cost.lag", minimum=1),
+        window=_int(f["window"], "cost.window", minimum=1),
     )
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    return value

@@ -6,7 +6,8 @@
     {"up": bool,                       # every role answered
      "planner": ROLE, "loaders": [ROLE, ...], "constructors": [ROLE, ...],
      "totals": {"roles", "roles_up", "down", "bytes_served", "bytes_served_by_source",
-                "bytes_fetched", "bad_samples", "buffered_samples"}}
+                "bytes_fetched", "bad_samples", "buffered_samples"},
+     "cost": {"model", "a", "b", "fit", ...}}  # the cost model in force (fitted with cost.fit)
 
 where a ROLE is ``{"role", "address", "up", "reason", "counters", ...}``: ``counters`` is what the
 role's ``status`` action answered (``{}`` when it did not), ``reason`` why it is down (None when up).
@@ -38,7 +39,7 @@ def cluster_status(planner_address: str, *, timeout: float = 10.0, pool: ClientP
     try:
         planner = _ask(pool, planner_address, timeout, role="planner")
         answer = planner.pop("counters")
-        planner["counters"] = {k: answer[k] for k in ("ready", "planned", "requested", "error", "scaling") if k in answer}
+        planner["counters"] = {k: answer[k] for k in ("ready", "planned", "requested", "error", "scaling", "cost") if k in answer}
         where_loaders, where_constructors = answer.get("loaders"), answer.get("constructors")
         loaders = [{"role": "loader", "source": source, "actor": actor, "replica": replica, "address": location,
                     "row_groups": len(row_groups)}
@@ -62,7 +63,8 @@ def cluster_status(planner_address: str, *, timeout: float = 10.0, pool: ClientP
             pool.close()
     everyone = [planner, *roles]
     return {"up": all(r["up"] for r in everyone), "planner": planner, "loaders": loaders,
-            "constructors": constructors, "totals": _totals(everyone, loaders, constructors)}
+            "constructors": constructors, "totals": _totals(everyone, loaders, constructors),
+            "cost": planner["counters"].get("cost")}
 
 
 def _ask(pool: ClientPool, address: str, timeout: float, **identity) -> dict[str, Any]:
@@ -123,6 +125,7 @@ def render(status: dict) -> str:
         lines.append(f"{constructor['index']:<28} {constructor['address']:<24} "
                      f"{'up' if constructor['up'] else 'DOWN':<6} {c.get('assembled', -1):>9} "
                      f"{c.get('bytes_fetched', 0):>14,}" + (f"  error: {c['error']}" if c.get("error") else ""))
+    lines.extend(_cost_lines(counters.get("cost")))
     scaling = counters.get("scaling")
     if scaling:  # loader.scaling: active actors per source, and the latest live reshards
         lines.append("scaling: active actors " + " ".join(f"{s}:{n}" for s, n in sorted(scaling["actors"].items())))
@@ -132,3 +135,23 @@ def render(status: dict) -> str:
     if totals["down"]:
         lines.append("down: " + ", ".join(totals["down"]))
     return "\n".join(lines) + "\n"
+
+
+def _cost_lines(cost: dict | None) -> list[str]:
+    """The cost model in force: as configured, or fitted to the trainers' timings (cost.fit)."""
+    if not cost or cost.get("a") is None:
+        return []
+    line = f"cost: {cost['model']} a={cost['a']:.6g} b={cost['b']:.6g}"
+    if cost.get("a"):
+        line += f" (b/a {cost['b'] / cost['a']:.6g})"
+    if not cost.get("fit"):
+        return [line + " as configured"]
+    if cost.get("fitted"):
+        line += (f" fitted from {cost['observations']} timings through step {cost['through_step']} "
+                 f"({cost['rejected']} outliers rejected), in force since step {cost['since_step']}")
+    else:
+        line += " (the prior: no timings yet)"
+    waiting = cost.get("waiting_for")
+    if waiting:
+        line += f"; planning waits for the timings of step {waiting['step']} from buckets {waiting['buckets']}"
+    return [line]

@@ -22,6 +22,7 @@ from ..wire.plan import ConstructorPlan, FetchGroup
 from .feed import FetchMeta, SourceFeed
 from .hdp import hdp_groups
 from .program import StepPlan, plan_step
+from .costing import PlannedCost
 from .registry import Registry
 from .scaling import SourceScaling
 from .strategy import Strategy
@@ -50,6 +51,10 @@ class Planner:
         self.journal_layout: dict | None = None  # the layout of the run restored from, if any
         self.scaling = SourceScaling(cfg) if cfg.loader.scaling.enabled else None  # live resharding
         self.scaled: list[dict] = []  # the scaling events of the step planned last
+        self.cost: PlannedCost | None = None  # cost.fit: the model fitted to the trainers' timings
+        if cfg.cost.fit:
+            a, b = strategy.cost_params["a"], strategy.cost_params["b"]
+            self.cost = PlannedCost(a, b, lag=cfg.cost.lag, window=cfg.cost.window, buckets=strategy.num_buckets)
 
     # -- set-up ------------------------------------------------------------------------
     def open(self, *, resume: bool) -> None:
@@ -71,6 +76,8 @@ class Planner:
     def feedback_ready(self, step: int) -> bool:
         """A dynamic schedule plans step s only from the complete feedback of step s - lag."""
         lag = self.strategy.schedule.lag
+        if self.cost is not None and not self.cost.ready(step):
+            return False
         return not lag or step < lag or self.feedback.complete(step - lag)
 
     def plan_next(self) -> StepPlan:
@@ -82,7 +89,14 @@ class Planner:
         weights = self._checked_weights(step, weights)
         scaled = self.scaling.decide(step, weights, self.feeds) if self.scaling is not None else []
         self.scaled = scaled  # the server tells the loaders at once (they also learn it from tickets)
-        plan = plan_step(step, self.feeds, self.mixer, self.strategy, weights, feedback)
+        cost_fn = None
+        if self.cost is not None:
+            cost_fn, fit_record = self.cost.decide(step)
+            if fit_record is not None:
+                self._journal.append(fit_record)
+        plan = plan_step(step, self.feeds, self.mixer, self.strategy, weights, feedback, cost_fn=cost_fn)
+        if self.cost is not None:
+            self.cost.planned(plan)
         plan.stats["skipped"] = sum(f.skipped for f in self.feeds.values())
         record = plan.to_record()
         record["state"] = self._planning_state()
@@ -131,6 +145,16 @@ class Planner:
         self._journal.append({"report": {"step": step, "group": group, "rank": rank, "losses": losses}})
         return True
 
+    def report_compute(self, step: int, rank: int, seconds) -> bool:
+        """Record one bucket's measured compute seconds of ``step`` (cost.fit), journaled as rows."""
+        bucket = self.mesh.bucket_of(rank, self.strategy.axis)
+        plan = None if self.cost.knows_shapes(step) else self.journaled(step)
+        rows = self.cost.rows(step, bucket, seconds, plan)
+        if not self.cost.add(step, bucket, rows):
+            return False
+        self._journal.append({"compute": {"step": step, "bucket": bucket, "rank": rank, "rows": rows}})
+        return True
+
     # -- state -------------------------------------------------------------------------
     def _planning_state(self) -> dict:
         feeds = {name: feed.state_dict() for name, feed in self.feeds.items()} if self.feeds else self._feed_states
@@ -141,7 +165,9 @@ class Planner:
         lag = self.strategy.schedule.lag
         keep = {str(s): {str(g): l for g, l in groups.items()} for s, groups in self.feedback.reports.items()
                 if s >= self.next_step - lag - 1}
-        return {"next_step": self.next_step, "layout": self.layout(), **self._planning_state(), "feedback": keep}
+        cost = {"cost_fit": self.cost.state_dict()} if self.cost is not None else {}
+        return {"next_step": self.next_step, "layout": self.layout(), **self._planning_state(), "feedback": keep,
+                **cost}
 
     def load_state_dict(self, state: dict) -> None:
         self.next_step = int(state["next_step"])
@@ -152,6 +178,8 @@ class Planner:
         for name, feed_state in self._feed_states.items():
             if name in self.feeds:
                 self.feeds[name].load_state_dict(feed_state)
+        if self.cost is not None and "cost_fit" in state:  # adds to what it holds: first report per bucket wins
+            self.cost.load_state_dict(state["cost_fit"])
         for step, groups in state["feedback"].items():
             for group, losses in groups.items():
                 self.feedback.add(int(step), int(group), losses)
@@ -179,6 +207,11 @@ class Planner:
             if "report" in record:
                 r = record["report"]
                 self.feedback.add(r["step"], r["group"], r["losses"])
+            elif "compute" in record and self.cost is not None:
+                c = record["compute"]
+                self.cost.add(c["step"], c["bucket"], c["rows"])
+            elif "cost_fit" in record and self.cost is not None:
+                self.cost.restore(record["cost_fit"])
             elif "rewind" in record:  # plans from that step on were made again, on a new layout
                 self._index = {s: o for s, o in self._index.items() if s < record["rewind"]}
                 last = record

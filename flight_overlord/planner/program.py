@@ -230,20 +230,21 @@ def sample_meta(picks: list[Pick], source_names: np.ndarray | None = None,
 
 
 def plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: Strategy,
-              weights: dict[str, float], feedback: dict | None = None) -> StepPlan:
+              weights: dict[str, float], feedback: dict | None = None, cost_fn=None) -> StepPlan:
+    """``cost_fn``: the step's cost model when it is not the strategy's own (a fitted one)."""
     # A step makes a few objects per sample and frees them with the plan: no reference cycles to
     # find, but at thousands of ranks the cyclic collector's passes over them cost ~20% of the step.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _plan_step(step, feeds, mixer, strategy, weights, feedback)
+        return _plan_step(step, feeds, mixer, strategy, weights, feedback, cost_fn or strategy.cost_fn)
     finally:
         if collecting:
             gc.enable()
 
 
 def _plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: Strategy,
-               weights: dict[str, float], feedback: dict | None) -> StepPlan:
+               weights: dict[str, float], feedback: dict | None, cost_fn) -> StepPlan:
     gb = strategy.cfg.global_batch
     if strategy.buffer_policy is not None:
         summary = {name: feed.summary() for name, feed in feeds.items()}
@@ -251,7 +252,7 @@ def _plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: 
     picks, source_index = _draw(feeds, mixer, weights, strategy)
     source_names = np.array(mixer.sources, dtype=object)
     meta = sample_meta(picks, source_names, source_index)
-    costs = np.asarray(strategy.cost_fn(meta), dtype=np.float64)
+    costs = np.asarray(cost_fn(meta), dtype=np.float64)
     if costs.shape != (len(picks),):
         raise ValueError(f"cost function returned shape {costs.shape}, expected ({len(picks)},)")
     ctx = PlanContext(step, picks, meta, costs, strategy.num_buckets, gb.microbatches, strategy.capacity,

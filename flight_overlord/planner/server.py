@@ -352,20 +352,31 @@ class PlannerServer(ActionServer):
     # -- trainer feedback --------------------------------------------------------------
     @requires(TRAINER)
     def action_report(self, body):
-        """A trainer's per-source loss for one step: {"step", "rank", "losses": {source: loss}}.
-        One report per data-parallel group counts; it is journaled before any plan reads it."""
+        """A trainer's feedback on one step: {"step", "rank", "losses": {source: loss}, "compute_seconds":
+        seconds or [seconds per microbatch]} (either or both). Losses count once per data-parallel group,
+        timings once per bucket (``cost.fit``); both are journaled before any plan reads them."""
         step = wire.field(body, "step", int, "report")
         rank = wire.field(body, "rank", int, "report")
-        losses = wire.field(body, "losses", dict, "report")
+        losses = body.get("losses")
+        if "losses" not in body and "compute_seconds" not in body:
+            raise ValueError("malformed report: give 'losses' ({source: loss}) or 'compute_seconds' or both")
+        if losses is not None:
+            losses = wire.field(body, "losses", dict, "report")
+        if body.get("compute_seconds") is not None and self.planner.cost is None:
+            raise ValueError("report: compute_seconds given, but this run's cost model is not fitted "
+                             "(cost: {fit: true})")
         self.mesh.coord(rank)
-        for source, loss in losses.items():
+        for source, loss in (losses or {}).items():
             self.cfg.source(source)  # names the unknown source
             if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
                 raise ValueError(f"report: loss of source {source!r} must be a finite number, got {loss!r}")
         if not 0 <= step < self.planner.next_step:
             raise ValueError(f"report: step {step} was not planned (planned: 0..{self.planner.next_step - 1})")
         with self._cond:
-            if self.planner.report(step, rank, losses):
+            changed = losses is not None and self.planner.report(step, rank, losses)
+            if body.get("compute_seconds") is not None:
+                changed = self.planner.report_compute(step, rank, body["compute_seconds"]) or changed
+            if changed:
                 self._cond.notify_all()
         return {"ok": True}
 
@@ -383,7 +394,15 @@ class PlannerServer(ActionServer):
                                                               else "samples"]),
                     "reregistrations": dict(self._reregistrations), "metrics": getattr(self, "metrics_url", None),
                     **registry.state_dict(),
-                    **({"scaling": self.planner.scaling.status()} if self.planner.scaling is not None else {})}
+                    **({"scaling": self.planner.scaling.status()} if self.planner.scaling is not None else {}),
+                    "cost": self._cost_status()}
+
+    def _cost_status(self) -> dict:
+        """The cost model in force: fitted (``cost.fit``) or as configured."""
+        if self.planner.cost is not None:
+            return {"fit": True, **self.planner.cost.status(self.planner.next_step)}
+        params = self.strategy.cost_params or {}
+        return {"fit": False, "model": self.cfg.cost.model, "a": params.get("a"), "b": params.get("b")}
 
     @requires(INSPECT)
     def action_stats(self, body):
