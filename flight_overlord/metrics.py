@@ -49,6 +49,9 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "overlord_constructor_samples_served": ("counter", "samples served (sample keys in the streams), per rank",
                                             ("rank",)),
     "overlord_constructor_bytes_served": ("counter", "Arrow bytes served to trainers, per rank", ("rank",)),
+    "overlord_constructor_wait_seconds": ("gauge", "seconds a rank's recent batch requests waited for assembly, by "
+                                          "the stage the constructor was in (plan, loader:SOURCE, loader network, "
+                                          "assembly, other)", ("rank", "stage")),
 }
 
 
@@ -100,6 +103,9 @@ def constructor_samples(status: dict) -> Iterable[Sample]:
         yield Sample("overlord_constructor_step_served", {"rank": rank}, served["step"])
         for key in ("batches", "samples", "bytes"):
             yield Sample(f"overlord_constructor_{key}_served", {"rank": rank}, served[key])
+    for rank, stages in status.get("waits", {}).items():
+        for stage, seconds in stages.items():
+            yield Sample("overlord_constructor_wait_seconds", {"rank": rank, "stage": stage}, seconds)
 
 
 ROLE_SAMPLES = {"planner": planner_samples, "loader": loader_samples, "constructor": constructor_samples}

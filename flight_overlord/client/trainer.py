@@ -128,6 +128,7 @@ class StepFetcher:
             credentials = credentials.with_token(token)
         self._pool = ClientPool(credentials)
         self.planner_location = planner
+        self.last_ticket_seconds = 0.0  # the Planner call of the last fetch (starvation attribution)
 
     @property
     def planner(self) -> fl.FlightClient:
@@ -138,8 +139,10 @@ class StepFetcher:
         """``kind`` "batch": the rank's microbatches; "encoder": the images its vision encoder
         processes (only when the strategy has an image graph)."""
         descriptor = fl.FlightDescriptor.for_path(kind, str(step), str(self.rank))
+        asked = time.monotonic()
         info = self.retry(lambda client: client.get_flight_info(descriptor), self.planner_location,
                           f"ticket of step {step}", "the planner")
+        self.last_ticket_seconds = time.monotonic() - asked
         tables = []
         for endpoint in info.endpoints:
             # pyarrow does not follow endpoint locations: redeem the ticket where the Planner says.
@@ -192,13 +195,20 @@ class TrainerClient:
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._waits: dict[int, dict[str, float]] = {}  # step -> its ticket, fetch and starved seconds
+        self._waits_lock = threading.Lock()  # the prefetch thread and the training loop both write
 
     def report(self, step: int, losses: dict[str, float] | None = None,
                compute_seconds: float | list[float] | None = None) -> None:
         """Feedback on ``step``: per-source training loss, for dynamic mixing schedules (``dynamic(...)``),
         and/or this rank's measured compute seconds (one number, or one per microbatch: see
-        :class:`~.compute_timer.ComputeTimer`), from which ``cost: {fit: true}`` fits the cost model."""
+        :class:`~.compute_timer.ComputeTimer`), from which ``cost: {fit: true}`` fits the cost model.
+        The step's data waits this client measured go along (``overlord status`` attributes them)."""
         body = {"step": step, "rank": self.rank}
+        with self._waits_lock:
+            waits = self._waits.pop(step, None)
+        if waits is not None:
+            body["waits"] = waits
         if losses is not None:
             body["losses"] = losses
         if compute_seconds is not None:
@@ -222,10 +232,12 @@ class TrainerClient:
         self._thread = threading.Thread(target=self._prefetch_loop, args=(self.next_step, end), daemon=True)
         self._thread.start()
         while end is None or self.next_step < end:
+            idle = time.monotonic()
             item = self._queue.get()
             if isinstance(item, BaseException):
                 raise item
             step, table, encoder = item
+            self._waited(step, "starved", time.monotonic() - idle)
             self.next_step = step + 1
             batch = table_to_microbatches(table) if self.as_tensors else table
             if self.encoder:
@@ -236,12 +248,21 @@ class TrainerClient:
     def _prefetch_loop(self, step: int, end: int | None) -> None:
         try:
             while not self._stop.is_set() and (end is None or step < end):
+                started = time.monotonic()
                 table = self._fetcher.fetch(step)
+                self._waited(step, "fetch", time.monotonic() - started)
+                self._waited(step, "ticket", self._fetcher.last_ticket_seconds)
                 encoder = self._fetcher.fetch(step, "encoder") if self.encoder else None
                 self._put((step, table, encoder))
                 step += 1
         except BaseException as exc:  # hand the failure to the consumer instead of dying silently
             self._put(exc)
+
+    def _waited(self, step: int, name: str, seconds: float) -> None:
+        with self._waits_lock:
+            self._waits.setdefault(step, {})[name] = seconds
+            for old in [s for s in self._waits if s < step - 64]:  # steps nobody reported
+                del self._waits[old]
 
     def _put(self, item) -> None:
         while not self._stop.is_set():

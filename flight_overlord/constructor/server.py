@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import json
 import logging
 import threading
+import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -26,6 +28,7 @@ from ..wire.server import ActionServer, ClientPool, call_any, location_of, regis
 from ..config import Config, load_config
 from ..serving import add_serving_args, advertised_host, start_metrics
 from ..core.mesh import Delivery
+from ..core.starvation import StageTimeline, fetch_shares
 from ..wire.plan import ConstructorPlan, FetchGroup
 from ..planner.strategy import load_strategy
 from .hdp import hdp_rank_table
@@ -58,6 +61,7 @@ class ConstructorServer(ActionServer):
         self._bytes_fetched = 0  # Arrow bytes received from loaders
         self._served: dict[int, dict] = {}  # rank -> {"step", "batches", "samples", "bytes"} (status, metrics)
         self._bad_samples: list[str] = []  # keys skipped for a bad image (vision.on_bad_image: skip)
+        self._timeline = StageTimeline()  # what this constructor was doing while a rank waited (status)
         self._error: str | None = None
         self._stopping = False
         super().__init__(cfg.network.host, port, security)
@@ -76,12 +80,19 @@ class ConstructorServer(ActionServer):
             log.info("constructor %d assembles from step %d", self.index, start["step"])
             while True:
                 step = self._staging.next_step
+                asked = time.monotonic()
                 raw = self._call_planner("plan", {"step": step, "constructor": self.index})
                 if raw is None:
                     return
+                planned = time.monotonic()
                 plan = ConstructorPlan.from_wire(raw)
-                tables = self._assemble(step, plan, self._fetch(step, plan))
+                samples, critical = self._fetch(step, plan)
+                fetched = time.monotonic()
+                tables = self._assemble(step, plan, samples)
                 with self._cond:
+                    self._timeline.stage(asked, planned, "plan")
+                    self._timeline.stage(planned, fetched, shares=critical)
+                    self._timeline.stage(fetched, time.monotonic(), "assembly")
                     self._staging.stage(step, tables)
                     self._cond.notify_all()
         except Exception as exc:
@@ -147,19 +158,27 @@ class ConstructorServer(ActionServer):
                 raise
         return None
 
-    def _fetch(self, step: int, plan: ConstructorPlan) -> dict[int, Sample]:
+    def _fetch(self, step: int, plan: ConstructorPlan) -> tuple[dict[int, Sample], dict[str, float]]:
         """Every loader's samples for this step, concurrently, through the decode stage; item index ->
         sample (or the failure of its decode), cut to its planned length (the plan may truncate a
-        sample to the capacity)."""
+        sample to the capacity). With them, how the call that finished last spent its time (the
+        fetch's critical path: seconds per source at the loader, the rest network)."""
+        calls: list[tuple[float, dict[str, float]]] = []  # (end, shares) of each loader call
+        begun = time.monotonic()
+
         def one(groups: list[FetchGroup]) -> list[dict]:
             """The groups of the actors one loader process hosts (same locations): one call (a Flight call
             costs both sides CPU), their tables back to back."""
             parts = [{"source": g.source, "actor": g.actor, "samples": g.samples} for g in groups]
             request = wire.ticket({"kind": "samples", "step": step, "constructor": self.index,
                                    **(parts[0] if len(parts) == 1 else {"parts": parts})})
+            start = time.monotonic()
             table = call_any(self._clients, groups[0].locations, lambda c: c.do_get(request).read_all(),
                              what=f"the loader of {', '.join(sorted({g.source for g in groups}))}",
                              stop=lambda: self._stopping)
+            served = json.loads((table.schema.metadata or {}).get(b"serve_seconds", b"{}"))
+            end = time.monotonic()
+            calls.append((end, fetch_shares(end - start, served)))
             if table.num_rows != sum(len(g.samples) for g in groups):
                 raise RuntimeError(f"the loader at {groups[0].locations[0]} returned {table.num_rows} samples for "
                                    f"{sum(len(g.samples) for g in groups)} asked (step {step})")
@@ -179,7 +198,8 @@ class ConstructorServer(ActionServer):
         samples: dict[int, Sample] = {}
         for group in plan.fetch:  # in plan order, as before the calls were merged
             samples.update(decoded[id(group)])
-        return samples
+        last = max(calls, key=lambda c: c[0], default=(begun, {}))
+        return samples, last[1]
 
     def _decoded(self, plan: ConstructorPlan, group: FetchGroup, table: pa.Table) -> dict:
         tokens = table.column("tokens").combine_chunks()
@@ -212,8 +232,7 @@ class ConstructorServer(ActionServer):
                            f"(it serves the ranks of data-parallel groups {list(self.dp_ranks)})")
         self.security.verify_ticket(request)  # forged, altered or expired: FlightUnauthorizedError
         with self._cond:
-            wire.wait_until(self._cond, lambda: self._error is not None or self._staging.assembled(step),
-                            WAIT_SECONDS, f"step {step} of rank {rank}")
+            self._wait_staged(kind, step, rank)
             if self._error:
                 raise RuntimeError(self._error)
             if kind == "batch":
@@ -229,6 +248,16 @@ class ConstructorServer(ActionServer):
             if kind == "batch":
                 self._count_served(rank, step, table)
         return fl.RecordBatchStream(table)
+
+    def _wait_staged(self, kind: str, step: int, rank: int) -> None:
+        """Wait (lock held) for the step to be assembled; a rank's wait for its batch is attributed."""
+        since = time.monotonic() if kind == "batch" and not self._staging.assembled(step) else None
+        try:
+            wire.wait_until(self._cond, lambda: self._error is not None or self._staging.assembled(step),
+                            WAIT_SECONDS, f"step {step} of rank {rank}")
+        finally:
+            if since is not None:
+                self._timeline.waited(rank, since, time.monotonic())
 
     def _count_served(self, rank: int, step: int, table: pa.Table) -> None:
         served = self._served.setdefault(rank, {"step": -1, "batches": 0, "samples": 0, "bytes": 0})
@@ -246,6 +275,7 @@ class ConstructorServer(ActionServer):
                     "staged_steps": self._staging.steps(), "error": self._error,
                     "bad_samples": list(self._bad_samples), "bytes_fetched": self._bytes_fetched,
                     "served": {str(r): dict(s) for r, s in sorted(self._served.items())},
+                    "waits": {str(r): w for r, w in sorted(self._timeline.totals().items())},
                     "metrics": getattr(self, "metrics_url", None)}
 
     def shutdown(self):

@@ -27,6 +27,7 @@ from .. import wire
 from ..config import Config, load_config
 
 from ..core.order import RowGroupRef
+from ..core.starvation import TrainerWaits
 from ..serving import add_serving_args, advertised_host, start_metrics
 from ..store import write_json_atomic
 from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
@@ -67,6 +68,7 @@ class PlannerServer(ActionServer):
         self._requested: dict[int, int] = {}       # rank -> the step it asked for last
         self._planned = {"samples": {}, "tokens": {}}  # per source, by this process (metrics)
         self._reregistrations = {"loader": 0, "constructor": 0}  # restarts of registered roles (metrics)
+        self._trainer_waits = TrainerWaits()  # what trainers reported waiting for data (status; not journaled)
         self._error: str | None = None
         self._stopping = False
         self._started = False
@@ -372,7 +374,10 @@ class PlannerServer(ActionServer):
                 raise ValueError(f"report: loss of source {source!r} must be a finite number, got {loss!r}")
         if not 0 <= step < self.planner.next_step:
             raise ValueError(f"report: step {step} was not planned (planned: 0..{self.planner.next_step - 1})")
+        waits = body.get("waits")
         with self._cond:
+            if waits is not None:
+                self._trainer_waits.add(rank, wire.field(body, "waits", dict, "report"))
             changed = losses is not None and self.planner.report(step, rank, losses)
             if body.get("compute_seconds") is not None:
                 changed = self.planner.report_compute(step, rank, body["compute_seconds"]) or changed
@@ -395,7 +400,8 @@ class PlannerServer(ActionServer):
                     "reregistrations": dict(self._reregistrations), "metrics": getattr(self, "metrics_url", None),
                     **registry.state_dict(),
                     **({"scaling": self.planner.scaling.status()} if self.planner.scaling is not None else {}),
-                    "cost": self._cost_status()}
+                    "cost": self._cost_status(),
+                    "trainer_waits": {str(r): w for r, w in self._trainer_waits.totals().items()}}
 
     def _cost_status(self) -> dict:
         """The cost model in force: fitted (``cost.fit``) or as configured."""
