@@ -1,4 +1,4 @@
 from .compute_timer import ComputeTimer
-from .trainer import StepFetcher, TrainerClient, table_to_microbatches
+from .trainer import StepFetcher, TrainerClient, launcher_rank, table_to_microbatches
 
-__all__ = ["ComputeTimer", "StepFetcher", "TrainerClient", "table_to_microbatches"]
+__all__ = ["ComputeTimer", "StepFetcher", "TrainerClient", "launcher_rank", "table_to_microbatches"]
