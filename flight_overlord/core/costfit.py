@@ -114,17 +114,19 @@ def robust_fit(x1: np.ndarray, x2: np.ndarray, y: np.ndarray, prior: Fitted,
                prior_weight: float) -> tuple[float, float, np.ndarray]:
     """(a, b, kept) of ``y = a*x1 + b*x2``, a, b >= 0: least squares on relative errors (a long
     microbatch's noise is larger in seconds), a prior of the configured shape, and rounds of rejecting
-    the rows whose relative residual is over ``OUTLIER_MADS`` robust deviations."""
+    the rows whose relative residual is over ``OUTLIER_MADS`` robust deviations. The deviation is
+    measured over every row, not the kept ones only, so rounds do not narrow it and eat the data."""
     kept = np.ones(len(y), dtype=bool)
     a, b = prior.a, prior.b
     for _ in range(4):
         a, b = _weighted_fit(x1[kept], x2[kept], y[kept], prior, prior_weight)
         predicted = a * x1 + b * x2
         relative = (y - predicted) / np.maximum(predicted, 1e-12)
-        spread = MAD_TO_SIGMA * np.median(np.abs(relative[kept] - np.median(relative[kept])))
+        center = np.median(relative)
+        spread = MAD_TO_SIGMA * np.median(np.abs(relative - center))
         if spread <= 0:
             break
-        now = np.abs(relative - np.median(relative[kept])) <= OUTLIER_MADS * spread
+        now = np.abs(relative - center) <= OUTLIER_MADS * spread
         if now.sum() < 2 or np.array_equal(now, kept):
             break
         kept = now

@@ -141,7 +141,7 @@ def render(status: dict) -> str:
                      f"{'up' if constructor['up'] else 'DOWN':<6} {c.get('assembled', -1):>9} "
                      f"{c.get('bytes_fetched', 0):>14,}" + (f"  error: {c['error']}" if c.get("error") else ""))
     lines.extend(_cost_lines(counters.get("cost")))
-    lines.extend(_starvation_lines(status.get("starvation")))
+    lines.extend(starvation_lines(status.get("starvation")))
     scaling = counters.get("scaling")
     if scaling:  # loader.scaling: active actors per source, and the latest live reshards
         lines.append("scaling: active actors " + " ".join(f"{s}:{n}" for s, n in sorted(scaling["actors"].items())))
@@ -173,7 +173,7 @@ def _cost_lines(cost: dict | None) -> list[str]:
     return [line]
 
 
-def _starvation_lines(starvation: dict | None) -> list[str]:
+def starvation_lines(starvation: dict | None) -> list[str]:
     """Which stage (and source) starves which ranks, largest first."""
     if not starvation or not starvation.get("causes"):
         return []

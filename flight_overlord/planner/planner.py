@@ -145,6 +145,18 @@ class Planner:
         self._journal.append({"report": {"step": step, "group": group, "rank": rank, "losses": losses}})
         return True
 
+    def check_compute_report(self, seconds) -> None:
+        if seconds is not None and self.cost is None:
+            raise ValueError("report: compute_seconds given, but this run's cost model is not fitted "
+                             "(cost: {fit: true})")
+
+    def cost_status(self) -> dict:
+        """The cost model in force: fitted (``cost.fit``) or as configured."""
+        if self.cost is not None:
+            return {"fit": True, **self.cost.status(self.next_step)}
+        params = self.strategy.cost_params or {}
+        return {"fit": False, "model": self.cfg.cost.model, "a": params.get("a"), "b": params.get("b")}
+
     def report_compute(self, step: int, rank: int, seconds) -> bool:
         """Record one bucket's measured compute seconds of ``step`` (cost.fit), journaled as rows."""
         bucket = self.mesh.bucket_of(rank, self.strategy.axis)

@@ -365,9 +365,7 @@ class PlannerServer(ActionServer):
             raise ValueError("malformed report: give 'losses' ({source: loss}) or 'compute_seconds' or both")
         if losses is not None:
             losses = wire.field(body, "losses", dict, "report")
-        if body.get("compute_seconds") is not None and self.planner.cost is None:
-            raise ValueError("report: compute_seconds given, but this run's cost model is not fitted "
-                             "(cost: {fit: true})")
+        self.planner.check_compute_report(body.get("compute_seconds"))
         self.mesh.coord(rank)
         for source, loss in (losses or {}).items():
             self.cfg.source(source)  # names the unknown source
@@ -402,15 +400,8 @@ class PlannerServer(ActionServer):
                     "reregistrations": dict(self._reregistrations), "metrics": getattr(self, "metrics_url", None),
                     **registry.state_dict(),
                     **({"scaling": self.planner.scaling.status()} if self.planner.scaling is not None else {}),
-                    "cost": self._cost_status(),
+                    "cost": self.planner.cost_status(),
                     "trainer_waits": {str(r): w for r, w in self._trainer_waits.totals().items()}}
-
-    def _cost_status(self) -> dict:
-        """The cost model in force: fitted (``cost.fit``) or as configured."""
-        if self.planner.cost is not None:
-            return {"fit": True, **self.planner.cost.status(self.planner.next_step)}
-        params = self.strategy.cost_params or {}
-        return {"fit": False, "model": self.cfg.cost.model, "a": params.get("a"), "b": params.get("b")}
 
     @requires(INSPECT)
     def action_stats(self, body):
