@@ -53,6 +53,7 @@ class Side:
     step_true: list[float] = field(default_factory=list)   # simulated: the slowest rank's true seconds
     imbalance: list[float] = field(default_factory=list)   # slowest rank / mean rank, true seconds
     fits: list[dict] = field(default_factory=list)          # the journaled cost_fit records
+    reports: dict = field(default_factory=dict)             # (step, rank) -> seconds of the report call
     status: dict | None = None
 
 
@@ -75,7 +76,9 @@ def rank_loop(planner: str, rank: int, steps: int, scale: float, barrier: thread
             out[(step, rank)] = sum(seconds)
             measured = timer.take()
             if report:
+                sent = time.monotonic()
                 client.report(step, compute_seconds=measured)
+                out[("report", step, rank)] = time.monotonic() - sent
             barrier.wait(300)
             if rank == 0:
                 out[("end", step)] = time.monotonic()
@@ -113,6 +116,7 @@ def run_side(side: Side, args, tmp: Path, data_dir: Path, sources: list[dict], e
         ranks = np.array([out[(s, r)] for r in range(args.ranks)])
         side.step_true.append(float(ranks.max() * args.time_scale))
         side.imbalance.append(float(ranks.max() / ranks.mean()))
+    side.reports = {k[1:]: v for k, v in out.items() if k[0] == "report"}
     side.fits = [r["cost_fit"] for _, r in read_journal(tmp / f"run-{slug}" / "plan-journal.jsonl") if "cost_fit" in r]
     log(f"{side.name}: {args.steps} steps in {time.monotonic() - started:.1f}s")
     return side
@@ -131,11 +135,14 @@ def report(sides: list[Side], args) -> None:
     print("configs: mis-set = linear (b = 0); fitted = the same with cost.fit (lag 4); true = the true b/a\n")
     first, last = slice(0, args.lag), slice(args.steps // 2, args.steps)
     print(f"{'side':<10} {'simulated s, first ' + str(args.lag):>21} {'simulated s, 2nd half':>22} "
-          f"{'wall s, 2nd half':>17} {'imbalance, first ' + str(args.lag):>19} {'imbalance, 2nd half':>20}")
+          f"{'wall s, 2nd half (median)':>26} {'imbalance, first ' + str(args.lag):>19} {'imbalance, 2nd half':>20}")
     for side in sides:
         print(f"{side.name:<10} {np.mean(side.step_true[first]):>21.3f} {np.mean(side.step_true[last]):>22.3f} "
-              f"{np.mean(side.step_wall[last]):>17.3f} {np.mean(side.imbalance[first]):>19.3f} "
+              f"{np.median(side.step_wall[last]):>26.3f} {np.mean(side.imbalance[first]):>19.3f} "
               f"{np.mean(side.imbalance[last]):>20.3f}")
+    reports = [v for s in sides for k, v in s.reports.items()]
+    if reports:
+        print(f"(a report call took {np.median(reports) * 1000:.1f} ms median, {max(reports) * 1000:.0f} ms at most)")
     fitted = next(s for s in sides if s.name == "fitted")
     base = {s.name: np.mean(s.step_true[last]) for s in sides}
     print(f"\nsimulated step time, 2nd half: fitted / mis-set = {base['fitted'] / base['mis-set']:.3f}, "
