@@ -136,11 +136,13 @@ class TrainerClient:
         self._waits_lock = threading.Lock()  # the prefetch thread and the training loop both write
 
     def report(self, step: int, losses: dict[str, float] | None = None,
-               compute_seconds: float | list[float] | None = None) -> None:
+               compute_seconds: float | list[float] | None = None, encoder_seconds: float | None = None) -> None:
         """Feedback on ``step``: per-source training loss, for dynamic mixing schedules (``dynamic(...)``),
         and/or this rank's measured compute seconds (one number, or one per microbatch: see
         :class:`~.compute_timer.ComputeTimer`), from which ``cost: {fit: true}`` fits the cost model.
-        The step's data waits this client measured go along (``overlord status`` attributes them)."""
+        ``encoder_seconds``: the vision encoder's seconds on this rank's images (image graph), for
+        ``cost.fit_encoder``. The step's data waits this client measured go along (``overlord status``
+        attributes them)."""
         body = {"step": step, "rank": self.rank}
         with self._waits_lock:
             waits = self._waits.pop(step, None)
@@ -151,6 +153,8 @@ class TrainerClient:
         if compute_seconds is not None:
             body["compute_seconds"] = ([float(s) for s in compute_seconds] if isinstance(compute_seconds, (list, tuple))
                                        else float(compute_seconds))
+        if encoder_seconds is not None:
+            body["encoder_seconds"] = float(encoder_seconds)
         fetcher = self._fetcher
         fetcher.retry(lambda client: wire.call(client, "report", body),
                       fetcher.planner_location, f"report of step {step}", "the planner")

@@ -89,6 +89,7 @@ class CostConfig:
     fit: bool = False  # fit a and b online to the trainers' reported compute seconds (a, b: the prior)
     lag: int = 4       # with fit: step s is planned with the fit of the reports of steps <= s - lag
     window: int = 64   # with fit: the fit reads the reports of this many steps (robust regression)
+    fit_encoder: bool = False  # with fit and an image graph: fit its patches model to encoder_seconds too
 
 
 @dataclass(frozen=True)

@@ -451,6 +451,7 @@ def _parse_cost(raw: Any) -> CostConfig:
         fit=_flag(f["fit"], "cost.fit"),
         lag=_int(f["lag"], "cost.lag", minimum=1),
         window=_int(f["window"], "cost.window", minimum=1),
+        fit_encoder=_flag(f["fit_encoder"], "cost.fit_encoder"),
     )
 
 

@@ -6,12 +6,18 @@ sample of the rank's bucket), journals the rows as a ``compute`` record (they ar
 measured, not derivable), and fits ``a``, ``b`` (``core/costfit.py``). Step s is planned with the fit
 of the reports of steps <= s - lag, decided when s is planned and journaled as a ``cost_fit`` record
 whenever it changes, so plans replay exactly and ``overlord status`` shows the model in force.
+
+Two models may be fitted: ``backbone`` (the attention model of the sequences: a rank's bucket, one
+row per microbatch) and, with ``cost.fit_encoder`` and an image graph, ``encoder`` (the patches model
+of the images a rank's vision encoder processes: one row per step, ``sum(p)``, ``sum(p^2)``).
 """
 from __future__ import annotations
 
 import math
 
-from ..core.cost import CostFn, attention_cost
+from typing import Callable
+
+from ..core.cost import CostFn, attention_cost, patches_cost
 from ..core.costfit import CostFit, Fitted
 from .program import StepPlan
 
@@ -19,7 +25,12 @@ SHAPES_KEPT = 64  # steps whose microbatch sums stay in memory; older reports re
 
 
 class PlannedCost:
-    def __init__(self, prior_a: float, prior_b: float, *, lag: int, window: int, buckets: int):
+    """One fitted model: ``name`` in its records, ``shapes_of(plan)`` the per-bucket rows its reports are
+    read against, ``make_cost(a, b)`` the cost function the Planner plans with."""
+
+    def __init__(self, name: str, prior_a: float, prior_b: float, *, lag: int, window: int, buckets: int,
+                 shapes_of: Callable[[StepPlan], list], make_cost: Callable[[float, float], CostFn]):
+        self.name, self.shapes_of, self.make_cost = name, shapes_of, make_cost
         self.fit = CostFit(prior_a, prior_b, lag=lag, window=window, buckets=buckets)
         self.in_force: Fitted = self.fit.prior
         self.in_force_from = 0  # the first step planned with ``in_force``
@@ -35,13 +46,13 @@ class PlannedCost:
         record = None
         if fitted != self.in_force or step == 0:
             self.in_force, self.in_force_from = fitted, step
-            record = {"cost_fit": {"step": step, **fitted.to_dict()}}
+            record = {"cost_fit": {"model": self.name, "step": step, **fitted.to_dict()}}
         self.fit.forget_before(step + 1)
-        return attention_cost(fitted.a, fitted.b), record
+        return self.make_cost(fitted.a, fitted.b), record
 
     def planned(self, plan: StepPlan) -> None:
         """Keep the step's microbatch sums, which its timing reports are read against."""
-        self._shapes[plan.step] = shapes(plan)
+        self._shapes[plan.step] = self.shapes_of(plan)
         for old in [s for s in self._shapes if s <= plan.step - SHAPES_KEPT]:
             del self._shapes[old]
 
@@ -50,12 +61,13 @@ class PlannedCost:
         fields = dict(record)
         self.in_force_from = fields.pop("step")
         fields.pop("fitted", None)
+        fields.pop("model", None)
         self.in_force = Fitted(**fields)
 
     # -- reports -----------------------------------------------------------------------
     def rows(self, step: int, bucket: int, seconds, plan: StepPlan | None = None) -> list[list[float]]:
         """A report's rows; ``plan``: the step's plan when its sums are no longer in memory."""
-        per_bucket = self._shapes.get(step) or (shapes(plan) if plan is not None else None)
+        per_bucket = self._shapes.get(step) or (self.shapes_of(plan) if plan is not None else None)
         if per_bucket is None:
             raise KeyError(f"report: the plan of step {step} is in no journal of this run")
         sums = per_bucket[bucket]
@@ -73,7 +85,7 @@ class PlannedCost:
     # -- state -------------------------------------------------------------------------
     def status(self, next_step: int) -> dict:
         waiting = next_step - self.fit.lag
-        return {"model": "attention", **self.in_force.to_dict(), "since_step": self.in_force_from,
+        return {"model": "attention" if self.name == "backbone" else "patches", **self.in_force.to_dict(), "since_step": self.in_force_from,
                 "prior": {"a": self.fit.prior.a, "b": self.fit.prior.b}, "lag": self.fit.lag,
                 "window": self.fit.window,
                 "waiting_for": ({"step": waiting, "buckets": self.fit.missing(waiting)}
@@ -86,10 +98,28 @@ class PlannedCost:
         self.fit.load_state_dict(state)
 
 
-def shapes(plan: StepPlan) -> list[list[list[float]]]:
+def backbone(cfg, strategy, lag: int, window: int) -> PlannedCost:
+    params = strategy.cost_params
+    return PlannedCost("backbone", params["a"], params["b"], lag=lag, window=window, buckets=strategy.num_buckets,
+                       shapes_of=sequence_shapes, make_cost=attention_cost)
+
+
+def encoder(cfg, strategy, lag: int, window: int) -> PlannedCost:
+    graph = strategy.image_graph
+    return PlannedCost("encoder", graph.cost_params["a"], graph.cost_params["b"], lag=lag, window=window,
+                       buckets=strategy.mesh.num_buckets(graph.axis), shapes_of=image_shapes, make_cost=patches_cost)
+
+
+def sequence_shapes(plan: StepPlan) -> list[list[list[float]]]:
     """Per bucket, per microbatch: [sum of the planned lengths, sum of their squares]."""
     return [[[float(sum(p.tokens for p in bin_)), float(sum(p.tokens * p.tokens for p in bin_))]
              for bin_ in plan.bucket_bins(bucket)] for bucket in range(plan.num_buckets)]
+
+
+def image_shapes(plan: StepPlan) -> list[list[list[float]]]:
+    """Per encoder bucket, one row: [sum of its images' patches, sum of their squares]."""
+    patches = [[float(p.image_sizes[i]) for p, i in images] for images in plan.encoder or []]
+    return [[[math.fsum(x), math.fsum(v * v for v in x)]] for x in patches]
 
 
 def checked_seconds(seconds, microbatches: int) -> list[float]:

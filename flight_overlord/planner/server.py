@@ -361,11 +361,11 @@ class PlannerServer(ActionServer):
         step = wire.field(body, "step", int, "report")
         rank = wire.field(body, "rank", int, "report")
         losses = body.get("losses")
-        if "losses" not in body and "compute_seconds" not in body:
-            raise ValueError("malformed report: give 'losses' ({source: loss}) or 'compute_seconds' or both")
+        if not {"losses", "compute_seconds", "encoder_seconds"} & set(body):
+            raise ValueError("malformed report: give 'losses' ({source: loss}), 'compute_seconds' or 'encoder_seconds'")
         if losses is not None:
             losses = wire.field(body, "losses", dict, "report")
-        self.planner.check_compute_report(body.get("compute_seconds"))
+        self.planner.check_compute_report(body)
         self.mesh.coord(rank)
         for source, loss in (losses or {}).items():
             self.cfg.source(source)  # names the unknown source
@@ -378,8 +378,9 @@ class PlannerServer(ActionServer):
             if waits is not None:
                 self._trainer_waits.add(rank, wire.field(body, "waits", dict, "report"))
             changed = losses is not None and self.planner.report(step, rank, losses)
-            if body.get("compute_seconds") is not None:
-                changed = self.planner.report_compute(step, rank, body["compute_seconds"]) or changed
+            for field, model in (("compute_seconds", "backbone"), ("encoder_seconds", "encoder")):
+                if body.get(field) is not None:
+                    changed = self.planner.report_compute(step, rank, body[field], model) or changed
             if changed:
                 self._cond.notify_all()
         return {"ok": True}

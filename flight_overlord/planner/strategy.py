@@ -41,9 +41,11 @@ class ImageGraph:
     cost_fn: CostFn
     axis: str = "WORLD"
     method: str = "karmarkar_karp"
+    cost_params: dict | None = None  # the patches model's a, b when named so (the prior of cost.fit_encoder)
 
     def cost(self, fn="patches", **params) -> "ImageGraph":
         self.cost_fn = fn if callable(fn) else _image_cost(fn, params)
+        self.cost_params = None if callable(fn) else {"a": params.get("a", 1.0), "b": params.get("b", 0.0)}
         return self
 
     def distribute(self, axis: str = "WORLD") -> "ImageGraph":
@@ -90,7 +92,7 @@ class Strategy:
         """The image graph: ``s.images().cost("patches").distribute("WORLD").balance("karmarkar_karp")``.
         Without it, a sample's pixels travel with its sequence to its data-parallel bucket."""
         if self.image_graph is None:
-            self.image_graph = ImageGraph(patches_cost())
+            self.image_graph = ImageGraph(patches_cost(), cost_params={"a": 1.0, "b": 0.0})
         return self.image_graph
 
     def mix(self, schedule) -> "Strategy":
@@ -186,7 +188,7 @@ class Strategy:
                              f"the {self.num_buckets} buckets of this mesh")
         if self.axis == "HDP":
             self._check_hdp()
-        if self.cfg.cost.fit:
+        if self.cfg.cost.fit or self.cfg.cost.fit_encoder:
             self._check_fit()
         if self.capacity < 1:
             raise ValueError(f"distribute({self.axis!r}): context_length {self.cfg.global_batch.context_length} "
@@ -203,6 +205,11 @@ class Strategy:
                              "against its bucket's planned microbatches, and an HDP sample spans ranks")
         if self.cost_params["a"] <= 0 and self.cost_params["b"] <= 0:
             raise ValueError("cost.fit: true needs a prior with a positive coefficient (cost.a or cost.b)")
+        if self.cfg.cost.fit_encoder and not self.cfg.cost.fit:
+            raise ValueError("cost.fit_encoder: true goes with cost.fit: true (both models are fitted, or none)")
+        if self.cfg.cost.fit_encoder and (self.image_graph is None or self.image_graph.cost_params is None):
+            raise ValueError("cost.fit_encoder: true fits the image graph's 'patches' model: the strategy needs "
+                             "images().cost('patches', ...)")
 
     def _check_hdp(self) -> None:
         """What distribute('HDP') cannot be combined with, and a domain too small for the loaders' limit."""

@@ -116,3 +116,74 @@ def test_fit_config_is_checked(tmp_path, corpus):
     cfg = load_config(write_config(tmp_path, corpus, cost={"fit": True}, strategy="hdp.py"))
     with pytest.raises(ConfigError, match="cannot be combined with distribute"):
         load_strategy(cfg)
+
+
+# -- the Planner with both models fitted (backbone and the image graph's encoder), no servers -------
+ENC_A, ENC_B = 1e-4, 1e-4 / 16  # true encoder seconds per patch, per patch squared
+IMAGE_GRAPH = "def build(s):\n    s.images().cost('patches').distribute('WORLD')\n    return s\n"
+
+
+def _vision_planner(tmp_path, run: str, *, resume: bool):
+    from flight_overlord.config import parse_config
+    from flight_overlord.planner.planner import Planner
+    (tmp_path / "f.parquet").write_bytes(b"")
+    (tmp_path / "graph.py").write_text(IMAGE_GRAPH)
+    cfg = parse_config({"seed": 1, "run_dir": str(tmp_path / run), "data_root": str(tmp_path), "strategy": "graph.py",
+                        "sources": [{"name": "s", "paths": "f.parquet"}], "mesh": {"dp": 2},
+                        "global_batch": {"context_length": 512, "microbatches": 2, "samples_per_step": 8},
+                        "cost": {"a": 1.0, "b": 0.0, "fit": True, "fit_encoder": True, "lag": 1}}, base_dir=tmp_path)
+
+    def meta(epoch, rg):
+        sizes = [tuple(4 + (7 * r + 11 * i + rg.row_group) % 57 for i in range(1 + r % 2)) for r in range(rg.num_rows)]
+        return {"num_tokens": np.array([30 + 17 * r for r in range(rg.num_rows)], dtype=np.int64),
+                "image_patches": np.array([sum(s) for s in sizes], dtype=np.int64), "image_sizes": sizes}
+    planner = Planner(cfg, load_strategy(cfg), lambda source: meta)
+    planner.open(resume=resume)
+    planner.registry.register_loader("s", 0, 0, "grpc://127.0.0.1:1", [["f.parquet", g, 9] for g in range(40)])
+    planner.start_feeds()
+    return planner
+
+
+def _train(planner, last: int) -> None:
+    """Plan up to step ``last`` - 1, each step's timings reported as soon as it is planned."""
+    while planner.next_step < last:
+        assert planner.feedback_ready(planner.next_step)
+        plan = planner.plan_next()
+        for bucket in range(2):
+            mbs = [A * sum(p.tokens for p in b) + B * sum(p.tokens ** 2 for p in b) for b in plan.bucket_bins(bucket)]
+            planner.report_compute(plan.step, bucket, mbs)
+            images = [p.image_sizes[i] for p, i in plan.encoder[bucket]]
+            planner.report_compute(plan.step, bucket, ENC_A * sum(images) + ENC_B * sum(x * x for x in images), "encoder")
+
+
+def test_the_encoder_model_fits_too_and_a_resume_plans_as_an_undisturbed_run(tmp_path):
+    straight = _vision_planner(tmp_path, "straight", resume=False)
+    _train(straight, 30)
+    status = straight.cost_status()
+    assert status["encoder"]["b"] / status["encoder"]["a"] == pytest.approx(ENC_B / ENC_A, rel=0.2)
+    assert status["b"] / status["a"] == pytest.approx(B / A, rel=0.2)
+    straight.close()
+    first = _vision_planner(tmp_path, "resumed", resume=False)
+    _train(first, 12)  # the fits change at every step: the stop is between two models
+    first.close()
+    second = _vision_planner(tmp_path, "resumed", resume=True)
+    restored, journaled = second.cost_status(), _fit_before(tmp_path / "straight", 12)
+    assert second.next_step == 12 and (restored["a"], restored["b"], restored["since_step"]) == (
+        journaled["a"], journaled["b"], journaled["step"])
+    _train(second, 30)
+    second.close()
+    assert _plans(tmp_path / "resumed") == _plans(tmp_path / "straight")
+
+
+def _plans(run_dir) -> list:
+    from flight_overlord.store import read_journal
+    return [(r["step"], r["bins"], r.get("encoder")) for _, r in read_journal(run_dir / "plan-journal.jsonl")
+            if "bins" in r]
+
+
+def _fit_before(run_dir, step: int) -> dict:
+    """The backbone's fit in force at ``step`` - 1, from a run's journal."""
+    from flight_overlord.store import read_journal
+    fits = [r["cost_fit"] for _, r in read_journal(run_dir / "plan-journal.jsonl")
+            if "cost_fit" in r and r["cost_fit"]["model"] == "backbone" and r["cost_fit"]["step"] < step]
+    return fits[-1]
