@@ -153,11 +153,14 @@ def render(status: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cost_lines(cost: dict | None) -> list[str]:
+def _cost_lines(cost: dict | None, what: str = "cost") -> list[str]:
     """The cost model in force: as configured, or fitted to the trainers' timings (cost.fit)."""
     if not cost or cost.get("a") is None:
         return []
-    line = f"cost: {cost['model']} a={cost['a']:.6g} b={cost['b']:.6g}"
+    if "encoder" in cost:
+        return _cost_lines({k: v for k, v in cost.items() if k != "encoder"}) + _cost_lines(
+            {"fit": True, **cost["encoder"]}, "encoder cost")
+    line = f"{what}: {cost['model']} a={cost['a']:.6g} b={cost['b']:.6g}"
     if cost.get("a"):
         line += f" (b/a {cost['b'] / cost['a']:.6g})"
     if not cost.get("fit"):
