@@ -3,8 +3,6 @@ the ranks' data waits are charged to that source's loader fetch in ``overlord st
 attribution logic alone: tests/unit/test_starvation.py."""
 from __future__ import annotations
 
-import threading
-
 import pyarrow.flight as fl
 import pytest
 
@@ -14,7 +12,7 @@ from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.deploy.status import cluster_status, render
 from flight_overlord.loader.server import SLOW_SOURCES_ENV
 
-from ..helpers import write_config
+from ..helpers import each_rank, write_config
 
 SLOW, STEPS = "captions", 6  # short samples: every step, every rank has some
 
@@ -29,14 +27,10 @@ def test_a_slowed_source_is_named_as_the_cause_of_the_wait(corpus, tmp_path, mon
                 client.report(batch[0]["step"], {})
 
     with LocalCluster(path) as cluster:
-        threads = [threading.Thread(target=train, args=(cluster.planner, r)) for r in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
+        each_rank(train, cluster.planner, 2)
         status = cluster_status(cluster.planner)
         planner = fl.connect(cluster.planner)
-        with pytest.raises(fl.FlightServerError, match="not fitted"):  # timings without cost.fit: refused
+        with pytest.raises(fl.FlightServerError, match="does not fit that cost model"):  # no cost.fit
             wire.call(planner, "report", {"step": 0, "rank": 0, "compute_seconds": 1.0})
         with pytest.raises(fl.FlightServerError, match="unknown wait 'lunch'"):
             wire.call(planner, "report", {"step": 0, "rank": 0, "losses": {}, "waits": {"lunch": 1.0}})
