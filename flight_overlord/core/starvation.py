@@ -39,7 +39,7 @@ class StageTimeline:
     def stage(self, start: float, end: float, name: str | None = None, shares: dict[str, float] | None = None) -> None:
         """One stage (``name``) or a mix of stages (``shares``, weights) from ``start`` to ``end``."""
         if end > start:
-            self._intervals.append(Interval(start, end, shares if shares else {name: 1.0}))
+            self._intervals.append(Interval(start, end, shares if shares else {name or OTHER: 1.0}))
 
     def waited(self, rank: int, start: float, end: float) -> dict[str, float]:
         """Charge a wait of ``rank`` to the stages it overlapped; returns the seconds per stage."""
