@@ -3,7 +3,7 @@
 Trainers import :class:`TrainerClient`; everything else runs as Flight servers
 (``overlord up CONFIG`` or ``overlord serve ROLE``).
 """
-from .client import TrainerClient
+from .client import ComputeTimer, TrainerClient
 from .config import Config, ConfigError, load_config
 
-__all__ = ["Config", "ConfigError", "TrainerClient", "load_config"]
+__all__ = ["ComputeTimer", "Config", "ConfigError", "TrainerClient", "load_config"]

@@ -34,6 +34,9 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                          "and recoveries of loaders and constructors", ("role",)),
     "overlord_planner_active_loader_actors": ("gauge", "loader actors reading each source (loader.scaling moves "
                                               "it: every change is a scaling event)", ("source",)),
+    "overlord_planner_cost_coefficient": ("gauge", "the cost model in force (a: per token, b: per token squared; "
+                                          "seconds when fitted to the trainers' timings, cost.fit)", ("coefficient",)),
+    "overlord_planner_cost_fitted": ("gauge", "1 when the cost model in force is fitted to trainer timings", ()),
     "overlord_loader_buffered_samples": ("gauge", "samples read ahead and not yet served", ("source", "actor")),
     "overlord_loader_buffered_row_groups": ("gauge", "row groups in the read-ahead buffer", ("source", "actor")),
     "overlord_loader_buffered_bytes": ("gauge", "bytes of the read-ahead buffer", ("source", "actor")),
@@ -48,6 +51,9 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "overlord_constructor_samples_served": ("counter", "samples served (sample keys in the streams), per rank",
                                             ("rank",)),
     "overlord_constructor_bytes_served": ("counter", "Arrow bytes served to trainers, per rank", ("rank",)),
+    "overlord_constructor_wait_seconds": ("gauge", "seconds a rank's recent batch requests waited for assembly, by "
+                                          "the stage the constructor was in (plan, loader:SOURCE, loader network, "
+                                          "assembly, other)", ("rank", "stage")),
 }
 
 
@@ -75,6 +81,11 @@ def planner_samples(raw: dict) -> Iterable[Sample]:
         yield Sample("overlord_planner_reregistrations", {"role": role}, n)
     for source, n in (status.scaling or {}).get("actors", {}).items():
         yield Sample("overlord_planner_active_loader_actors", {"source": source}, n)
+    cost = status.cost or {}
+    for coefficient in ("a", "b"):
+        if cost.get(coefficient) is not None:
+            yield Sample("overlord_planner_cost_coefficient", {"coefficient": coefficient}, cost[coefficient])
+    yield Sample("overlord_planner_cost_fitted", {}, 1 if cost.get("fitted") else 0)
 
 
 def loader_samples(raw: dict) -> Iterable[Sample]:
@@ -96,6 +107,9 @@ def constructor_samples(raw: dict) -> Iterable[Sample]:
         yield Sample("overlord_constructor_step_served", {"rank": rank}, served["step"])
         for key in ("batches", "samples", "bytes"):
             yield Sample(f"overlord_constructor_{key}_served", {"rank": rank}, served[key])
+    for rank, stages in status.waits.items():
+        for stage, seconds in stages.items():
+            yield Sample("overlord_constructor_wait_seconds", {"rank": rank, "stage": stage}, seconds)
 
 
 ROLE_SAMPLES = {"planner": planner_samples, "loader": loader_samples, "constructor": constructor_samples}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pathlib
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -54,6 +55,15 @@ def fetch_run(config_path, steps: int = STEPS) -> dict[int, list[pa.Table]]:
         for f in fetchers:
             f.close()
     return out
+
+
+def each_rank(train, planner: str, ranks: int, timeout: float = 120) -> None:
+    """``train(planner, rank)`` for every rank at once, one thread each (trainers run concurrently)."""
+    threads = [threading.Thread(target=train, args=(planner, r)) for r in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
 
 
 def journal_records(config_path) -> list[dict]:

@@ -1,3 +1,4 @@
+from .compute_timer import ComputeTimer
 from .trainer import StepFetcher, TrainerClient, launcher_rank, table_to_microbatches
 
-__all__ = ["StepFetcher", "TrainerClient", "launcher_rank", "table_to_microbatches"]
+__all__ = ["ComputeTimer", "StepFetcher", "TrainerClient", "launcher_rank", "table_to_microbatches"]

@@ -45,6 +45,7 @@ class StepFetcher:
         self._pool = ClientPool(credentials)
         self._closed = False
         self.planner_location = planner
+        self.last_ticket_seconds = 0.0  # the Planner call of the last fetch (starvation attribution)
 
     @property
     def planner(self) -> fl.FlightClient:
@@ -55,8 +56,10 @@ class StepFetcher:
         """``kind`` "batch": the rank's microbatches; "encoder": the images its vision encoder
         processes (only when the strategy has an image graph)."""
         descriptor = fl.FlightDescriptor.for_path(kind, str(step), str(self.rank))
+        asked = time.monotonic()
         info = self.retry(lambda client: client.get_flight_info(descriptor), self.planner_location,
                           f"ticket of step {step}", "the planner")
+        self.last_ticket_seconds = time.monotonic() - asked
         tables = []
         for endpoint in info.endpoints:
             # pyarrow does not follow endpoint locations: redeem the ticket where the Planner says.
@@ -129,11 +132,31 @@ class TrainerClient:
         self._stop = threading.Event()
         self._end: int | None = None
         self._failure: BaseException | None = None
+        self._waits: dict[int, dict[str, float]] = {}  # step -> its ticket, fetch and starved seconds
+        self._waits_lock = threading.Lock()  # the prefetch thread and the training loop both write
 
-    def report(self, step: int, losses: dict[str, float]) -> None:
-        """Per-source training loss of ``step``, for dynamic mixing schedules (``dynamic(...)``)."""
+    def report(self, step: int, losses: dict[str, float] | None = None,
+               compute_seconds: float | list[float] | None = None, encoder_seconds: float | None = None) -> None:
+        """Feedback on ``step``: per-source training loss, for dynamic mixing schedules (``dynamic(...)``),
+        and/or this rank's measured compute seconds (one number, or one per microbatch: see
+        :class:`~.compute_timer.ComputeTimer`), from which ``cost: {fit: true}`` fits the cost model.
+        ``encoder_seconds``: the vision encoder's seconds on this rank's images (image graph), for
+        ``cost.fit_encoder``. The step's data waits this client measured go along (``overlord status``
+        attributes them)."""
+        body = {"step": step, "rank": self.rank}
+        with self._waits_lock:
+            waits = self._waits.pop(step, None)
+        if waits is not None:
+            body["waits"] = waits
+        if losses is not None:
+            body["losses"] = losses
+        if compute_seconds is not None:
+            body["compute_seconds"] = ([float(s) for s in compute_seconds] if isinstance(compute_seconds, (list, tuple))
+                                       else float(compute_seconds))
+        if encoder_seconds is not None:
+            body["encoder_seconds"] = float(encoder_seconds)
         fetcher = self._fetcher
-        fetcher.retry(lambda client: wire.call(client, "report", {"step": step, "rank": self.rank, "losses": losses}),
+        fetcher.retry(lambda client: wire.call(client, "report", body),
                       fetcher.planner_location, f"report of step {step}", "the planner")
 
     def state_dict(self) -> dict:
@@ -158,11 +181,13 @@ class TrainerClient:
             raise self._failure
         if self._end is not None and self.next_step >= self._end:
             raise StopIteration
+        idle = time.monotonic()
         item = self._queue.get()
         if isinstance(item, BaseException):
             self._failure = item  # the thread has stopped: every later call says why
             raise item
         step, table, encoder = item
+        self._waited(step, "starved", time.monotonic() - idle)
         self.next_step = step + 1
         if not self.as_tensors:
             return (table, encoder) if self.encoder else table
@@ -211,13 +236,22 @@ class TrainerClient:
     def _prefetch_loop(self, step: int, end: int | None) -> None:
         try:
             while not self._stop.is_set() and (end is None or step < end):
+                started = time.monotonic()
                 table = self._fetcher.fetch(step)
+                self._waited(step, "fetch", time.monotonic() - started)
+                self._waited(step, "ticket", self._fetcher.last_ticket_seconds)
                 encoder = self._fetcher.fetch(step, "encoder") if self.encoder else None
                 self._put((step, table, encoder))
                 step += 1
         except BaseException as exc:  # hand the failure to the consumer instead of dying silently
             if not self._stop.is_set():
                 self._put(exc)
+
+    def _waited(self, step: int, name: str, seconds: float) -> None:
+        with self._waits_lock:
+            self._waits.setdefault(step, {})[name] = seconds
+            for old in [s for s in self._waits if s < step - 64]:  # steps nobody reported
+                del self._waits[old]
 
     def _put(self, item) -> None:
         while not self._stop.is_set():

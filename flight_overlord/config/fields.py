@@ -37,6 +37,12 @@ def join_key(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
 
+def as_flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
 def as_int(value: Any, where: str, *, minimum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{where}: expected an integer, got {value!r}")

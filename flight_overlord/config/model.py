@@ -87,6 +87,10 @@ class CostConfig:
     model: str = "attention"  # a registered cost model (core/cost.py): "attention": a*l + b*l^2 ; "tokens": l
     a: float = 1.0
     b: float = 1.0 / 4096
+    fit: bool = False  # fit a and b online to the trainers' reported compute seconds (a, b: the prior)
+    lag: int = 4       # with fit: step s is planned with the fit of the reports of steps <= s - lag
+    window: int = 64   # with fit: the fit reads the reports of this many steps (robust regression)
+    fit_encoder: bool = False  # with fit and an image graph: fit its patches model to encoder_seconds too
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from ..core.cost import COST_MODELS
 from .model import (BalanceConfig, CheckpointConfig, Config, ConfigError, ConstructorConfig, CostConfig,
                      GlobalBatchConfig, LoaderConfig, MeshConfig, MetricsConfig, NetworkConfig, RayConfig, SecurityConfig,
                      SourceConfig, StrategyConfig, TLSConfig, TransformConfig, VisionConfig)
-from .fields import REQUIRED, as_choice, as_int, as_number, check_host, check_keys, defaults_of, join_key
+from .fields import REQUIRED, as_choice, as_flag, as_int, as_number, check_host, check_keys, defaults_of, join_key
 from .model import PartitionBudget, ScalingConfig
 
 def balance_methods() -> tuple[str, ...]:
@@ -139,8 +139,7 @@ def _parse_scaling(raw: Any, names: list[str]) -> ScalingConfig:
     if isinstance(raw, ScalingConfig):  # absent: the default
         return raw
     f = check_keys(raw, "loader.scaling", defaults_of(ScalingConfig))
-    if not isinstance(f["enabled"], bool):
-        raise ConfigError(f"loader.scaling.enabled: expected true or false, got {f['enabled']!r}")
+    as_flag(f["enabled"], "loader.scaling.enabled")
     up = as_number(f["up_threshold"], "loader.scaling.up_threshold", minimum=0.0)
     down = as_number(f["down_threshold"], "loader.scaling.down_threshold", minimum=0.0)
     if up > 1:
@@ -390,4 +389,8 @@ def _parse_cost(raw: Any) -> CostConfig:
         model=as_choice(f["model"], "cost.model", tuple(COST_MODELS)),
         a=as_number(f["a"], "cost.a", minimum=0.0),
         b=as_number(f["b"], "cost.b", minimum=0.0),
+        fit=as_flag(f["fit"], "cost.fit"),
+        lag=as_int(f["lag"], "cost.lag", minimum=1),
+        window=as_int(f["window"], "cost.window", minimum=1),
+        fit_encoder=as_flag(f["fit_encoder"], "cost.fit_encoder"),
     )

@@ -14,6 +14,7 @@ and the counters its status reports. One lock (``cond``) guards it.
 from __future__ import annotations
 
 import threading
+import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,6 +23,7 @@ from .. import wire
 from ..config import Config
 from ..errors import BackgroundFailure
 from ..core.mesh import Delivery
+from ..core.starvation import StageTimeline
 from ..planner.strategy import Strategy
 from ..wire.plan import ConstructorPlan, FetchGroup
 from ..wire.status import ConstructorStatus
@@ -45,6 +47,7 @@ class Constructor:
         self.dp_ranks = self.mesh.dp_ranks_of(index)
         self.ranks = [r for r in range(self.mesh.world_size) if self.mesh.coord(r).dp in self.dp_ranks]
         self.cond = threading.Condition()
+        self.timeline = StageTimeline()  # what this constructor was doing while a rank waited (status)
         self._deliveries: dict[int, Delivery] = {}  # rank -> what it receives; known from the first plan
         self._encoder_axis: str | None = None  # the image graph's axis, if the plans have one
         self.staging = Staging(streams=len(self.ranks))
@@ -156,8 +159,12 @@ class Constructor:
         with self.cond:
             self.staging.next_step = step
 
-    def stage(self, step: int, tables: dict) -> None:
+    def stage(self, step: int, tables: dict, stages: list[tuple] = ()) -> None:
+        """Stage a step's tables; ``stages``: (start, end, name, shares) of what preparing it took
+        (``core/starvation.py``), against which the ranks' waits are charged."""
         with self.cond:
+            for start, end, name, shares in stages:
+                self.timeline.stage(start, end, name, shares)
             self.staging.stage(step, tables)
             self.cond.notify_all()
 
@@ -177,8 +184,7 @@ class Constructor:
         most ``WAIT_SECONDS``); a step stays staged until every stream is ``keep`` steps past it."""
         self.check_rank(rank)
         with self.cond:
-            wire.wait_until(self.cond, lambda: self.failure is not None or self.staging.assembled(step),
-                            WAIT_SECONDS, f"step {step} of rank {rank}")
+            self._wait_staged(kind, step, rank)
             if self.failure:
                 raise BackgroundFailure(str(self.failure), self.failure.cause)
             if kind == "batch":
@@ -195,6 +201,16 @@ class Constructor:
                 self._count_served(rank, step, table)
             return table
 
+    def _wait_staged(self, kind: str, step: int, rank: int) -> None:
+        """Wait (lock held) for the step to be assembled; a rank's wait for its batch is attributed."""
+        since = time.monotonic() if kind == "batch" and not self.staging.assembled(step) else None
+        try:
+            wire.wait_until(self.cond, lambda: self.failure is not None or self.staging.assembled(step),
+                            WAIT_SECONDS, f"step {step} of rank {rank}")
+        finally:
+            if since is not None:
+                self.timeline.waited(rank, since, time.monotonic())
+
     def _count_served(self, rank: int, step: int, table: pa.Table) -> None:
         served = self._served.setdefault(rank, {"step": -1, "batches": 0, "samples": 0, "bytes": 0})
         keys = table.column("sample_keys") if "sample_keys" in table.column_names else None
@@ -209,7 +225,8 @@ class Constructor:
         with self.cond:
             return ConstructorStatus(self.index, list(self.dp_ranks), self.staging.next_step - 1, self.staging.steps(),
                                      str(self.failure) if self.failure else None, list(self._bad_samples), self.bytes_fetched,
-                                     {str(r): dict(s) for r, s in sorted(self._served.items())})
+                                     {str(r): dict(s) for r, s in sorted(self._served.items())},
+                                     waits={str(r): w for r, w in sorted(self.timeline.totals().items())})
 
     def state_dict(self) -> dict:
         with self.cond:

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import json
 import logging
 import threading
+import time
 from dataclasses import replace
 
 import pyarrow.flight as fl
 
 from .. import wire
 from ..config import Config, load_config
+from ..core.starvation import fetch_shares
 from ..planner.strategy import load_strategy
 from ..role_process import add_serving_args, advertised_host, start_metrics
 from ..wire.plan import ConstructorPlan, FetchGroup
@@ -63,11 +66,17 @@ class ConstructorServer(ActionServer):
             log.info("constructor %d assembles from step %d", self.index, start["step"])
             while True:
                 step = constructor.staging.next_step
+                asked = time.monotonic()
                 raw = self._call_planner("plan", {"step": step, "constructor": self.index})
                 if raw is None:
                     return
+                planned = time.monotonic()
                 plan = ConstructorPlan.from_wire(raw)
-                constructor.stage(step, constructor.assemble(step, plan, self._fetch(step, plan)))
+                samples, critical = self._fetch(step, plan)
+                fetched = time.monotonic()
+                tables = constructor.assemble(step, plan, samples)
+                constructor.stage(step, tables, [(asked, planned, "plan", None), (planned, fetched, None, critical),
+                                                 (fetched, time.monotonic(), "assembly", None)])
         except Exception as exc:
             log.exception("assembly failed")
             constructor.fail(exc)
@@ -88,19 +97,27 @@ class ConstructorServer(ActionServer):
                 raise
         return None
 
-    def _fetch(self, step: int, plan: ConstructorPlan) -> dict[int, Sample]:
+    def _fetch(self, step: int, plan: ConstructorPlan) -> tuple[dict[int, Sample], dict[str, float]]:
         """Every loader's samples for this step, concurrently (one call per loader process), through
-        the decode stage: item index -> sample (or the failure of its decode)."""
+        the decode stage: item index -> sample (or the failure of its decode). With them, how the call
+        that finished last spent its time (seconds per source at the loader, the rest network)."""
+        calls_done: list[tuple[float, dict[str, float]]] = []  # (end, shares) of each loader call
+
         def one(groups: list[FetchGroup]) -> list[dict]:
             parts = tuple(SamplesPart(g.source, g.actor, tuple(map(tuple, g.samples))) for g in groups)
             request = wire.ticket(SamplesTicket(step, self.index, parts).to_wire())
+            start = time.monotonic()
             table = call_any(self._clients, groups[0].locations, lambda c: c.do_get(request).read_all(),
                              what=f"the loader of {', '.join(sorted({g.source for g in groups}))}",
                              stop=lambda: self.constructor.stopping)
+            served = json.loads((table.schema.metadata or {}).get(b"serve_seconds", b"{}"))
+            end = time.monotonic()
+            calls_done.append((end, fetch_shares(end - start, served)))
             return self.constructor.received(step, plan, groups, table)
 
         calls = self.constructor.fetch_groups(plan)
-        return self.constructor.in_plan_order(plan, calls, list(self._pool.map(one, calls)))
+        samples = self.constructor.in_plan_order(plan, calls, list(self._pool.map(one, calls)))
+        return samples, max(calls_done, key=lambda c: c[0], default=(0.0, {}))[1]
 
     # -- Flight ------------------------------------------------------------------------
     def do_get(self, context, ticket):

@@ -6,7 +6,10 @@
     {"up": bool,                       # every role answered
      "planner": ROLE, "loaders": [ROLE, ...], "constructors": [ROLE, ...],
      "totals": {"roles", "roles_up", "down", "bytes_served", "bytes_served_by_source",
-                "bytes_fetched", "bad_samples", "buffered_samples"}}
+                "bytes_fetched", "bad_samples", "buffered_samples"},
+     "cost": {"model", "a", "b", "fit", ...},  # the cost model in force (fitted with cost.fit)
+     "starvation": {"ranks": {RANK: {"waited", "stages", "cause", "starved"}},
+                    "causes": [{"stage", "source", "ranks", "seconds"}, ...]}}  # why ranks waited for data
 
 where a ROLE is ``{"role", "address", "up", "reason", "counters", ...}``: ``counters`` is what the
 role's ``status`` action answered (``{}`` when it did not), ``reason`` why it is down (None when up).
@@ -21,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .. import wire
+from ..core.starvation import summarize, with_trainer_side
 from ..wire.security import Credentials
 from ..wire.server import ClientPool
 from ..wire.status import ConstructorStatus, LoaderActorStatus, LoaderStatus, PlannerStatus
@@ -39,7 +43,7 @@ def cluster_status(planner_address: str, *, timeout: float = 10.0, pool: ClientP
     try:
         planner = _ask(pool, planner_address, timeout, role="planner")
         answer = planner.pop("counters")
-        planner["counters"] = {k: answer[k] for k in ("ready", "planned", "requested", "error", "scaling") if k in answer}
+        planner["counters"] = {k: answer[k] for k in ("ready", "planned", "requested", "error", "scaling", "cost") if k in answer}
         where = PlannerStatus.from_wire(answer) if planner["up"] else PlannerStatus()
         loaders = [{"role": "loader", "source": source, "actor": actor, "replica": replica, "address": location,
                     "row_groups": len(row_groups)}
@@ -61,7 +65,20 @@ def cluster_status(planner_address: str, *, timeout: float = 10.0, pool: ClientP
             pool.close()
     everyone = [planner, *roles]
     return {"up": all(r["up"] for r in everyone), "planner": planner, "loaders": loaders,
-            "constructors": constructors, "totals": _totals(everyone, loaders, constructors)}
+            "constructors": constructors, "totals": _totals(everyone, loaders, constructors),
+            "cost": planner["counters"].get("cost"), "starvation": _starvation(answer, constructors)}
+
+
+def _starvation(planner: dict, constructors: list[dict]) -> dict:
+    """Every rank's data waits by stage (its constructor's view plus what its trainer reported), the
+    main cause of each, and the causes with the ranks they starve (``core/starvation.py``)."""
+    sides = {int(rank): stages for c in constructors for rank, stages in c["counters"].get("waits", {}).items()}
+    trainers = planner.get("trainer_waits") if isinstance(planner.get("trainer_waits"), dict) else {}
+    ranks = sorted(set(sides) | {int(r) for r in trainers})
+    summary = summarize({r: with_trainer_side(sides.get(r, {}), trainers.get(str(r))) for r in ranks})
+    for rank, entry in summary["ranks"].items():
+        entry["starved"] = (trainers.get(rank) or {}).get("starved")  # the training loop's own idle time
+    return summary
 
 
 def _ask(pool: ClientPool, address: str, timeout: float, **identity) -> dict[str, Any]:
@@ -125,6 +142,8 @@ def render(status: dict) -> str:
         lines.append(f"{constructor['index']:<28} {constructor['address']:<24} "
                      f"{'up' if constructor['up'] else 'DOWN':<6} {c.get('assembled', -1):>9} "
                      f"{c.get('bytes_fetched', 0):>14,}" + (f"  error: {c['error']}" if c.get("error") else ""))
+    lines.extend(_cost_lines(counters.get("cost")))
+    lines.extend(starvation_lines(status.get("starvation")))
     scaling = counters.get("scaling")
     if scaling:  # loader.scaling: active actors per source, and the latest live reshards
         lines.append("scaling: active actors " + " ".join(f"{s}:{n}" for s, n in sorted(scaling["actors"].items())))
@@ -134,3 +153,38 @@ def render(status: dict) -> str:
     if totals["down"]:
         lines.append("down: " + ", ".join(totals["down"]))
     return "\n".join(lines) + "\n"
+
+
+def _cost_lines(cost: dict | None, what: str = "cost") -> list[str]:
+    """The cost model in force: as configured, or fitted to the trainers' timings (cost.fit)."""
+    if not cost or cost.get("a") is None:
+        return []
+    if "encoder" in cost:
+        return _cost_lines({k: v for k, v in cost.items() if k != "encoder"}) + _cost_lines(
+            {"fit": True, **cost["encoder"]}, "encoder cost")
+    line = f"{what}: {cost['model']} a={cost['a']:.6g} b={cost['b']:.6g}"
+    if cost.get("a"):
+        line += f" (b/a {cost['b'] / cost['a']:.6g})"
+    if not cost.get("fit"):
+        return [line + " as configured"]
+    if cost.get("fitted"):
+        line += (f" fitted from {cost['observations']} timings through step {cost['through_step']} "
+                 f"({cost['rejected']} outliers rejected), in force since step {cost['since_step']}")
+    else:
+        line += " (the prior: no timings yet)"
+    waiting = cost.get("waiting_for")
+    if waiting:
+        line += f"; planning waits for the timings of step {waiting['step']} from buckets {waiting['buckets']}"
+    return [line]
+
+
+def starvation_lines(starvation: dict | None) -> list[str]:
+    """Which stage (and source) starves which ranks, largest first."""
+    if not starvation or not starvation.get("causes"):
+        return []
+    lines = ["starvation (recent data waits, by cause):"]
+    for cause in starvation["causes"]:
+        what = f"loader fetch of source {cause['source']!r}" if cause["source"] else cause["stage"]
+        ranks = ",".join(str(r) for r in cause["ranks"])
+        lines.append(f"  {what} starves ranks {ranks} ({cause['seconds']:.2f} s)")
+    return lines

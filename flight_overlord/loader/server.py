@@ -14,12 +14,18 @@ hosts one actor). Three kinds of ``do_get`` ticket:
 - ``{"kind": "buffer"}`` (inspection): the metadata of every buffered, not yet popped sample (with
   ``"source", "actor"``, as the Planner's source endpoints carry: that hosted actor's only).
 
-``metadata`` and ``samples`` are internal calls: they need the run's cluster secret.
+``metadata`` and ``samples`` are internal calls: they need the run's cluster secret. A ``samples``
+answer's schema metadata ``serve_seconds`` says how long this process spent on each source's share
+(starvation attribution, ``core/starvation.py``). ``$OVERLORD_SLOW_SOURCES`` (``"SOURCE=SECONDS,..."``)
+slows the named sources' ``samples`` calls on purpose: fault injection for tests and benchmarks.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
+import time
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -39,12 +45,26 @@ log = logging.getLogger(__name__)
 
 
 TICKET_ROLES = {"metadata": CLUSTER, "samples": CLUSTER, "buffer": INSPECT}
+SLOW_SOURCES_ENV = "OVERLORD_SLOW_SOURCES"
+
+
+def slow_sources(text: str | None) -> dict[str, float]:
+    """``"qa=0.2,code=0.05"`` -> {"qa": 0.2, "code": 0.05}: the seconds each samples call of a source sleeps."""
+    delays = {}
+    for item in filter(None, (x.strip() for x in (text or "").split(","))):
+        source, _, seconds = item.partition("=")
+        try:
+            delays[source.strip()] = float(seconds)
+        except ValueError:
+            raise SystemExit(f"${SLOW_SOURCES_ENV}: {item!r} is not SOURCE=SECONDS") from None
+    return delays
 
 
 class LoaderServer(ActionServer):
     def __init__(self, actors: list[LoaderActor], security: Security, *, host: str = "127.0.0.1", port: int = 0):
         # state first: Flight may accept calls during super().__init__
         self.actors = {(a.partition.source.name, a.partition.actor): a for a in actors}
+        self._delays = slow_sources(os.environ.get(SLOW_SOURCES_ENV))
         super().__init__(host, port, security)
 
     def _actor(self, source: str | None, actor: int | None) -> LoaderActor:
@@ -68,16 +88,28 @@ class LoaderServer(ActionServer):
             return fl.RecordBatchStream(self._actor(meta.source, meta.actor).metadata(
                 meta.epoch, meta.file, meta.row_group, meta.segment_lists()))
         if kind == "samples":
-            samples = SamplesTicket.from_wire(request)
-            return fl.RecordBatchStream(pa.concat_tables([  # several hosted actors: their tables back to back
-                self._actor(part.source, part.actor).samples(samples.step, samples.constructor,
-                                                             [list(s) for s in part.samples])
-                for part in samples.parts]))
+            samples = SamplesTicket.from_wire(request)  # several hosted actors: their tables back to back
+            return fl.RecordBatchStream(self._samples(samples.step, samples.constructor, samples.parts))
         if kind == "buffer":  # one actor's buffer (the Planner's source endpoints), or every hosted actor's
             buffer = BufferTicket.from_wire(request)
             actors = [self._actor(buffer.source, buffer.actor)] if buffer.source is not None else list(self.actors.values())
             return fl.RecordBatchStream(pa.concat_tables([a.buffer_metadata() for a in actors]))
         raise ValueError(f"malformed ticket: unknown kind {kind!r} (loader tickets: 'metadata', 'samples', 'buffer')")
+
+    def _samples(self, step: int, constructor: int, parts) -> pa.Table:
+        """The parts' samples back to back, with the seconds spent per source in the schema metadata."""
+        tables, seconds = [], {}
+        for part in parts:
+            actor = self._actor(part.source, part.actor)
+            source = actor.partition.source.name
+            start = time.monotonic()
+            if self._delays.get(source):
+                time.sleep(self._delays[source])
+            tables.append(actor.samples(step, constructor, [list(s) for s in part.samples]))
+            seconds[source] = seconds.get(source, 0.0) + time.monotonic() - start
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        return table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                              b"serve_seconds": json.dumps(seconds).encode()})
 
     def list_flights(self, context, criteria):
         self.authorize(context, INSPECT, "list_flights")

@@ -22,6 +22,8 @@ from ..wire.plan import ConstructorPlan, FetchGroup
 from .feed import FetchMeta, SourceFeed
 from .hdp import hdp_groups
 from .program import StepPlan, plan_step
+from . import costing
+from .costing import PlannedCost
 from .registry import Registry
 from .scaling import SourceScaling
 from .strategy import Strategy
@@ -50,6 +52,11 @@ class Planner:
         self.journal_layout: dict | None = None  # the layout of the run restored from, if any
         self.scaling = SourceScaling(cfg) if cfg.loader.scaling.enabled else None  # live resharding
         self.scaled: list[dict] = []  # the scaling events of the step planned last
+        self.costs: dict[str, PlannedCost] = {}  # cost.fit: the models fitted to the trainers' timings
+        if cfg.cost.fit:
+            self.costs["backbone"] = costing.backbone(cfg, strategy, cfg.cost.lag, cfg.cost.window)
+            if cfg.cost.fit_encoder:
+                self.costs["encoder"] = costing.encoder(cfg, strategy, cfg.cost.lag, cfg.cost.window)
 
     # -- set-up ------------------------------------------------------------------------
     def open(self, *, resume: bool) -> None:
@@ -71,6 +78,8 @@ class Planner:
     def feedback_ready(self, step: int) -> bool:
         """A dynamic schedule plans step s only from the complete feedback of step s - lag."""
         lag = self.strategy.schedule.lag
+        if not all(cost.ready(step) for cost in self.costs.values()):
+            return False
         return not lag or step < lag or self.feedback.complete(step - lag)
 
     def plan_next(self) -> StepPlan:
@@ -83,7 +92,15 @@ class Planner:
         weights = self._checked_weights(step, weights)
         scaled = self.scaling.decide(step, weights, self.feeds) if self.scaling is not None else []
         self.scaled = scaled  # the server tells the loaders at once (they also learn it from tickets)
-        plan = plan_step(step, self.feeds, self.mixer, self.strategy, weights, feedback)
+        cost_fns = {}
+        for name, cost in self.costs.items():
+            cost_fns[name], fit_record = cost.decide(step)
+            if fit_record is not None:
+                self._journal.append(fit_record)
+        plan = plan_step(step, self.feeds, self.mixer, self.strategy, weights, feedback,
+                         cost_fn=cost_fns.get("backbone"), encoder_cost_fn=cost_fns.get("encoder"))
+        for cost in self.costs.values():
+            cost.planned(plan)
         plan.stats["skipped"] = sum(f.skipped for f in self.feeds.values())
         record = plan.to_record()
         record["state"] = self._planning_state()
@@ -132,6 +149,34 @@ class Planner:
         self._journal.append({"report": {"step": step, "group": group, "rank": rank, "losses": losses}})
         return True
 
+    def check_compute_report(self, body: dict) -> None:
+        """A report's timings name a fitted model: ``compute_seconds`` (cost.fit), ``encoder_seconds``
+        (cost.fit_encoder)."""
+        for field, model, setting in (("compute_seconds", "backbone", "cost: {fit: true}"),
+                                      ("encoder_seconds", "encoder", "cost: {fit: true, fit_encoder: true}")):
+            if body.get(field) is not None and model not in self.costs:
+                raise ValueError(f"report: {field} given, but this run does not fit that cost model ({setting})")
+
+    def cost_status(self) -> dict:
+        """The cost model in force: fitted (``cost.fit``) or as configured."""
+        if self.costs:
+            encoder = {"encoder": self.costs["encoder"].status(self.next_step)} if "encoder" in self.costs else {}
+            return {"fit": True, **self.costs["backbone"].status(self.next_step), **encoder}
+        params = self.strategy.cost_params or {}
+        return {"fit": False, "model": self.cfg.cost.model, "a": params.get("a"), "b": params.get("b")}
+
+    def report_compute(self, step: int, rank: int, seconds, model: str = "backbone") -> bool:
+        """Record one bucket's measured seconds of ``step`` for a fitted model, journaled as rows."""
+        cost = self.costs[model]
+        axis = self.strategy.axis if model == "backbone" else self.strategy.image_graph.axis
+        bucket = self.mesh.bucket_of(rank, axis)
+        plan = None if cost.knows_shapes(step) else self.journaled(step)
+        rows = cost.rows(step, bucket, seconds, plan)
+        if not cost.add(step, bucket, rows):
+            return False
+        self._journal.append({"compute": {"model": model, "step": step, "bucket": bucket, "rank": rank, "rows": rows}})
+        return True
+
     # -- state -------------------------------------------------------------------------
     def _planning_state(self) -> dict:
         feeds = {name: feed.state_dict() for name, feed in self.feeds.items()} if self.feeds else self._feed_states
@@ -142,7 +187,9 @@ class Planner:
         lag = self.strategy.schedule.lag
         keep = {str(s): {str(g): l for g, l in groups.items()} for s, groups in self.feedback.reports.items()
                 if s >= self.next_step - lag - 1}
-        return {"next_step": self.next_step, "layout": self.layout(), **self._planning_state(), "feedback": keep}
+        cost = {"cost_fit": {name: c.state_dict() for name, c in self.costs.items()}} if self.costs else {}
+        return {"next_step": self.next_step, "layout": self.layout(), **self._planning_state(), "feedback": keep,
+                **cost}
 
     def load_state_dict(self, state: dict) -> None:
         self.next_step = int(state["next_step"])
@@ -154,6 +201,9 @@ class Planner:
         for name, feed_state in self._feed_states.items():
             if name in self.feeds:
                 self.feeds[name].load_state_dict(feed_state)
+        for name, cost_state in state.get("cost_fit", {}).items():  # adds to what it holds: first report wins
+            if name in self.costs:
+                self.costs[name].load_state_dict(cost_state)
         for step, groups in state["feedback"].items():
             for group, losses in groups.items():
                 self.feedback.add(int(step), int(group), losses)
@@ -181,6 +231,11 @@ class Planner:
             if "report" in record:
                 r = record["report"]
                 self.feedback.add(r["step"], r["group"], r["losses"])
+            elif "compute" in record and record["compute"].get("model", "backbone") in self.costs:
+                c = record["compute"]
+                self.costs[c.get("model", "backbone")].add(c["step"], c["bucket"], c["rows"])
+            elif "cost_fit" in record and record["cost_fit"].get("model", "backbone") in self.costs:
+                self.costs[record["cost_fit"].get("model", "backbone")].restore(record["cost_fit"])
             elif "rewind" in record:  # plans from that step on were made again, on a new layout
                 self._index = {s: o for s, o in self._index.items() if s < record["rewind"]}
                 last = record

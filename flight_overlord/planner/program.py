@@ -231,20 +231,23 @@ def sample_meta(picks: list[Pick], source_names: np.ndarray | None = None,
 
 
 def plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: Strategy,
-              weights: dict[str, float], feedback: dict | None = None) -> StepPlan:
+              weights: dict[str, float], feedback: dict | None = None, cost_fn=None,
+              encoder_cost_fn=None) -> StepPlan:
+    """``cost_fn``, ``encoder_cost_fn``: the step's cost models when not the strategy's own (fitted ones)."""
     # A step makes a few objects per sample and frees them with the plan: no reference cycles to
     # find, but at thousands of ranks the cyclic collector's passes over them cost ~20% of the step.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _plan_step(step, feeds, mixer, strategy, weights, feedback)
+        return _plan_step(step, feeds, mixer, strategy, weights, feedback, cost_fn or strategy.cost_fn,
+                          encoder_cost_fn)
     finally:
         if collecting:
             gc.enable()
 
 
 def _plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: Strategy,
-               weights: dict[str, float], feedback: dict | None) -> StepPlan:
+               weights: dict[str, float], feedback: dict | None, cost_fn, encoder_cost_fn) -> StepPlan:
     gb = strategy.cfg.global_batch
     if strategy.buffer_policy is not None:
         summary = {name: feed.summary() for name, feed in feeds.items()}
@@ -252,7 +255,7 @@ def _plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: 
     picks, source_index = _draw(feeds, mixer, weights, strategy)
     source_names = np.array(mixer.sources, dtype=object)
     meta = sample_meta(picks, source_names, source_index)
-    costs = np.asarray(strategy.cost_fn(meta), dtype=np.float64)
+    costs = np.asarray(cost_fn(meta), dtype=np.float64)
     if costs.shape != (len(picks),):
         raise ValueError(f"cost function returned shape {costs.shape}, expected ({len(picks)},)")
     ctx = PlanContext(step, picks, meta, costs, strategy.num_buckets, gb.microbatches, strategy.capacity,
@@ -272,20 +275,22 @@ def _plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: 
         plan.stats.update(hdp_stats(costs, meta["num_tokens"], bin_indices, ctx.num_buckets, gb.microbatches))
     if strategy.image_graph is not None:
         plan.encoder_axis = strategy.image_graph.axis
-        plan.encoder, plan.stats["encoder"] = place_images(bins, strategy)
+        plan.encoder, plan.stats["encoder"] = place_images(bins, strategy, encoder_cost_fn)
     else:
         images = np.fromiter(map(len, map(itemgetter(3), picks)), dtype=np.int64, count=len(picks))
         plan.stats["encoder"] = _encoder_stats_arrays(meta["image_patches"], images, bin_indices, gb.microbatches)
     return plan
 
 
-def place_images(bins: list[list[Pick]], strategy: Strategy) -> tuple[list[list[tuple[Pick, int]]], dict]:
+def place_images(bins: list[list[Pick]], strategy: Strategy,
+                 cost_fn=None) -> tuple[list[list[tuple[Pick, int]]], dict]:
     """The image graph: every image of the placed samples goes to one encoder bucket, balanced by
     the image cost over ``mesh.num_buckets(axis)`` buckets; (sample, image index) pairs, in order."""
     graph = strategy.image_graph
     units = [(p, i) for b in bins for p in b for i in range(len(p.image_sizes))]
     k = strategy.mesh.num_buckets(graph.axis)
-    costs = _image_costs(units, graph.cost_fn)
+    cost_fn = cost_fn or graph.cost_fn
+    costs = _image_costs(units, cost_fn)
     if graph.method == "none":
         parts = np.array_split(np.arange(len(units)), k)
     else:
@@ -294,7 +299,7 @@ def place_images(bins: list[list[Pick]], strategy: Strategy) -> tuple[list[list[
     loads = np.array([costs[part].sum() for part in parts])
     # Without the graph, a sample's images are encoded where its sequence goes: every rank of the
     # bucket (the encoder is replicated across its model-parallel peers) carries the bucket's images.
-    vanilla = np.array([_image_costs([(p, i) for p in group for i in range(len(p.image_sizes))], graph.cost_fn).sum()
+    vanilla = np.array([_image_costs([(p, i) for p in group for i in range(len(p.image_sizes))], cost_fn).sum()
                         for group in _per_bucket(bins, strategy.cfg.global_batch.microbatches)])
     stats = {"images": len(units), "patches": int(sum(p.image_sizes[i] for p, i in units)),
              "imbalance": max_over_mean(loads), "max_cost": float(loads.max()) if len(loads) else 0.0,

@@ -162,10 +162,13 @@ class PlannerServer(ActionServer):
     # -- trainer feedback --------------------------------------------------------------
     @requires(TRAINER, rank_field="rank")
     def action_report(self, body):
-        """A trainer's per-source loss for one step: {"step", "rank", "losses": {source: loss}}.
-        One report per data-parallel group counts; it is journaled before any plan reads it."""
+        """A trainer's feedback on one step: {"step", "rank", "losses": {source: loss}, "compute_seconds":
+        seconds or [per microbatch], "encoder_seconds", "waits"} (losses and/or timings)."""
+        if not {"losses", "compute_seconds", "encoder_seconds"} & set(body):
+            raise ValueError("malformed report: give 'losses' ({source: loss}), 'compute_seconds' or 'encoder_seconds'")
+        losses = wire.field(body, "losses", dict, "report") if body.get("losses") is not None else None
         self.service.report(wire.field(body, "step", int, "report"), wire.field(body, "rank", int, "report"),
-                            wire.field(body, "losses", dict, "report"))
+                            losses, body)
         return {"ok": True}
 
     # -- inspection --------------------------------------------------------------------

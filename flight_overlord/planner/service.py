@@ -16,6 +16,7 @@ from .. import wire
 from ..config import Config
 from ..errors import BackgroundFailure
 from ..journal import write_json_atomic
+from ..core.starvation import TrainerWaits
 from ..wire.status import PlannerStatus
 from .planner import Planner, constructor_view
 from .program import StepPlan
@@ -51,6 +52,7 @@ class PlanService:
         self._planned = {"samples": {}, "tokens": {}}  # per source, by this process (metrics)
         self._reregistrations = {"loader": 0, "constructor": 0}  # restarts of registered roles (metrics)
         self.failure: BackgroundFailure | None = None  # planning failed: every waiting call gets it
+        self._trainer_waits = TrainerWaits()  # what trainers reported waiting for data (status; not journaled)
         self.stopping = False
         self._started = False
 
@@ -160,18 +162,27 @@ class PlanService:
             self.cond.notify_all()
             self._wait_for_plan(step, WAIT_SECONDS)
 
-    def report(self, step: int, rank: int, losses: dict) -> None:
-        """A trainer's per-source loss for one step. One report per data-parallel group counts; it
-        is journaled before any plan reads it."""
+    def report(self, step: int, rank: int, losses: dict | None, body: dict | None = None) -> None:
+        """A trainer's feedback on one step: per-source losses (one report per data-parallel group
+        counts), ``compute_seconds`` / ``encoder_seconds`` (cost.fit: once per bucket) and ``waits``
+        (its data waits, for status). Losses and timings are journaled before any plan reads them."""
+        body = body or {}
+        self.planner.check_compute_report(body)
         self.mesh.coord(rank)
-        for source, loss in losses.items():
+        for source, loss in (losses or {}).items():
             self.cfg.source(source)  # names the unknown source
             if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
                 raise ValueError(f"report: loss of source {source!r} must be a finite number, got {loss!r}")
         if not 0 <= step < self.planner.next_step:
             raise ValueError(f"report: step {step} was not planned (planned: 0..{self.planner.next_step - 1})")
         with self.cond:
-            if self.planner.report(step, rank, losses):
+            if body.get("waits") is not None:
+                self._trainer_waits.add(rank, wire.field(body, "waits", dict, "report"))
+            changed = losses is not None and self.planner.report(step, rank, losses)
+            for name, model in (("compute_seconds", "backbone"), ("encoder_seconds", "encoder")):
+                if body.get(name) is not None:
+                    changed = self.planner.report_compute(step, rank, body[name], model) or changed
+            if changed:
                 self.cond.notify_all()
 
     # -- constructors ------------------------------------------------------------------
@@ -227,7 +238,9 @@ class PlanService:
                 recovered=self.resumed, samples_planned=dict(self._planned["samples"]),
                 tokens_planned=dict(self._planned["tokens"]), mixture_realized=_shares(self._planned[unit]),
                 reregistrations=dict(self._reregistrations), **registry.state_dict(),
-                scaling=self.planner.scaling.status() if self.planner.scaling is not None else None)
+                scaling=self.planner.scaling.status() if self.planner.scaling is not None else None,
+                cost=self.planner.cost_status(),
+                trainer_waits={str(r): w for r, w in self._trainer_waits.totals().items()})
 
     def step_stats(self, first: int, last: int | None) -> dict:
         """Per-step plan statistics of the steps in ``first..last`` still held (default: to the last planned)."""

@@ -41,9 +41,11 @@ class ImageGraph:
     cost_fn: CostFn
     axis: str = "WORLD"
     method: str = "karmarkar_karp"
+    cost_params: dict | None = None  # the patches model's a, b when named so (the prior of cost.fit_encoder)
 
     def cost(self, fn="patches", **params) -> "ImageGraph":
         self.cost_fn = fn if callable(fn) else _image_cost(fn, params)
+        self.cost_params = None if callable(fn) else {"a": params.get("a", 1.0), "b": params.get("b", 0.0)}
         return self
 
     def distribute(self, axis: str = "WORLD") -> "ImageGraph":
@@ -74,6 +76,8 @@ class Strategy:
         self.sources = [s.name for s in cfg.sources]
         self.schedule: Schedule = constant({s.name: s.weight for s in cfg.sources})
         self.cost_fn: CostFn = config_cost(cfg.cost)
+        # the attention model's coefficients when named so (the prior of cost.fit); None for other models
+        self.cost_params: dict | None = {"a": cfg.cost.a, "b": cfg.cost.b} if cfg.cost.model == "attention" else None
         self.axis, self.group_size = "DP", None
         self.hdp_tokens: int | None = None  # distribute("HDP"): max_tokens_per_rank (None: context_length // cp)
         self.min_cp, self.hdp_widen = 1, True
@@ -88,7 +92,7 @@ class Strategy:
         """The image graph: ``s.images().cost("patches").distribute("WORLD").balance("karmarkar_karp")``.
         Without it, a sample's pixels travel with its sequence to its data-parallel bucket."""
         if self.image_graph is None:
-            self.image_graph = ImageGraph(patches_cost())
+            self.image_graph = ImageGraph(patches_cost(), cost_params={"a": 1.0, "b": 0.0})
         return self.image_graph
 
     def mix(self, schedule) -> "Strategy":
@@ -100,11 +104,13 @@ class Strategy:
         """A registered cost model by name (``"tokens"``, ``"attention"`` with a, b defaulting to the
         config's, ``"patches"``, or one of yours), or any function of the sample metadata arrays
         returning one cost per sample."""
+        self.cost_params = None
         if callable(fn):
             self.cost_fn = fn
         else:
             if fn == "attention":
                 params = {"a": self.cfg.cost.a, "b": self.cfg.cost.b, **params}
+                self.cost_params = {"a": params["a"], "b": params["b"]}
             self.cost_fn = make_cost(fn, **params)
         return self
 
@@ -182,10 +188,28 @@ class Strategy:
                              f"the {self.num_buckets} buckets of this mesh")
         if self.axis == "HDP":
             self._check_hdp()
+        if self.cfg.cost.fit or self.cfg.cost.fit_encoder:
+            self._check_fit()
         if self.capacity < 1:
             raise ValueError(f"distribute({self.axis!r}): context_length {self.cfg.global_batch.context_length} "
                              f"over cp={self.mesh.cp} leaves no room per microbatch")
         return self
+
+    def _check_fit(self) -> None:
+        """cost.fit fits the attention model's a and b, over the buckets' planned microbatches."""
+        if self.cost_params is None:
+            raise ValueError("cost.fit: true fits the 'attention' model (a*l + b*l^2); this run's cost is "
+                             "another model or a function")
+        if self.axis == "HDP":
+            raise ValueError("cost.fit: true cannot be combined with distribute('HDP'): a rank's timing is read "
+                             "against its bucket's planned microbatches, and an HDP sample spans ranks")
+        if self.cost_params["a"] <= 0 and self.cost_params["b"] <= 0:
+            raise ValueError("cost.fit: true needs a prior with a positive coefficient (cost.a or cost.b)")
+        if self.cfg.cost.fit_encoder and not self.cfg.cost.fit:
+            raise ValueError("cost.fit_encoder: true goes with cost.fit: true (both models are fitted, or none)")
+        if self.cfg.cost.fit_encoder and (self.image_graph is None or self.image_graph.cost_params is None):
+            raise ValueError("cost.fit_encoder: true fits the image graph's 'patches' model: the strategy needs "
+                             "images().cost('patches', ...)")
 
     def _check_hdp(self) -> None:
         """What distribute('HDP') cannot be combined with, and a domain too small for the loaders' limit."""

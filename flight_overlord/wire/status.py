@@ -41,6 +41,8 @@ class PlannerStatus(_Status):
     constructors: dict[str, str] = field(default_factory=dict)  # index -> location
     scaling: dict | None = None                           # with loader.scaling: active actors, events
     metrics: str | None = None                            # the metrics page, if served
+    cost: dict | None = None                              # the cost model in force (fitted with cost.fit)
+    trainer_waits: dict[str, dict] = field(default_factory=dict)  # rank -> reported ticket/fetch/starved seconds
 
     def to_wire(self) -> dict:
         out = asdict(self)
@@ -98,3 +100,4 @@ class ConstructorStatus(_Status):
     bytes_fetched: int = 0
     served: dict[str, dict] = field(default_factory=dict)  # rank -> {"step", "batches", "samples", "bytes"}
     metrics: str | None = None
+    waits: dict[str, dict] = field(default_factory=dict)  # rank -> stage -> seconds waited (core/starvation.py)

@@ -4,7 +4,6 @@ strategy primitives, the step program): tests/unit/test_orchestration_logic.py."
 from __future__ import annotations
 
 import collections
-import threading
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -18,7 +17,7 @@ from flight_overlord.core.schedules import FeedbackLog, weights_at
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.planner.strategy import load_strategy
 
-from ..helpers import WEIGHTS, delivered_keys, journal, journal_records, write_config
+from ..helpers import WEIGHTS, delivered_keys, each_rank, journal, journal_records, write_config
 
 
 # -- end to end --------------------------------------------------------------------------
@@ -100,11 +99,7 @@ def test_dynamic_mixing_moves_weights_and_replays_from_the_journal(corpus, tmp_p
                 client.report(batch[0]["step"], {s: 3.0 if s == "longdocs" else 1.0 for s in sources})
 
     with LocalCluster(path) as cluster:
-        threads = [threading.Thread(target=train, args=(cluster.planner, r)) for r in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
+        each_rank(train, cluster.planner, 2)
     lines = journal_records(path)
     plans = {r["step"]: r for r in lines if "step" in r}
     assert plans[0]["weights"] == pytest.approx(WEIGHTS) and "feedback" not in plans[0]
