@@ -31,6 +31,7 @@ from ..planner.strategy import load_strategy
 from .hdp import hdp_rank_table
 from .assembly import (Sample, build_microbatch, decode_or_error, drop_bad, encoder_table, rank_table,
                        shipped_images, truncate)
+from .deliveries import DeliveryJournal
 from .staging import Staging
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class ConstructorServer(ActionServer):
         self._deliveries: dict[int, Delivery] = {}  # rank -> what it receives; known from the first plan
         self._encoder_axis: str | None = None  # the image graph's axis, if the plans have one
         self._staging = Staging(streams=len(self.ranks))
+        self._delivered = DeliveryJournal(cfg.run_dir, index)  # what was served, for `overlord audit`
         self._bytes_fetched = 0  # Arrow bytes received from loaders
         self._served: dict[int, dict] = {}  # rank -> {"step", "batches", "samples", "bytes"} (status, metrics)
         self._bad_samples: list[str] = []  # keys skipped for a bad image (vision.on_bad_image: skip)
@@ -237,6 +239,8 @@ class ConstructorServer(ActionServer):
         served["batches"] += 1
         served["samples"] += int(pc.sum(pc.list_value_length(keys)).as_py() or 0) if keys is not None else 0
         served["bytes"] += table.nbytes
+        if keys is not None:
+            self._delivered.served(step, rank, self._deliveries[rank].bucket, pc.list_flatten(keys).to_pylist())
 
     @requires(INSPECT)
     def action_status(self, body):
@@ -255,6 +259,7 @@ class ConstructorServer(ActionServer):
         super().shutdown()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._clients.close()
+        self._delivered.close()
 
 
 def main(argv=None) -> None:

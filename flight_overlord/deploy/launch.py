@@ -81,6 +81,9 @@ class LocalCluster:
             write_secret(secret_path(self.cfg), self.secret)
         if self.cfg.loader.partition == "auto":
             self._partition()
+        from ..planner.edits import check_sources  # an edited config: refuse what cannot be honoured, now
+        for line in check_sources(self.cfg, resume=self.mode == "resume"):
+            log.info("resume: %s", line)
         try:
             planner = self._spawn("planner", ["planner", *(["--resume"] if self.mode == "resume" else [])])
             self.planner = self._await_ready([planner])[0]

@@ -19,6 +19,7 @@ import argparse
 import math
 import logging
 import threading
+from pathlib import Path
 
 import numpy as np
 import pyarrow.flight as fl
@@ -28,10 +29,13 @@ from ..config import Config, load_config
 
 from ..core.order import RowGroupRef
 from ..serving import add_serving_args, advertised_host, start_metrics
-from ..store import write_json_atomic
+from ..store import write_json_atomic, write_text_atomic
 from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, ClientPool, call_any, connect, location_of, serve
+from ..constructor.deliveries import mark_segment
+from .audit import CONFIG_PATH, audit_run
+from .edits import MIXTURE, checked_weights
 from .planner import Planner, constructor_view
 from .program import StepPlan
 from .strategy import load_strategy
@@ -55,12 +59,18 @@ class PlannerServer(ActionServer):
         self._cond = threading.Condition()
         self.planner = Planner(cfg, self.strategy, self._meta_fetcher)
         self.planner.open(resume=resume or recover)
+        if not recover:  # a new segment of the run: the audit tells what a resume rolled back
+            mark_segment(cfg.run_dir, resume=resume)
+            if cfg.path is not None:
+                write_text_atomic(cfg.run_dir / CONFIG_PATH, str(Path(cfg.path).resolve()))
+            write_json_atomic(cfg.run_dir / MIXTURE, self.planner.mixture)
         self._registry_file = cfg.run_dir / "planner" / "registry.json"
         self._resumed = resume or recover
         if recover and self._registry_file.exists():
             self.planner.registry.load_state_dict(wire.decode(self._registry_file.read_bytes(), str(self._registry_file)))
         layout = self.planner.journal_layout
-        self._rewind_pending = layout is not None and layout != self.planner.layout()
+        # a new layout, or an edited mixture: re-plan from the step the trainers resume at
+        self._rewind_pending = (layout is not None and layout != self.planner.layout()) or self.planner.mixture_changed
         self._plans: dict[int, StepPlan] = {}      # planned, not yet fetched by every constructor
         self._fetched: dict[int, set[int]] = {}
         self._stats: dict[int, dict] = {}
@@ -369,6 +379,27 @@ class PlannerServer(ActionServer):
                 self._cond.notify_all()
         return {"ok": True}
 
+    # -- mixture -----------------------------------------------------------------------
+    @requires(CLUSTER)
+    def action_mix(self, body):
+        """Live reweighting: {"weights": {source: w}, "step": first step (optional, default the first
+        one not planned)}. Journaled; a resume replays it."""
+        weights = checked_weights(wire.field(body, "weights", dict, "mix"), [s.name for s in self.cfg.sources])
+        at = body.get("step")
+        if at is not None and (isinstance(at, bool) or not isinstance(at, int)):
+            raise ValueError(f"malformed mix: field 'step' must be an integer, got {at!r}")
+        if self.strategy.buffer_policy is not None:
+            log.warning("mix: the strategy's buffer policy may still adjust the new weights per step")
+        return self.planner.mix(weights, at)
+
+    def _mixture_status(self) -> dict:
+        return {"weights": self.planner.last_weights, "pending": self.planner.overrides.pending(self.planner.next_step)}
+
+    @requires(INSPECT)
+    def action_audit(self, body):
+        """What this run delivered, from its journals (``overlord audit``)."""
+        return audit_run(self.cfg.run_dir, self.planner, self.mesh)
+
     # -- inspection --------------------------------------------------------------------
     @requires(INSPECT)
     def action_status(self, body):
@@ -382,6 +413,7 @@ class PlannerServer(ActionServer):
                     "mixture_realized": _shares(self._planned["tokens" if self.cfg.global_batch.tokens_per_step
                                                               else "samples"]),
                     "reregistrations": dict(self._reregistrations), "metrics": getattr(self, "metrics_url", None),
+                    "mixture": self._mixture_status(),
                     **registry.state_dict(),
                     **({"scaling": self.planner.scaling.status()} if self.planner.scaling is not None else {})}
 
