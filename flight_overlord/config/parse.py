@@ -25,6 +25,8 @@ from .model import (BalanceConfig, CheckpointConfig, Config, ConfigError, Constr
 from .model import PartitionBudget, ScalingConfig
 
 _REQUIRED = object()
+# Row groups per shuffle window of a source (sources[].shuffle_window): see docs/methods/data-order.md
+SHUFFLE_WINDOW = 1
 
 
 def _fields(raw: Any, where: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -254,6 +256,7 @@ def _parse_sources(raw: Any, data_root: Path) -> tuple[SourceConfig, ...]:
         f = _fields(item, where, {
             "name": _REQUIRED, "paths": _REQUIRED, "text_column": "text",
             "transform": "byte_tokenizer", "weight": 1.0, "loaders": 1, "image_column": None,
+            "shuffle_window": SHUFFLE_WINDOW,
         })
         name = str(f["name"])
         if name in names:
@@ -271,6 +274,7 @@ def _parse_sources(raw: Any, data_root: Path) -> tuple[SourceConfig, ...]:
             weight=_number(f["weight"], f"{where}.weight", minimum=0.0),
             loaders=_int(f["loaders"], f"{where}.loaders", minimum=1),
             image_column=None if f["image_column"] is None else str(f["image_column"]),
+            shuffle_window=_int(f["shuffle_window"], f"{where}.shuffle_window", minimum=1),
         ))
     if sum(s.weight for s in sources) <= 0:
         raise ConfigError("sources: at least one source needs a positive weight")

@@ -29,7 +29,8 @@ def mixture_of(cfg: Config) -> dict:
     strategy = None
     if cfg.strategy is not None:
         strategy = [str(cfg.strategy.file), cfg.strategy.function, cfg.strategy.options]
-    return {"sources": {s.name: {"weight": s.weight, "loaders": s.loaders} for s in cfg.sources},
+    return {"sources": {s.name: {"weight": s.weight, "loaders": s.loaders, "shuffle_window": s.shuffle_window}
+                        for s in cfg.sources},
             "strategy": strategy}
 
 
@@ -118,6 +119,12 @@ def check_sources(cfg: Config, *, resume: bool) -> list[str]:
     if not resume or not (cfg.run_dir / MIXTURE).exists():
         return said
     old = json.loads((cfg.run_dir / MIXTURE).read_text()).get("sources", {})
+    for source in cfg.sources:
+        window = old.get(source.name, {}).get("shuffle_window", 1)
+        if source.name in old and window != source.shuffle_window:
+            raise ConfigError(f"sources.{source.name}.shuffle_window: {window} when the run started, {source.shuffle_window} "
+                              f"now; the source's cursor counts windows of {window} row groups: keep {window} (or give "
+                              f"the source another name, which starts it at epoch 0)")
     for source in cfg.sources:
         before = old.get(source.name, {}).get("loaders")
         if before is None or before == source.loaders:

@@ -71,7 +71,7 @@ class Planner:
         source in the restored state but not in the config (dropped) keeps its cursor in the state; a
         source in the config but not in the state (added) starts at epoch 0."""
         self.feeds = {s.name: SourceFeed(s.name, self.registry.source_row_groups(s.name), self.cfg.seed,
-                                         self._fetch_meta(s.name)) for s in self.cfg.sources}
+                                         self._fetch_meta(s.name), s.shuffle_window) for s in self.cfg.sources}
         for name, feed_state in self._feed_states.items():
             if name in self.feeds:
                 self.feeds[name].load_state_dict(feed_state)
