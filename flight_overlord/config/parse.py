@@ -26,7 +26,7 @@ from .model import PartitionBudget, ScalingConfig
 
 _REQUIRED = object()
 # Row groups per shuffle window of a source (sources[].shuffle_window): see docs/methods/data-order.md
-SHUFFLE_WINDOW = 1
+SHUFFLE_WINDOW = 2
 
 
 def _fields(raw: Any, where: str, spec: dict[str, Any]) -> dict[str, Any]:

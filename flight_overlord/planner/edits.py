@@ -116,12 +116,13 @@ def check_sources(cfg: Config, *, resume: bool) -> list[str]:
                               f"at epoch 0)")
     write_json_atomic(path, {**fingerprints, **known})  # a dropped source's stays, for its re-adding
     said: list[str] = []
-    if not resume or not (cfg.run_dir / MIXTURE).exists():
+    legacy = not (cfg.run_dir / MIXTURE).exists()  # a run started before mixtures were recorded: windows of 1
+    if not resume or (legacy and not (cfg.run_dir / "plan-journal.jsonl").exists()):
         return said
-    old = json.loads((cfg.run_dir / MIXTURE).read_text()).get("sources", {})
+    old = {} if legacy else json.loads((cfg.run_dir / MIXTURE).read_text()).get("sources", {})
     for source in cfg.sources:
         window = old.get(source.name, {}).get("shuffle_window", 1)
-        if source.name in old and window != source.shuffle_window:
+        if (legacy or source.name in old) and window != source.shuffle_window:
             raise ConfigError(f"sources.{source.name}.shuffle_window: {window} when the run started, {source.shuffle_window} "
                               f"now; the source's cursor counts windows of {window} row groups: keep {window} (or give "
                               f"the source another name, which starts it at epoch 0)")

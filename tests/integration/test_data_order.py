@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from flight_overlord.config import ConfigError, load_config
-from flight_overlord.core.order import epoch_order, row_permutation
 from flight_overlord.deploy import cli
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.loader.partition import read_catalog
+from flight_overlord.planner.feed import SourceFeed
 
 from ..helpers import WEIGHTS, write_config
 
@@ -57,7 +57,7 @@ def token_shares(delivered: dict[int, list], steps) -> dict[str, float]:
     return {s: n / total for s, n in tokens.items()}
 
 
-def sources_config(tmp_path, corpus, weights: dict[str, float], *, loaders: dict | None = None, window: int = 1,
+def sources_config(tmp_path, corpus, weights: dict[str, float], *, loaders: dict | None = None, window: int = 2,
                    **overrides):
     path = write_config(tmp_path, corpus, checkpoint={"every": 4}, loader={"hosts": 0}, **overrides)
     raw = yaml.safe_load(path.read_text())
@@ -73,14 +73,13 @@ def audit(target: str, capsys, *flags) -> dict:
 
 
 def order_position(cfg, source: str) -> dict[str, int]:
-    """Each sample key's position in its source's epoch-0 read order (core/order.py)."""
-    catalog = read_catalog(cfg.source(source))
-    positions, i = {}, 0
-    for rg in epoch_order(catalog, seed=cfg.seed, source=source, epoch=0):
-        for row in row_permutation(rg, seed=cfg.seed, source=source, epoch=0):
-            positions[f"{source}:{rg.file}:{rg.row_group}:{row}"] = i
-            i += 1
-    return positions
+    """Each sample key's position in its source's epoch-0 read order (the Planner's feed, every row
+    counted: the demo corpus has no empty sample)."""
+    spec = cfg.source(source)
+    catalog = read_catalog(spec)
+    feed = SourceFeed(source, catalog, cfg.seed, lambda epoch, rg: {"num_tokens": np.ones(rg.num_rows, np.int64)},
+                      spec.shuffle_window)
+    return {feed.next().ref.key: i for i in range(sum(rg.num_rows for rg in catalog))}
 
 
 def test_resume_on_an_edited_config_drops_adds_reweights_and_readds(corpus, tmp_path, capsys):
@@ -172,6 +171,10 @@ def test_resume_refuses_a_source_whose_files_changed(corpus, tmp_path):
     path = sources_config(tmp_path, data, {"code": 0.5, "qa": 0.5})
     with LocalCluster(path) as cluster:
         stock_read(cluster.planner, range(2))
+    sources_config(tmp_path, data, {"code": 0.5, "qa": 0.5}, window=3)  # the cursors count windows of 2
+    with pytest.raises(ConfigError, match=r"sources.code.shuffle_window: 2 when the run started, 3 now"):
+        LocalCluster(path, mode="resume").start()
+    sources_config(tmp_path, data, {"code": 0.5, "qa": 0.5})
     victim = sorted((data / "qa").glob("*.parquet"))[0]
     shutil.copy(sorted((data / "code").glob("*.parquet"))[0], victim)  # other contents under the same name
     cluster = LocalCluster(path, mode="resume")
