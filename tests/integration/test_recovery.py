@@ -179,6 +179,9 @@ def test_resume_on_a_larger_data_parallel_mesh_delivers_each_sample_once(corpus,
     occurrences = [(k, epochs[(s, k)]) for k, s in delivered_before + delivered_after]
     assert len(occurrences) == len(set(occurrences)), "a sample was delivered twice across the resume"
     assert set(planned_ahead) <= {k for k, _ in delivered_after}, "planned-but-undelivered samples were lost"
+    report = offline_audit(load_config(path).run_dir)  # the audit across the dp change agrees
+    assert (report["samples"], report["duplicates"], report["missing"]) == (len(occurrences), 0, 0)
+    assert report["segments"] == 2 and report["through_step"] == cut + 11
 
 
 def _plans(path) -> list[dict]:
