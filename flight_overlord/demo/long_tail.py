@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from .data import MIN_FILES, MIN_ROW_GROUPS, MIN_ROWS_PER_GROUP, write_source
+from .layout import MIN_FILES, MIN_ROW_GROUPS, MIN_ROWS_PER_GROUP, write_source
 
 LONG_TAIL_SEED_OFFSET = 11_000
 _ALPHABET = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz      ", dtype=np.uint8)  # ~1 space in 6

@@ -134,6 +134,18 @@ def render(report: dict) -> str:
     return "\n".join(lines)
 
 
+def mark_run_start(cfg, mixture: dict, *, resume: bool) -> None:
+    """A Planner starts a run or resumes it (not a restart of the Planner alone): a new segment of
+    deliveries, the config it runs (for an offline audit) and its mixture (for the next resume's checks)."""
+    from ..constructor.deliveries import mark_segment
+    from ..store import write_json_atomic, write_text_atomic
+    from .edits import MIXTURE
+    mark_segment(cfg.run_dir, resume=resume)
+    if cfg.path is not None:
+        write_text_atomic(cfg.run_dir / CONFIG_PATH, str(Path(cfg.path).resolve()))
+    write_json_atomic(cfg.run_dir / MIXTURE, mixture)
+
+
 def offline_audit(run_dir: Path, config: str | None = None) -> dict:
     """The audit of a stopped run, read from ``run_dir`` with the config it was started from."""
     from ..config import load_config
