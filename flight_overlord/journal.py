@@ -117,7 +117,11 @@ class Snapshots:
 
 
 def write_json_atomic(path: Path, obj) -> None:
+    write_text_atomic(path, json.dumps(obj, separators=(",", ":")))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, separators=(",", ":")))
+    tmp.write_text(text)
     tmp.replace(path)

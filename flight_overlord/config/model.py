@@ -35,6 +35,7 @@ class SourceConfig:
     weight: float
     loaders: int  # source-loader actors; the row groups are split this many ways
     image_column: str | None = None  # image-text sources: list<binary> of images interleaved with text_column
+    shuffle_window: int = 1  # row groups whose rows are drawn interleaved (core/order.py; docs/methods/data-order.md)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,9 @@ from .model import (BalanceConfig, CheckpointConfig, Config, ConfigError, Constr
 from .fields import REQUIRED, as_choice, as_flag, as_int, as_number, check_host, check_keys, defaults_of, join_key
 from .model import PartitionBudget, ScalingConfig
 
+# Row groups per shuffle window of a source (sources[].shuffle_window): see docs/methods/data-order.md
+SHUFFLE_WINDOW = 2
+
 def balance_methods() -> tuple[str, ...]:
     """The registered balancers, and "none" (samples in arrival order)."""
     return (*balance.METHODS, "none")
@@ -194,6 +197,7 @@ def _parse_sources(raw: Any, data_root: Path) -> tuple[SourceConfig, ...]:
         f = check_keys(item, where, {
             "name": REQUIRED, "paths": REQUIRED, "text_column": "text",
             "transform": "byte_tokenizer", "weight": 1.0, "loaders": 1, "image_column": None,
+            "shuffle_window": SHUFFLE_WINDOW,
         })
         name = str(f["name"])
         if name in names:
@@ -211,6 +215,7 @@ def _parse_sources(raw: Any, data_root: Path) -> tuple[SourceConfig, ...]:
             weight=as_number(f["weight"], f"{where}.weight", minimum=0.0),
             loaders=as_int(f["loaders"], f"{where}.loaders", minimum=1),
             image_column=None if f["image_column"] is None else str(f["image_column"]),
+            shuffle_window=as_int(f["shuffle_window"], f"{where}.shuffle_window", minimum=1),
         ))
     if sum(s.weight for s in sources) <= 0:
         raise ConfigError("sources: at least one source needs a positive weight")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,8 +37,11 @@ WAIT_SECONDS = 30.0  # a trainer's do_get waits this long server-side for its st
 
 
 class Constructor:
-    def __init__(self, cfg: Config, index: int, strategy: Strategy):
-        """Constructor ``index`` of the mesh; ``strategy``: for its ``constructor_do_plan`` hook."""
+    def __init__(self, cfg: Config, index: int, strategy: Strategy,
+                 on_served: Callable[[int, int, int, list[str]], None] | None = None):
+        """Constructor ``index`` of the mesh; ``strategy``: for its ``constructor_do_plan`` hook;
+        ``on_served(step, rank, bucket, keys)``: told of every batch handed to a rank (the server
+        records it for ``overlord audit``)."""
         self.cfg = cfg
         self.index = index
         self.mesh = strategy.mesh
@@ -56,6 +60,7 @@ class Constructor:
         self._bad_samples: list[str] = []  # keys skipped for a bad image (vision.on_bad_image: skip)
         self.failure: BackgroundFailure | None = None  # assembly failed: every waiting take gets it
         self.stopping = False
+        self._on_served = on_served
 
     # -- fetching ----------------------------------------------------------------------
     @staticmethod
@@ -218,6 +223,8 @@ class Constructor:
         served["batches"] += 1
         served["samples"] += int(pc.sum(pc.list_value_length(keys)).as_py() or 0) if keys is not None else 0
         served["bytes"] += table.nbytes
+        if keys is not None and self._on_served is not None:
+            self._on_served(step, rank, self._deliveries[rank].bucket, pc.list_flatten(keys).to_pylist())
 
     # -- inspection and state ----------------------------------------------------------
     def status(self) -> ConstructorStatus:

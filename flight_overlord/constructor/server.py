@@ -31,6 +31,7 @@ from ..wire.security import INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, ClientPool, call_any, location_of, register, serve
 from ..wire.tickets import BatchTicket, Registration, SamplesPart, SamplesTicket
 from .assembly import Sample
+from .deliveries import DeliveryJournal
 from .constructor import Constructor
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ class ConstructorServer(ActionServer):
         self.cfg = cfg
         security = security or Security.from_config(cfg)
         self.index = index
-        self.constructor = Constructor(cfg, index, load_strategy(cfg, cfg.trainer_mesh))
+        self._delivered = DeliveryJournal(cfg.run_dir, index)  # what was served, for `overlord audit`
+        self.constructor = Constructor(cfg, index, load_strategy(cfg, cfg.trainer_mesh), self._delivered.served)
         self.mesh = self.constructor.mesh
         self.ranks = self.constructor.ranks
         self._planner_location = planner
@@ -140,6 +142,7 @@ class ConstructorServer(ActionServer):
         super().shutdown()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._clients.close()
+        self._delivered.close()
 
 
 def main(argv=None) -> None:

@@ -59,6 +59,11 @@ class Mixer:
             self._cached_key, self._cached = key, w / w.sum()
         return self._cached
 
+    def reset_credit(self) -> None:
+        """A new mixture from here (a mixture edit): the old weights' credit would bend the first
+        draws under the new ones; the realized amounts stay."""
+        self._credit = np.zeros(len(self.sources))
+
     def state_dict(self) -> dict:
         return {"credit": self._credit.tolist(), "realized": self.realized.tolist()}
 

@@ -3,7 +3,9 @@
 Row groups are ordered by a seeded hash of their identity, so the global order of a
 source does not depend on how many loader actors split it: an actor's own order is
 just the global order restricted to the row groups it owns. Rows inside a row group
-follow a permutation seeded by the same identity.
+follow a permutation seeded by the same identity. With a shuffle window of K row groups
+(``sources[].shuffle_window``), every K consecutive row groups of that order form a window whose
+rows are drawn in one seeded permutation of them all: samples from K row groups interleave.
 """
 from __future__ import annotations
 
@@ -58,3 +60,34 @@ def epoch_order(row_groups: Iterable[RowGroupRef], *, seed: int, source: str, ep
 def row_permutation(rg: RowGroupRef, *, seed: int, source: str, epoch: int) -> np.ndarray:
     rng = np.random.default_rng(stable_hash("rows", seed, source, epoch, rg.file, rg.row_group))
     return rng.permutation(rg.num_rows).astype(np.int32)
+
+
+@dataclass(frozen=True)
+class Window:
+    """K consecutive row groups of an epoch's order, read as one: virtual row v is row
+    ``v - offsets[j]`` of ``row_groups[j]`` for the j with offsets[j] <= v < offsets[j + 1]."""
+    row_groups: tuple[RowGroupRef, ...]
+
+    @cached_property
+    def offsets(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum([rg.num_rows for rg in self.row_groups])]).astype(np.int64)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.offsets[-1])
+
+    def locate(self, rows) -> tuple[np.ndarray, np.ndarray]:
+        """(index into ``row_groups``, row within it) of each virtual row."""
+        rows = np.asarray(rows, dtype=np.int64)
+        which = np.searchsorted(self.offsets, rows, side="right") - 1
+        return which, rows - self.offsets[which]
+
+
+def windows(order: list[RowGroupRef], size: int) -> list[Window]:
+    return [Window(tuple(order[i:i + size])) for i in range(0, len(order), size)]
+
+
+def window_permutation(window: Window, index: int, *, seed: int, source: str, epoch: int) -> np.ndarray:
+    """The order the rows of window ``index`` of an epoch are drawn in: one permutation of them all."""
+    rng = np.random.default_rng(stable_hash("window", seed, source, epoch, index, len(window.row_groups)))
+    return rng.permutation(window.num_rows).astype(np.int32)

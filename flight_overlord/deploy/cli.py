@@ -154,6 +154,47 @@ def _inspect(args) -> None:
         raise SystemExit(f"error: {args.address}: {type(exc).__name__}: {str(exc).split('. Detail:')[0]}") from None
 
 
+def _mix(args) -> None:
+    from .. import wire
+    from ..wire.server import connect
+    weights: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in args.set.split(","))):
+        name, _, value = item.partition("=")
+        try:
+            weights[name.strip()] = float(value)
+        except ValueError:
+            raise SystemExit(f"error: mix --set: {item!r} is not NAME=WEIGHT (a number)") from None
+    client = connect(args.address, _credentials(args))
+    try:
+        answer = wire.call(client, "mix", {"weights": weights, **({"step": args.at} if args.at is not None else {})})
+    except Exception as exc:  # noqa: BLE001 - refused or invalid: the server's message, no traceback
+        raise SystemExit(f"error: mix: {str(exc).split('. Detail:')[0]}") from None
+    finally:
+        client.close()
+    print(f"from step {answer['step']}: " + " ".join(f"{s}={w:g}" for s, w in answer["weights"].items()))
+
+
+def _audit(args) -> None:
+    from ..planner.audit import dumps, offline_audit, render
+    target = args.target
+    try:
+        if "://" in target:
+            from .. import wire
+            from ..wire.server import connect
+            client = connect(target, _credentials(args))
+            try:
+                report = wire.call(client, "audit", {}, timeout=600)
+            finally:
+                client.close()
+        else:
+            report = offline_audit(Path(target), args.config)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"error: audit: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - a Flight error: the server's message, no traceback
+        raise SystemExit(f"error: audit: {str(exc).split('. Detail:')[0]}") from None
+    print(dumps(report) if args.json else render(report), flush=True)
+
+
 def _certs(args) -> None:
     from .certs import config_snippet, make_certs
     files = make_certs(args.dir, hosts=tuple(args.host), days=args.days)
@@ -232,6 +273,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     _add_credential_args(p)
     p.set_defaults(func=_status)
+    p = sub.add_parser("mix", help="reweight the sources of a running run from a future step on (journaled; "
+                       "needs the run's cluster secret: --config)")
+    p.add_argument("address", help="the Planner's address")
+    p.add_argument("--set", required=True, metavar="NAME=W,...", help="the new weights; sources not named weigh 0")
+    p.add_argument("--at", type=int, help="the first step under the new weights (default: the first not planned yet)")
+    _add_credential_args(p)
+    p.set_defaults(func=_mix)
+    p = sub.add_parser("audit", help="what a run delivered, from its journals: samples, duplicates, missing, "
+                       "per source, across every resume and mixture edit")
+    p.add_argument("target", help="a run_dir (a stopped run) or the Planner's address (a running one)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_credential_args(p)
+    p.set_defaults(func=_audit)
     p = sub.add_parser("certs", help="make a development CA and server/client certificates for TLS and mutual TLS")
     p.add_argument("dir")
     p.add_argument("--host", action="append", default=[], help="another name or IP for the server certificate "

@@ -81,6 +81,7 @@ class LocalCluster:
             write_secret(secret_path(self.cfg), self.secret)
         if self.cfg.loader.partition == "auto":
             self._partition()
+        self._check_sources()
         try:
             planner = self._spawn("planner", ["planner", *(["--resume"] if self.mode == "resume" else [])])
             self.planner = self._await_ready([planner])[0]
@@ -107,6 +108,12 @@ class LocalCluster:
         if self.mode == "fresh" and run_dir.exists():
             self.moved_aside = move_aside(run_dir)
             log.info("moved the previous run aside to %s", self.moved_aside)
+
+    def _check_sources(self) -> None:
+        """Before any role starts: a resume on an edited config refuses what it cannot honour."""
+        from ..planner.edits import check_sources
+        for line in check_sources(self.cfg, resume=self.mode == "resume"):
+            log.info("resume: %s", line)
 
     def _partition(self) -> None:
         """``loader.partition: auto``: profile (or reuse run_dir's profile) and plan; a resumed run keeps

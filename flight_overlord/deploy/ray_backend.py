@@ -114,6 +114,7 @@ class RayCluster(LocalCluster):
     def start(self) -> str:
         import ray
         self._prepare_run_dir()
+        self._check_sources()
         if self._secret_source != "file":  # the run's tools read it there, as with LocalCluster
             write_secret(secret_path(self.cfg), self.secret)
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

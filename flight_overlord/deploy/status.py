@@ -43,7 +43,8 @@ def cluster_status(planner_address: str, *, timeout: float = 10.0, pool: ClientP
     try:
         planner = _ask(pool, planner_address, timeout, role="planner")
         answer = planner.pop("counters")
-        planner["counters"] = {k: answer[k] for k in ("ready", "planned", "requested", "error", "scaling", "cost") if k in answer}
+        planner["counters"] = {k: answer[k] for k in ("ready", "planned", "requested", "error", "scaling", "cost",
+                                                      "mixture") if k in answer}
         where = PlannerStatus.from_wire(answer) if planner["up"] else PlannerStatus()
         loaders = [{"role": "loader", "source": source, "actor": actor, "replica": replica, "address": location,
                     "row_groups": len(row_groups)}
@@ -144,6 +145,11 @@ def render(status: dict) -> str:
                      f"{c.get('bytes_fetched', 0):>14,}" + (f"  error: {c['error']}" if c.get("error") else ""))
     lines.extend(_cost_lines(counters.get("cost")))
     lines.extend(starvation_lines(status.get("starvation")))
+    mixture = counters.get("mixture") or {}
+    if mixture.get("weights"):  # the weights in force, and live changes (overlord mix) not reached yet
+        lines.append("mixture in force: " + " ".join(f"{s}={w:.3f}" for s, w in mixture["weights"].items()))
+    for change in mixture.get("pending", []):
+        lines.append(f"  from step {change['step']}: " + " ".join(f"{s}={w:.3f}" for s, w in change["weights"].items()))
     scaling = counters.get("scaling")
     if scaling:  # loader.scaling: active actors per source, and the latest live reshards
         lines.append("scaling: active actors " + " ".join(f"{s}:{n}" for s, n in sorted(scaling["actors"].items())))

@@ -14,7 +14,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from ..core.order import RowGroupRef, SampleRef, epoch_order, row_permutation
+from ..core.order import RowGroupRef, SampleRef, Window, epoch_order, row_permutation, window_permutation, windows
 
 
 class Pick(NamedTuple):
@@ -40,12 +40,17 @@ FetchMeta = Callable[[int, RowGroupRef], dict[str, np.ndarray]]
 
 
 class SourceFeed:
-    def __init__(self, name: str, row_groups: list[RowGroupRef], seed: int, fetch_meta: FetchMeta):
+    def __init__(self, name: str, row_groups: list[RowGroupRef], seed: int, fetch_meta: FetchMeta,
+                 window: int = 1):
+        """``window``: row groups whose rows are drawn interleaved (core/order.py); the cursor's
+        ``rg_index`` then counts windows."""
         if not any(rg.num_rows for rg in row_groups):
             raise ValueError(f"source {name!r} has no rows")
         self.name = name
         self.seed = seed
+        self.window = max(1, int(window))
         self.row_groups = sorted(row_groups)
+        self._units = -(-len(self.row_groups) // self.window)  # row groups (or windows) per epoch
         self._rows = sum(rg.num_rows for rg in self.row_groups)
         self.fetch_meta = fetch_meta
         self.epoch, self.rg_index, self.row_index = 0, 0, 0  # the cursor: the next sample of the stream
@@ -74,7 +79,8 @@ class SourceFeed:
                 continue
             patches = meta.get("image_patches")
             sizes = meta.get("image_sizes")
-            return Pick(SampleRef(self.name, self.epoch, rg.file, rg.row_group, row), tokens,
+            file, group, local = _where(rg, row)
+            return Pick(SampleRef(self.name, self.epoch, file, group, local), tokens,
                         int(patches[row]) if patches is not None else 0,
                         tuple(sizes[row]) if sizes is not None else ())
 
@@ -95,7 +101,7 @@ class SourceFeed:
     def _advance(self) -> None:
         self.row_index = 0
         self.rg_index += 1
-        if self.rg_index == len(self.row_groups):
+        if self.rg_index == self._units:
             self.epoch, self.rg_index = self.epoch + 1, 0
 
     def _row_group(self) -> tuple[RowGroupRef, list[int], dict, list]:
@@ -104,11 +110,15 @@ class SourceFeed:
         where = (self.epoch, self.rg_index)
         if self._current is None or self._current[0] != where:
             if self._order is None or self._order[0] != self.epoch:
-                self._order = (self.epoch, epoch_order(self.row_groups, seed=self.seed, source=self.name,
-                                                       epoch=self.epoch))
+                order = epoch_order(self.row_groups, seed=self.seed, source=self.name, epoch=self.epoch)
+                self._order = (self.epoch, order if self.window == 1 else windows(order, self.window))
             rg = self._order[1][self.rg_index]
-            permutation = row_permutation(rg, seed=self.seed, source=self.name, epoch=self.epoch)
-            meta = self.fetch_meta(self.epoch, rg)
+            if isinstance(rg, Window):  # every row group of the window at once: its rows interleave
+                permutation = window_permutation(rg, self.rg_index, seed=self.seed, source=self.name, epoch=self.epoch)
+                meta = _joined([(part, self.fetch_meta(self.epoch, part)) for part in rg.row_groups])
+            else:
+                permutation = row_permutation(rg, seed=self.seed, source=self.name, epoch=self.epoch)
+                meta = self.fetch_meta(self.epoch, rg)
             self._current = (where, rg, permutation.tolist(), meta, np.asarray(meta["num_tokens"]).tolist())
         return self._current[1:]
 
@@ -116,7 +126,8 @@ class SourceFeed:
         """The first position of the read order (epoch * row groups + index in the epoch's order) whose
         metadata this feed never asked for: everything before it was (the row group under the cursor
         is asked for as soon as its first row is drawn)."""
-        return self.epoch * len(self.row_groups) + self.rg_index + (1 if self.row_index > 0 else 0)
+        started = self.rg_index + (1 if self.row_index > 0 else 0)  # row groups, or windows of them
+        return self.epoch * len(self.row_groups) + min(len(self.row_groups), started * self.window)
 
     def summary(self) -> dict:
         """What is waiting: the deferred samples (first in line next step) and what was drawn so far."""
@@ -212,13 +223,36 @@ class FeedStream:
             patches, sizes = meta.get("image_patches"), meta.get("image_sizes")
             # SampleRef(...) field by field through a frozen dataclass's __init__ costs ~1 us each;
             # the same objects are made here with their attribute dicts set in one C call each.
-            file, group = rg.file, rg.row_group
             refs = list(map(SampleRef.__new__, repeat(SampleRef, len(rows))))
-            deque(map(object.__setattr__, refs, repeat("__dict__"),
-                      [{"source": name, "epoch": epoch, "file": file, "row_group": group, "row": r} for r in rows]),
-                  maxlen=0)
+            if isinstance(rg, Window):
+                which, local = (x.tolist() for x in rg.locate(rows))
+                fields = [{"source": name, "epoch": epoch, "file": rg.row_groups[j].file,
+                           "row_group": rg.row_groups[j].row_group, "row": r} for j, r in zip(which, local)]
+            else:
+                file, group = rg.file, rg.row_group
+                fields = [{"source": name, "epoch": epoch, "file": file, "row_group": group, "row": r} for r in rows]
+            deque(map(object.__setattr__, refs, repeat("__dict__"), fields), maxlen=0)
             picks.extend(map(tuple.__new__, repeat(Pick), zip(
                 refs, [lengths[r] for r in rows],
                 [int(patches[r]) for r in rows] if patches is not None else repeat(0),
                 [tuple(sizes[r]) for r in rows] if sizes is not None else repeat(()))))
         return picks
+
+
+def _where(unit: RowGroupRef | Window, row: int) -> tuple[str, int, int]:
+    """(file, row group, row) of a row of the unit under the cursor (a row group, or a window)."""
+    if isinstance(unit, Window):
+        which, local = unit.locate([row])
+        rg = unit.row_groups[int(which[0])]
+        return rg.file, rg.row_group, int(local[0])
+    return unit.file, unit.row_group, row
+
+
+def _joined(parts: list[tuple[RowGroupRef, dict]]) -> dict:
+    """The metadata of a window's row groups, as one row group's (its virtual rows in order)."""
+    first = parts[0][1]
+    joined = {key: np.concatenate([np.asarray(meta[key])[:rg.num_rows] for rg, meta in parts])
+              for key in ("num_tokens", "image_patches") if key in first}
+    if "image_sizes" in first:
+        joined["image_sizes"] = [sizes for rg, meta in parts for sizes in list(meta["image_sizes"])[:rg.num_rows]]
+    return joined

@@ -10,15 +10,18 @@ exactly the plans an undisturbed one would.
 """
 from __future__ import annotations
 
+import json
 import logging
+import threading
 from typing import Callable
 
 from ..config import Config
 from ..core.mesh import Mesh
 from ..core.mixing import Mixer
 from ..core.schedules import FeedbackLog, weights_at
-from ..journal import Journal, Snapshots, read_journal
+from ..journal import Journal, Snapshots, read_journal, write_json_atomic
 from ..wire.plan import ConstructorPlan, FetchGroup
+from .edits import MixOverrides, describe_edit, mixture_of
 from .feed import FetchMeta, SourceFeed
 from .hdp import hdp_groups
 from .program import StepPlan, plan_step
@@ -42,6 +45,11 @@ class Planner:
         self.feeds: dict[str, SourceFeed] = {}   # built once every loader has registered (start_feeds)
         self._feed_states: dict[str, dict] = {}  # restored cursors, applied by start_feeds
         self.mixer = Mixer([s.name for s in cfg.sources])
+        self.mixture = mixture_of(cfg)  # sources, weights, loaders, strategy: journaled with the state
+        self.journal_mixture: dict | None = None  # the mixture of the run restored from, if any
+        self.overrides = MixOverrides()  # live reweighting (overlord mix), journaled
+        self.last_weights: dict[str, float] | None = None  # the weights of the step planned last (status)
+        self._planning = threading.Lock()  # a live mix lands wholly before or after a step's planning
         self._fetch_meta = fetch_meta
         self._dir = cfg.run_dir / "planner"
         self._journal_path = cfg.run_dir / "plan-journal.jsonl"
@@ -66,11 +74,14 @@ class Planner:
             self._restore_latest()
 
     def start_feeds(self) -> None:
-        """Build the source feeds once every loader has registered (they announce the row groups)."""
+        """Build the source feeds once every loader has registered (they announce the row groups). A
+        source in the restored state but not in the config (dropped) keeps its cursor in the state; a
+        source in the config but not in the state (added) starts at epoch 0."""
         self.feeds = {s.name: SourceFeed(s.name, self.registry.source_row_groups(s.name), self.cfg.seed,
-                                         self._fetch_meta(s.name)) for s in self.cfg.sources}
+                                         self._fetch_meta(s.name), s.shuffle_window) for s in self.cfg.sources}
         for name, feed_state in self._feed_states.items():
-            self.feeds[name].load_state_dict(feed_state)
+            if name in self.feeds:
+                self.feeds[name].load_state_dict(feed_state)
         if self.scaling is not None:
             self.scaling.start(self.registry)
 
@@ -84,12 +95,19 @@ class Planner:
 
     def plan_next(self) -> StepPlan:
         """Plan ``next_step``, journal it with the state after it, snapshot when due."""
+        with self._planning:
+            return self._plan_next()
+
+    def _plan_next(self) -> StepPlan:
         step = self.next_step
         if step % self.cfg.checkpoint.every == 0:
             self._snapshot()
         self.feedback.forget_before(step - self.strategy.schedule.lag - 1)  # what state_dict keeps
         weights, feedback = weights_at(self.strategy.schedule, step, self.feedback)
-        weights = self._checked_weights(step, weights)
+        if self.overrides.starts_at(step):
+            self.mixer.reset_credit()
+        weights = self._checked_weights(step, self.overrides.weights_at(step) or weights)
+        self.last_weights = weights
         scaled = self.scaling.decide(step, weights, self.feeds) if self.scaling is not None else []
         self.scaled = scaled  # the server tells the loaders at once (they also learn it from tickets)
         cost_fns = {}
@@ -119,13 +137,19 @@ class Planner:
             snapshot = self._snapshots.latest(at_most=step)
             if snapshot is None or step >= self.next_step:
                 return None
-            offset = snapshot[1]["journal_offset"]
+            offset = max([snapshot[1]["journal_offset"]] + [o for r, o in self._rewinds() if r <= step])
         for _, record in read_journal(self._journal_path, offset):
             if record.get("step") == step and "bins" in record and self._usable(record):
                 return StepPlan.from_record(record)
             if record.get("step", -1) > step:
                 break
         return None
+
+    def _rewinds(self) -> list[list[int]]:
+        """[step, journal offset] of every rewind: a step's plan in force is the first one journaled
+        after the last rewind at or before it (plans journaled before were made on the old layout or mixture)."""
+        path = self._dir / "rewinds.json"
+        return json.loads(path.read_text()) if path.exists() else []
 
     def _usable(self, record: dict) -> bool:
         return self.rewound_at is None or record["step"] < self.rewound_at or record["step"] in self._index
@@ -179,9 +203,11 @@ class Planner:
 
     # -- state -------------------------------------------------------------------------
     def _planning_state(self) -> dict:
-        feeds = {name: feed.state_dict() for name, feed in self.feeds.items()} if self.feeds else self._feed_states
+        feeds = dict(self._feed_states)  # dropped sources' cursors stay, so re-adding one continues there
+        feeds.update((name, feed.state_dict()) for name, feed in self.feeds.items())
         scaling = {"scaling": self.scaling.state_dict()} if self.scaling is not None else {}
-        return {"feeds": feeds, "mixer": self.mixer.state_dict(), **scaling}
+        return {"feeds": feeds, "mixer": self.mixer.state_dict(), "mixer_sources": self.mixer.sources,
+                "mixture": self.mixture, "overrides": self.overrides.state_dict(), **scaling}
 
     def state_dict(self) -> dict:
         lag = self.strategy.schedule.lag
@@ -194,7 +220,10 @@ class Planner:
     def load_state_dict(self, state: dict) -> None:
         self.next_step = int(state["next_step"])
         self.feedback.floor = min(self.feedback.floor, self.next_step - self.strategy.schedule.lag - 1)  # a rewind
-        self.mixer.load_state_dict(state["mixer"])
+        self.mixer.load_state_dict(_mixer_state(state["mixer"], state.get("mixer_sources"), self.mixer.sources))
+        self.overrides.load_state_dict(state.get("overrides", []))
+        if "mixture" in state:
+            self.journal_mixture = state["mixture"]
         if self.scaling is not None and "scaling" in state:
             self.scaling.load_state_dict(state["scaling"])
         self._feed_states = dict(state["feeds"])
@@ -226,7 +255,7 @@ class Planner:
             self.load_state_dict(snapshot[1])
             offset = snapshot[1]["journal_offset"]
             self.journal_layout = snapshot[1]["layout"]
-        last, begin = None, offset
+        last, begin, mixes = None, offset, []
         for end, record in read_journal(self._journal_path, offset):
             if "report" in record:
                 r = record["report"]
@@ -236,17 +265,21 @@ class Planner:
                 self.costs[c.get("model", "backbone")].add(c["step"], c["bucket"], c["rows"])
             elif "cost_fit" in record and record["cost_fit"].get("model", "backbone") in self.costs:
                 self.costs[record["cost_fit"].get("model", "backbone")].restore(record["cost_fit"])
+            elif "mix" in record:  # a live reweighting: in the state of the plans after it
+                mixes.append(record["mix"])
             elif "rewind" in record:  # plans from that step on were made again, on a new layout
                 self._index = {s: o for s, o in self._index.items() if s < record["rewind"]}
-                last = record
+                last, mixes = record, []
             elif "bins" in record:
                 self._index[record["step"]] = begin
-                last = record
+                last, mixes = record, []
             begin = end
         if last is not None:
             self.journal_layout = last["layout"]
             next_step = last["rewind"] if "rewind" in last else last["step"] + 1
             self.load_state_dict({**last["state"], "next_step": next_step, "feedback": {}})
+        for mix in mixes:
+            self.overrides.add(mix["step"], mix["weights"])
         log.info("restored at step %d (%d journaled steps since the snapshot)", self.next_step, len(self._index))
 
     def rewind(self, step: int) -> None:
@@ -258,7 +291,12 @@ class Planner:
                              "resume on the run's own layout")
         state = self._state_before(step)
         self.load_state_dict(state)
+        edit = self._config_edit(step)
+        offset = self._journal.size()
         self._journal.append({"rewind": step, "layout": self.layout(), "state": self._planning_state()})
+        write_json_atomic(self._dir / "rewinds.json", self._rewinds() + [[step, offset]])
+        if edit is not None:
+            self._journal.append({"edit": edit})
         self._index = {s: o for s, o in self._index.items() if s < step}
         self.rewound_at = step
         log.info("rewound to step %d for a new layout %s", step, self.layout())
@@ -268,12 +306,51 @@ class Planner:
         if snapshot is None:
             raise ValueError(f"no snapshot at or before step {step} in {self._dir}")
         state = dict(snapshot[1])
+        mixes: list[dict] = []
         for _, record in read_journal(self._journal_path, state["journal_offset"]):
             if "bins" in record and record["step"] < step:
                 state.update(record["state"])
                 state["next_step"] = record["step"] + 1
+                mixes = []
+            elif "mix" in record:
+                mixes.append(record["mix"])
+        state["overrides"] = state.get("overrides", []) + [[m["step"], m["weights"]] for m in mixes]
         state["feedback"] = {}
         return state
+
+    # -- mixture edits -----------------------------------------------------------------
+    @property
+    def mixture_changed(self) -> bool:
+        """The config's mixture (sources, weights, loaders, strategy) is not the restored run's."""
+        return self.journal_mixture is not None and self.journal_mixture != self.mixture
+
+    def _config_edit(self, step: int) -> dict | None:
+        """A resume on an edited config: from ``step`` on the config's mixture holds; the live
+        reweightings of the run before it are superseded (the config was edited after them)."""
+        if not self.mixture_changed:
+            return None
+        edit = {"step": step, "kind": "config", **describe_edit(self.journal_mixture, self.mixture),
+                "weights": {name: s["weight"] for name, s in self.mixture["sources"].items()}}
+        self.overrides.load_state_dict([])
+        self.mixer.reset_credit()
+        self.journal_mixture = self.mixture
+        log.info("mixture edit at step %d: %s", step, edit)
+        return edit
+
+    def mix(self, weights: dict[str, float], at: int | None = None) -> dict:
+        """Live reweighting from step ``at`` (default: the first step not planned yet); journaled
+        (fsync'd) before any plan reads it. Steps already planned keep their weights."""
+        with self._planning:
+            return self._mix(weights, at)
+
+    def _mix(self, weights: dict[str, float], at: int | None) -> dict:
+        step = self.next_step if at is None else int(at)
+        if step < self.next_step:
+            raise ValueError(f"mix: step {step} is already planned (planned up to {self.next_step - 1}); "
+                             f"the earliest step a new mixture can start at is {self.next_step}")
+        self._journal.append({"mix": {"step": step, "weights": weights}})
+        self.overrides.add(step, weights)
+        return {"step": step, "weights": weights}
 
     def close(self) -> None:
         if self._journal is not None:
@@ -329,3 +406,12 @@ def _consumers(plan: StepPlan, mesh: Mesh) -> dict[str, int]:
                 needs.setdefault(pick.ref.key, set()).add(c)
         plan.consumers = {k: len(v) for k, v in needs.items()}
     return plan.consumers
+
+
+def _mixer_state(state: dict, saved_sources: list[str] | None, sources: list[str]) -> dict:
+    """The mixer's credits (kept per source position) for this config's sources: a dropped source's
+    credit goes, an added one starts at 0."""
+    if saved_sources is None or list(saved_sources) == list(sources):
+        return state
+    by_name = {key: dict(zip(saved_sources, state[key])) for key in ("credit", "realized")}
+    return {key: [by_name[key].get(s, 0.0) for s in sources] for key in ("credit", "realized")}

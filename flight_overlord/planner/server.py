@@ -29,7 +29,9 @@ from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_MET
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, location_of, serve
 from ..wire.tickets import BufferTicket, Registration
+from .audit import audit_run, mark_run_start
 from .calls import PlannerCalls
+from .edits import checked_weights
 from .planner import Planner
 from .service import PlanService
 from .strategy import load_strategy
@@ -50,6 +52,8 @@ class PlannerServer(ActionServer):
         self.calls = PlannerCalls(security.credentials, stopping=lambda: self.service.stopping)
         self.planner = self.calls.planner = Planner(cfg, self.strategy, self.calls.meta_fetcher)
         self.planner.open(resume=resume or recover)
+        if not recover:  # a new segment of the run (overlord audit tells what a resume rolled back)
+            mark_run_start(cfg, self.planner.mixture, resume=resume)
         self.service = PlanService(cfg, self.planner, resumed=resume, recover=recover, answers=self.calls.answers,
                                    on_scaled=self.calls.announce_reshard)
         super().__init__(cfg.network.host, cfg.network.planner_port if port is None else port, security)
@@ -170,6 +174,22 @@ class PlannerServer(ActionServer):
         self.service.report(wire.field(body, "step", int, "report"), wire.field(body, "rank", int, "report"),
                             losses, body)
         return {"ok": True}
+
+    # -- mixture -----------------------------------------------------------------------
+    @requires(CLUSTER)
+    def action_mix(self, body):
+        """Live reweighting: {"weights": {source: w}, "step": first step (optional, default the first
+        one not planned)}. Journaled; a resume replays it."""
+        weights = checked_weights(wire.field(body, "weights", dict, "mix"), [s.name for s in self.cfg.sources])
+        at = body.get("step")
+        if at is not None and (isinstance(at, bool) or not isinstance(at, int)):
+            raise ValueError(f"malformed mix: field 'step' must be an integer, got {at!r}")
+        return self.planner.mix(weights, at)
+
+    @requires(INSPECT)
+    def action_audit(self, body):
+        """What this run delivered, from its journals (``overlord audit``)."""
+        return audit_run(self.cfg.run_dir, self.planner)
 
     # -- inspection --------------------------------------------------------------------
     @requires(INSPECT)

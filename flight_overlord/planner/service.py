@@ -44,7 +44,8 @@ class PlanService:
         if recover and self._registry_file.exists():
             self.planner.registry.load_state_dict(wire.decode(self._registry_file.read_bytes(), str(self._registry_file)))
         layout = planner.journal_layout
-        self.rewind_pending = layout is not None and layout != planner.layout()
+        # a new layout, or an edited mixture: re-plan from the step the trainers resume at
+        self.rewind_pending = (layout is not None and layout != planner.layout()) or planner.mixture_changed
         self._plans: dict[int, StepPlan] = {}      # planned, not yet fetched by every constructor
         self._fetched: dict[int, set[int]] = {}
         self.stats: dict[int, dict] = {}
@@ -240,7 +241,9 @@ class PlanService:
                 reregistrations=dict(self._reregistrations), **registry.state_dict(),
                 scaling=self.planner.scaling.status() if self.planner.scaling is not None else None,
                 cost=self.planner.cost_status(),
-                trainer_waits={str(r): w for r, w in self._trainer_waits.totals().items()})
+                trainer_waits={str(r): w for r, w in self._trainer_waits.totals().items()},
+                mixture={"weights": self.planner.last_weights,
+                         "pending": self.planner.overrides.pending(self.planner.next_step)})
 
     def step_stats(self, first: int, last: int | None) -> dict:
         """Per-step plan statistics of the steps in ``first..last`` still held (default: to the last planned)."""

@@ -16,6 +16,7 @@ from flight_overlord import wire
 from flight_overlord.client import TrainerClient
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.deploy.launch import LocalCluster
+from flight_overlord.planner.audit import offline_audit
 
 from ..helpers import journal, write_config
 
@@ -104,7 +105,12 @@ def reference(corpus, tmp_path_factory):
                                         ("constructor-0", 4), ("constructor-1", 5)])
 def test_kill_9_of_a_role_changes_no_rank_stream(reference, corpus, tmp_path, role, seed):
     at = int(np.random.default_rng(seed).integers(3, STEPS - 10))
-    assert run(config(tmp_path, corpus), kill=role, at=at) == reference
+    path = config(tmp_path, corpus)
+    assert run(path, kill=role, at=at) == reference
+    # overlord audit, from what the constructors recorded as served, agrees with the trainers' own count
+    report = offline_audit(load_config(path).run_dir)
+    delivered = sum(len(mb) for stream in reference.values() for _, (mbs, _) in stream for mb in mbs)
+    assert (report["samples"], report["duplicates"], report["missing"]) == (delivered, 0, 0)
 
 
 def test_kill_9_of_a_loader_with_a_shadow_fails_over(reference, corpus, tmp_path):
@@ -173,6 +179,9 @@ def test_resume_on_a_larger_data_parallel_mesh_delivers_each_sample_once(corpus,
     occurrences = [(k, epochs[(s, k)]) for k, s in delivered_before + delivered_after]
     assert len(occurrences) == len(set(occurrences)), "a sample was delivered twice across the resume"
     assert set(planned_ahead) <= {k for k, _ in delivered_after}, "planned-but-undelivered samples were lost"
+    report = offline_audit(load_config(path).run_dir)  # the audit across the dp change agrees
+    assert (report["samples"], report["duplicates"], report["missing"]) == (len(occurrences), 0, 0)
+    assert report["segments"] == 2 and report["through_step"] == cut + 11
 
 
 def _plans(path) -> list[dict]:

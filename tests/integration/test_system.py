@@ -10,7 +10,7 @@ import pytest
 
 from flight_overlord import wire
 from flight_overlord.client import StepFetcher
-from flight_overlord.config import load_config
+from flight_overlord.config import ConfigError, load_config
 from flight_overlord.core.cost import config_cost
 from flight_overlord.core.order import epoch_order
 from flight_overlord.deploy.launch import LocalCluster
@@ -189,8 +189,10 @@ def test_unreadable_parquet_file_is_named_at_start(corpus, tmp_path):
     root = _copy_corpus(corpus, tmp_path)
     bad = sorted((root / "qa").glob("*.parquet"))[0]
     bad.write_bytes(b"this is not parquet at all")
-    with pytest.raises(RuntimeError, match=f"cannot read Parquet file {bad}"):
-        LocalCluster(write_config(tmp_path, root)).start()
+    cluster = LocalCluster(write_config(tmp_path, root))
+    with pytest.raises(ConfigError, match=f"sources.qa: cannot read Parquet file {bad}"):
+        cluster.start()  # named before any role starts (the check of the sources' files)
+    assert not cluster.children
 
 
 def test_missing_column_is_named_at_start(corpus, tmp_path):

@@ -1,0 +1,172 @@
+"""``overlord audit``: what a run delivered, across every resume, dp change and mixture edit.
+
+Computed from what was recorded as delivered (the constructors' delivery journals: per step and
+rank, the plan's bucket and a digest of the keys served), joined with the plan of each delivered
+step as the Planner reads it back (``Planner.journaled``). A sample is (key, epoch): the same key in
+another epoch is a new sample. Duplicates are samples delivered in two steps; missing are samples
+planned for a step up to the last one every rank of the latest segment has, but never delivered.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Callable
+
+from ..constructor.deliveries import in_force, keys_digest, read_deliveries
+from ..journal import read_journal
+from .program import StepPlan
+
+CONFIG_PATH = Path("planner") / "config-path"  # the config a run was started from (for an offline audit)
+
+
+def audit_run(run_dir: Path, planner, mesh=None) -> dict:
+    """The audit of the run in ``run_dir``; ``planner`` reads journaled plans (``journaled(step)``)."""
+    starts, records = read_deliveries(run_dir)
+    edits = [r.get("edit") or {"kind": "mix", **r["mix"]} for _, r in read_journal(run_dir / "plan-journal.jsonl")
+             if "edit" in r or "mix" in r]
+    return compute_audit(starts, records, planner.journaled, edits)
+
+
+def compute_audit(starts: list[float], records: list[dict], plan_of: Callable[[int], StepPlan | None],
+                  edits: list[dict]) -> dict:
+    """Pure: the delivery records, a plan lookup and the journaled edits -> the audit."""
+    delivered = list(in_force(starts, records))
+    plans: dict[int, StepPlan | None] = {}
+
+    def plan(step: int) -> StepPlan | None:
+        if step not in plans:
+            plans[step] = plan_of(step)
+        return plans[step]
+
+    buckets: dict[tuple[int, int], bool] = {}  # (step, bucket) served -> every digest matched the plan
+    unplanned = set()
+    for record in delivered:
+        p = plan(record["step"])
+        if p is None:
+            unplanned.add(record["step"])
+            continue
+        keys = _bucket_keys(p, record["bucket"])
+        ok = record["digest"] == keys_digest(k for k, _ in keys)
+        buckets[(record["step"], record["bucket"])] = buckets.get((record["step"], record["bucket"]), True) and ok
+    last_segment = max((r["segment"] for r in delivered), default=0)
+    reached = defaultdict(lambda: -1)
+    for record in delivered:
+        if record["segment"] == last_segment:
+            reached[record["rank"]] = max(reached[record["rank"]], record["step"])
+    through = min(reached.values(), default=-1)
+
+    seen: Counter = Counter()
+    per_source: dict[str, dict] = defaultdict(lambda: {"samples": 0, "duplicates": 0, "missing": 0, "epochs": set()})
+    step_samples: dict[int, Counter] = defaultdict(Counter)
+    for (step, bucket) in sorted(buckets):
+        for key, epoch in _bucket_keys(plan(step), bucket):
+            source = key.split(":", 1)[0]
+            seen[(key, epoch)] += 1
+            entry = per_source[source]
+            entry["samples"] += 1
+            entry["epochs"].add(epoch)
+            if seen[(key, epoch)] > 1:
+                entry["duplicates"] += 1
+            step_samples[step][source] += 1
+    missing = 0
+    for step in range(through + 1):
+        p = plan(step)
+        if p is None:
+            unplanned.add(step)
+            continue
+        for bucket in range(p.num_buckets):
+            if (step, bucket) not in buckets:
+                for key, _ in _bucket_keys(p, bucket):
+                    per_source[key.split(":", 1)[0]]["missing"] += 1
+                    missing += 1
+    samples = sum(seen.values())
+    return {
+        "samples": samples, "unique": len(seen), "duplicates": samples - len(seen), "missing": missing,
+        "steps": len({s for s, _ in buckets}), "through_step": through,
+        "segments": last_segment + 1 if delivered else 0,
+        "unverified": sorted({s for (s, _), ok in buckets.items() if not ok}),
+        "unplanned_steps": sorted(unplanned),
+        "per_source": {s: {**v, "epochs": sorted(v["epochs"])} for s, v in sorted(per_source.items())},
+        "phases": _phases(step_samples, edits),
+    }
+
+
+def _bucket_keys(plan: StepPlan, bucket: int) -> list[tuple[str, int]]:
+    return [(p.ref.key, p.ref.epoch) for bin_ in plan.bucket_bins(bucket) for p in bin_]
+
+
+def _phases(step_samples: dict[int, Counter], edits: list[dict]) -> list[dict]:
+    """Per-source samples delivered before and after each mixture edit (and the realized shares)."""
+    bounds = sorted({0, *(int(e["step"]) for e in edits)})
+    phases = []
+    for i, first in enumerate(bounds):
+        end = bounds[i + 1] if i + 1 < len(bounds) else None
+        counts: Counter = Counter()
+        for step, c in step_samples.items():
+            if step >= first and (end is None or step < end):
+                counts.update(c)
+        total = sum(counts.values())
+        phase = {"from_step": first, "to_step": None if end is None else end - 1,
+                 "edits": [e for e in edits if int(e["step"]) == first],
+                 "samples": dict(sorted(counts.items())),
+                 "shares": {s: n / total for s, n in sorted(counts.items())} if total else {}}
+        phases.append(phase)
+    return phases
+
+
+def render(report: dict) -> str:
+    """The audit as a few lines of text."""
+    lines = [f"samples delivered {report['samples']} ({report['unique']} unique) through step "
+             f"{report['through_step']} in {report['segments']} segment(s): duplicates {report['duplicates']}, "
+             f"missing {report['missing']}"]
+    if report["unverified"]:
+        lines.append(f"steps whose served keys differ from their plan (dropped samples?): {report['unverified']}")
+    lines.append(f"{'source':<16}{'samples':>9}{'dupl.':>7}{'missing':>9}  epochs")
+    for source, v in report["per_source"].items():
+        lines.append(f"{source:<16}{v['samples']:>9}{v['duplicates']:>7}{v['missing']:>9}  {v['epochs']}")
+    if len(report["phases"]) > 1:
+        for phase in report["phases"]:
+            end = "" if phase["to_step"] is None else phase["to_step"]
+            kinds = ", ".join(e.get("kind", "?") for e in phase["edits"])
+            shares = " ".join(f"{s}={x:.3f}" for s, x in phase["shares"].items())
+            lines.append(f"steps {phase['from_step']}-{end}{' (' + kinds + ')' if kinds else ''}: {shares}")
+    return "\n".join(lines)
+
+
+def mark_run_start(cfg, mixture: dict, *, resume: bool) -> None:
+    """A Planner starts a run or resumes it (not a restart of the Planner alone): a new segment of
+    deliveries, the config it runs (for an offline audit) and its mixture (for the next resume's checks)."""
+    from ..constructor.deliveries import mark_segment
+    from ..journal import write_json_atomic, write_text_atomic
+    from .edits import MIXTURE
+    mark_segment(cfg.run_dir, resume=resume)
+    if cfg.path is not None:
+        write_text_atomic(cfg.run_dir / CONFIG_PATH, str(Path(cfg.path).resolve()))
+    write_json_atomic(cfg.run_dir / MIXTURE, mixture)
+
+
+def offline_audit(run_dir: Path, config: str | None = None) -> dict:
+    """The audit of a stopped run, read from ``run_dir`` with the config it was started from."""
+    from ..config import load_config
+    from .planner import Planner
+    from .strategy import load_strategy
+    run_dir = Path(run_dir)
+    if config is None:
+        marker = run_dir / CONFIG_PATH
+        if not marker.exists():
+            raise FileNotFoundError(f"{run_dir} holds no run (no {CONFIG_PATH}): name a run_dir, or pass --config")
+        config = marker.read_text().strip()
+    cfg = load_config(config)
+    if cfg.run_dir.resolve() != run_dir.resolve():
+        raise ValueError(f"config {config} names run_dir {cfg.run_dir}, not {run_dir}")
+    planner = Planner(cfg, load_strategy(cfg, cfg.trainer_mesh), lambda source: None)
+    planner.open(resume=True)
+    try:
+        return audit_run(run_dir, planner)
+    finally:
+        planner.close()
+
+
+def dumps(report: dict) -> str:
+    return json.dumps(report, indent=1, sort_keys=True)
