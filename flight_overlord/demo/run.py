@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -55,22 +56,33 @@ def ensure_demo_data(config_path: str | Path) -> None:
     from .data import SOURCE_NAMES, make_demo_data
     from .images import IMAGE_SOURCE_NAMES, make_image_demo_data
     from .long_tail import make_long_tail, max_tokens_of_name
+    from .navit import COYO_SOURCES, make_coyo, make_navit
     config_path = Path(config_path).resolve()
     raw = yaml.safe_load(config_path.read_text()) or {}
     data_root = (config_path.parent / str(raw.get("data_root", "."))).resolve()
     wanted = {str(s.get("name")) for s in raw.get("sources") or [] if isinstance(s, dict)}
     missing = {name for name in wanted if not (data_root / name).is_dir()}
     long_tail = {name: max_tokens_of_name(name) for name in missing if max_tokens_of_name(name)}
-    unknown = missing - set(long_tail) - set(SOURCE_NAMES) - set(IMAGE_SOURCE_NAMES)
+    navit = {name for name in missing if re.fullmatch(r"navit\d{3}", name)}
+    coyo = {name for name in missing if name in {f"coyo{i}" for i in range(COYO_SOURCES)}}
+    unknown = missing - set(long_tail) - navit - coyo - set(SOURCE_NAMES) - set(IMAGE_SOURCE_NAMES)
     if unknown:
         raise SystemExit(f"error: {config_path}: no data for sources {sorted(unknown)} in {data_root}, and they are "
-                         f"not demo sources (overlord make-demo-data makes {', '.join(SOURCE_NAMES + IMAGE_SOURCE_NAMES)} "
-                         f"and longtail_<K>k with --long-tail K*1024)")
+                         f"not demo sources (overlord make-demo-data makes {', '.join(SOURCE_NAMES + IMAGE_SOURCE_NAMES)}, "
+                         f"longtail_<K>k with --long-tail K*1024, navit000.. with --navit N and coyo0..4 with --coyo)")
+    if navit:  # navit000 .. navitNNN: the first N of the navit-like sources
+        n = 1 + max(int(name[5:]) for name in navit)
+        print(f"making the navit-like sources in {data_root} (overlord make-demo-data --navit {n} {data_root}) ...",
+              flush=True)
+        make_navit(data_root, n, seed=0)
+    if coyo:
+        print(f"making the coyo-like sources in {data_root} (overlord make-demo-data --coyo {data_root}) ...", flush=True)
+        make_coyo(data_root, seed=0)
     for name, max_tokens in sorted(long_tail.items()):
         print(f"making the long-tail source {name} in {data_root} "
               f"(overlord make-demo-data --long-tail {max_tokens} {data_root}) ...", flush=True)
         make_long_tail(data_root, name, max_tokens=max_tokens, seed=0)
-    demo = missing - set(long_tail)
+    demo = missing - set(long_tail) - navit - coyo
     if not demo:
         return
     print(f"making the demo corpus in {data_root} ...", flush=True)
