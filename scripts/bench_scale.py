@@ -248,10 +248,7 @@ def plot(live: list[dict], planning: list[dict], model: tuple[float, float], pat
         ax.plot([r["ranks"] for r in planning], [1e3 * (r["plan_cpu"] + r["record_cpu"]) for r in planning], "C2^-",
                 label="plan_step + journal record at 72 samples/rank (measured)")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("trainer ranks")
-    ax.set_ylabel("ms")
-    ax.set_title("Planner cost per step vs ranks")
+    ax.set(yscale="log", xlabel="trainer ranks", ylabel="ms", title="Planner cost per step vs ranks")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -283,8 +280,8 @@ def main() -> None:
             live.append(live_row(n, args, tmp, data_dir))
     planning = []
     for n in args.planning_ranks:
-        log(f"planning at {n} ranks")
         planning.append(planning_row(n, args.planning_steps))
+        log(f"planning at {n} ranks: {json.dumps(planning[-1])}")
     model = report(live, planning)
     if args.plot:
         plot(live, planning, model, args.plot)
