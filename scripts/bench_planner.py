@@ -19,6 +19,7 @@ plan is never late, for a given step time and planning time.
     git archive 4d3fe2b flight_overlord | tar -x -C /tmp/before
     .venv/bin/python scripts/bench_planner.py --compare-with /tmp/before --compare-dp 1024 4096
     .venv/bin/python scripts/bench_planner.py --compare-with /tmp/before --compare-unit tokens  # token budgets
+    .venv/bin/python scripts/bench_planner.py --ratio-dp 4096 --reps 5   # plan_step / heapq LPT, CPU time
 """
 from __future__ import annotations
 
@@ -153,6 +154,27 @@ def plan_step_row(dp: int, reps: int, steps: int) -> dict:
     return row
 
 
+def ratio_rows(dp: int, reps: int) -> None:
+    """plan_step against heapq LPT of the same step's costs, alternating in this process, CPU time
+    (``time.process_time``: on a shared machine the other processes' load counts less than in wall
+    time), best of ``reps`` each: the whole step's price over the bare balancer."""
+    print(f"\nplan_step vs heapq LPT at dp {dp} x {PER_RANK}, alternating, CPU time, best of {reps}:\n")
+    print("| method | heapq LPT ms | plan_step ms | plan_step / heapq |")
+    print("|---|---:|---:|---:|")
+    costs = cost(sample_lengths(np.random.default_rng([1, dp]), dp * PER_RANK, CONTEXT))
+    for method in ("greedy", "karmarkar_karp"):
+        feeds, mixer, strategy, weights = synthetic_planner(dp, method=method)
+        plan_step(0, feeds, mixer, strategy, weights)
+        best_heap = best_plan = math.inf
+        for step in range(1, reps + 1):
+            start = time.process_time()
+            heapq_lpt(costs, dp)
+            middle = time.process_time()
+            plan_step(step, feeds, mixer, strategy, weights)
+            best_heap, best_plan = min(best_heap, middle - start), min(best_plan, time.process_time() - middle)
+        print(f"| {method} | {1000 * best_heap:.0f} | {1000 * best_plan:.0f} | {best_plan / best_heap:.2f} |")
+
+
 def prefetch_needed(step_s: float, plan_s: float) -> int:
     """Steps the Planner must be ahead so that no trainer waits for a plan.
 
@@ -253,8 +275,12 @@ def main() -> None:
     p.add_argument("--compare-dp", type=int, nargs="+", default=[1024, 4096])
     p.add_argument("--compare-unit", choices=("samples", "tokens"), default="samples",
                    help="steps counted in samples (default) or as a token budget")
+    p.add_argument("--ratio-dp", type=int, default=None,
+                   help="only time plan_step against heapq LPT at this dp (alternating, CPU time)")
     args = p.parse_args()
     print_header()
+    if args.ratio_dp is not None:
+        return ratio_rows(args.ratio_dp, args.reps)
     if args.compare_with is not None:
         if not (args.compare_with / "flight_overlord").is_dir():
             sys.exit(f"--compare-with {args.compare_with}: no flight_overlord package there")
