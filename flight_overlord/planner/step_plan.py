@@ -30,6 +30,7 @@ class StepPlan:
     consumers: dict[str, int] | None = None  # per sample key: constructors that fetch it (the Planner fills it)
     table: PickTable | None = None  # the step's samples as columns ...
     bin_indices: list[np.ndarray] | None = None  # ... and each bin's rows of it, in order
+    keys_unique: bool | None = None  # no sample key twice in ``table`` (the Planner finds out when it serves)
 
     @classmethod
     def from_table(cls, step: int, axis: str, num_buckets: int, microbatches: int, capacity: int,
