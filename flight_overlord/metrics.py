@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Callable, Iterable, NamedTuple
 
+from .wire.status import ConstructorStatus, LoaderStatus, PlannerStatus
+
 log = logging.getLogger(__name__)
 
 # name -> (type, help, label names). README's metrics table lists the same names.
@@ -55,40 +57,42 @@ class Sample(NamedTuple):
     value: float
 
 
-def planner_samples(status: dict) -> Iterable[Sample]:
+def planner_samples(raw: dict) -> Iterable[Sample]:
     """The Planner's ``status`` answer as metrics."""
-    yield Sample("overlord_planner_steps_planned", {}, status.get("planned", -1) + 1)
-    for rank, step in status.get("requested", {}).items():
+    status = PlannerStatus.from_wire(raw)
+    yield Sample("overlord_planner_steps_planned", {}, status.planned + 1)
+    for rank, step in status.requested.items():
         yield Sample("overlord_planner_step_requested", {"rank": rank}, step)
-    for source, n in status.get("samples_planned", {}).items():
+    for source, n in status.samples_planned.items():
         yield Sample("overlord_planner_samples_planned", {"source": source}, n)
-    for source, share in status.get("mixture_realized", {}).items():
+    for source, share in status.mixture_realized.items():
         yield Sample("overlord_planner_mixture_realized", {"source": source}, share)
-    for source, n in status.get("tokens_planned", {}).items():
+    for source, n in status.tokens_planned.items():
         yield Sample("overlord_planner_tokens_planned", {"source": source}, n)
-    yield Sample("overlord_planner_registered_roles", {"role": "loader"}, len(status.get("loaders", [])))
-    yield Sample("overlord_planner_registered_roles", {"role": "constructor"}, len(status.get("constructors", {})))
-    for role, n in status.get("reregistrations", {}).items():
+    yield Sample("overlord_planner_registered_roles", {"role": "loader"}, len(status.loaders))
+    yield Sample("overlord_planner_registered_roles", {"role": "constructor"}, len(status.constructors))
+    for role, n in status.reregistrations.items():
         yield Sample("overlord_planner_reregistrations", {"role": role}, n)
-    for source, n in (status.get("scaling") or {}).get("actors", {}).items():
+    for source, n in (status.scaling or {}).get("actors", {}).items():
         yield Sample("overlord_planner_active_loader_actors", {"source": source}, n)
 
 
-def loader_samples(status: dict) -> Iterable[Sample]:
+def loader_samples(raw: dict) -> Iterable[Sample]:
     """A loader process's ``status`` answer (every actor it hosts) as metrics."""
-    for actor in status.get("actors", []):
-        labels = {"source": actor["source"], "actor": actor["actor"]}
+    for actor in LoaderStatus.from_wire(raw).actors:
+        labels = {"source": actor.source, "actor": actor.actor}
         for key in ("buffered_samples", "buffered_row_groups", "buffered_bytes", "bytes_served", "failed_reads"):
-            yield Sample(f"overlord_loader_{key}", labels, actor.get(key, 0))
+            yield Sample(f"overlord_loader_{key}", labels, getattr(actor, key))
 
 
-def constructor_samples(status: dict) -> Iterable[Sample]:
+def constructor_samples(raw: dict) -> Iterable[Sample]:
     """A constructor's ``status`` answer as metrics."""
-    labels = {"constructor": status["index"]}
-    yield Sample("overlord_constructor_steps_assembled", labels, status.get("assembled", -1) + 1)
-    yield Sample("overlord_constructor_bytes_fetched", labels, status.get("bytes_fetched", 0))
-    yield Sample("overlord_constructor_bad_samples", labels, len(status.get("bad_samples", [])))
-    for rank, served in status.get("served", {}).items():
+    status = ConstructorStatus.from_wire(raw)
+    labels = {"constructor": status.index}
+    yield Sample("overlord_constructor_steps_assembled", labels, status.assembled + 1)
+    yield Sample("overlord_constructor_bytes_fetched", labels, status.bytes_fetched)
+    yield Sample("overlord_constructor_bad_samples", labels, len(status.bad_samples))
+    for rank, served in status.served.items():
         yield Sample("overlord_constructor_step_served", {"rank": rank}, served["step"])
         for key in ("batches", "samples", "bytes"):
             yield Sample(f"overlord_constructor_{key}_served", {"rank": rank}, served[key])

@@ -8,9 +8,9 @@ advertise the name or IP other nodes reach this one at.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 
 from .config import Config
+from .config.fields import check_host
 from .metrics import serve_metrics
 
 WILDCARDS = ("0.0.0.0", "::", "")
@@ -21,23 +21,6 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
                         "this process at (default: network.advertise, else network.host, the bind address)")
     parser.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics at "
                         "http://HOST:PORT/metrics (0: any free port; default: metrics.port of the config)")
-
-
-def check_host(host: str, where: str) -> str:
-    """A bare host name or IP address (no scheme, port or path); the error names ``where``."""
-    if (not isinstance(host, str) or not host or host != host.strip() or "/" in host or "@" in host
-            or (host.count(":") == 1) or (":" in host and not _is_ip(host))):
-        raise ValueError(f"{where}: {host!r} is not a host name or IP address (give just the host, as in "
-                         f"10.0.0.5 or node-3.cluster; no scheme, port or path)")
-    return host
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        return False
 
 
 def advertised_host(cfg: Config, args: argparse.Namespace) -> str:

@@ -45,7 +45,7 @@ import numpy as np
 import psutil
 import pyarrow.flight as fl
 
-from benchlib import MiB, argument_parser, add_corpus_args, log, print_header, workspace, write_config
+from benchlib import MiB, argument_parser, add_corpus_args, log, print_header, pyplot, workspace, write_config
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = {"captions": 0.15, "longdocs": 0.25, "code": 0.20, "docstrings": 0.15, "manuals": 0.15, "qa": 0.10}
@@ -230,13 +230,9 @@ def report(live: list[dict], planning: list[dict]) -> tuple[float, float]:
 
 
 def plot(live: list[dict], planning: list[dict], model: tuple[float, float], path: Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        print("plot skipped: matplotlib is not installed")
+    plt = pyplot(path)
+    if plt is None:
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     a, b = model
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ns = [r["ranks"] for r in live]

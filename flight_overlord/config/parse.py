@@ -9,7 +9,6 @@ import glob
 import json
 import math
 import os
-from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,69 +21,12 @@ from ..core.cost import COST_MODELS
 from .model import (BalanceConfig, CheckpointConfig, Config, ConfigError, ConstructorConfig, CostConfig,
                      GlobalBatchConfig, LoaderConfig, MeshConfig, MetricsConfig, NetworkConfig, RayConfig, SecurityConfig,
                      SourceConfig, StrategyConfig, TLSConfig, TransformConfig, VisionConfig)
+from .fields import REQUIRED, as_choice, as_int, as_number, check_host, check_keys, defaults_of, join_key
 from .model import PartitionBudget, ScalingConfig
-
-_REQUIRED = object()
-
-
-def _fields(raw: Any, where: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """Check ``raw`` is a mapping with only keys of ``spec``; fill defaults; reject missing required keys."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(raw).__name__}")
-    unknown = sorted(map(str, set(raw) - set(spec)))
-    if unknown:
-        raise ConfigError(
-            f"unknown key {_join(where, unknown[0])!r} (allowed: {', '.join(sorted(spec))})")
-    out = {}
-    for key, default in spec.items():
-        if key in raw:
-            out[key] = raw[key]
-        elif default is _REQUIRED:
-            raise ConfigError(f"missing required key {_join(where, key)!r}")
-        else:
-            out[key] = default
-    return out
-
-
-def _join(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
-
-
-def _int(value: Any, where: str, *, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{where}: expected an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"{where}: must be >= {minimum}, got {value}")
-    return value
-
-
-def _number(value: Any, where: str, *, minimum: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ConfigError(f"{where}: must be a finite number, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"{where}: must be >= {minimum}, got {value}")
-    return float(value)
-
-
-def _choice(value: Any, where: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(allowed)}")
-    return value
-
 
 def balance_methods() -> tuple[str, ...]:
     """The registered balancers, and "none" (samples in arrival order)."""
     return (*balance.METHODS, "none")
-
-
-def _defaults(cls) -> dict[str, Any]:
-    """A section's keys and defaults, from its dataclass: the one place a default is written."""
-    return {f.name: (_REQUIRED if f.default is MISSING and f.default_factory is MISSING else
-                     f.default if f.default is not MISSING else f.default_factory()) for f in fields(cls)}
 
 
 def load_config(path: str | os.PathLike) -> Config:
@@ -117,9 +59,9 @@ def with_partition_plan(cfg: Config) -> Config:
 
 
 def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Config:
-    top = _fields(raw, "", {
-        "seed": 0, "data_root": ".", "run_dir": "runs/default", "sources": _REQUIRED,
-        "mesh": None, "global_batch": _REQUIRED, "cost": None, "balance": None,
+    top = check_keys(raw, "", {
+        "seed": 0, "data_root": ".", "run_dir": "runs/default", "sources": REQUIRED,
+        "mesh": None, "global_batch": REQUIRED, "cost": None, "balance": None,
         "prefetch": 2, "network": None, "loader": None, "constructor": None,
         "pad_token_id": 0, "strategy": None, "vision": None, "checkpoint": None, "security": None,
         "metrics": None, "ray": None,
@@ -128,33 +70,33 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
     global_batch = _parse_global_batch(top["global_batch"])
     sources = _parse_sources(top["sources"], data_root)
     mesh = _parse_mesh(top["mesh"], global_batch.context_length, global_batch.pad_to_multiple)
-    network = _fields(top["network"], "network", _defaults(NetworkConfig))
-    balancing = _fields(top["balance"], "balance", _defaults(BalanceConfig))
-    loader = _fields(top["loader"], "loader", {k: v for k, v in _defaults(LoaderConfig).items() if k != "groups"})
-    checkpoint = _fields(top["checkpoint"], "checkpoint", _defaults(CheckpointConfig))
-    constructor = _fields(top["constructor"], "constructor", _defaults(ConstructorConfig))
+    network = check_keys(top["network"], "network", defaults_of(NetworkConfig))
+    balancing = check_keys(top["balance"], "balance", defaults_of(BalanceConfig))
+    loader = check_keys(top["loader"], "loader", {k: v for k, v in defaults_of(LoaderConfig).items() if k != "groups"})
+    checkpoint = check_keys(top["checkpoint"], "checkpoint", defaults_of(CheckpointConfig))
+    constructor = check_keys(top["constructor"], "constructor", defaults_of(ConstructorConfig))
     return Config(
-        seed=_int(top["seed"], "seed", minimum=0),
+        seed=as_int(top["seed"], "seed", minimum=0),
         sources=sources,
         mesh=mesh,
         global_batch=global_batch,
         cost=_parse_cost(top["cost"]),
-        balance=BalanceConfig(_choice(balancing["method"], "balance.method", balance_methods())),
-        prefetch=_int(top["prefetch"], "prefetch", minimum=1),
+        balance=BalanceConfig(as_choice(balancing["method"], "balance.method", balance_methods())),
+        prefetch=as_int(top["prefetch"], "prefetch", minimum=1),
         network=NetworkConfig(str(network["host"]),
-                              _int(network["planner_port"], "network.planner_port", minimum=0),
+                              as_int(network["planner_port"], "network.planner_port", minimum=0),
                               _advertise(network["advertise"])),
-        loader=LoaderConfig(_int(loader["read_ahead_row_groups"], "loader.read_ahead_row_groups", minimum=1),
-                            _int(loader["shadows"], "loader.shadows", minimum=0),
+        loader=LoaderConfig(as_int(loader["read_ahead_row_groups"], "loader.read_ahead_row_groups", minimum=1),
+                            as_int(loader["shadows"], "loader.shadows", minimum=0),
                             _hosts(loader["hosts"]),
-                            _int(loader["read_ahead_bytes"], "loader.read_ahead_bytes", minimum=0),
-                            _choice(loader["partition"], "loader.partition", ("manual", "auto")),
+                            as_int(loader["read_ahead_bytes"], "loader.read_ahead_bytes", minimum=0),
+                            as_choice(loader["partition"], "loader.partition", ("manual", "auto")),
                             _parse_budget(loader["budget"]),
                             scaling=_parse_scaling(loader["scaling"], [s.name for s in sources])),
-        constructor=ConstructorConfig(_int(constructor["dp_per_constructor"], "constructor.dp_per_constructor",
+        constructor=ConstructorConfig(as_int(constructor["dp_per_constructor"], "constructor.dp_per_constructor",
                                            minimum=1)),
-        checkpoint=CheckpointConfig(_int(checkpoint["every"], "checkpoint.every", minimum=1)),
-        pad_token_id=_int(top["pad_token_id"], "pad_token_id", minimum=0),
+        checkpoint=CheckpointConfig(as_int(checkpoint["every"], "checkpoint.every", minimum=1)),
+        pad_token_id=as_int(top["pad_token_id"], "pad_token_id", minimum=0),
         run_dir=_path(base_dir, top["run_dir"], "run_dir"),
         data_root=data_root,
         strategy=_parse_strategy(top["strategy"], base_dir),
@@ -169,7 +111,6 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
 def _advertise(value: Any) -> str | None:
     if value is None:
         return None
-    from ..serving import check_host
     try:
         return check_host(value, "network.advertise")
     except ValueError as exc:
@@ -187,8 +128,8 @@ def _hosts(value: Any) -> int | str:
 
 
 def _parse_metrics(raw: Any) -> MetricsConfig:
-    port = _fields(raw, "metrics", _defaults(MetricsConfig))["port"]
-    if port is not None and (_int(port, "metrics.port", minimum=0) > 65535):
+    port = check_keys(raw, "metrics", defaults_of(MetricsConfig))["port"]
+    if port is not None and (as_int(port, "metrics.port", minimum=0) > 65535):
         raise ConfigError(f"metrics.port: must be <= 65535, got {port}")
     return MetricsConfig(port)
 
@@ -197,11 +138,11 @@ def _parse_scaling(raw: Any, names: list[str]) -> ScalingConfig:
     """loader.scaling: {enabled, interval, up_threshold, down_threshold, consecutive, max_actors, sources}."""
     if isinstance(raw, ScalingConfig):  # absent: the default
         return raw
-    f = _fields(raw, "loader.scaling", _defaults(ScalingConfig))
+    f = check_keys(raw, "loader.scaling", defaults_of(ScalingConfig))
     if not isinstance(f["enabled"], bool):
         raise ConfigError(f"loader.scaling.enabled: expected true or false, got {f['enabled']!r}")
-    up = _number(f["up_threshold"], "loader.scaling.up_threshold", minimum=0.0)
-    down = _number(f["down_threshold"], "loader.scaling.down_threshold", minimum=0.0)
+    up = as_number(f["up_threshold"], "loader.scaling.up_threshold", minimum=0.0)
+    down = as_number(f["down_threshold"], "loader.scaling.down_threshold", minimum=0.0)
     if up > 1:
         raise ConfigError(f"loader.scaling.up_threshold: a weight per actor, at most 1, got {up}")
     if down > up / 2:
@@ -213,35 +154,35 @@ def _parse_scaling(raw: Any, names: list[str]) -> ScalingConfig:
     for name in sources:
         if name not in names:
             raise ConfigError(f"loader.scaling.sources: no source named {name!r} (have: {', '.join(names)})")
-    return ScalingConfig(f["enabled"], _int(f["interval"], "loader.scaling.interval", minimum=1), up, down,
-                         _int(f["consecutive"], "loader.scaling.consecutive", minimum=1),
-                         _int(f["max_actors"], "loader.scaling.max_actors", minimum=1), tuple(sources))
+    return ScalingConfig(f["enabled"], as_int(f["interval"], "loader.scaling.interval", minimum=1), up, down,
+                         as_int(f["consecutive"], "loader.scaling.consecutive", minimum=1),
+                         as_int(f["max_actors"], "loader.scaling.max_actors", minimum=1), tuple(sources))
 
 
 def _parse_budget(raw: Any) -> PartitionBudget:
     """loader.budget: {cpus, memory_gib}, each a positive number or absent (this machine's)."""
     if isinstance(raw, PartitionBudget):  # absent: the default
         return raw
-    f = _fields(raw, "loader.budget", _defaults(PartitionBudget))
+    f = check_keys(raw, "loader.budget", defaults_of(PartitionBudget))
     for key in ("cpus", "memory_gib"):
-        if f[key] is not None and _number(f[key], f"loader.budget.{key}") <= 0:
+        if f[key] is not None and as_number(f[key], f"loader.budget.{key}") <= 0:
             raise ConfigError(f"loader.budget.{key}: must be > 0, got {f[key]}")
     return PartitionBudget(*(None if f[k] is None else float(f[k]) for k in ("cpus", "memory_gib")))
 
 
 def _parse_ray(raw: Any, world_size: int) -> RayConfig:
-    f = _fields(raw, "ray", _defaults(RayConfig))
-    resources = _fields(f["loader_resources"], "ray.loader_resources", {k: _REQUIRED for k in f["loader_resources"] or {}})
+    f = check_keys(raw, "ray", defaults_of(RayConfig))
+    resources = check_keys(f["loader_resources"], "ray.loader_resources", {k: REQUIRED for k in f["loader_resources"] or {}})
     nodes = f["trainer_nodes"] or []
     if not isinstance(nodes, list) or not all(isinstance(n, str) and n.strip() for n in nodes):
         raise ConfigError(f"ray.trainer_nodes: expected a list of node IPs or custom resource names, got {nodes!r}")
     if nodes and len(nodes) != world_size:
         raise ConfigError(f"ray.trainer_nodes: {len(nodes)} entries, but the mesh has {world_size} trainer ranks "
                           f"(one node per rank, in rank order)")
-    cpus = _number(f["cpus"], "ray.cpus", minimum=0.0)
+    cpus = as_number(f["cpus"], "ray.cpus", minimum=0.0)
     if cpus <= 0:
         raise ConfigError(f"ray.cpus: must be > 0 (a fraction of a CPU per actor), got {cpus}")
-    return RayConfig(cpus, {str(k): _number(v, f"ray.loader_resources.{k}", minimum=0.0) for k, v in resources.items()},
+    return RayConfig(cpus, {str(k): as_number(v, f"ray.loader_resources.{k}", minimum=0.0) for k, v in resources.items()},
                      tuple(nodes))
 
 
@@ -251,8 +192,8 @@ def _parse_sources(raw: Any, data_root: Path) -> tuple[SourceConfig, ...]:
     sources, names = [], set()
     for i, item in enumerate(raw):
         where = f"sources[{i}]"
-        f = _fields(item, where, {
-            "name": _REQUIRED, "paths": _REQUIRED, "text_column": "text",
+        f = check_keys(item, where, {
+            "name": REQUIRED, "paths": REQUIRED, "text_column": "text",
             "transform": "byte_tokenizer", "weight": 1.0, "loaders": 1, "image_column": None,
         })
         name = str(f["name"])
@@ -268,8 +209,8 @@ def _parse_sources(raw: Any, data_root: Path) -> tuple[SourceConfig, ...]:
             file_ids=tuple(_file_id(p, data_root) for p in files),
             text_column=str(f["text_column"]),
             transform=_parse_transform(f["transform"], f"{where}.transform", data_root),
-            weight=_number(f["weight"], f"{where}.weight", minimum=0.0),
-            loaders=_int(f["loaders"], f"{where}.loaders", minimum=1),
+            weight=as_number(f["weight"], f"{where}.weight", minimum=0.0),
+            loaders=as_int(f["loaders"], f"{where}.loaders", minimum=1),
             image_column=None if f["image_column"] is None else str(f["image_column"]),
         ))
     if sum(s.weight for s in sources) <= 0:
@@ -339,13 +280,13 @@ def _parse_transform(raw: Any, where: str, data_root: Path) -> TransformConfig:
 
 
 def _parse_mesh(raw: Any, context_length: int, pad_to_multiple: int | None) -> MeshConfig:
-    f = _fields(raw, "mesh", {**_defaults(MeshConfig), "order": ",".join(MeshConfig.order)})
-    sizes = {k: _int(f[k], f"mesh.{k}", minimum=1) for k in ("pp", "dp", "cp", "tp")}
+    f = check_keys(raw, "mesh", {**defaults_of(MeshConfig), "order": ",".join(MeshConfig.order)})
+    sizes = {k: as_int(f[k], f"mesh.{k}", minimum=1) for k in ("pp", "dp", "cp", "tp")}
     order = tuple(a.strip() for a in str(f["order"]).split(","))
     if sorted(order) != sorted(sizes):
         raise ConfigError(f"mesh.order: {f['order']!r} must list each of pp, dp, cp, tp once, fastest-varying first")
-    cp_split = _choice(f["cp_split"], "mesh.cp_split", tuple(CP_SPLITS))
-    cp_format = _choice(f["cp_format"], "mesh.cp_format", CP_FORMATS)
+    cp_split = as_choice(f["cp_split"], "mesh.cp_split", tuple(CP_SPLITS))
+    cp_format = as_choice(f["cp_format"], "mesh.cp_format", CP_FORMATS)
     chunks = 2 * sizes["cp"] if cp_format == "thd" else chunk_count(sizes["cp"], cp_split)
     split = "thd (per-sequence, 2*cp chunks)" if cp_format == "thd" else cp_split
     for length, key in ((context_length, "context_length"), (pad_to_multiple, "pad_to_multiple")):
@@ -357,8 +298,8 @@ def _parse_mesh(raw: Any, context_length: int, pad_to_multiple: int | None) -> M
 
 def _parse_vision(raw: Any) -> VisionConfig:
     d = VisionConfig()
-    f = _fields(raw, "vision", {k: getattr(d, k) for k in d.__dataclass_fields__})
-    ints = {k: _int(f[k], f"vision.{k}", minimum=1 if k != "image_token_id" else 0)
+    f = check_keys(raw, "vision", {k: getattr(d, k) for k in d.__dataclass_fields__})
+    ints = {k: as_int(f[k], f"vision.{k}", minimum=1 if k != "image_token_id" else 0)
             for k in ("patch_size", "merge_size", "min_pixels", "max_pixels", "image_token_id", "vision_start_id",
                       "vision_end_id")}
     if ints["max_pixels"] < ints["min_pixels"]:
@@ -368,14 +309,14 @@ def _parse_vision(raw: Any) -> VisionConfig:
             and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 255 for v in background)):
         raise ConfigError(f"vision.background: expected a list of three integers 0..255 (R, G, B), "
                           f"got {background!r}")
-    return VisionConfig(**ints, decode_at=_choice(f["decode_at"], "vision.decode_at", ("constructor", "loader")),
-                        on_bad_image=_choice(f["on_bad_image"], "vision.on_bad_image", ("skip", "fail")),
+    return VisionConfig(**ints, decode_at=as_choice(f["decode_at"], "vision.decode_at", ("constructor", "loader")),
+                        on_bad_image=as_choice(f["on_bad_image"], "vision.on_bad_image", ("skip", "fail")),
                         background=tuple(background))
 
 
 def _parse_security(raw: Any, base_dir: Path) -> SecurityConfig:
-    f = _fields(raw, "security", {**_defaults(SecurityConfig), "tls": None})
-    t = _fields(f["tls"], "security.tls", _defaults(TLSConfig))
+    f = check_keys(raw, "security", {**defaults_of(SecurityConfig), "tls": None})
+    t = check_keys(f["tls"], "security.tls", defaults_of(TLSConfig))
 
     def file(value: Any, where: str) -> Path | None:
         if value is None:
@@ -406,15 +347,15 @@ def _parse_security(raw: Any, base_dir: Path) -> SecurityConfig:
         trainer_tokens_file=file(f["trainer_tokens_file"], "security.trainer_tokens_file"),
         inspect_token_file=file(f["inspect_token_file"], "security.inspect_token_file"),
         tls=tls,
-        ticket_ttl_seconds=_number(f["ticket_ttl_seconds"], "security.ticket_ttl_seconds", minimum=1),
+        ticket_ttl_seconds=as_number(f["ticket_ttl_seconds"], "security.ticket_ttl_seconds", minimum=1),
     )
 
 
 def _parse_strategy(raw: Any, base_dir: Path) -> StrategyConfig | None:
     if raw is None:
         return None
-    f = _fields({"file": raw} if isinstance(raw, str) else raw, "strategy",
-                {"file": _REQUIRED, "function": "build", "options": None})
+    f = check_keys({"file": raw} if isinstance(raw, str) else raw, "strategy",
+                {"file": REQUIRED, "function": "build", "options": None})
     file = (base_dir / str(f["file"])).resolve()
     if not file.is_file():
         raise ConfigError(f"strategy.file: file not found: {file}")
@@ -425,28 +366,28 @@ def _parse_strategy(raw: Any, base_dir: Path) -> StrategyConfig | None:
 
 
 def _parse_global_batch(raw: Any) -> GlobalBatchConfig:
-    f = _fields(raw, "global_batch", {
-        "context_length": _REQUIRED, "microbatches": 1,
+    f = check_keys(raw, "global_batch", {
+        "context_length": REQUIRED, "microbatches": 1,
         "samples_per_step": None, "tokens_per_step": None, "pad_to_multiple": None,
     })
     if (f["samples_per_step"] is None) == (f["tokens_per_step"] is None):
         raise ConfigError("global_batch: give exactly one of 'samples_per_step' or 'tokens_per_step'")
     return GlobalBatchConfig(
-        context_length=_int(f["context_length"], "global_batch.context_length", minimum=1),
-        microbatches=_int(f["microbatches"], "global_batch.microbatches", minimum=1),
+        context_length=as_int(f["context_length"], "global_batch.context_length", minimum=1),
+        microbatches=as_int(f["microbatches"], "global_batch.microbatches", minimum=1),
         samples_per_step=None if f["samples_per_step"] is None
-        else _int(f["samples_per_step"], "global_batch.samples_per_step", minimum=1),
+        else as_int(f["samples_per_step"], "global_batch.samples_per_step", minimum=1),
         tokens_per_step=None if f["tokens_per_step"] is None
-        else _int(f["tokens_per_step"], "global_batch.tokens_per_step", minimum=1),
+        else as_int(f["tokens_per_step"], "global_batch.tokens_per_step", minimum=1),
         pad_to_multiple=None if f["pad_to_multiple"] is None
-        else _int(f["pad_to_multiple"], "global_batch.pad_to_multiple", minimum=1),
+        else as_int(f["pad_to_multiple"], "global_batch.pad_to_multiple", minimum=1),
     )
 
 
 def _parse_cost(raw: Any) -> CostConfig:
-    f = _fields(raw, "cost", _defaults(CostConfig))
+    f = check_keys(raw, "cost", defaults_of(CostConfig))
     return CostConfig(
-        model=_choice(f["model"], "cost.model", tuple(COST_MODELS)),
-        a=_number(f["a"], "cost.a", minimum=0.0),
-        b=_number(f["b"], "cost.b", minimum=0.0),
+        model=as_choice(f["model"], "cost.model", tuple(COST_MODELS)),
+        a=as_number(f["a"], "cost.a", minimum=0.0),
+        b=as_number(f["b"], "cost.b", minimum=0.0),
     )

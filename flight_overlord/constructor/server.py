@@ -15,51 +15,38 @@ import argparse
 import concurrent.futures
 import logging
 import threading
+from dataclasses import replace
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.flight as fl
 
 from .. import wire
+from ..config import Config, load_config
+from ..planner.strategy import load_strategy
+from ..serving import add_serving_args, advertised_host, start_metrics
+from ..wire.plan import ConstructorPlan, FetchGroup
 from ..wire.security import INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, ClientPool, call_any, location_of, register, serve
-from ..config import Config, load_config
-from ..serving import add_serving_args, advertised_host, start_metrics
-from ..core.mesh import Delivery
-from ..wire.plan import ConstructorPlan, FetchGroup
-from ..planner.strategy import load_strategy
-from .hdp import hdp_rank_table
-from .assembly import (Sample, build_microbatch, decode_or_error, drop_bad, encoder_table, rank_table,
-                       shipped_images, truncate)
-from .staging import Staging
+from ..wire.tickets import BatchTicket, Registration, SamplesPart, SamplesTicket
+from .assembly import Sample
+from .constructor import Constructor
 
 log = logging.getLogger(__name__)
-WAIT_SECONDS = 30.0
 
 
 class ConstructorServer(ActionServer):
+    """The Flight adapter of a :class:`~.constructor.Constructor`: an assembly thread that asks the
+    Planner for plans and the loaders for samples, and ``do_get`` of a rank's staged table."""
+
     def __init__(self, cfg: Config, index: int, planner: str, *, port: int = 0, security: Security | None = None):
         self.cfg = cfg
         security = security or Security.from_config(cfg)
         self.index = index
-        self.mesh = cfg.trainer_mesh
-        self.strategy = load_strategy(cfg, self.mesh)  # for its constructor_do_plan hook
-        if not 0 <= index < self.mesh.num_constructors:
-            raise ValueError(f"constructor index {index} out of range (mesh has {self.mesh.num_constructors})")
-        self.dp_ranks = self.mesh.dp_ranks_of(index)
-        self.ranks = [r for r in range(self.mesh.world_size) if self.mesh.coord(r).dp in self.dp_ranks]
+        self.constructor = Constructor(cfg, index, load_strategy(cfg, cfg.trainer_mesh))
+        self.mesh = self.constructor.mesh
+        self.ranks = self.constructor.ranks
         self._planner_location = planner
         self._clients = ClientPool(security.credentials)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="fetch")
-        self._cond = threading.Condition()
-        self._deliveries: dict[int, Delivery] = {}  # rank -> what it receives; known from the first plan
-        self._encoder_axis: str | None = None  # the image graph's axis, if the plans have one
-        self._staging = Staging(streams=len(self.ranks))
-        self._bytes_fetched = 0  # Arrow bytes received from loaders
-        self._served: dict[int, dict] = {}  # rank -> {"step", "batches", "samples", "bytes"} (status, metrics)
-        self._bad_samples: list[str] = []  # keys skipped for a bad image (vision.on_bad_image: skip)
-        self._error: str | None = None
-        self._stopping = False
         super().__init__(cfg.network.host, port, security)
 
     def start(self) -> None:
@@ -67,191 +54,72 @@ class ConstructorServer(ActionServer):
 
     # -- assembly ----------------------------------------------------------------------
     def _assemble_loop(self) -> None:
+        constructor = self.constructor
         try:
             start = self._call_planner("resume_point", {"constructor": self.index})
             if start is None:
                 return
-            with self._cond:
-                self._staging.next_step = start["step"]
+            constructor.begin_at(start["step"])
             log.info("constructor %d assembles from step %d", self.index, start["step"])
             while True:
-                step = self._staging.next_step
+                step = constructor.staging.next_step
                 raw = self._call_planner("plan", {"step": step, "constructor": self.index})
                 if raw is None:
                     return
                 plan = ConstructorPlan.from_wire(raw)
-                tables = self._assemble(step, plan, self._fetch(step, plan))
-                with self._cond:
-                    self._staging.stage(step, tables)
-                    self._cond.notify_all()
+                constructor.stage(step, constructor.assemble(step, plan, self._fetch(step, plan)))
         except Exception as exc:
             log.exception("assembly failed")
-            with self._cond:
-                self._error = f"constructor {self.index}: assembly failed: {type(exc).__name__}: {exc}"
-                self._cond.notify_all()
-
-    def _assemble(self, step: int, plan: ConstructorPlan, samples: dict[int, Sample]) -> dict:
-        """Build each bucket's microbatches once, then cut one table per distinct delivery of its ranks."""
-        if not self._deliveries:
-            broadcast = frozenset(plan.broadcast)
-            self._deliveries = {r: self.mesh.delivery(r, plan.axis, broadcast) for r in self.ranks}
-            self._encoder_axis = plan.encoder_axis
-            self._staging.streams = len(self.ranks) * (2 if plan.encoder_axis else 1)
-        samples, bad = drop_bad(samples, self.cfg)
-        self._bad_samples.extend(bad)
-        image_token = self.cfg.vision.image_token_id if any(s.image_column for s in self.cfg.sources) else None
-        tables = {}
-        image_graph = plan.encoder is not None
-        for bucket, bins in plan.microbatches.items():
-            if plan.axis == "HDP":  # each sample a THD sequence of its own CP group (constructor/hdp.py)
-                entries = [[(samples[i], size, first) for i, (size, first) in zip(mb, groups)]
-                           for mb, groups in zip(bins, plan.extra["hdp"][str(bucket)])]
-                for delivery in {d for d in self._deliveries.values() if d.bucket == bucket}:
-                    tables[(step, delivery.key)] = hdp_rank_table(step, bucket, entries, delivery, self.cfg)
-                continue
-            microbatches = [build_microbatch([samples[i] for i in mb if i in samples], plan.capacity, self.cfg,
-                                             image_token, self.strategy.seq_multiple) for mb in bins]
-            microbatches = self._ordered(step, bucket, microbatches)
-            for delivery in {d for d in self._deliveries.values() if d.bucket == bucket}:
-                tables[(step, delivery.key)] = rank_table(step, bucket, microbatches, delivery, self.cfg,
-                                                          with_pixels=not image_graph)
-        for bucket, rows in (plan.encoder or {}).items():
-            tables[(step, ("encoder", bucket))] = encoder_table(
-                step, [(samples[i], image, owner, mb) for i, image, owner, mb in rows if i in samples])
-        return tables
-
-    def _ordered(self, step: int, bucket: int, microbatches: list) -> list:
-        """The strategy's ``constructor_do_plan`` hook, if any: a checked permutation of the microbatches."""
-        policy = self.strategy.constructor_policy
-        if policy is None:
-            return microbatches
-        order = list(policy(step, bucket, [{"sample_keys": mb.keys, "num_tokens": mb.packed.num_tokens}
-                                           for mb in microbatches]))
-        if sorted(order) != list(range(len(microbatches))):
-            raise ValueError(f"constructor_do_plan returned {order!r}: not a permutation of "
-                             f"range({len(microbatches)}) (step {step}, bucket {bucket})")
-        return [microbatches[i] for i in order]
+            constructor.fail(exc)
 
     def _call_planner(self, action: str, body: dict) -> dict | None:
         """A blocking Planner action: again while it times out (trainers have not moved on yet), and
         through a Planner restart; None once this server stops."""
-        while not self._stopping:
+        stopping = lambda: self.constructor.stopping  # noqa: E731
+        while not stopping():
             try:
                 return call_any(self._clients, [self._planner_location], lambda c: wire.call(c, action, body),
-                                what="planner", stop=lambda: self._stopping)
+                                what="planner", stop=stopping)
             except fl.FlightTimedOutError:
                 continue
             except Exception:
-                if self._stopping:
+                if stopping():
                     return None
                 raise
         return None
 
     def _fetch(self, step: int, plan: ConstructorPlan) -> dict[int, Sample]:
-        """Every loader's samples for this step, concurrently, through the decode stage; item index ->
-        sample (or the failure of its decode), cut to its planned length (the plan may truncate a
-        sample to the capacity)."""
+        """Every loader's samples for this step, concurrently (one call per loader process), through
+        the decode stage: item index -> sample (or the failure of its decode)."""
         def one(groups: list[FetchGroup]) -> list[dict]:
-            """The groups of the actors one loader process hosts (same locations): one call (a Flight call
-            costs both sides CPU), their tables back to back."""
-            parts = [{"source": g.source, "actor": g.actor, "samples": g.samples} for g in groups]
-            request = wire.ticket({"kind": "samples", "step": step, "constructor": self.index,
-                                   **(parts[0] if len(parts) == 1 else {"parts": parts})})
+            parts = tuple(SamplesPart(g.source, g.actor, tuple(map(tuple, g.samples))) for g in groups)
+            request = wire.ticket(SamplesTicket(step, self.index, parts).to_wire())
             table = call_any(self._clients, groups[0].locations, lambda c: c.do_get(request).read_all(),
                              what=f"the loader of {', '.join(sorted({g.source for g in groups}))}",
-                             stop=lambda: self._stopping)
-            if table.num_rows != sum(len(g.samples) for g in groups):
-                raise RuntimeError(f"the loader at {groups[0].locations[0]} returned {table.num_rows} samples for "
-                                   f"{sum(len(g.samples) for g in groups)} asked (step {step})")
-            with self._cond:
-                self._bytes_fetched += table.nbytes
-            out, start = [], 0
-            for group in groups:
-                out.append(self._decoded(plan, group, table.slice(start, len(group.samples))))
-                start += len(group.samples)
-            return out
+                             stop=lambda: self.constructor.stopping)
+            return self.constructor.received(step, plan, groups, table)
 
-        by_location: dict[tuple[str, ...], list[FetchGroup]] = {}
-        for group in plan.fetch:
-            by_location.setdefault(tuple(group.locations), []).append(group)
-        decoded = {id(g): part for groups, parts in zip(by_location.values(), self._pool.map(one, by_location.values()))
-                   for g, part in zip(groups, parts)}
-        samples: dict[int, Sample] = {}
-        for group in plan.fetch:  # in plan order, as before the calls were merged
-            samples.update(decoded[id(group)])
-        return samples
-
-    def _decoded(self, plan: ConstructorPlan, group: FetchGroup, table: pa.Table) -> dict:
-        tokens = table.column("tokens").combine_chunks()
-        offsets, values = tokens.offsets.to_numpy(), tokens.values.to_numpy()
-        if not any(len(chunk.values) for chunk in table.column("images").chunks):  # text only: no decode stage
-            return {item: truncate(Sample(plan.keys[item], values[offsets[j]:offsets[j + 1]]),
-                                   plan.lengths[item], self.cfg)
-                    for j, item in enumerate(group.items)}
-        images, grids = table.column("images").to_pylist(), table.column("image_grids").to_pylist()
-        ships = shipped_images(plan.encoder)  # image graph: decode only the images encoded here
-        out = {}
-        for j, item in enumerate(group.items):
-            ids = values[offsets[j]:offsets[j + 1]]
-            sample = decode_or_error(plan.keys[item], ids, images[j], grids[j], self.cfg,
-                                     None if ships is None else ships.get(item, set()))
-            out[item] = truncate(sample, plan.lengths[item], self.cfg) if isinstance(sample, Sample) else sample
-        return out
+        calls = self.constructor.fetch_groups(plan)
+        return self.constructor.in_plan_order(plan, calls, list(self._pool.map(one, calls)))
 
     # -- Flight ------------------------------------------------------------------------
     def do_get(self, context, ticket):
         request = wire.decode(ticket.ticket, "ticket")
-        kind = request.get("kind")
-        if kind not in ("batch", "encoder"):
-            raise ValueError(f"malformed ticket: kind {kind!r}, a constructor serves 'batch' and 'encoder' tickets")
+        kind = BatchTicket.checked_kind(request)
         self.authorize(context, TRAINER, f"do_get of a {kind!r} ticket")
-        step = wire.field(request, "step", int, "batch ticket")
-        rank = wire.field(request, "rank", int, "batch ticket")
-        if rank not in self.ranks:
-            raise KeyError(f"rank {rank} is not served by constructor {self.index} "
-                           f"(it serves the ranks of data-parallel groups {list(self.dp_ranks)})")
+        batch = BatchTicket.from_wire(request)
+        self.authorize(context, TRAINER, f"do_get of a {kind!r} ticket", rank=batch.rank)
+        self.constructor.check_rank(batch.rank)
         self.security.verify_ticket(request)  # forged, altered or expired: FlightUnauthorizedError
-        with self._cond:
-            wire.wait_until(self._cond, lambda: self._error is not None or self._staging.assembled(step),
-                            WAIT_SECONDS, f"step {step} of rank {rank}")
-            if self._error:
-                raise RuntimeError(self._error)
-            if kind == "batch":
-                key = (step, self._deliveries[rank].key)
-            else:
-                key = (step, ("encoder", self.mesh.bucket_of(rank, self._encoder_axis or "WORLD")))
-            if key not in self._staging.tables:
-                if kind == "encoder" and self._encoder_axis is None:
-                    raise KeyError("no encoder stream: this run's plans have no image graph")
-                raise KeyError(f"{kind} of step {step} for rank {rank} was already served and released")
-            table = self._staging.tables[key]
-            self._staging.served(kind, rank, step)
-            if kind == "batch":
-                self._count_served(rank, step, table)
-        return fl.RecordBatchStream(table)
-
-    def _count_served(self, rank: int, step: int, table: pa.Table) -> None:
-        served = self._served.setdefault(rank, {"step": -1, "batches": 0, "samples": 0, "bytes": 0})
-        keys = table.column("sample_keys") if "sample_keys" in table.column_names else None
-        served["step"] = max(served["step"], step)
-        served["batches"] += 1
-        served["samples"] += int(pc.sum(pc.list_value_length(keys)).as_py() or 0) if keys is not None else 0
-        served["bytes"] += table.nbytes
+        return fl.RecordBatchStream(self.constructor.take(batch.kind, batch.step, batch.rank))
 
     @requires(INSPECT)
     def action_status(self, body):
         """Assembly progress, staged steps, and what each rank was served."""
-        with self._cond:
-            return {"index": self.index, "dp_ranks": list(self.dp_ranks), "assembled": self._staging.next_step - 1,
-                    "staged_steps": self._staging.steps(), "error": self._error,
-                    "bad_samples": list(self._bad_samples), "bytes_fetched": self._bytes_fetched,
-                    "served": {str(r): dict(s) for r, s in sorted(self._served.items())},
-                    "metrics": getattr(self, "metrics_url", None)}
+        return replace(self.constructor.status(), metrics=getattr(self, "metrics_url", None)).to_wire()
 
     def shutdown(self):
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
+        self.constructor.stop()
         super().shutdown()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._clients.close()
@@ -276,7 +144,7 @@ def start(argv=None) -> tuple[ConstructorServer, str, str | None]:
     server = ConstructorServer(cfg, args.index, args.planner, port=args.port)
     location = location_of(server, host)
     start_metrics(server, cfg, args, "constructor", location)
-    register(args.planner, {"role": "constructor", "index": args.index, "location": location},
+    register(args.planner, Registration("constructor", location, index=args.index).to_wire(),
              server.security.credentials)
     server.start()
     return server, location, args.ready_file

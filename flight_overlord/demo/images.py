@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 from PIL import Image, ImageChops, ImageDraw, ImageFont, features
 
-from . import data as dd
+from .layout import check_arguments, layout, write_source
 from .material import gather_material
 from .text import cut, fill, log_uniform
 
@@ -238,10 +238,10 @@ def make_image_demo_data(out_dir: str | os.PathLike, *, seed: int = 0, scale: fl
     ``demo_data.make_demo_data``. Existing ``part-*.parquet`` files in the source directories are
     replaced.
     """
-    dd.check_arguments(seed, scale)
+    check_arguments(seed, scale)
     result = {}
     for name in IMAGE_SOURCE_NAMES:
-        rows, n_files = dd.layout(_ROWS_AT_SCALE_1[name], scale)
+        rows, n_files = layout(_ROWS_AT_SCALE_1[name], scale)
         rngs = [np.random.default_rng([int(seed), _SEED_OFFSET[name], row]) for row in range(rows)]
-        result[name] = dd.write_source(Path(out_dir) / name, _GENERATORS[name](rngs), n_files)
+        result[name] = write_source(Path(out_dir) / name, _GENERATORS[name](rngs), n_files)
     return result

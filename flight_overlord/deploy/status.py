@@ -23,6 +23,7 @@ from typing import Any
 from .. import wire
 from ..wire.security import Credentials
 from ..wire.server import ClientPool
+from ..wire.status import ConstructorStatus, LoaderActorStatus, LoaderStatus, PlannerStatus
 
 
 def cluster_status(planner_address: str, *, timeout: float = 10.0, pool: ClientPool | None = None,
@@ -39,24 +40,22 @@ def cluster_status(planner_address: str, *, timeout: float = 10.0, pool: ClientP
         planner = _ask(pool, planner_address, timeout, role="planner")
         answer = planner.pop("counters")
         planner["counters"] = {k: answer[k] for k in ("ready", "planned", "requested", "error", "scaling") if k in answer}
-        where_loaders, where_constructors = answer.get("loaders"), answer.get("constructors")
+        where = PlannerStatus.from_wire(answer) if planner["up"] else PlannerStatus()
         loaders = [{"role": "loader", "source": source, "actor": actor, "replica": replica, "address": location,
                     "row_groups": len(row_groups)}
-                   for source, actor, replica, location, row_groups in
-                   (where_loaders if isinstance(where_loaders, list) else [])]
+                   for source, actor, replica, location, row_groups in where.loaders]
         constructors = [{"role": "constructor", "index": int(index), "address": location}
-                        for index, location in sorted((where_constructors if isinstance(where_constructors, dict)
-                                                       else {}).items(), key=lambda kv: int(kv[0]))]
+                        for index, location in sorted(where.constructors.items(), key=lambda kv: int(kv[0]))]
         roles = loaders + constructors
         if roles:
             with ThreadPoolExecutor(max_workers=min(16, len(roles)), thread_name_prefix="status") as threads:
                 answers = list(threads.map(lambda r: _ask(pool, r["address"], timeout), roles))
             for role, answered in zip(roles, answers):
                 role.update(answered)
-                if role["role"] == "loader":  # a host answers for all its actors: keep this actor's counters
-                    mine = [a for a in role["counters"].get("actors", [])
-                            if a.get("source") == role["source"] and a.get("actor") == role["actor"]]
-                    role["counters"] = mine[0] if mine else role["counters"]
+                if role["role"] == "loader" and role["up"]:  # a host answers for all its actors: keep this one's
+                    mine = [a for a in LoaderStatus.from_wire(role["counters"]).actors
+                            if (a.source, a.actor) == (role["source"], role["actor"])]
+                    role["counters"] = mine[0].to_wire() if mine else role["counters"]
     finally:
         if own_pool:
             pool.close()
@@ -77,18 +76,21 @@ def _ask(pool: ClientPool, address: str, timeout: float, **identity) -> dict[str
 
 
 def _totals(everyone: list[dict], loaders: list[dict], constructors: list[dict]) -> dict:
+    loader_counters = [(lo["source"], LoaderActorStatus.from_wire({"source": lo["source"], "actor": lo["actor"],
+                                                                   **lo["counters"]})) for lo in loaders]
+    fetched = [ConstructorStatus.from_wire({"index": c["index"], **c["counters"]}) for c in constructors]
     by_source: dict[str, int] = {}
-    for loader in loaders:
-        by_source[loader["source"]] = by_source.get(loader["source"], 0) + int(loader["counters"].get("bytes_served", 0))
+    for source, counters in loader_counters:
+        by_source[source] = by_source.get(source, 0) + int(counters.bytes_served)
     return {
         "roles": len(everyone),
         "roles_up": sum(r["up"] for r in everyone),
         "down": [_name(r) for r in everyone if not r["up"]],
         "bytes_served": sum(by_source.values()),
         "bytes_served_by_source": by_source,
-        "bytes_fetched": sum(int(c["counters"].get("bytes_fetched", 0)) for c in constructors),
-        "bad_samples": sum(len(c["counters"].get("bad_samples", [])) for c in constructors),
-        "buffered_samples": sum(int(lo["counters"].get("buffered_samples", 0)) for lo in loaders),
+        "bytes_fetched": sum(int(c.bytes_fetched) for c in fetched),
+        "bad_samples": sum(len(c.bad_samples) for c in fetched),
+        "buffered_samples": sum(int(c.buffered_samples) for _, c in loader_counters),
     }
 
 

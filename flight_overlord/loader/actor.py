@@ -21,6 +21,7 @@ from ..core.scaling import ActorView, Ownership
 from ..core.vision import ImageError
 from ..store import Journal, Snapshots, read_journal
 from ..wire.schemas import SAMPLE_METADATA, SAMPLES, load_schema
+from ..wire.status import LoaderActorStatus
 from .partition import RowGroupSamples, SourcePartition
 from .state import LoaderState
 
@@ -280,17 +281,17 @@ class LoaderActor:
         with self._cond:
             return int(sum(b.remaining.sum() for b in self._buffer.values()))
 
-    def status(self) -> dict:
+    def status(self) -> LoaderActorStatus:
         with self._cond:
-            return {"source": self.partition.source.name, "actor": self.partition.actor,
-                    "row_groups_owned": self._view.owned_per_epoch(),
-                    "segments": self._view.ownership.to_list(),
-                    "buffered_row_groups": len(self._buffer),
-                    "buffered_samples": int(sum(b.remaining.sum() for b in self._buffer.values())),
-                    "buffered_bytes": int(sum(b.nbytes for b in self._buffer.values())),
-                    "bytes_served": self._bytes_served, "demanded": self.state.demanded,
-                    "released_below": self.state.released_below, "failed_reads": self._failed_reads,
-                    "recent_failed_reads": list(self._recent_failed_reads)}
+            return LoaderActorStatus(
+                source=self.partition.source.name, actor=self.partition.actor,
+                row_groups_owned=self._view.owned_per_epoch(), segments=self._view.ownership.to_list(),
+                buffered_row_groups=len(self._buffer),
+                buffered_samples=int(sum(b.remaining.sum() for b in self._buffer.values())),
+                buffered_bytes=int(sum(b.nbytes for b in self._buffer.values())),
+                bytes_served=self._bytes_served, demanded=self.state.demanded,
+                released_below=self.state.released_below, failed_reads=self._failed_reads,
+                recent_failed_reads=list(self._recent_failed_reads))
 
     def close(self) -> None:
         with self._cond:

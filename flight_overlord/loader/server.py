@@ -30,6 +30,8 @@ from ..serving import add_serving_args, advertised_host, start_metrics
 from ..wire.schemas import SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, Security, requires
 from ..wire.server import ActionServer, location_of, register, serve
+from ..wire.status import LoaderStatus
+from ..wire.tickets import BufferTicket, MetadataTicket, Registration, Reshard, SamplesTicket
 from .actor import LoaderActor
 from .partition import SourcePartition
 
@@ -45,15 +47,16 @@ class LoaderServer(ActionServer):
         self.actors = {(a.partition.source.name, a.partition.actor): a for a in actors}
         super().__init__(host, port, security)
 
-    def _actor(self, request: dict) -> LoaderActor:
+    def _actor(self, source: str | None, actor: int | None) -> LoaderActor:
         """The actor a ticket is for: named by (source, actor), or the only one this process hosts."""
-        if "source" not in request and len(self.actors) == 1:
-            return next(iter(self.actors.values()))
-        key = (wire.field(request, "source", str, "ticket"), wire.field(request, "actor", int, "ticket"))
-        if key not in self.actors:
+        if source is None:
+            if len(self.actors) == 1:
+                return next(iter(self.actors.values()))
+            raise ValueError("malformed ticket: missing field 'source'")
+        if (source, actor) not in self.actors:
             hosted = ", ".join(f"{s}[{a}]" for s, a in sorted(self.actors))
-            raise KeyError(f"loader actor {key[0]}[{key[1]}] is not hosted here (this process hosts: {hosted})")
-        return self.actors[key]
+            raise KeyError(f"loader actor {source}[{actor}] is not hosted here (this process hosts: {hosted})")
+        return self.actors[(source, actor)]
 
     def do_get(self, context, ticket):
         request = wire.decode(ticket.ticket, "ticket")
@@ -61,24 +64,19 @@ class LoaderServer(ActionServer):
         self.authorize(context, TICKET_ROLES.get(kind, INSPECT) if isinstance(kind, str) else INSPECT,
                        f"do_get of a {kind!r} ticket")
         if kind == "metadata":
-            return fl.RecordBatchStream(self._actor(request).metadata(
-                wire.field(request, "epoch", int, "metadata ticket"), wire.field(request, "file", str, "metadata ticket"),
-                wire.field(request, "row_group", int, "metadata ticket"), _checked_segments(request)))
+            meta = MetadataTicket.from_wire(request)
+            return fl.RecordBatchStream(self._actor(meta.source, meta.actor).metadata(
+                meta.epoch, meta.file, meta.row_group, meta.segment_lists()))
         if kind == "samples":
-            step = wire.field(request, "step", int, "samples ticket")
-            constructor = wire.field(request, "constructor", int, "samples ticket")
-            if "parts" in request:  # several hosted actors' samples in one call: their tables back to back
-                parts = wire.field(request, "parts", list, "samples ticket")
-                if not parts or not all(isinstance(part, dict) for part in parts):
-                    raise ValueError(f"malformed samples ticket: parts {parts!r} is not a non-empty list of "
-                                     f"{{'source', 'actor', 'samples'}}")
-                return fl.RecordBatchStream(pa.concat_tables([self._actor(part).samples(
-                    step, constructor, _checked_samples(part)) for part in parts]))
-            return fl.RecordBatchStream(self._actor(request).samples(step, constructor, _checked_samples(request)))
+            samples = SamplesTicket.from_wire(request)
+            return fl.RecordBatchStream(pa.concat_tables([  # several hosted actors: their tables back to back
+                self._actor(part.source, part.actor).samples(samples.step, samples.constructor,
+                                                             [list(s) for s in part.samples])
+                for part in samples.parts]))
         if kind == "buffer":  # one actor's buffer (the Planner's source endpoints), or every hosted actor's
-            actors = [self._actor(request)] if "source" in request else list(self.actors.values())
-            tables = [a.buffer_metadata() for a in actors]
-            return fl.RecordBatchStream(pa.concat_tables(tables))
+            buffer = BufferTicket.from_wire(request)
+            actors = [self._actor(buffer.source, buffer.actor)] if buffer.source is not None else list(self.actors.values())
+            return fl.RecordBatchStream(pa.concat_tables([a.buffer_metadata() for a in actors]))
         raise ValueError(f"malformed ticket: unknown kind {kind!r} (loader tickets: 'metadata', 'samples', 'buffer')")
 
     def list_flights(self, context, criteria):
@@ -92,47 +90,22 @@ class LoaderServer(ActionServer):
         """The Planner's new ownership segments of a source ({"source", "segments"}), sent when it
         scales (``loader.scaling``): the hosted actors of that source journal them, so an added actor
         starts reading ahead before its first row group is asked for. Metadata tickets carry the same."""
-        source = wire.field(body, "source", str, "reshard")
-        segments = _checked_segments({"segments": wire.field(body, "segments", list, "reshard")})
+        reshard = Reshard.from_wire(body)
         for (name, _), actor in sorted(self.actors.items()):
-            if name == source:
-                actor.reshard(segments)
+            if name == reshard.source:
+                actor.reshard(reshard.segment_lists())
         return {"ok": True}
 
     @requires(INSPECT)
     def action_status(self, body):
         """Buffer occupancy of the hosted loader actors (the fields of the first, and all of them)."""
-        statuses = [a.status() for _, a in sorted(self.actors.items())]
-        totals = {k: sum(s[k] for s in statuses) for k in ("buffered_row_groups", "buffered_samples",
-                                                            "buffered_bytes", "bytes_served")}
-        return {**statuses[0], **totals, "actors": statuses, "metrics": getattr(self, "metrics_url", None)}
+        return LoaderStatus(tuple(a.status() for _, a in sorted(self.actors.items())),
+                            getattr(self, "metrics_url", None)).to_wire()
 
     def shutdown(self):
         super().shutdown()
         for actor in self.actors.values():
             actor.close()
-
-
-def _checked_segments(request: dict) -> list[list[int]] | None:
-    """A metadata ticket's optional ``segments`` (a live reshard): [[first position, actors], ...]."""
-    segments = request.get("segments")
-    if segments is None:
-        return None
-    if not (isinstance(segments, list) and segments and all(
-            isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                                                        for v in s) and s[1] >= 1 for s in segments)):
-        raise ValueError(f"malformed metadata ticket: segments {segments!r} is not [[first position, actors], ...]")
-    return segments
-
-
-def _checked_samples(request: dict) -> list[list]:
-    wanted = wire.field(request, "samples", list, "samples ticket")
-    for item in wanted:
-        if not (isinstance(item, list) and len(item) in (4, 5) and isinstance(item[1], str)
-                and all(isinstance(v, int) and not isinstance(v, bool) for v in item[:1] + item[2:])):
-            raise ValueError(f"malformed samples ticket: sample {item!r} is not "
-                             f"[epoch, file, row_group, row] or [epoch, file, row_group, row, consumers]")
-    return wanted
 
 
 def parse_actors(text: str) -> list[tuple[str, int]]:
@@ -180,8 +153,7 @@ def start(argv=None) -> tuple[LoaderServer, str, str | None]:
     start_metrics(server, cfg, args, "loader", location)
     for actor in actors:
         partition = actor.partition
-        register(args.planner, {"role": "loader", "source": partition.source.name, "actor": partition.actor,
-                                "replica": args.replica, "location": location,
-                                "row_groups": [[rg.file, rg.row_group, rg.num_rows] for rg in partition.row_groups]},
-                 security.credentials)
+        register(args.planner, Registration("loader", location, partition.source.name, partition.actor, args.replica,
+                                            tuple((rg.file, rg.row_group, rg.num_rows) for rg in partition.row_groups)
+                                            ).to_wire(), security.credentials)
     return server, location, args.ready_file

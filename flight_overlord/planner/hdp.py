@@ -15,17 +15,16 @@ import numpy as np
 from ..core import hdp
 
 if TYPE_CHECKING:
-    from .program import PlanContext
     from .strategy import Strategy
 
 
-def place_hdp(ctx: "PlanContext", strategy: "Strategy") -> tuple[list[np.ndarray], np.ndarray]:
-    """(index arrays per bin, unplaced indices), as ``program.place`` returns them; checked."""
-    lengths = ctx.meta["num_tokens"]
-    placement = hdp.place(ctx.costs, lengths, ctx.num_buckets, ctx.microbatches, ctx.capacity, strategy.min_cp,
-                          strategy.hdp_widen)
-    hdp.check(placement.bins, placement.unplaced, lengths, ctx.num_buckets, ctx.microbatches, ctx.capacity,
-              strategy.min_cp)
+def place_hdp(costs: np.ndarray, lengths: np.ndarray, num_buckets: int, microbatches: int, capacity: int,
+              strategy: "Strategy") -> tuple[list[np.ndarray], np.ndarray]:
+    """(index arrays per bin, unplaced indices), as ``program.place`` returns them; checked. The
+    arguments are the step's ``PlanContext`` fields of the same names (``lengths``: its
+    ``meta["num_tokens"]``)."""
+    placement = hdp.place(costs, lengths, num_buckets, microbatches, capacity, strategy.min_cp, strategy.hdp_widen)
+    hdp.check(placement.bins, placement.unplaced, lengths, num_buckets, microbatches, capacity, strategy.min_cp)
     return placement.bins, placement.unplaced
 
 

@@ -113,7 +113,8 @@ def place(ctx: PlanContext, strategy: Strategy) -> tuple[list[np.ndarray], np.nd
     if strategy.raw is not None:
         return _checked_raw(ctx, strategy.raw(ctx))
     if strategy.axis == "HDP":
-        return place_hdp(ctx, strategy)
+        return place_hdp(ctx.costs, ctx.meta["num_tokens"], ctx.num_buckets, ctx.microbatches, ctx.capacity,
+                         strategy)
     b = strategy.balancing
     costs, sizes = ctx.costs, ctx.sizes
     m, cap = ctx.microbatches, ctx.capacity

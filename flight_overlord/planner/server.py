@@ -1,6 +1,8 @@
 """Planner: the control path. Metadata in, plans and tickets out; no sample bytes.
 
-A thin Flight adapter over :class:`~.planner.Planner` (the logic and its state):
+A thin Flight adapter (decode, authorize, call, encode) over :class:`~.service.PlanService` (registration,
+hand-out, trainer positions) and :class:`~.planner.Planner` (planning and its state); its calls to
+other roles are in :class:`~.calls.PlannerCalls`:
 
 - Loaders and constructors ``register`` (action) on start; planning begins once all have.
 - A planning thread plans step after step, ``prefetch`` steps ahead of the slowest trainer;
@@ -16,29 +18,23 @@ source infos, ``status``, ``stats`` and ``list_actions`` are inspection calls.
 from __future__ import annotations
 
 import argparse
-import math
 import logging
-import threading
-
-import numpy as np
+from dataclasses import replace
 import pyarrow.flight as fl
 
 from .. import wire
 from ..config import Config, load_config
-
-from ..core.order import RowGroupRef
 from ..serving import add_serving_args, advertised_host, start_metrics
-from ..store import write_json_atomic
 from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
-from ..wire.server import ActionServer, ClientPool, call_any, connect, location_of, serve
-from .planner import Planner, constructor_view
-from .program import StepPlan
+from ..wire.server import ActionServer, location_of, serve
+from ..wire.tickets import BufferTicket, Registration
+from .calls import PlannerCalls
+from .planner import Planner
+from .service import PlanService
 from .strategy import load_strategy
 
 log = logging.getLogger(__name__)
-WAIT_SECONDS = 30.0  # a blocking call waits this long server-side, then the client may ask again
-STEPS_AHEAD = 16    # beyond prefetch: how far past the planned steps a trainer may ask before it is an error
 
 
 class PlannerServer(ActionServer):
@@ -51,28 +47,13 @@ class PlannerServer(ActionServer):
         security = security or Security.from_config(cfg)
         self.mesh = cfg.trainer_mesh
         self.strategy = load_strategy(cfg, self.mesh)
-        self._clients = ClientPool(security.credentials)
-        self._cond = threading.Condition()
-        self.planner = Planner(cfg, self.strategy, self._meta_fetcher)
+        self.calls = PlannerCalls(security.credentials, stopping=lambda: self.service.stopping)
+        self.planner = self.calls.planner = Planner(cfg, self.strategy, self.calls.meta_fetcher)
         self.planner.open(resume=resume or recover)
-        self._registry_file = cfg.run_dir / "planner" / "registry.json"
-        self._resumed = resume or recover
-        if recover and self._registry_file.exists():
-            self.planner.registry.load_state_dict(wire.decode(self._registry_file.read_bytes(), str(self._registry_file)))
-        layout = self.planner.journal_layout
-        self._rewind_pending = layout is not None and layout != self.planner.layout()
-        self._plans: dict[int, StepPlan] = {}      # planned, not yet fetched by every constructor
-        self._fetched: dict[int, set[int]] = {}
-        self._stats: dict[int, dict] = {}
-        self._requested: dict[int, int] = {}       # rank -> the step it asked for last
-        self._planned = {"samples": {}, "tokens": {}}  # per source, by this process (metrics)
-        self._reregistrations = {"loader": 0, "constructor": 0}  # restarts of registered roles (metrics)
-        self._error: str | None = None
-        self._stopping = False
-        self._started = False
+        self.service = PlanService(cfg, self.planner, resumed=resume, recover=recover, answers=self.calls.answers,
+                                   on_scaled=self.calls.announce_reshard)
         super().__init__(cfg.network.host, cfg.network.planner_port if port is None else port, security)
-        if self.planner.registry.complete():
-            self._start_planning()
+        self.service.start_if_complete()
 
     # -- registration ------------------------------------------------------------------
     @requires(CLUSTER)
@@ -80,153 +61,16 @@ class PlannerServer(ActionServer):
         """A loader or constructor announces itself: {"role", "location", ...}. A registered role
         moves to another location only when its registered one no longer answers (recovery restarts a
         role on its own address), so not even a holder of the secret can redirect a live role."""
-        role = wire.field(body, "role", str, "register")
-        location = wire.field(body, "location", str, "register")
-        scheme = self.security.scheme
+        registration = Registration.from_wire(body)
+        location, scheme = registration.location, self.security.scheme
         if not location.startswith(f"{scheme}://") or not location.rsplit(":", 1)[-1].isdigit():
             raise ValueError(f"register: location {location!r} must be {scheme}://HOST:PORT (the scheme of this run)")
-        registry = self.planner.registry
-        if role == "loader":
-            source = self.cfg.source(wire.field(body, "source", str, "register")).name
-            actor = wire.field(body, "actor", int, "register")
-            replica = body.get("replica", 0)
-            if isinstance(replica, bool) or not isinstance(replica, int):
-                raise ValueError(f"malformed register: field 'replica' must be an integer, got {replica!r}")
-            row_groups = wire.field(body, "row_groups", list, "register")
-            name = f"loader {source}[{actor}] replica {replica}"
-            with self._cond:
-                current = registry.loaders.get((source, actor), {}).get(replica)
-        elif role == "constructor":
-            index = wire.field(body, "index", int, "register")
-            name = f"constructor {index}"
-            with self._cond:
-                current = registry.constructors.get(index)
+        if registration.role == "loader":
+            self.service.register_loader(registration.source, registration.actor, registration.replica, location,
+                                         registration.row_groups)
         else:
-            raise ValueError(f"register: unknown role {role!r} (roles: loader, constructor)")
-        if current is not None and current != location and self._answers(current):
-            raise ValueError(f"register: {name} is registered at {current}, which still answers; a registered role "
-                             f"moves only when its address no longer answers (restart it on the same address)")
-        with self._cond:
-            if role == "loader":
-                registry.register_loader(source, actor, replica, location, row_groups)
-            else:
-                registry.register_constructor(index, location)
-            if current is not None:
-                self._reregistrations[role] += 1
-            if current is not None and current != location:
-                log.warning("%s moved from %s (not answering) to %s", name, current, location)
-            write_json_atomic(self._registry_file, registry.state_dict())
-            if registry.complete():
-                self._start_planning()
+            self.service.register_constructor(registration.index, location)
         return {"ok": True}
-
-    def _answers(self, location: str) -> bool:
-        """Whether a role's registered address still answers (any reply, even an error, counts), on a
-        fresh channel (a pooled one may be in reconnect back-off)."""
-        try:
-            client = connect(location, self.security.credentials)
-        except Exception:  # noqa: BLE001 - an unusable address does not answer
-            return False
-        try:
-            client.list_actions(options=fl.FlightCallOptions(timeout=3.0))
-            return True
-        except (fl.FlightUnavailableError, fl.FlightTimedOutError):
-            return False
-        except Exception:  # noqa: BLE001 - a server is there: it answered with an error
-            return True
-        finally:
-            client.close()
-
-    def _start_planning(self) -> None:
-        if not self._started:
-            self._started = True
-            self.planner.start_feeds()
-            threading.Thread(target=self._plan_loop, name="planning", daemon=True).start()
-
-    # -- planning ----------------------------------------------------------------------
-    def _plan_loop(self) -> None:
-        try:
-            while True:
-                with self._cond:
-                    self._cond.wait_for(lambda: self._stopping or self._may_plan(self.planner.next_step))
-                    if self._stopping:
-                        return
-                plan = self.planner.plan_next()
-                if self.planner.scaled:
-                    self._announce_reshard(self.planner.scaled)
-                with self._cond:
-                    self._plans[plan.step] = plan
-                    self._fetched[plan.step] = set()
-                    self._stats[plan.step] = plan.stats
-                    for key in ("samples", "tokens"):
-                        for source, n in plan.stats.get(key, {}).items():
-                            self._planned[key][source] = self._planned[key].get(source, 0) + n
-                    self._cond.notify_all()
-        except Exception as exc:  # surface to every waiting client instead of hanging them
-            log.exception("planning failed")
-            with self._cond:
-                self._error = f"planning failed: {type(exc).__name__}: {exc}"
-                self._cond.notify_all()
-
-    def _may_plan(self, step: int) -> bool:
-        """Plan up to ``prefetch`` steps past the slowest trainer that has asked for data, once the
-        feedback a dynamic schedule reads is complete (and, on a new layout, once trainers said
-        where they resume)."""
-        slowest = min(self._requested.values()) if self._requested else -1
-        return (not self._rewind_pending and step <= slowest + self.cfg.prefetch
-                and self.planner.feedback_ready(step))
-
-    def _announce_reshard(self, events: list[dict]) -> None:
-        """Send a scaled source's new segments to every replica of its actors, in the background (a
-        down loader learns them from its journal or its next metadata ticket)."""
-        jobs = {(e["source"], loc): self.planner.scaling.segments[e["source"]] for e in events
-                for (source, _), replicas in sorted(self.planner.registry.loaders.items()) if source == e["source"]
-                for loc in replicas.values()}
-
-        def send():
-            for (source, location), segments in jobs.items():
-                try:
-                    wire.call(self._clients.get(location), "reshard", {"source": source, "segments": segments},
-                              timeout=10)
-                except Exception as exc:  # noqa: BLE001 - best effort: tickets carry the segments too
-                    log.warning("reshard of %s at %s not delivered (%s); its tickets carry it", source, location, exc)
-        threading.Thread(target=send, name="reshard", daemon=True).start()
-
-    def _meta_fetcher(self, source: str):
-        def fetch(epoch: int, rg: RowGroupRef) -> dict[str, np.ndarray]:
-            actor = self.planner.registry.owner(source, rg.file, rg.row_group, epoch)
-            request = {"kind": "metadata", "source": source, "actor": actor[1], "epoch": epoch, "file": rg.file,
-                       "row_group": rg.row_group}
-            segments = self.planner.scaling.segments_of(source) if self.planner.scaling is not None else None
-            if segments:  # a resharded source: its actors learn (and journal) the ownership from the ticket
-                request["segments"] = segments
-            table = call_any(self._clients, self.planner.registry.locations(actor),
-                             lambda c: c.do_get(wire.ticket(request)).read_all(),
-                             what=f"loader {source}[{actor[1]}]", stop=lambda: self._stopping)
-            rows = table.column("row").to_numpy()
-            meta = {}
-            for name in ("num_tokens", "image_patches"):
-                meta[name] = np.zeros(rg.num_rows, dtype=np.int64)
-                meta[name][rows] = table.column(name).to_numpy()
-            meta["image_sizes"] = [()] * rg.num_rows
-            for row, sizes in zip(rows, table.column("image_sizes").to_pylist()):
-                meta["image_sizes"][row] = tuple(sizes)
-            return meta
-        return fetch
-
-    def _check_horizon(self, step: int) -> None:
-        """A step far past what is planned is a client's mistake (or abuse), answered at once rather
-        than by holding a server thread until the client gives up."""
-        horizon = max(self.planner.next_step, max(self._requested.values(), default=0)) + self.cfg.prefetch + STEPS_AHEAD
-        if step > horizon and not self._rewind_pending:
-            raise ValueError(f"step {step} is beyond the planning horizon: planned up to step "
-                             f"{self.planner.next_step - 1}, trainers may ask at most {horizon}")
-
-    def _wait_for_plan(self, step: int, timeout: float) -> None:
-        wire.wait_until(self._cond, lambda: self._error is not None or self._stopping
-                        or step < self.planner.next_step, timeout, f"the plan of step {step}")
-        if self._error:
-            raise RuntimeError(self._error)
 
     # -- trainer-facing ----------------------------------------------------------------
     def get_flight_info(self, context, descriptor):
@@ -236,17 +80,11 @@ class PlannerServer(ActionServer):
                        f"get_flight_info of {parts[0] if batch else 'this descriptor'!r}")
         if batch:
             step, rank = self._parse_batch(parts)
+            self.authorize(context, TRAINER, f"get_flight_info of {parts[0]!r}", rank=rank)
             if parts[0] == "encoder" and self.strategy.image_graph is None:
                 raise KeyError("no encoder streams: this run's strategy has no image graph "
                                "(images travel with their sequences in ('batch', STEP, RANK))")
-            with self._cond:  # asking for a step is how a trainer tells us where it is
-                self._check_horizon(step)
-                self._requested[rank] = max(step, self._requested.get(rank, -1))
-                if self._rewind_pending:
-                    self._rewind_pending = False
-                    self.planner.rewind(step)
-                self._cond.notify_all()
-                self._wait_for_plan(step, WAIT_SECONDS)
+            self.service.trainer_asks(step, rank)
             return self._batch_info(descriptor, step, rank, parts[0])
         if len(parts) == 2 and parts[0] == "source":
             return self._source_info(descriptor, parts[1])
@@ -290,18 +128,16 @@ class PlannerServer(ActionServer):
 
     def _source_info(self, descriptor, name: str) -> fl.FlightInfo:
         source = self.cfg.source(name)
-        with self._cond:
+        with self.service.cond:
             rows = sum(rg.num_rows for rg in self.planner.registry.source_row_groups(source.name))
-            endpoints = [fl.FlightEndpoint(wire.ticket({"kind": "buffer", "source": actor[0], "actor": actor[1]}),
+            endpoints = [fl.FlightEndpoint(wire.ticket(BufferTicket(*actor).to_wire()),
                                            self.planner.registry.locations(actor))
                          for actor in sorted(self.planner.registry.loaders) if actor[0] == source.name]
         return fl.FlightInfo(load_schema(SAMPLE_METADATA), descriptor, endpoints, rows, -1)
 
     def list_flights(self, context, criteria):
         self.authorize(context, INSPECT, "list_flights")
-        with self._cond:
-            upcoming = [s for s in sorted(self._stats) if s >= self.planner.next_step - self.cfg.prefetch - 1]
-        for step in upcoming:
+        for step in self.service.upcoming_steps():
             for rank in range(self.mesh.world_size):
                 descriptor = fl.FlightDescriptor.for_path("batch", str(step), str(rank))
                 yield self._batch_info(descriptor, step, rank)
@@ -315,97 +151,41 @@ class PlannerServer(ActionServer):
     @requires(CLUSTER)
     def action_plan(self, body):
         """A constructor's share of one step's plan: {"step", "constructor"}."""
-        step = wire.field(body, "step", int, "plan")
-        constructor = wire.field(body, "constructor", int, "plan")
-        if not 0 <= constructor < self.mesh.num_constructors:
-            raise ValueError(f"plan: constructor {constructor} out of range")
-        with self._cond:
-            self._check_horizon(step)
-            self._wait_for_plan(step, WAIT_SECONDS)
-            plan = self._plans.get(step)
-            if plan is not None:
-                self._fetched[step].add(constructor)
-                if len(self._fetched[step]) == self.mesh.num_constructors:
-                    del self._plans[step], self._fetched[step]
-        if plan is None:  # fetched by everyone before, or planned by an earlier Planner process
-            plan = self.planner.journaled(step)
-            if plan is None:
-                raise KeyError(f"plan of step {step} is in no journal of this run")
-        return constructor_view(plan, constructor, self.mesh, self.planner.registry,
-                                self.strategy.broadcast).to_wire()
+        return self.service.constructor_plan(wire.field(body, "step", int, "plan"),
+                                             wire.field(body, "constructor", int, "plan"), self.strategy.broadcast)
 
     @requires(CLUSTER)
     def action_resume_point(self, body):
         """Where a (re)started constructor begins: the earliest step its ranks are waiting for."""
-        constructor = wire.field(body, "constructor", int, "resume_point")
-        if not 0 <= constructor < self.mesh.num_constructors:
-            raise ValueError(f"resume_point: constructor {constructor} out of range")
-        dps = set(self.mesh.dp_ranks_of(constructor))
-        ranks = [r for r in range(self.mesh.world_size) if self.mesh.coord(r).dp in dps]
-        with self._cond:
-            if not self._resumed and not all(r in self._requested for r in ranks):
-                return {"step": min([self._requested.get(r, 0) for r in ranks])}
-            wire.wait_until(self._cond, lambda: all(r in self._requested for r in ranks), WAIT_SECONDS,
-                            f"the ranks of constructor {constructor} to say where they resume")
-            return {"step": min(self._requested[r] for r in ranks)}
+        return {"step": self.service.resume_point(wire.field(body, "constructor", int, "resume_point"))}
 
     # -- trainer feedback --------------------------------------------------------------
-    @requires(TRAINER)
+    @requires(TRAINER, rank_field="rank")
     def action_report(self, body):
         """A trainer's per-source loss for one step: {"step", "rank", "losses": {source: loss}}.
         One report per data-parallel group counts; it is journaled before any plan reads it."""
-        step = wire.field(body, "step", int, "report")
-        rank = wire.field(body, "rank", int, "report")
-        losses = wire.field(body, "losses", dict, "report")
-        self.mesh.coord(rank)
-        for source, loss in losses.items():
-            self.cfg.source(source)  # names the unknown source
-            if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
-                raise ValueError(f"report: loss of source {source!r} must be a finite number, got {loss!r}")
-        if not 0 <= step < self.planner.next_step:
-            raise ValueError(f"report: step {step} was not planned (planned: 0..{self.planner.next_step - 1})")
-        with self._cond:
-            if self.planner.report(step, rank, losses):
-                self._cond.notify_all()
+        self.service.report(wire.field(body, "step", int, "report"), wire.field(body, "rank", int, "report"),
+                            wire.field(body, "losses", dict, "report"))
         return {"ok": True}
 
     # -- inspection --------------------------------------------------------------------
     @requires(INSPECT)
     def action_status(self, body):
         """Registration, planning progress, trainer positions, and where every role is."""
-        with self._cond:
-            registry = self.planner.registry
-            return {"ready": registry.complete(), "planned": self.planner.next_step - 1,
-                    "requested": {str(r): s for r, s in sorted(self._requested.items())},
-                    "error": self._error, "recovered": self._resumed,
-                    "samples_planned": dict(self._planned["samples"]), "tokens_planned": dict(self._planned["tokens"]),
-                    "mixture_realized": _shares(self._planned["tokens" if self.cfg.global_batch.tokens_per_step
-                                                              else "samples"]),
-                    "reregistrations": dict(self._reregistrations), "metrics": getattr(self, "metrics_url", None),
-                    **registry.state_dict(),
-                    **({"scaling": self.planner.scaling.status()} if self.planner.scaling is not None else {})}
+        return replace(self.service.status(), metrics=getattr(self, "metrics_url", None)).to_wire()
 
     @requires(INSPECT)
     def action_stats(self, body):
         """Per-step plan statistics (mixture, imbalance): {"from": step, "to": step}."""
         first = wire.field({"from": 0, **body}, "from", int, "stats")
-        with self._cond:
-            last = wire.field({"to": self.planner.next_step - 1, **body}, "to", int, "stats")
-            return {str(s): stats for s, stats in self._stats.items() if first <= s <= last}  # never walks the range
+        last = wire.field(body, "to", int, "stats") if "to" in body else None
+        return self.service.step_stats(first, last)
 
     def shutdown(self):
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
+        self.service.stop()
         super().shutdown()
-        self._clients.close()
+        self.calls.close()
         self.planner.close()
-
-
-def _shares(counts: dict[str, int]) -> dict[str, float]:
-    """Each source's share of what was planned, in the unit the mixer weighs (tokens or samples)."""
-    total = sum(counts.values())
-    return {source: n / total for source, n in counts.items()} if total else {}
 
 
 def main(argv=None) -> None:

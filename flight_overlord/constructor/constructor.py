@@ -1,0 +1,229 @@
+"""The Data Constructor's logic, without Flight: from a step's plan and the samples its loaders
+returned to one staged table per distinct delivery of its ranks, and handing them out.
+
+- ``fetch_groups(plan)``: the plan's fetch groups by loader process (one call each);
+- ``decoded(plan, group, table)``: a loader's rows as samples, through the decode stage, cut to the
+  planned length;
+- ``assemble(step, plan, samples)``: each bucket's microbatches built once, then one table per
+  distinct delivery (full sequences, a context-parallel share, or metadata only);
+- ``stage`` / ``take``: staged tables until every stream reading from here has them.
+
+State (``state_dict``) is plain numbers: the next step to assemble, what each stream was served,
+and the counters its status reports. One lock (``cond``) guards it.
+"""
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .. import wire
+from ..config import Config
+from ..core.mesh import Delivery
+from ..planner.strategy import Strategy
+from ..wire.plan import ConstructorPlan, FetchGroup
+from ..wire.status import ConstructorStatus
+from .assembly import (Sample, build_microbatch, decode_or_error, drop_bad, encoder_table, rank_table,
+                       shipped_images, truncate)
+from .hdp import hdp_rank_table
+from .staging import Staging
+
+WAIT_SECONDS = 30.0  # a trainer's do_get waits this long server-side for its step, then asks again
+
+
+class Constructor:
+    def __init__(self, cfg: Config, index: int, strategy: Strategy):
+        """Constructor ``index`` of the mesh; ``strategy``: for its ``constructor_do_plan`` hook."""
+        self.cfg = cfg
+        self.index = index
+        self.mesh = strategy.mesh
+        self.strategy = strategy
+        if not 0 <= index < self.mesh.num_constructors:
+            raise ValueError(f"constructor index {index} out of range (mesh has {self.mesh.num_constructors})")
+        self.dp_ranks = self.mesh.dp_ranks_of(index)
+        self.ranks = [r for r in range(self.mesh.world_size) if self.mesh.coord(r).dp in self.dp_ranks]
+        self.cond = threading.Condition()
+        self._deliveries: dict[int, Delivery] = {}  # rank -> what it receives; known from the first plan
+        self._encoder_axis: str | None = None  # the image graph's axis, if the plans have one
+        self.staging = Staging(streams=len(self.ranks))
+        self.bytes_fetched = 0  # Arrow bytes received from loaders
+        self._served: dict[int, dict] = {}  # rank -> {"step", "batches", "samples", "bytes"} (status, metrics)
+        self._bad_samples: list[str] = []  # keys skipped for a bad image (vision.on_bad_image: skip)
+        self.error: str | None = None
+        self.stopping = False
+
+    # -- fetching ----------------------------------------------------------------------
+    @staticmethod
+    def fetch_groups(plan: ConstructorPlan) -> list[list[FetchGroup]]:
+        """The plan's fetch groups by the loader process hosting them (same locations): each list is
+        one samples call (a Flight call costs both sides CPU)."""
+        by_location: dict[tuple[str, ...], list[FetchGroup]] = {}
+        for group in plan.fetch:
+            by_location.setdefault(tuple(group.locations), []).append(group)
+        return list(by_location.values())
+
+    def received(self, step: int, plan: ConstructorPlan, groups: list[FetchGroup], table: pa.Table) -> list[dict]:
+        """One loader process's answer for ``groups`` (their rows back to back): per group, item
+        index -> sample (or the failure of its decode)."""
+        asked = sum(len(g.samples) for g in groups)
+        if table.num_rows != asked:
+            raise RuntimeError(f"the loader at {groups[0].locations[0]} returned {table.num_rows} samples for "
+                               f"{asked} asked (step {step})")
+        with self.cond:
+            self.bytes_fetched += table.nbytes
+        out, start = [], 0
+        for group in groups:
+            out.append(self.decoded(plan, group, table.slice(start, len(group.samples))))
+            start += len(group.samples)
+        return out
+
+    @staticmethod
+    def in_plan_order(plan: ConstructorPlan, calls: list[list[FetchGroup]], answers: list[list[dict]]) -> dict:
+        """The samples of every call's answer, item index -> sample, in plan order."""
+        decoded = {id(g): part for groups, parts in zip(calls, answers) for g, part in zip(groups, parts)}
+        samples: dict = {}
+        for group in plan.fetch:  # in plan order, as before the calls were merged
+            samples.update(decoded[id(group)])
+        return samples
+
+    def decoded(self, plan: ConstructorPlan, group: FetchGroup, table: pa.Table) -> dict:
+        """A loader's rows of ``group`` as samples: item -> Sample cut to its planned length (the plan
+        may truncate a sample to the capacity), or the failure of its decode."""
+        tokens = table.column("tokens").combine_chunks()
+        offsets, values = tokens.offsets.to_numpy(), tokens.values.to_numpy()
+        if not any(len(chunk.values) for chunk in table.column("images").chunks):  # text only: no decode stage
+            return {item: truncate(Sample(plan.keys[item], values[offsets[j]:offsets[j + 1]]),
+                                   plan.lengths[item], self.cfg)
+                    for j, item in enumerate(group.items)}
+        images, grids = table.column("images").to_pylist(), table.column("image_grids").to_pylist()
+        ships = shipped_images(plan.encoder)  # image graph: decode only the images encoded here
+        out = {}
+        for j, item in enumerate(group.items):
+            ids = values[offsets[j]:offsets[j + 1]]
+            sample = decode_or_error(plan.keys[item], ids, images[j], grids[j], self.cfg,
+                                     None if ships is None else ships.get(item, set()))
+            out[item] = truncate(sample, plan.lengths[item], self.cfg) if isinstance(sample, Sample) else sample
+        return out
+
+    # -- assembly ----------------------------------------------------------------------
+    def assemble(self, step: int, plan: ConstructorPlan, samples: dict) -> dict:
+        """Build each bucket's microbatches once, then cut one table per distinct delivery of its ranks."""
+        if not self._deliveries:
+            broadcast = frozenset(plan.broadcast)
+            self._deliveries = {r: self.mesh.delivery(r, plan.axis, broadcast) for r in self.ranks}
+            self._encoder_axis = plan.encoder_axis
+            self.staging.streams = len(self.ranks) * (2 if plan.encoder_axis else 1)
+        samples, bad = drop_bad(samples, self.cfg)
+        self._bad_samples.extend(bad)
+        image_token = self.cfg.vision.image_token_id if any(s.image_column for s in self.cfg.sources) else None
+        tables = {}
+        image_graph = plan.encoder is not None
+        for bucket, bins in plan.microbatches.items():
+            deliveries = {d for d in self._deliveries.values() if d.bucket == bucket}
+            if plan.axis == "HDP":  # each sample a THD sequence of its own CP group (constructor/hdp.py)
+                entries = [[(samples[i], size, first) for i, (size, first) in zip(mb, groups)]
+                           for mb, groups in zip(bins, plan.extra["hdp"][str(bucket)])]
+                for delivery in deliveries:
+                    tables[(step, delivery.key)] = hdp_rank_table(step, bucket, entries, delivery, self.cfg)
+                continue
+            microbatches = [build_microbatch([samples[i] for i in mb if i in samples], plan.capacity, self.cfg,
+                                             image_token, self.strategy.seq_multiple) for mb in bins]
+            microbatches = self._ordered(step, bucket, microbatches)
+            for delivery in deliveries:
+                tables[(step, delivery.key)] = rank_table(step, bucket, microbatches, delivery, self.cfg,
+                                                          with_pixels=not image_graph)
+        for bucket, rows in (plan.encoder or {}).items():
+            tables[(step, ("encoder", bucket))] = encoder_table(
+                step, [(samples[i], image, owner, mb) for i, image, owner, mb in rows if i in samples])
+        return tables
+
+    def _ordered(self, step: int, bucket: int, microbatches: list) -> list:
+        """The strategy's ``constructor_do_plan`` hook, if any: a checked permutation of the microbatches."""
+        policy = self.strategy.constructor_policy
+        if policy is None:
+            return microbatches
+        order = list(policy(step, bucket, [{"sample_keys": mb.keys, "num_tokens": mb.packed.num_tokens}
+                                           for mb in microbatches]))
+        if sorted(order) != list(range(len(microbatches))):
+            raise ValueError(f"constructor_do_plan returned {order!r}: not a permutation of "
+                             f"range({len(microbatches)}) (step {step}, bucket {bucket})")
+        return [microbatches[i] for i in order]
+
+    # -- staging and hand-out ----------------------------------------------------------
+    def begin_at(self, step: int) -> None:
+        with self.cond:
+            self.staging.next_step = step
+
+    def stage(self, step: int, tables: dict) -> None:
+        with self.cond:
+            self.staging.stage(step, tables)
+            self.cond.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        """Assembly failed: every waiting and later ``take`` raises with this message."""
+        with self.cond:
+            self.error = f"constructor {self.index}: assembly failed: {type(exc).__name__}: {exc}"
+            self.cond.notify_all()
+
+    def check_rank(self, rank: int) -> None:
+        if rank not in self.ranks:
+            raise KeyError(f"rank {rank} is not served by constructor {self.index} "
+                           f"(it serves the ranks of data-parallel groups {list(self.dp_ranks)})")
+
+    def take(self, kind: str, step: int, rank: int) -> pa.Table:
+        """Rank ``rank``'s ``kind`` ("batch" or "encoder") table of ``step``, once assembled (waits at
+        most ``WAIT_SECONDS``); a step stays staged until every stream is ``keep`` steps past it."""
+        self.check_rank(rank)
+        with self.cond:
+            wire.wait_until(self.cond, lambda: self.error is not None or self.staging.assembled(step),
+                            WAIT_SECONDS, f"step {step} of rank {rank}")
+            if self.error:
+                raise RuntimeError(self.error)
+            if kind == "batch":
+                key = (step, self._deliveries[rank].key)
+            else:
+                key = (step, ("encoder", self.mesh.bucket_of(rank, self._encoder_axis or "WORLD")))
+            if key not in self.staging.tables:
+                if kind == "encoder" and self._encoder_axis is None:
+                    raise KeyError("no encoder stream: this run's plans have no image graph")
+                raise KeyError(f"{kind} of step {step} for rank {rank} was already served and released")
+            table = self.staging.tables[key]
+            self.staging.served(kind, rank, step)
+            if kind == "batch":
+                self._count_served(rank, step, table)
+            return table
+
+    def _count_served(self, rank: int, step: int, table: pa.Table) -> None:
+        served = self._served.setdefault(rank, {"step": -1, "batches": 0, "samples": 0, "bytes": 0})
+        keys = table.column("sample_keys") if "sample_keys" in table.column_names else None
+        served["step"] = max(served["step"], step)
+        served["batches"] += 1
+        served["samples"] += int(pc.sum(pc.list_value_length(keys)).as_py() or 0) if keys is not None else 0
+        served["bytes"] += table.nbytes
+
+    # -- inspection and state ----------------------------------------------------------
+    def status(self) -> ConstructorStatus:
+        """Assembly progress, staged steps, and what each rank was served."""
+        with self.cond:
+            return ConstructorStatus(self.index, list(self.dp_ranks), self.staging.next_step - 1, self.staging.steps(),
+                                     self.error, list(self._bad_samples), self.bytes_fetched,
+                                     {str(r): dict(s) for r, s in sorted(self._served.items())})
+
+    def state_dict(self) -> dict:
+        with self.cond:
+            return {"staging": self.staging.state_dict(), "bytes_fetched": self.bytes_fetched,
+                    "served": {str(r): dict(s) for r, s in self._served.items()},
+                    "bad_samples": list(self._bad_samples)}
+
+    def load_state_dict(self, state: dict) -> None:
+        with self.cond:
+            self.staging.load_state_dict(state["staging"])
+            self.bytes_fetched = int(state["bytes_fetched"])
+            self._served = {int(r): dict(s) for r, s in state["served"].items()}
+            self._bad_samples = list(state["bad_samples"])
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()

@@ -1,0 +1,85 @@
+"""The Planner's calls to other roles, over Flight: a loader's row-group metadata, a reshard
+announced to a source's loaders, and whether a registered address still answers."""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable
+
+import numpy as np
+import pyarrow.flight as fl
+
+from .. import wire
+from ..core.order import RowGroupRef
+from ..wire.security import Credentials
+from ..wire.server import ClientPool, call_any, connect
+from ..wire.tickets import MetadataTicket, Reshard
+from .planner import Planner
+
+log = logging.getLogger(__name__)
+
+
+class PlannerCalls:
+    def __init__(self, credentials: Credentials, stopping: Callable[[], bool]):
+        """``stopping()``: whether the Planner is shutting down (a metadata fetch then gives up)."""
+        self.credentials = credentials
+        self.clients = ClientPool(credentials)
+        self.stopping = stopping
+        self.planner: Planner | None = None  # set once built (it is built with ``meta_fetcher``)
+
+    def close(self) -> None:
+        self.clients.close()
+
+    def answers(self, location: str) -> bool:
+        """Whether a role's registered address still answers (any reply, even an error, counts), on a
+        fresh channel (a pooled one may be in reconnect back-off)."""
+        try:
+            client = connect(location, self.credentials)
+        except Exception:  # noqa: BLE001 - an unusable address does not answer
+            return False
+        try:
+            client.list_actions(options=fl.FlightCallOptions(timeout=3.0))
+            return True
+        except (fl.FlightUnavailableError, fl.FlightTimedOutError):
+            return False
+        except Exception:  # noqa: BLE001 - a server is there: it answered with an error
+            return True
+        finally:
+            client.close()
+
+    def announce_reshard(self, events: list[dict]) -> None:
+        """Send a scaled source's new segments to every replica of its actors, in the background (a
+        down loader learns them from its journal or its next metadata ticket)."""
+        jobs = {(e["source"], loc): self.planner.scaling.segments[e["source"]] for e in events
+                for (source, _), replicas in sorted(self.planner.registry.loaders.items()) if source == e["source"]
+                for loc in replicas.values()}
+
+        def send():
+            for (source, location), segments in jobs.items():
+                try:
+                    wire.call(self.clients.get(location), "reshard",
+                              Reshard(source, tuple(map(tuple, segments))).to_wire(), timeout=10)
+                except Exception as exc:  # noqa: BLE001 - best effort: tickets carry the segments too
+                    log.warning("reshard of %s at %s not delivered (%s); its tickets carry it", source, location, exc)
+        threading.Thread(target=send, name="reshard", daemon=True).start()
+
+    def meta_fetcher(self, source: str):
+        def fetch(epoch: int, rg: RowGroupRef) -> dict[str, np.ndarray]:
+            actor = self.planner.registry.owner(source, rg.file, rg.row_group, epoch)
+            segments = self.planner.scaling.segments_of(source) if self.planner.scaling is not None else None
+            # a resharded source: its actors learn (and journal) the ownership from the ticket
+            request = MetadataTicket(source, actor[1], epoch, rg.file, rg.row_group,
+                                     tuple(map(tuple, segments)) if segments else None)
+            table = call_any(self.clients, self.planner.registry.locations(actor),
+                             lambda c: c.do_get(wire.ticket(request.to_wire())).read_all(),
+                             what=f"loader {source}[{actor[1]}]", stop=self.stopping)
+            rows = table.column("row").to_numpy()
+            meta = {}
+            for name in ("num_tokens", "image_patches"):
+                meta[name] = np.zeros(rg.num_rows, dtype=np.int64)
+                meta[name][rows] = table.column(name).to_numpy()
+            meta["image_sizes"] = [()] * rg.num_rows
+            for row, sizes in zip(rows, table.column("image_sizes").to_pylist()):
+                meta["image_sizes"][row] = tuple(sizes)
+            return meta
+        return fetch

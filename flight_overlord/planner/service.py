@@ -1,0 +1,257 @@
+"""What the Planner role does between its Flight adapter and the planning logic (``Planner``),
+without Flight: who registered where (and the rule for moving), planning ahead of the slowest
+trainer, trainer positions, a rewind on a new layout, handing each constructor its share of a
+plan, and the counters its status reports.
+
+One lock (``cond``) guards it; a blocking call waits on it server-side for at most ``WAIT_SECONDS``.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from typing import Callable
+
+from .. import wire
+from ..config import Config
+from ..store import write_json_atomic
+from ..wire.status import PlannerStatus
+from .planner import Planner, constructor_view
+from .program import StepPlan
+
+log = logging.getLogger(__name__)
+WAIT_SECONDS = 30.0  # a blocking call waits this long server-side, then the client may ask again
+STEPS_AHEAD = 16    # beyond prefetch: how far past the planned steps a trainer may ask before it is an error
+
+
+class PlanService:
+    def __init__(self, cfg: Config, planner: Planner, *, resumed: bool, recover: bool,
+                 answers: Callable[[str], bool], on_scaled: Callable[[list[dict]], None]):
+        """``resumed``: the run continues from its journal; ``recover``: also take the registrations
+        in ``registry.json`` (a restart of the Planner alone). ``answers(location)``: whether a
+        registered role still answers there; ``on_scaled(events)``: tell loaders of a reshard."""
+        self.cfg = cfg
+        self.planner = planner
+        self.mesh = planner.mesh
+        self.cond = threading.Condition()
+        self._answers = answers
+        self._on_scaled = on_scaled
+        self._registry_file = cfg.run_dir / "planner" / "registry.json"
+        self.resumed = resumed or recover
+        if recover and self._registry_file.exists():
+            self.planner.registry.load_state_dict(wire.decode(self._registry_file.read_bytes(), str(self._registry_file)))
+        layout = planner.journal_layout
+        self.rewind_pending = layout is not None and layout != planner.layout()
+        self._plans: dict[int, StepPlan] = {}      # planned, not yet fetched by every constructor
+        self._fetched: dict[int, set[int]] = {}
+        self.stats: dict[int, dict] = {}
+        self.requested: dict[int, int] = {}        # rank -> the step it asked for last
+        self._planned = {"samples": {}, "tokens": {}}  # per source, by this process (metrics)
+        self._reregistrations = {"loader": 0, "constructor": 0}  # restarts of registered roles (metrics)
+        self.error: str | None = None
+        self.stopping = False
+        self._started = False
+
+    def start_if_complete(self) -> None:
+        if self.planner.registry.complete():
+            self._start_planning()
+
+    # -- registration ------------------------------------------------------------------
+    def register(self, role: str, location: str, name: str, current: str | None, add: Callable[[], None]) -> None:
+        """Register ``role`` (named ``name``) at ``location`` by ``add()``; ``current``: its registered
+        location, if any. A registered role moves only when its registered address no longer answers
+        (recovery restarts a role on its own address), so not even a holder of the secret can
+        redirect a live role."""
+        if current is not None and current != location and self._answers(current):
+            raise ValueError(f"register: {name} is registered at {current}, which still answers; a registered role "
+                             f"moves only when its address no longer answers (restart it on the same address)")
+        with self.cond:
+            add()
+            if current is not None:
+                self._reregistrations[role] += 1
+            if current is not None and current != location:
+                log.warning("%s moved from %s (not answering) to %s", name, current, location)
+            registry = self.planner.registry
+            write_json_atomic(self._registry_file, registry.state_dict())
+            if registry.complete():
+                self._start_planning()
+
+    def register_loader(self, source: str, actor: int, replica: int, location: str, row_groups: list) -> None:
+        source = self.cfg.source(source).name
+        registry = self.planner.registry
+        with self.cond:
+            current = registry.loaders.get((source, actor), {}).get(replica)
+        self.register("loader", location, f"loader {source}[{actor}] replica {replica}", current,
+                      lambda: registry.register_loader(source, actor, replica, location, row_groups))
+
+    def register_constructor(self, index: int, location: str) -> None:
+        registry = self.planner.registry
+        with self.cond:
+            current = registry.constructors.get(index)
+        self.register("constructor", location, f"constructor {index}", current,
+                      lambda: registry.register_constructor(index, location))
+
+    def _start_planning(self) -> None:
+        if not self._started:
+            self._started = True
+            self.planner.start_feeds()
+            threading.Thread(target=self._plan_loop, name="planning", daemon=True).start()
+
+    # -- planning ----------------------------------------------------------------------
+    def _plan_loop(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    self.cond.wait_for(lambda: self.stopping or self._may_plan(self.planner.next_step))
+                    if self.stopping:
+                        return
+                plan = self.planner.plan_next()
+                if self.planner.scaled:
+                    self._on_scaled(self.planner.scaled)
+                with self.cond:
+                    self._plans[plan.step] = plan
+                    self._fetched[plan.step] = set()
+                    self.stats[plan.step] = plan.stats
+                    for key in ("samples", "tokens"):
+                        for source, n in plan.stats.get(key, {}).items():
+                            self._planned[key][source] = self._planned[key].get(source, 0) + n
+                    self.cond.notify_all()
+        except Exception as exc:  # surface to every waiting client instead of hanging them
+            log.exception("planning failed")
+            with self.cond:
+                self.error = f"planning failed: {type(exc).__name__}: {exc}"
+                self.cond.notify_all()
+
+    def _may_plan(self, step: int) -> bool:
+        """Plan up to ``prefetch`` steps past the slowest trainer that has asked for data, once the
+        feedback a dynamic schedule reads is complete (and, on a new layout, once trainers said
+        where they resume)."""
+        slowest = min(self.requested.values()) if self.requested else -1
+        return (not self.rewind_pending and step <= slowest + self.cfg.prefetch
+                and self.planner.feedback_ready(step))
+
+    def _check_horizon(self, step: int) -> None:
+        """A step far past what is planned is a client's mistake (or abuse), answered at once rather
+        than by holding a server thread until the client gives up."""
+        horizon = max(self.planner.next_step, max(self.requested.values(), default=0)) + self.cfg.prefetch + STEPS_AHEAD
+        if step > horizon and not self.rewind_pending:
+            raise ValueError(f"step {step} is beyond the planning horizon: planned up to step "
+                             f"{self.planner.next_step - 1}, trainers may ask at most {horizon}")
+
+    def _wait_for_plan(self, step: int, timeout: float) -> None:
+        wire.wait_until(self.cond, lambda: self.error is not None or self.stopping
+                        or step < self.planner.next_step, timeout, f"the plan of step {step}")
+        if self.error:
+            raise RuntimeError(self.error)
+
+    # -- trainers ----------------------------------------------------------------------
+    def trainer_asks(self, step: int, rank: int) -> None:
+        """Rank ``rank`` asks for ``step`` (which is how a trainer tells where it is): returns once
+        the step is planned. The first ask after a resume on a new layout rewinds there."""
+        with self.cond:
+            self._check_horizon(step)
+            self.requested[rank] = max(step, self.requested.get(rank, -1))
+            if self.rewind_pending:
+                self.rewind_pending = False
+                self.planner.rewind(step)
+            self.cond.notify_all()
+            self._wait_for_plan(step, WAIT_SECONDS)
+
+    def report(self, step: int, rank: int, losses: dict) -> None:
+        """A trainer's per-source loss for one step. One report per data-parallel group counts; it
+        is journaled before any plan reads it."""
+        self.mesh.coord(rank)
+        for source, loss in losses.items():
+            self.cfg.source(source)  # names the unknown source
+            if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
+                raise ValueError(f"report: loss of source {source!r} must be a finite number, got {loss!r}")
+        if not 0 <= step < self.planner.next_step:
+            raise ValueError(f"report: step {step} was not planned (planned: 0..{self.planner.next_step - 1})")
+        with self.cond:
+            if self.planner.report(step, rank, losses):
+                self.cond.notify_all()
+
+    # -- constructors ------------------------------------------------------------------
+    def constructor_plan(self, step: int, constructor: int, broadcast) -> dict:
+        """Constructor ``constructor``'s share of step ``step``'s plan, on the wire. A plan is
+        dropped here once every constructor fetched it; later asks are served from the journal."""
+        self._check_constructor(constructor, "plan")
+        with self.cond:
+            self._check_horizon(step)
+            self._wait_for_plan(step, WAIT_SECONDS)
+            plan = self._plans.get(step)
+            if plan is not None:
+                self._fetched[step].add(constructor)
+                if len(self._fetched[step]) == self.mesh.num_constructors:
+                    del self._plans[step], self._fetched[step]
+        if plan is None:  # fetched by everyone before, or planned by an earlier Planner process
+            plan = self.planner.journaled(step)
+            if plan is None:
+                raise KeyError(f"plan of step {step} is in no journal of this run")
+        return constructor_view(plan, constructor, self.mesh, self.planner.registry, broadcast).to_wire()
+
+    def resume_point(self, constructor: int) -> int:
+        """Where a (re)started constructor begins: the earliest step its ranks are waiting for."""
+        self._check_constructor(constructor, "resume_point")
+        dps = set(self.mesh.dp_ranks_of(constructor))
+        ranks = [r for r in range(self.mesh.world_size) if self.mesh.coord(r).dp in dps]
+        with self.cond:
+            if not self.resumed and not all(r in self.requested for r in ranks):
+                return min([self.requested.get(r, 0) for r in ranks])
+            wire.wait_until(self.cond, lambda: all(r in self.requested for r in ranks), WAIT_SECONDS,
+                            f"the ranks of constructor {constructor} to say where they resume")
+            return min(self.requested[r] for r in ranks)
+
+    def _check_constructor(self, constructor: int, what: str) -> None:
+        if not 0 <= constructor < self.mesh.num_constructors:
+            raise ValueError(f"{what}: constructor {constructor} out of range")
+
+    # -- inspection --------------------------------------------------------------------
+    def upcoming_steps(self) -> list[int]:
+        """The planned steps still worth inspecting (the ones trainers are about to read)."""
+        with self.cond:
+            return [s for s in sorted(self.stats) if s >= self.planner.next_step - self.cfg.prefetch - 1]
+
+    def status(self) -> PlannerStatus:
+        """Registration, planning progress, trainer positions, and where every role is."""
+        with self.cond:
+            registry = self.planner.registry
+            unit = "tokens" if self.cfg.global_batch.tokens_per_step else "samples"
+            return PlannerStatus(
+                ready=registry.complete(), planned=self.planner.next_step - 1, world_size=self.mesh.world_size,
+                requested={str(r): s for r, s in sorted(self.requested.items())}, error=self.error,
+                recovered=self.resumed, samples_planned=dict(self._planned["samples"]),
+                tokens_planned=dict(self._planned["tokens"]), mixture_realized=_shares(self._planned[unit]),
+                reregistrations=dict(self._reregistrations), **registry.state_dict(),
+                scaling=self.planner.scaling.status() if self.planner.scaling is not None else None)
+
+    def step_stats(self, first: int, last: int | None) -> dict:
+        """Per-step plan statistics of the steps in ``first..last`` still held (default: to the last planned)."""
+        with self.cond:
+            last = self.planner.next_step - 1 if last is None else last
+            return {str(s): stats for s, stats in self.stats.items() if first <= s <= last}  # never walks the range
+
+    # -- state -------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Trainer positions and the counters (the plans themselves are the Planner's state)."""
+        with self.cond:
+            return {"requested": {str(r): s for r, s in self.requested.items()},
+                    "planned": {k: dict(v) for k, v in self._planned.items()},
+                    "reregistrations": dict(self._reregistrations)}
+
+    def load_state_dict(self, state: dict) -> None:
+        with self.cond:
+            self.requested = {int(r): int(s) for r, s in state["requested"].items()}
+            self._planned = {k: dict(v) for k, v in state["planned"].items()}
+            self._reregistrations = dict(state["reregistrations"])
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+
+
+def _shares(counts: dict[str, int]) -> dict[str, float]:
+    """Each source's share of what was planned, in the unit the mixer weighs (tokens or samples)."""
+    total = sum(counts.values())
+    return {source: n / total for source, n in counts.items()} if total else {}

@@ -1,0 +1,141 @@
+"""Digest every rank's stream of shipped configs: the check that a refactoring changed no stream.
+
+For each config named, brings the system up locally over a demo corpus, reads N steps for every
+rank through a stock ``pyarrow.flight`` client (the ``("batch", step, rank)`` descriptor on the
+Planner, the ticket redeemed where the endpoint says), and prints:
+
+- per rank, a digest of its whole stream (every column of every table, in order);
+- the fixed-seed plan hash: a digest of the journaled plans of those steps;
+- a stock-client audit: delivered samples per source (distinct keys), and the sources the
+  Planner's ``list_flights`` names.
+
+Run it before and after a change and compare the outputs (``diff``): equal lines mean equal streams.
+
+    python scripts/stream_digest.py --data DIR [--steps 8] [demo long_short_4d vlm long_context_hdp]
+
+DIR holds the demo corpus (``overlord make-demo-data DIR``, which also writes the image sources)
+and, for ``long_context_hdp``, the long-tail source (``overlord make-demo-data DIR --long-tail
+262144``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.flight as fl
+import yaml
+
+from flight_overlord.config import load_config
+from flight_overlord.deploy.launch import LocalCluster
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+DEFAULT_CONFIGS = ["demo", "long_short_4d", "vlm", "long_context_hdp"]
+PLAN_RETRIES = 10
+
+
+def blake(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=12).hexdigest()
+
+
+def table_digest(table: pa.Table) -> str:
+    """Every column's values, in schema order (chunking and buffer layout do not count)."""
+    h = hashlib.blake2b(digest_size=12)
+    for name in table.column_names:
+        h.update(name.encode())
+        h.update(json.dumps(table.column(name).to_pylist(), sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+def copy_config(name: str, data: Path, workdir: Path) -> Path:
+    """The shipped config ``name`` with data_root and run_dir made absolute, beside a copy of the
+    shipped strategies (which configs name by relative path)."""
+    raw = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
+    raw.update(data_root=str(data.resolve()), run_dir=str(workdir / "run"))
+    shutil.copytree(CONFIGS / "strategies", workdir / "strategies", dirs_exist_ok=True)
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def fetch(client_of, planner: str, step: int, rank: int) -> pa.Table:
+    """One (step, rank) as a stock client reads it (server-side waits time out: ask again)."""
+    descriptor = fl.FlightDescriptor.for_path("batch", str(step), str(rank))
+    for attempt in range(PLAN_RETRIES):
+        try:
+            info = client_of(planner).get_flight_info(descriptor)
+            break
+        except fl.FlightTimedOutError:
+            if attempt == PLAN_RETRIES - 1:
+                raise
+    tables = []
+    for endpoint in info.endpoints:
+        location = endpoint.locations[0].uri.decode() if endpoint.locations else planner
+        tables.append(client_of(location).do_get(endpoint.ticket).read_all())
+    return pa.concat_tables(tables)
+
+
+def plan_hash(run_dir: Path, steps: int) -> str:
+    """The journaled plans of steps < ``steps``, in step order, without wall-clock fields."""
+    from flight_overlord.store import read_journal
+    plans = {}
+    for _, record in read_journal(run_dir / "plan-journal.jsonl"):
+        if "bins" in record and record.get("step", steps) < steps:
+            plans[record["step"]] = {k: v for k, v in record.items() if "time" not in k and k != "wall"}
+    assert sorted(plans) == list(range(steps)), f"journal has plans of steps {sorted(plans)}"
+    return blake(json.dumps([plans[s] for s in range(steps)], sort_keys=True).encode())
+
+
+def digest_config(name: str, data: Path, steps: int) -> list[str]:
+    with tempfile.TemporaryDirectory(prefix=f"digest-{name}-") as tmp:
+        path = copy_config(name, data, Path(tmp))
+        cfg = load_config(path)
+        clients: dict[str, fl.FlightClient] = {}
+
+        def client_of(location: str) -> fl.FlightClient:
+            if location not in clients:
+                clients[location] = fl.FlightClient(location)
+            return clients[location]
+
+        streams: dict[int, list[str]] = {r: [] for r in range(cfg.mesh.world_size)}
+        per_source: dict[str, set[str]] = {}
+        with LocalCluster(path) as cluster:
+            for step in range(steps):            # ranks in lock-step, as trainers go
+                for rank in streams:
+                    table = fetch(client_of, cluster.planner, step, rank)
+                    streams[rank].append(table_digest(table))
+                    for keys in table.column("sample_keys").to_pylist():
+                        for key in keys:
+                            per_source.setdefault(key.split("/")[0].split(":")[0], set()).add(key)
+            listed = sorted({f.descriptor.path[1].decode() for f in client_of(cluster.planner).list_flights()
+                             if f.descriptor.path[0] == b"source"})
+            for c in clients.values():
+                c.close()
+        lines = [f"{name} rank {r}: {blake(''.join(d).encode())}" for r, d in streams.items()]
+        lines.append(f"{name} plan hash (steps 0..{steps - 1}): {plan_hash(cfg.run_dir, steps)}")
+        counts = Counter({s: len(k) for s, k in per_source.items()})
+        lines.append(f"{name} audit: delivered distinct samples {sum(counts.values())}, per source "
+                     + ", ".join(f"{s}={n}" for s, n in sorted(counts.items())))
+        lines.append(f"{name} list_flights sources: {', '.join(listed)}")
+        return lines
+
+
+def main(argv: list[str]) -> None:
+    import argparse
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("configs", nargs="*", default=DEFAULT_CONFIGS, help="shipped config names")
+    p.add_argument("--data", type=Path, required=True, help="the demo corpus dir")
+    p.add_argument("--steps", type=int, default=8)
+    args = p.parse_args(argv)
+    for name in args.configs:
+        for line in digest_config(name, args.data, args.steps):
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
