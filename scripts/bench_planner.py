@@ -18,6 +18,8 @@ plan is never late, for a given step time and planning time.
     # plan_step of another checkout side by side (alternating processes, same input, plan hashes):
     git archive 4d3fe2b flight_overlord | tar -x -C /tmp/before
     .venv/bin/python scripts/bench_planner.py --compare-with /tmp/before --compare-dp 1024 4096
+    .venv/bin/python scripts/bench_planner.py --compare-with /tmp/before --compare-unit tokens  # token budgets
+    .venv/bin/python scripts/bench_planner.py --ratio-dp 4096 --reps 5   # plan_step / heapq LPT, CPU time
 """
 from __future__ import annotations
 
@@ -152,6 +154,27 @@ def plan_step_row(dp: int, reps: int, steps: int) -> dict:
     return row
 
 
+def ratio_rows(dp: int, reps: int) -> None:
+    """plan_step against heapq LPT of the same step's costs, alternating in this process, CPU time
+    (``time.process_time``: on a shared machine the other processes' load counts less than in wall
+    time), best of ``reps`` each: the whole step's price over the bare balancer."""
+    print(f"\nplan_step vs heapq LPT at dp {dp} x {PER_RANK}, alternating, CPU time, best of {reps}:\n")
+    print("| method | heapq LPT ms | plan_step ms | plan_step / heapq |")
+    print("|---|---:|---:|---:|")
+    costs = cost(sample_lengths(np.random.default_rng([1, dp]), dp * PER_RANK, CONTEXT))
+    for method in ("greedy", "karmarkar_karp"):
+        feeds, mixer, strategy, weights = synthetic_planner(dp, method=method)
+        plan_step(0, feeds, mixer, strategy, weights)
+        best_heap = best_plan = math.inf
+        for step in range(1, reps + 1):
+            start = time.process_time()
+            heapq_lpt(costs, dp)
+            middle = time.process_time()
+            plan_step(step, feeds, mixer, strategy, weights)
+            best_heap, best_plan = min(best_heap, middle - start), min(best_plan, time.process_time() - middle)
+        print(f"| {method} | {1000 * best_heap:.0f} | {1000 * best_plan:.0f} | {best_plan / best_heap:.2f} |")
+
+
 def prefetch_needed(step_s: float, plan_s: float) -> int:
     """Steps the Planner must be ahead so that no trainer waits for a plan.
 
@@ -200,11 +223,15 @@ def plot(balancer: list[dict], planning: list[dict], path: Path) -> None:
     print(f"\nplot: {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
 
 
-def one_run(dp: int, method: str, steps: int) -> None:
+def one_run(dp: int, method: str, steps: int, unit: str = "samples") -> None:
     """Child of --compare-with: mean plan_step time over ``steps`` steps after an untimed one, and a
-    hash of the plan records (the same seed must give the same plans in both trees)."""
+    hash of the plan records (the same seed must give the same plans in both trees). ``unit``
+    "tokens": the same steps as a token budget (``tokens_per_step``), the mixer's other path."""
     import flight_overlord
-    feeds, mixer, strategy, weights = synthetic_planner(dp, method=method)
+    tokens = None
+    if unit == "tokens":
+        tokens = int(dp * PER_RANK * sample_lengths(np.random.default_rng(0), 100_000, CONTEXT).mean())
+    feeds, mixer, strategy, weights = synthetic_planner(dp, method=method, tokens_per_step=tokens)
     plan_step(0, feeds, mixer, strategy, weights)
     total, digest = 0.0, hashlib.sha256()
     for step in range(1, steps + 1):
@@ -216,9 +243,10 @@ def one_run(dp: int, method: str, steps: int) -> None:
                       "package": str(Path(flight_overlord.__file__).parent)}))
 
 
-def compare(other: Path, dps: list[int], steps: int) -> None:
+def compare(other: Path, dps: list[int], steps: int, unit: str = "samples") -> None:
     """plan_step of ``other`` (a flight_overlord source tree's parent) vs this tree, alternating."""
-    print(f"\nplan_step, this tree vs {other} (one process each, alternating, {steps} steps after an untimed one):\n")
+    print(f"\nplan_step, this tree vs {other} (one process each, alternating, {steps} steps after an untimed one, "
+          f"steps counted in {unit}):\n")
     print("| dp | method | before ms | now ms | speed-up | same plans |")
     print("|---:|---|---:|---:|---:|---|")
     for dp in dps:
@@ -226,7 +254,7 @@ def compare(other: Path, dps: list[int], steps: int) -> None:
             out = {}
             for name, root in (("before", other), ("now", REPO)):
                 env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{REPO / 'scripts'}")
-                cmd = [sys.executable, __file__, "--one", str(dp), method, str(steps)]
+                cmd = [sys.executable, __file__, "--one", str(dp), method, str(steps), unit]
                 out[name] = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True,
                                                       text=True).stdout.strip().splitlines()[-1])
                 log(f"dp {dp} {method} {name}: {out[name]}")
@@ -236,8 +264,8 @@ def compare(other: Path, dps: list[int], steps: int) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) == 5 and sys.argv[1] == "--one":
-        return one_run(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
+    if len(sys.argv) in (5, 6) and sys.argv[1] == "--one":
+        return one_run(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), *sys.argv[5:])
     p = argument_parser(__doc__)
     p.add_argument("--max-dp", type=int, default=4096)
     p.add_argument("--reps", type=int, default=3, help="runs per point; the best is reported (default 3)")
@@ -246,12 +274,18 @@ def main() -> None:
     p.add_argument("--compare-with", type=Path, default=None,
                    help="only compare plan_step with the flight_overlord package under this directory")
     p.add_argument("--compare-dp", type=int, nargs="+", default=[1024, 4096])
+    p.add_argument("--compare-unit", choices=("samples", "tokens"), default="samples",
+                   help="steps counted in samples (default) or as a token budget")
+    p.add_argument("--ratio-dp", type=int, default=None,
+                   help="only time plan_step against heapq LPT at this dp (alternating, CPU time)")
     args = p.parse_args()
     print_header()
+    if args.ratio_dp is not None:
+        return ratio_rows(args.ratio_dp, args.reps)
     if args.compare_with is not None:
         if not (args.compare_with / "flight_overlord").is_dir():
             sys.exit(f"--compare-with {args.compare_with}: no flight_overlord package there")
-        return compare(args.compare_with.resolve(), args.compare_dp, args.steps)
+        return compare(args.compare_with.resolve(), args.compare_dp, args.steps, args.compare_unit)
     dps = [dp for dp in (8, 32, 128, 512, 1024, 2048, 4096) if dp <= args.max_dp]
     balancer, planning = [], []
     for dp in dps:

@@ -181,9 +181,11 @@ def equal_samples_seconds(picks: list, ranks: int, capacity: int) -> np.ndarray:
 def plan_seconds(strategy, picks: list, step: int, ranks: int, microbatches: int):
     """The Planner's placement of one step's picks: (``StepLoad``, per-microbatch seconds, placed
     tokens, indices of the picks left for the next step)."""
+    from flight_overlord.planner.picks import PickTable
     from flight_overlord.planner.program import PlanContext, place, place_images, sample_meta
-    meta = sample_meta(picks)
-    ctx = PlanContext(step, picks, meta, np.asarray(strategy.cost_fn(meta), dtype=np.float64),
+    table = PickTable.from_picks(list(dict.fromkeys(p.ref.source for p in picks)), picks)
+    meta = sample_meta(table)
+    ctx = PlanContext(step, table, meta, np.asarray(strategy.cost_fn(meta), dtype=np.float64),
                       strategy.num_buckets, microbatches, strategy.capacity, strategy.mesh)
     bins_idx, unplaced = place(ctx, strategy)
     bins = [[picks[i] for i in idx] for idx in bins_idx]

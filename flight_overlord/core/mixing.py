@@ -4,6 +4,12 @@ Smooth weighted round-robin over credits: every pick credits each source its wei
 times the picked amount and charges the chosen one the amount. Deterministic, and the
 realized mixture stays within one sample (or one sample's tokens) of the weights at
 every point, not only on average; weights may change from step to step.
+
+A step counted in samples draws all its samples at once (``MixerRun.fill``): each source's
+count is its credit plus its share of the step, rounded (``apportion``), so the credits stay
+within one sample of the weights at every step boundary, and the draws are spread evenly over
+the step (``interleave``). At thousands of ranks a step is ~10^5 draws: a Python loop per draw
+would cost more than balancing them.
 """
 from __future__ import annotations
 
@@ -108,8 +114,8 @@ class MixerRun:
         ``charge`` (those tokens; or 1 when not ``by_tokens``, without calling ``take``) until
         ``budget`` is reached: the loop of a step's draw in one frame, the same operations as
         choose/charge. Returns the source chosen at each draw."""
-        if not by_tokens and all(x >= 0 for x in self._w):
-            return self._fill_count(max(0, int(math.ceil(budget))))
+        if not by_tokens:
+            return self._fill_count(max(0, int(math.ceil(budget)))).tolist()
         credit, w, realized, eligible = self._credit, self._w, self._realized, self._eligible
         everyone = list(enumerate(w))
         choices, total, minus_inf = [], 0, -np.inf
@@ -133,28 +139,50 @@ class MixerRun:
             total += amount
         return choices
 
-    def _fill_count(self, n: int) -> list[int]:
-        """``fill`` charging 1 per draw, ``n`` draws. Charging 1 adds each source's weight to its
-        credit (w * 1 == w), which is the value choose compares: one pass per draw does both."""
-        credit, realized, choices = self._credit, self._realized, []
-        positive = [(j, x) for j, x in enumerate(self._w) if x > 0]
-        append, minus_inf = choices.append, -np.inf
-        for _ in range(n):
-            best, best_value = -1, minus_inf
-            for j, x in positive:  # ascending, strict >: ties go to the first source, as argmax
-                value = credit[j] + x
-                credit[j] = value
-                if value > best_value:
-                    best, best_value = j, value
-            credit[best] -= 1
-            realized[best] += 1
-            append(best)
-        if n:  # the sources without weight were charged w * 1 = 0.0 each time: only -0.0 would change
-            for j, x in enumerate(self._w):
-                if not x > 0:
-                    credit[j] += x
-        return choices
+    def _fill_count(self, n: int) -> np.ndarray:
+        """``n`` draws charging 1 each, at once: every source's count is its quota (credit + n x weight)
+        rounded so the counts sum to ``n`` (``apportion``), and the draws interleave the sources
+        evenly (``interleave``). The credits end as quota - count, within one sample of the weights
+        at every step boundary, as the one-draw-at-a-time loop keeps them; the order of the draws
+        inside a step differs from that loop's (the balancer reorders a step's samples anyway)."""
+        w = np.array(self._w)
+        credit = np.array(self._credit)
+        positive = w > 0
+        quota = np.where(positive, credit + n * w, 0.0)
+        counts = apportion(quota, positive, n)
+        self._credit = np.where(positive, quota - counts, credit).tolist()
+        self._realized = (np.array(self._realized) + counts).tolist()
+        return interleave(counts)
 
     def close(self) -> None:
         self._mixer._credit = np.array(self._credit, dtype=float)
         self._mixer.realized = np.array(self._realized, dtype=float)
+
+
+def apportion(quota: np.ndarray, eligible: np.ndarray, n: int) -> np.ndarray:
+    """Non-negative integer counts summing to ``n``, zero where not ``eligible``, each within one of
+    its ``quota`` where the quotas allow it: the floors, then one more for the largest remainders
+    (or one less for the smallest) until the sum is ``n``; ties go to the lower index."""
+    counts = np.where(eligible, np.maximum(np.floor(quota), 0), 0).astype(np.int64)
+    index = np.arange(quota.size)
+    while (short := n - int(counts.sum())) != 0:
+        room = quota - counts
+        if short > 0:
+            candidates = np.flatnonzero(eligible)
+            order = candidates[np.lexsort((index[candidates], -room[candidates]))]
+        else:
+            candidates = np.flatnonzero(eligible & (counts > 0))
+            order = candidates[np.lexsort((index[candidates], room[candidates]))]
+        if not candidates.size:
+            raise ValueError("mixture weights must have a positive sum")
+        counts[order[:abs(short)]] += 1 if short > 0 else -1
+    return counts
+
+
+def interleave(counts: np.ndarray) -> np.ndarray:
+    """The source of each draw when source j gives ``counts[j]`` of them, spread evenly: its m-th
+    draw sits at (m + 1/2) / counts[j] of the step, ties in source order."""
+    sources = np.repeat(np.arange(counts.size), counts)
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    at = (np.arange(sources.size) - starts + 0.5) / np.repeat(np.maximum(counts, 1), counts)
+    return sources[np.argsort(at, kind="stable")]  # stable: equal times keep the source order

@@ -8,31 +8,14 @@ once per row group and epoch, so this class is pure given that callback and easy
 from __future__ import annotations
 
 import collections
-from collections import deque
-from itertools import repeat
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import numpy as np
 
 from ..core.order import RowGroupRef, SampleRef, Window, epoch_order, row_permutation, window_permutation, windows
+from .picks import Pick, PickTable
 
-
-class Pick(NamedTuple):
-    """A sample as planning sees it."""
-    ref: SampleRef
-    tokens: int       # sequence length after the sample transform (image placeholders included)
-    patches: int = 0  # image patches: the vision encoder's work
-    image_sizes: tuple[int, ...] = ()  # patches of each image
-
-    def to_list(self) -> list:
-        r = self.ref
-        return [r.epoch, r.file, r.row_group, r.row, self.tokens, self.patches, list(self.image_sizes)]
-
-    @classmethod
-    def from_list(cls, source: str, item: list) -> "Pick":
-        epoch, file, row_group, row, tokens, patches, sizes = item
-        return cls(SampleRef(source, int(epoch), str(file), int(row_group), int(row)), int(tokens), int(patches),
-                   tuple(int(s) for s in sizes))
+__all__ = ["FeedStream", "Pick", "SourceFeed"]
 
 
 # (epoch, row group) -> {"num_tokens": per row, optional "image_patches": per row, "image_sizes": list per row}
@@ -119,8 +102,15 @@ class SourceFeed:
             else:
                 permutation = row_permutation(rg, seed=self.seed, source=self.name, epoch=self.epoch)
                 meta = self.fetch_meta(self.epoch, rg)
-            self._current = (where, rg, permutation.tolist(), meta, np.asarray(meta["num_tokens"]).tolist())
-        return self._current[1:]
+            permutation = np.asarray(permutation)
+            self._current = (where, rg, permutation.tolist(), meta, np.asarray(meta["num_tokens"]).tolist(),
+                             permutation)
+        return self._current[1:5]
+
+    def _permutation(self) -> np.ndarray:
+        """The row permutation of the row group (or window) under the cursor, as an array."""
+        self._row_group()
+        return self._current[5]
 
     def frontier(self) -> int:
         """The first position of the read order (epoch * row groups + index in the epoch's order) whose
@@ -170,8 +160,9 @@ class FeedStream:
             n -= 1
         while n > 0:
             rg, permutation, meta, lengths = feed._row_group()
+            permutation = feed._permutation()
             start = feed.row_index
-            rows = np.asarray(permutation[start:start + n], dtype=np.int64)
+            rows = permutation[start:start + n]
             empty = np.flatnonzero(np.asarray(meta["num_tokens"])[rows] <= 0)
             run = int(empty[0]) if empty.size else rows.size  # readable rows in a row from the cursor
             if run:
@@ -196,7 +187,7 @@ class FeedStream:
         while True:
             rg, permutation, meta, lengths = feed._row_group()
             start = feed.row_index
-            segment = [feed.epoch, rg, permutation, meta, lengths, start, start]
+            segment = [feed.epoch, rg, feed._permutation(), meta, lengths, start, start]
             self._parts.append(segment)
             for position in range(start, len(permutation)):
                 tokens = lengths[permutation[position]]
@@ -210,33 +201,34 @@ class FeedStream:
                 yield int(tokens)
             feed._advance()
 
-    def picks(self) -> list[Pick]:
-        """Every sample drawn so far, in order, as ``next()`` would have returned them."""
-        picks: list[Pick] = []
-        name = self._feed.name
+    def table(self, source: int, sources: list[str]) -> PickTable:
+        """Every sample drawn so far, in order, as ``next()`` would have returned them: as columns,
+        the source given as ``source`` (its index in ``sources``)."""
+        tables = []
         for part in self._parts:
             if len(part) == 1:
-                picks.append(part[0])
+                tables.append(PickTable.from_picks(sources, part))
                 continue
-            epoch, rg, permutation, meta, lengths, start, end = part
-            rows = [r for r in permutation[start:end] if lengths[r] > 0]
+            epoch, rg, permutation, meta, _, start, end = part
+            lengths = np.asarray(meta["num_tokens"])
+            rows = permutation[start:end]
+            rows = rows[lengths[rows] > 0]
             patches, sizes = meta.get("image_patches"), meta.get("image_sizes")
-            # SampleRef(...) field by field through a frozen dataclass's __init__ costs ~1 us each;
-            # the same objects are made here with their attribute dicts set in one C call each.
-            refs = list(map(SampleRef.__new__, repeat(SampleRef, len(rows))))
-            if isinstance(rg, Window):
-                which, local = (x.tolist() for x in rg.locate(rows))
-                fields = [{"source": name, "epoch": epoch, "file": rg.row_groups[j].file,
-                           "row_group": rg.row_groups[j].row_group, "row": r} for j, r in zip(which, local)]
+            sizes = [sizes[r] for r in rows.tolist()] if sizes is not None else None
+            patches = np.asarray(patches)[rows] if patches is not None else None
+            if isinstance(rg, Window):  # rows of the window's row groups, interleaved: each row's own file
+                which, local = rg.locate(rows)
+                tables.append(PickTable.window_segment(
+                    sources, source, epoch, [g.file for g in rg.row_groups],
+                    [g.row_group for g in rg.row_groups], which, local, lengths[rows], patches, sizes))
             else:
-                file, group = rg.file, rg.row_group
-                fields = [{"source": name, "epoch": epoch, "file": file, "row_group": group, "row": r} for r in rows]
-            deque(map(object.__setattr__, refs, repeat("__dict__"), fields), maxlen=0)
-            picks.extend(map(tuple.__new__, repeat(Pick), zip(
-                refs, [lengths[r] for r in rows],
-                [int(patches[r]) for r in rows] if patches is not None else repeat(0),
-                [tuple(sizes[r]) for r in rows] if sizes is not None else repeat(()))))
-        return picks
+                tables.append(PickTable.segment(sources, source, epoch, rg.file, rg.row_group, rows,
+                                                lengths[rows], patches, sizes))
+        return PickTable.concat(sources, tables)
+
+    def picks(self) -> list[Pick]:
+        """``table()`` as ``Pick`` objects."""
+        return self.table(0, [self._feed.name]).picks()
 
 
 def _where(unit: RowGroupRef | Window, row: int) -> tuple[str, int, int]:

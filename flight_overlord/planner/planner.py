@@ -30,6 +30,7 @@ from .costing import PlannedCost
 from .registry import Registry
 from .scaling import SourceScaling
 from .strategy import Strategy
+from .table_view import keys_unique, table_view
 
 log = logging.getLogger(__name__)
 
@@ -362,6 +363,8 @@ def constructor_view(plan: StepPlan, constructor: int, mesh: Mesh, registry: Reg
     """What one constructor assembles: its buckets' microbatches (and, with an image graph, the
     samples its ranks encode) as indices into ``keys``, the planned length of each sample, and
     where to fetch each one, with how many constructors fetch it in all."""
+    if plan.table is not None and plan.encoder is None and plan.axis != "HDP" and keys_unique(plan):
+        return table_view(plan, constructor, mesh, registry, broadcast)
     consumers = _consumers(plan, mesh)
     index: dict[str, int] = {}
     keys, lengths, fetch = [], [], {}

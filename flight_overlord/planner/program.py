@@ -8,84 +8,30 @@ from __future__ import annotations
 
 import gc
 from collections import defaultdict
-from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
+from dataclasses import dataclass
+from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
 from ..core import balance
 from ..core.mesh import Mesh
 from ..core.mixing import Mixer
-from ..core.order import SampleRef
 from ..core.packing import round_up
 from .feed import Pick, SourceFeed
 from .hdp import hdp_stats, place_hdp
+from .picks import PickTable
+from .step_plan import StepPlan
 from .strategy import Strategy
 
-
-@dataclass
-class StepPlan:
-    step: int
-    axis: str              # the distribution axis: what a bucket is
-    num_buckets: int
-    microbatches: int      # per bucket
-    capacity: int          # tokens per packed microbatch
-    bins: list[list[Pick]]  # bins[bucket * microbatches + m]: the samples of one packed microbatch, in order
-    weights: dict[str, float]
-    feedback: dict | None = None  # the trainer feedback the weights were computed from
-    stats: dict = field(default_factory=dict)
-    encoder_axis: str | None = None  # set when an image graph places images apart from their sequences
-    encoder: list[list[tuple[Pick, int]]] | None = None  # encoder[bucket]: (sample, image index) it encodes
-    consumers: dict[str, int] | None = None  # per sample key: constructors that fetch it (the Planner fills it)
-
-    def bucket_bins(self, bucket: int) -> list[list[Pick]]:
-        return self.bins[bucket * self.microbatches:(bucket + 1) * self.microbatches]
-
-    def layout(self) -> dict:
-        """The shape of the step's bins: a journaled plan is only reused under the same layout."""
-        return {"axis": self.axis, "buckets": self.num_buckets, "microbatches": self.microbatches,
-                "capacity": self.capacity, "encoder_axis": self.encoder_axis}
-
-    def to_record(self) -> dict:
-        """The journal record: enough to serve this plan again without planning it (every sample's
-        epoch and planned size are in ``samples``)."""
-        bins = [[p.ref.key for p in b] for b in self.bins]  # a key is a formatted string: made once per sample
-        picks = {key: p for keys, b in zip(bins, self.bins) for key, p in zip(keys, b)}
-        if self.encoder is not None:
-            picks.update((p.ref.key, p) for b in self.encoder for p, _ in b)
-        record = {"step": self.step, "layout": self.layout(), "weights": self.weights, "stats": self.stats,
-                  "bins": bins,
-                  "samples": {k: [p.ref.epoch, p.tokens, p.patches, list(p.image_sizes)] for k, p in picks.items()}}
-        if self.feedback is not None:
-            record["feedback"] = self.feedback
-        if self.encoder is not None:
-            record["encoder"] = [[[p.ref.key, i] for p, i in b] for b in self.encoder]
-        return record
-
-    @classmethod
-    def from_record(cls, record: dict) -> "StepPlan":
-        samples = record["samples"]
-
-        def pick(key: str) -> Pick:
-            epoch, tokens, patches, sizes = samples[key]
-            source, rest = key.split(":", 1)
-            file, row_group, row = rest.rsplit(":", 2)
-            return Pick(SampleRef(source, epoch, file, int(row_group), int(row)), tokens, patches, tuple(sizes))
-
-        layout = record["layout"]
-        encoder = None
-        if record.get("encoder") is not None:
-            encoder = [[(pick(k), i) for k, i in b] for b in record["encoder"]]
-        return cls(record["step"], layout["axis"], layout["buckets"], layout["microbatches"], layout["capacity"],
-                   [[pick(k) for k in b] for b in record["bins"]], record["weights"], record.get("feedback"),
-                   record["stats"], layout["encoder_axis"], encoder)
+__all__ = ["PlanContext", "StepPlan", "draw_mixture", "place", "plan_step"]
 
 
 @dataclass
 class PlanContext:
     """What ``plan_raw`` sees: the step's drawn samples and the shape of the bins to fill."""
     step: int
-    picks: list[Pick]
+    table: PickTable  # the drawn samples as columns (``picks``: as objects, made when asked for)
     meta: dict[str, np.ndarray]  # num_tokens, image_patches, source: one entry per pick
     costs: np.ndarray
     num_buckets: int
@@ -93,6 +39,10 @@ class PlanContext:
     capacity: int
     mesh: Mesh
     seq_multiple: int = 1  # slots are padded to this (THD context parallelism)
+
+    @cached_property
+    def picks(self) -> list[Pick]:
+        return self.table.picks()
 
     @property
     def sizes(self) -> np.ndarray:
@@ -104,12 +54,11 @@ def draw_mixture(feeds: dict[str, SourceFeed], mixer: Mixer, weights: dict[str, 
                  strategy: Strategy) -> list[Pick]:
     """The step's samples: sources interleaved by the mixer until the batch is full. A sample longer
     than a microbatch holds is planned truncated to it (the constructor cuts it the same way)."""
-    return _draw(feeds, mixer, weights, strategy)[0]
+    return _draw(feeds, mixer, weights, strategy).picks()
 
 
-def _draw(feeds: dict[str, SourceFeed], mixer: Mixer, weights: dict[str, float],
-          strategy: Strategy) -> tuple[list[Pick], np.ndarray]:
-    """``draw_mixture``'s samples and the index (in ``mixer.sources``) of each one's source."""
+def _draw(feeds: dict[str, SourceFeed], mixer: Mixer, weights: dict[str, float], strategy: Strategy) -> PickTable:
+    """``draw_mixture``'s samples as columns (``source``: the index in ``mixer.sources``)."""
     gb = strategy.cfg.global_batch
     by_tokens = gb.tokens_per_step is not None
     budget = gb.tokens_per_step if by_tokens else gb.samples_per_step
@@ -120,14 +69,17 @@ def _draw(feeds: dict[str, SourceFeed], mixer: Mixer, weights: dict[str, float],
         choices = mix.fill(budget, [s.next_tokens for s in streams], by_tokens=by_tokens, longest=longest)
     finally:
         mix.close()
+    choices = np.asarray(choices, dtype=np.int64)
+    counts = np.bincount(choices, minlength=len(streams))
     if not by_tokens:  # a count per draw: the mixer's choices need no sample, the feeds give theirs at once
-        for stream, n in zip(streams, np.bincount(choices, minlength=len(streams)).tolist()):
+        for stream, n in zip(streams, counts.tolist()):
             stream.take(n)
-    # The drawn samples as objects only now, each source's at once, then in the mixer's order.
-    drawn = [iter(s.picks()).__next__ for s in streams]
-    picks = [drawn[i]() for i in choices]
-    picks = [p if p.tokens <= longest else p._replace(tokens=longest) for p in picks]
-    return picks, np.array(choices, dtype=np.int64)
+    # Each source's samples in its order, then in the mixer's: draw d is its source's next one.
+    by_source = PickTable.concat(mixer.sources, [s.table(i, mixer.sources) for i, s in enumerate(streams)])
+    position = np.empty(choices.size, dtype=np.int64)
+    position[np.argsort(choices, kind="stable")] = np.arange(choices.size)
+    table = by_source.take(position)
+    return table.with_tokens(np.minimum(table.tokens, longest))
 
 
 def fill_in_order(sizes: np.ndarray, k: int, capacity: int) -> tuple[list[np.ndarray], np.ndarray]:
@@ -189,7 +141,7 @@ def place(ctx: PlanContext, strategy: Strategy) -> tuple[list[np.ndarray], np.nd
 def _groups(ctx: PlanContext, strategy: Strategy) -> tuple[list[tuple[np.ndarray, int]], list[np.ndarray]]:
     """``distribute(group_size=g)``: samples are first split over the groups of g buckets (balanced,
     cheaply), then balanced within each group: B/g small problems instead of one large one."""
-    everything = np.arange(len(ctx.picks), dtype=np.int64)
+    everything = np.arange(len(ctx.table), dtype=np.int64)
     g = strategy.group_size
     if not g or g >= ctx.num_buckets:
         return [(everything, ctx.num_buckets)], []
@@ -209,7 +161,7 @@ def _checked_raw(ctx: PlanContext, result) -> tuple[list[np.ndarray], np.ndarray
         raise ValueError(f"plan_raw returned {len(bins)} bins; this step has {expected} "
                          f"({ctx.num_buckets} buckets x {ctx.microbatches} microbatches)")
     seen = np.concatenate(bins + [unplaced])
-    if len(seen) != len(ctx.picks) or not np.array_equal(np.sort(seen), np.arange(len(ctx.picks))):
+    if len(seen) != len(ctx.table) or not np.array_equal(np.sort(seen), np.arange(len(ctx.table))):
         raise ValueError("plan_raw must place every drawn sample exactly once (in a bin or as unplaced)")
     for i, b in enumerate(bins):
         if ctx.sizes[b].sum() > ctx.capacity:
@@ -217,17 +169,10 @@ def _checked_raw(ctx: PlanContext, result) -> tuple[list[np.ndarray], np.ndarray
     return bins, unplaced
 
 
-def sample_meta(picks: list[Pick], source_names: np.ndarray | None = None,
-                source_index: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Per-sample arrays for the cost function; the sources from (names, index per pick) when known."""
-    n = len(picks)
-    if source_index is None:
-        sources = np.array(list(map(attrgetter("ref.source"), picks)), dtype=object)
-    else:
-        sources = source_names[source_index]
-    return {"num_tokens": np.fromiter(map(itemgetter(1), picks), dtype=np.int64, count=n),
-            "image_patches": np.fromiter(map(itemgetter(2), picks), dtype=np.int64, count=n),
-            "source": sources}
+def sample_meta(table: PickTable) -> dict[str, np.ndarray]:
+    """Per-sample arrays for the cost function."""
+    return {"num_tokens": table.tokens, "image_patches": table.patches,
+            "source": np.array(table.sources, dtype=object)[table.source]}
 
 
 def plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: Strategy,
@@ -252,33 +197,32 @@ def _plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: 
     if strategy.buffer_policy is not None:
         summary = {name: feed.summary() for name, feed in feeds.items()}
         weights = dict(strategy.buffer_policy(step, summary, dict(weights)))
-    picks, source_index = _draw(feeds, mixer, weights, strategy)
-    source_names = np.array(mixer.sources, dtype=object)
-    meta = sample_meta(picks, source_names, source_index)
+    table = _draw(feeds, mixer, weights, strategy)
+    meta = sample_meta(table)
     costs = np.asarray(cost_fn(meta), dtype=np.float64)
-    if costs.shape != (len(picks),):
-        raise ValueError(f"cost function returned shape {costs.shape}, expected ({len(picks)},)")
-    ctx = PlanContext(step, picks, meta, costs, strategy.num_buckets, gb.microbatches, strategy.capacity,
+    if costs.shape != (len(table),):
+        raise ValueError(f"cost function returned shape {costs.shape}, expected ({len(table)},)")
+    ctx = PlanContext(step, table, meta, costs, strategy.num_buckets, gb.microbatches, strategy.capacity,
                       strategy.mesh, strategy.seq_multiple)
     bin_indices, unplaced = place(ctx, strategy)
+    bin_indices = [np.asarray(b, dtype=np.int64) for b in bin_indices]
     if len(unplaced) and strategy.balancing.keep_global_batch:
         raise ValueError(f"step {step}: {len(unplaced)} drawn samples fit in no microbatch and "
                          f"keep_global_batch forbids deferring them: raise microbatches or context_length, "
                          f"or lower the step's batch size")
-    _defer([picks[i] for i in unplaced], feeds, mixer, weights, by_tokens=gb.tokens_per_step is not None)
-    pick_array = np.fromiter(picks, dtype=object, count=len(picks))
-    bins = [pick_array[idx].tolist() for idx in bin_indices]
-    plan = StepPlan(step, strategy.axis, ctx.num_buckets, gb.microbatches, ctx.capacity, bins,
-                    dict(weights), feedback)
-    plan.stats = _stats(plan, meta, source_index, source_names, costs, bin_indices, unplaced)
+    _defer(table.picks(unplaced), feeds, mixer, weights, by_tokens=gb.tokens_per_step is not None)
+    plan = StepPlan.from_table(step, strategy.axis, ctx.num_buckets, gb.microbatches, ctx.capacity, table,
+                               bin_indices, dict(weights), feedback)
+    source_names = np.array(mixer.sources, dtype=object)
+    bins = grouping(bin_indices)
+    plan.stats = _stats(plan, meta, table.source, source_names, costs, bins, unplaced)
     if strategy.axis == "HDP":
         plan.stats.update(hdp_stats(costs, meta["num_tokens"], bin_indices, ctx.num_buckets, gb.microbatches))
     if strategy.image_graph is not None:
         plan.encoder_axis = strategy.image_graph.axis
-        plan.encoder, plan.stats["encoder"] = place_images(bins, strategy, encoder_cost_fn)
+        plan.encoder, plan.stats["encoder"] = place_images(plan.bins, strategy, encoder_cost_fn)
     else:
-        images = np.fromiter(map(len, map(itemgetter(3), picks)), dtype=np.int64, count=len(picks))
-        plan.stats["encoder"] = _encoder_stats_arrays(meta["image_patches"], images, bin_indices, gb.microbatches)
+        plan.stats["encoder"] = _encoder_stats_arrays(meta["image_patches"], table.images(), bins, gb.microbatches)
     return plan
 
 
@@ -325,10 +269,10 @@ def _encoder_stats(buckets: list[list[Pick]]) -> dict:
             "imbalance": max_over_mean(loads), "max_cost": float(loads.max()) if len(loads) else 0.0}
 
 
-def _encoder_stats_arrays(patches: np.ndarray, images: np.ndarray, bin_indices, microbatches: int) -> dict:
+def _encoder_stats_arrays(patches: np.ndarray, images: np.ndarray, bin_indices: Grouping, microbatches: int) -> dict:
     """``_encoder_stats`` of the buckets the bins make, from per-sample patch and image counts."""
-    bucket_of_bin = np.arange(len(bin_indices)) // microbatches
-    n_buckets = -(-len(bin_indices) // microbatches)
+    bucket_of_bin = np.arange(bin_indices.count) // microbatches
+    n_buckets = -(-bin_indices.count // microbatches)
     loads = np.bincount(bucket_of_bin, weights=_sums(patches.astype(np.float64), bin_indices), minlength=n_buckets)
     return {"images": int(_sums(images.astype(np.float64), bin_indices).sum()), "patches": int(loads.sum()),
             "imbalance": max_over_mean(loads), "max_cost": float(loads.max()) if len(loads) else 0.0}
@@ -360,7 +304,8 @@ def _stats(plan: StepPlan, meta: dict[str, np.ndarray], source_index: np.ndarray
     # sizes), as a conventional per-rank loader would get them.
     order = np.flatnonzero(placed)
     short, extra = divmod(order.size, buckets)
-    unbalanced = _sums(costs, np.split(order, np.cumsum([short + 1] * extra + [short] * (buckets - extra))[:-1]))
+    chunks = np.array([short + 1] * extra + [short] * (buckets - extra))
+    unbalanced = _sums(costs, Grouping(order, np.repeat(np.arange(buckets), chunks), buckets))
     kept = source_index[placed]
     present, first = np.unique(kept, return_index=True)
     present = present[np.argsort(first)]  # first placed appearance first, as a loop would
@@ -381,13 +326,25 @@ def _stats(plan: StepPlan, meta: dict[str, np.ndarray], source_index: np.ndarray
     }
 
 
-def _sums(costs: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
-    """The total cost of each group of indices, in one bincount rather than a numpy call per group."""
+class Grouping(NamedTuple):
+    """Groups of indices laid out once for several sums over them: every member, and its group."""
+    members: np.ndarray
+    owner: np.ndarray
+    count: int
+
+
+def grouping(groups: list[np.ndarray]) -> Grouping:
     sizes = [len(g) for g in groups]
-    if not sum(sizes):
-        return np.zeros(len(groups))
-    members = np.concatenate([np.asarray(g, dtype=np.int64) for g in groups])
-    return np.bincount(np.repeat(np.arange(len(groups)), sizes), weights=costs[members], minlength=len(groups))
+    members = np.concatenate(groups).astype(np.int64, copy=False) if sum(sizes) else np.zeros(0, dtype=np.int64)
+    return Grouping(members, np.repeat(np.arange(len(groups)), sizes), len(groups))
+
+
+def _sums(costs: np.ndarray, groups: "list[np.ndarray] | Grouping") -> np.ndarray:
+    """The total cost of each group of indices, in one bincount rather than a numpy call per group."""
+    g = groups if isinstance(groups, Grouping) else grouping(groups)
+    if not g.members.size:
+        return np.zeros(g.count)
+    return np.bincount(g.owner, weights=costs[g.members], minlength=g.count)
 
 
 def max_over_mean(x: np.ndarray) -> float:

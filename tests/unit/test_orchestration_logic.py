@@ -12,12 +12,13 @@ import pytest
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.core.context_parallel import reassemble, token_ranges
 from flight_overlord.core.mesh import Coord, Mesh
+from flight_overlord.core import balance
 from flight_overlord.core.mixing import Mixer
-from flight_overlord.core.order import RowGroupRef
+from flight_overlord.core.order import RowGroupRef, row_permutation
 from flight_overlord.core.schedules import (FeedbackLog, cosine, dynamic, linear, loss_weighted, staged,
                                             weights_at)
 from flight_overlord.planner.feed import SourceFeed
-from flight_overlord.planner.program import plan_step
+from flight_overlord.planner.program import plan_step, sample_meta
 from flight_overlord.planner.strategy import Strategy, load_strategy
 
 from ..helpers import write_config
@@ -183,6 +184,40 @@ def test_group_size_balances_within_groups_and_keep_global_batch(tmp_path, corpu
     with pytest.raises(ValueError, match="keep_global_batch forbids deferring"):
         for step in range(20):
             plan_step(step, _feeds({"longdocs": 1000}), Mixer(["longdocs"]), tight, {"longdocs": 1.0})
+
+
+@pytest.mark.parametrize("method", ["greedy", "karmarkar_karp"])
+def test_group_size_places_every_sample_once_balances_each_group_and_repeats(tmp_path, corpus, method):
+    """distribute(group_size=4) over 16 ranks: 4 groups of 4 ranks, each balanced on its own. Every
+    sample a feed handed out is placed exactly once over the steps (or still waits, deferred), each
+    group's heaviest rank is close to that group's lower bound, the groups carry similar loads, and
+    the same seed plans the same steps."""
+    lengths = {"captions": 64, "longdocs": 900, "code": 300}
+    weights = {"captions": 0.4, "longdocs": 0.3, "code": 0.3}
+    batch = {"context_length": 4096, "microbatches": 2, "samples_per_step": 160}  # room: cost, not capacity, binds
+
+    def run():
+        strategy = (_strategy(tmp_path, corpus, mesh={"dp": 16}, global_batch=batch)
+                    .distribute("DP", group_size=4).balance(method))
+        feeds, mixer = _feeds(lengths), Mixer(list(lengths))
+        return strategy, feeds, [plan_step(step, feeds, mixer, strategy, weights) for step in range(6)]
+
+    strategy, feeds, plans = run()
+    assert [p.to_record() for p in plans] == [p.to_record() for p in run()[2]]
+    placed = [p.ref.key for plan in plans for b in plan.bins for p in b]
+    waiting = [f"{s}:{item[1]}:{item[2]}:{item[3]}" for s, f in feeds.items() for item in f.state_dict()["deferred"]]
+    handed_out = {f"{s}:{s}.parquet:0:{r}" for s, f in feeds.items()
+                  for r in row_permutation(f.row_groups[0], seed=0, source=s, epoch=0)[:f.row_index].tolist()}
+    assert len(placed) == len(set(placed)) and not set(placed) & set(waiting)
+    assert set(placed) | set(waiting) == handed_out
+    for plan in plans:
+        costs = np.asarray(strategy.cost_fn(sample_meta(plan.table)))
+        loads = np.array([costs[np.concatenate(plan.bin_indices[b * 2:b * 2 + 2])].sum() for b in range(16)])
+        groups = loads.reshape(4, 4)
+        for g in range(4):
+            members = np.concatenate(plan.bin_indices[g * 8:(g + 1) * 8])
+            assert groups[g].max() <= 1.05 * balance.lower_bound(costs[members], 4)
+        assert groups.sum(axis=1).max() <= 1.05 * groups.sum(axis=1).mean()
 
 
 def test_plan_raw_hook_and_its_checks(tmp_path, corpus):

@@ -8,7 +8,7 @@ import collections
 import numpy as np
 import pytest
 
-from flight_overlord.core.mixing import Mixer
+from flight_overlord.core.mixing import Mixer, apportion
 from flight_overlord.core.order import RowGroupRef
 from flight_overlord.planner.feed import SourceFeed
 from flight_overlord.planner.program import plan_step
@@ -92,14 +92,17 @@ def _image_feeds(rows: int = 4000):
     return {s: SourceFeed(s, [RowGroupRef(f"{s}.parquet", g, rows) for g in range(3)], 5, fetch(s)) for s in WEIGHTS}
 
 
-# sha256 of the plan records (bins, samples, stats, weights) of each run below, computed from the
-# planner as it was before the vectorised draw and microbatch level (commit 4d3fe2b): a fixed seed
-# must keep giving these exact streams (same seed => same stream is a contract).
+# sha256 of the plan records (bins, samples, stats, weights) of each run below: a fixed seed must
+# keep giving these exact streams (same seed => same stream is a contract). The token-budget runs
+# are pinned from the planner before the vectorised draw and microbatch level (commit 4d3fe2b) and
+# still match: picks as columns changed no plan. The sample-count runs are pinned from the mixer
+# that draws a whole step at once (apportion + interleave); with the one-draw-at-a-time mixer of
+# 4d3fe2b they were a76358ea... (greedy) and 6254f310... (karmarkar_karp).
 PINNED_PLANS = {
     "greedy-dp8-tokens": "330efc1f0c32453f7490bfac25ab66a22775059dde01c4623e1f46aa95bf9b67",
     "karmarkar_karp-dp8-tokens": "4f4846efa367182ecd0de3cdade21e1ed94885f1f2a0f5c7205e99748db3fcc8",
-    "greedy-dp96-samples": "a76358ea23eae16558b222293e424cd6b0a1a6450a708b031d9f6869ba1c0f39",
-    "karmarkar_karp-dp96-samples": "6254f3100284676ac7ba455bb57f5970007c8ea3340d4e5fc85cea15f8dd21e8",
+    "greedy-dp96-samples": "feca5f68371b1be88055e0da71301e29fc58308bc776d0991e64438d12dd0902",
+    "karmarkar_karp-dp96-samples": "f384254c77baaeb0dfb7bc93fa77397fd81a040781e049a0d2842448d9641684",
 }
 
 
@@ -153,25 +156,45 @@ def test_partition_each_gives_what_one_partition_per_group_gives(method, seed):
             assert left.tolist() == want_left.tolist()
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_mixer_fill_by_count_makes_the_same_choices_as_choose_and_charge(seed):
+@pytest.mark.parametrize("seed", range(6))
+def test_mixer_fill_by_count_keeps_every_source_within_one_sample_of_its_weight(seed):
+    """A step counted in samples is drawn at once: at every step boundary each source's realized count
+    is within one sample of its cumulative share, the credits say by how much, a source without
+    weight gets nothing, and the same run gives the same draws (spread over the step, not in blocks)."""
     rng = np.random.default_rng(seed)
     sources = [f"s{i}" for i in range(5)]
-    weights = dict(zip(sources, rng.choice([0.0, 0.1, 0.25, 1 / 3, 0.7], size=5).tolist()))
-    weights["s3"] = 0.3
-    slow, fast = Mixer(sources), Mixer(sources)
-    for step in range(4):
-        slow_choices = []
-        for _ in range(997):
-            source = slow.choose(weights)
-            slow.charge(source, 1, weights)
-            slow_choices.append(sources.index(source))
-        run = fast.run(weights)
-        fast_choices = run.fill(997, [], by_tokens=False, longest=0)
-        run.close()
-        assert fast_choices == slow_choices
-        assert fast.state_dict() == slow.state_dict()
-        weights = {**weights, "s0": 0.5 if step % 2 else 0.0}
+    runs = []
+    for _ in range(2):
+        mixer, weights, target, history = Mixer(sources), None, np.zeros(5), []
+        rng = np.random.default_rng(seed)
+        for step in range(12):
+            weights = dict(zip(sources, rng.choice([0.0, 0.1, 0.25, 1 / 3, 0.7], size=5).tolist()))
+            weights["s3"] = 0.3  # at least one positive weight
+            n = int(rng.integers(0, 2000))
+            run = mixer.run(weights)
+            choices = run.fill(n, [], by_tokens=False, longest=0)
+            run.close()
+            w = np.array([weights[s] for s in sources])
+            target += n * w / w.sum()
+            counts = np.bincount(choices, minlength=5)
+            assert len(choices) == n and not counts[w == 0].any()
+            assert np.abs(mixer.realized - target).max() < 1.0
+            assert np.allclose(mixer.realized - target, -np.array(mixer.state_dict()["credit"]))
+            if n >= 100:  # interleaved: the first half of the draws holds about half of each source
+                half = np.bincount(choices[:n // 2], minlength=5)
+                assert np.all(np.abs(half - counts / 2) <= 1)
+            history.append(choices)
+        runs.append(history)
+    assert runs[0] == runs[1]
+
+
+def test_apportion_meets_the_sum_whatever_the_credits():
+    quota = np.array([-1.4, 2.6, 0.2, 5.0])
+    counts = apportion(quota, np.array([True, True, False, True]), 7)
+    assert counts.tolist() == [0, 2, 0, 5] and counts.sum() == 7
+    assert apportion(np.array([0.5, 0.5]), np.array([True, True]), 1).tolist() == [1, 0]  # ties: lower index
+    with pytest.raises(ValueError, match="positive sum"):
+        apportion(np.array([1.0]), np.array([False]), 1)
 
 
 @pytest.mark.parametrize("unit", ["tokens_per_step", "samples_per_step"])
@@ -182,3 +205,31 @@ def test_a_source_with_nothing_readable_stops_the_draw_with_its_name(tmp_path, c
     feeds["code"].fetch_meta = lambda epoch, rg: {"num_tokens": np.zeros(rg.num_rows, dtype=np.int64)}
     with pytest.raises(ValueError, match="source 'code': no readable sample in a whole epoch"):
         plan_step(0, feeds, Mixer(list(WEIGHTS)), strategy, dict(WEIGHTS))
+
+
+@pytest.mark.parametrize("dp_per_constructor", [1, 3])
+def test_a_constructor_view_from_columns_equals_the_view_from_picks(tmp_path, corpus, dp_per_constructor):
+    """The Planner serves a constructor its view from the plan's columns: the same ConstructorPlan,
+    field by field, as the view built from Pick objects (loaders by first sample, keys, lengths)."""
+    import dataclasses
+
+    from flight_overlord.planner.planner import constructor_view
+    from flight_overlord.planner.registry import Registry
+    batch = {"context_length": 2048, "microbatches": 3, "samples_per_step": 12 * 6}
+    cfg = load_config(write_config(tmp_path, corpus, global_batch=batch, mesh={"dp": 6},
+                                   constructor={"dp_per_constructor": dp_per_constructor}))
+    strategy = Strategy(cfg)
+    registry = Registry(cfg, strategy.mesh.num_constructors)
+    feeds = _image_feeds()
+    for source, feed in feeds.items():
+        registry.register_loader(source, 0, 0, f"grpc://127.0.0.1:{1000 + len(source)}",
+                                 [[rg.file, rg.row_group, rg.num_rows] for rg in feed.row_groups])
+    mixer = Mixer(list(WEIGHTS))
+    for step in range(3):
+        plan = plan_step(step, feeds, mixer, strategy, dict(WEIGHTS))
+        by_picks = dataclasses.replace(plan, picked=plan.bins, table=None, bin_indices=None)
+        for c in range(strategy.mesh.num_constructors):
+            view = constructor_view(plan, c, strategy.mesh, registry, frozenset())
+            assert plan.keys_unique
+            assert view.to_wire() == constructor_view(by_picks, c, strategy.mesh, registry, frozenset()).to_wire()
+            assert view.keys

@@ -147,17 +147,17 @@ def partition_each(costs, groups, k: int, *, method: str, sizes, capacity, equal
     bin_of_all = np.empty(members.size, dtype=np.int64)
     bin_of_all[order] = chosen
     placed = bin_of_all >= 0
-    unplaced = [np.flatnonzero(~placed[start:start + n]) for start, n in zip(starts.tolist(), lengths.tolist())]
+    unplaced = _per_group(local[~placed], owner[~placed], len(groups))
     # The refinement's first test, for all groups: the heaviest bin already within _GOOD_ENOUGH of
     # the lower bound (loads summed per bin in item order, as its bincount does) ends it at once.
+    # The bounds here are summed segment by segment, a few ulps off each group's own sum(): a group
+    # that close to the line runs the refinement, whose own first test then decides exactly.
     slot = owner[placed] * k + bin_of_all[placed]
     heaviest = np.bincount(slot, weights=gc[placed], minlength=len(groups) * k).reshape(len(groups), k).max(axis=1)
-    for g, start, n in zip(range(len(groups)), starts.tolist(), lengths.tolist()):
+    sure = _kept_bounds(gc[placed], owner[placed], len(groups), k) * (1 + _GOOD_ENOUGH) * (1 - 1e-9)
+    for g in np.flatnonzero(heaviest > sure):
+        start, n = int(starts[g]), int(lengths[g])
         gcost = gc[start:start + n]
-        kept = gcost[placed[start:start + n]]
-        bound = max(float(kept.sum()) / k, float(kept.max())) if kept.size else 0.0
-        if heaviest[g] <= bound * (1 + _GOOD_ENOUGH):
-            continue
         problem = _Problem(gcost, k, gs[start:start + n], cap, None, np.argsort(-gcost, kind="stable"))
         bin_of = bin_of_all[start:start + n].copy()
         _Refiner(problem, bin_of).run()
@@ -169,6 +169,24 @@ def partition_each(costs, groups, k: int, *, method: str, sizes, capacity, equal
     local_ranked = local[ranked]
     cuts = [local_ranked[a:b] for a, b in zip([0] + ends[:-1], ends)]
     return [(cuts[g * k:(g + 1) * k], unplaced[g]) for g in range(len(groups))]
+
+
+def _per_group(values: np.ndarray, owner: np.ndarray, groups: int) -> list[np.ndarray]:
+    """``values`` (ordered by ``owner``) cut into one array per group 0..groups-1."""
+    ends = np.cumsum(np.bincount(owner, minlength=groups)).tolist()
+    return [values[a:b] for a, b in zip([0] + ends[:-1], ends)]
+
+
+def _kept_bounds(costs: np.ndarray, owner: np.ndarray, groups: int, k: int) -> np.ndarray:
+    """Per group (``costs`` ordered by ``owner``): max(sum / k, max), the refinement's lower bound
+    (up to rounding: summed in another order); 0 for a group with nothing."""
+    counts = np.bincount(owner, minlength=groups)
+    starts = (np.cumsum(counts) - counts)[counts > 0]
+    sums, maxes = np.zeros(groups), np.zeros(groups)
+    if starts.size:
+        sums[counts > 0] = np.add.reduceat(costs, starts)
+        maxes[counts > 0] = np.maximum.reduceat(costs, starts)
+    return np.maximum(sums / k, maxes)
 
 
 def _construct(problem: _Problem, items: np.ndarray, method: str):
