@@ -110,6 +110,14 @@ def table_to_encoder_inputs(table: pa.Table) -> list[dict]:
     return out
 
 
+def _batches(reader: fl.FlightStreamReader) -> Iterator[pa.RecordBatch]:
+    while True:
+        try:
+            yield reader.read_chunk().data
+        except StopIteration:
+            return
+
+
 class StepFetcher:
     """Fetches one rank's raw Arrow tables step by step: Planner ticket, then the constructor's do_get.
 
@@ -147,6 +155,44 @@ class StepFetcher:
             tables.append(self.retry(lambda client: client.do_get(endpoint.ticket).read_all(), location,
                                      f"data of step {step}", "the constructor"))
         return pa.concat_tables(tables)
+
+    def stream(self, step: int, end: int | None = None) -> Iterator[tuple[int, pa.Table]]:
+        """(step, table) from ``step`` on (up to ``end``) over the rank stream: one ticket from the Planner,
+        one long-lived ``do_get`` at the constructor. When the stream breaks (the constructor died or
+        moved) the Planner is asked again for where to resume, at the next step not yet received, so no
+        step comes twice or is skipped; after ``timeout`` of failures the error names the constructor."""
+        down_since = None
+        while end is None or step < end:
+            descriptor = fl.FlightDescriptor.for_path("rank", str(self.rank), str(step))
+            info = self.retry(lambda client: client.get_flight_info(descriptor), self.planner_location,
+                              f"rank ticket from step {step}", "the planner")
+            endpoint = info.endpoints[0]
+            location = endpoint.locations[0].uri.decode() if endpoint.locations else self.planner_location
+            reader = None
+            try:
+                reader = self._pool.get(location).do_get(endpoint.ticket)
+                for batch in _batches(reader):
+                    down_since = None
+                    got = batch.column("step")[0].as_py() if batch.num_rows else step
+                    if got != step:
+                        raise RuntimeError(f"rank {self.rank}: the rank stream sent step {got}, expected {step}")
+                    yield step, pa.Table.from_batches([batch])
+                    step += 1
+                    if end is not None and step >= end:
+                        return
+                raise fl.FlightUnavailableError(f"the rank stream at {location} ended (the constructor is stopping)")
+            except (fl.FlightUnavailableError, fl.FlightInternalError, fl.FlightCancelledError,
+                    fl.FlightTimedOutError) as exc:
+                down_since = down_since or time.time()
+                self._pool.forget(location)
+                if time.time() - down_since > self.timeout:
+                    raise TimeoutError(f"rank {self.rank}: the rank stream from the constructor at {location} broke "
+                                       f"at step {step} and has not come back since "
+                                       f"{time.strftime('%H:%M:%S', time.localtime(down_since))}: {exc}") from None
+                time.sleep(RETRY_SECONDS)
+            finally:
+                if reader is not None:
+                    reader.cancel()
 
     def retry(self, call, location: str, what: str, role: str):
         """``call(client)`` at ``location``. Server-side waits time out and are asked again; an
@@ -226,6 +272,12 @@ class TrainerClient:
 
     def _prefetch_loop(self, step: int, end: int | None) -> None:
         try:
+            if not self.encoder:  # the rank stream (encoder inputs come per step, beside it)
+                for step, table in self._fetcher.stream(step, end):
+                    self._put((step, table, None))
+                    if self._stop.is_set():
+                        return
+                return
             while not self._stop.is_set() and (end is None or step < end):
                 table = self._fetcher.fetch(step)
                 encoder = self._fetcher.fetch(step, "encoder") if self.encoder else None

@@ -54,7 +54,9 @@ class ConstructorServer(ActionServer):
         self._cond = threading.Condition()
         self._deliveries: dict[int, Delivery] = {}  # rank -> what it receives; known from the first plan
         self._encoder_axis: str | None = None  # the image graph's axis, if the plans have one
-        self._staging = Staging(streams=len(self.ranks))
+        # a reconnecting rank stream may ask again for steps lost in flight: keep prefetch more
+        self._staging = Staging(streams=len(self.ranks), keep=2 + cfg.prefetch)
+        self._positions: dict[int, int] = {}  # rank -> the next step its rank stream sends
         self._bytes_fetched = 0  # Arrow bytes received from loaders
         self._served: dict[int, dict] = {}  # rank -> {"step", "batches", "samples", "bytes"} (status, metrics)
         self._bad_samples: list[str] = []  # keys skipped for a bad image (vision.on_bad_image: skip)
@@ -76,7 +78,10 @@ class ConstructorServer(ActionServer):
             log.info("constructor %d assembles from step %d", self.index, start["step"])
             while True:
                 step = self._staging.next_step
-                raw = self._call_planner("plan", {"step": step, "constructor": self.index})
+                if not self._paced(step):
+                    return
+                raw = self._call_planner("plan", lambda: {"step": step, "constructor": self.index,
+                                                          "positions": self._reported_positions()})
                 if raw is None:
                     return
                 plan = ConstructorPlan.from_wire(raw)
@@ -89,6 +94,19 @@ class ConstructorServer(ActionServer):
             with self._cond:
                 self._error = f"constructor {self.index}: assembly failed: {type(exc).__name__}: {exc}"
                 self._cond.notify_all()
+
+    def _paced(self, step: int) -> bool:
+        """Ask for ``step``'s plan once every rank stream here is within ``prefetch`` steps of it, so the
+        positions the request reports let the Planner plan it (no per-step call from those trainers).
+        False once this server stops."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._stopping or not self._positions
+                                or step <= min(self._positions.values()) + self.cfg.prefetch)
+            return not self._stopping
+
+    def _reported_positions(self) -> dict[str, int]:
+        with self._cond:
+            return {str(r): s for r, s in self._positions.items()}
 
     def _assemble(self, step: int, plan: ConstructorPlan, samples: dict[int, Sample]) -> dict:
         """Build each bucket's microbatches once, then cut one table per distinct delivery of its ranks."""
@@ -132,12 +150,14 @@ class ConstructorServer(ActionServer):
                              f"range({len(microbatches)}) (step {step}, bucket {bucket})")
         return [microbatches[i] for i in order]
 
-    def _call_planner(self, action: str, body: dict) -> dict | None:
+    def _call_planner(self, action: str, body) -> dict | None:
         """A blocking Planner action: again while it times out (trainers have not moved on yet), and
-        through a Planner restart; None once this server stops."""
+        through a Planner restart; None once this server stops. ``body``: a dict, or a callable making
+        it afresh for each try."""
         while not self._stopping:
             try:
-                return call_any(self._clients, [self._planner_location], lambda c: wire.call(c, action, body),
+                return call_any(self._clients, [self._planner_location],
+                                lambda c: wire.call(c, action, body() if callable(body) else body),
                                 what="planner", stop=lambda: self._stopping)
             except fl.FlightTimedOutError:
                 continue
@@ -202,8 +222,9 @@ class ConstructorServer(ActionServer):
     def do_get(self, context, ticket):
         request = wire.decode(ticket.ticket, "ticket")
         kind = request.get("kind")
-        if kind not in ("batch", "encoder"):
-            raise ValueError(f"malformed ticket: kind {kind!r}, a constructor serves 'batch' and 'encoder' tickets")
+        if kind not in ("batch", "encoder", "rank"):
+            raise ValueError(f"malformed ticket: kind {kind!r}, a constructor serves 'batch', 'encoder' and 'rank' "
+                             f"tickets")
         self.authorize(context, TRAINER, f"do_get of a {kind!r} ticket")
         step = wire.field(request, "step", int, "batch ticket")
         rank = wire.field(request, "rank", int, "batch ticket")
@@ -211,6 +232,8 @@ class ConstructorServer(ActionServer):
             raise KeyError(f"rank {rank} is not served by constructor {self.index} "
                            f"(it serves the ranks of data-parallel groups {list(self.dp_ranks)})")
         self.security.verify_ticket(request)  # forged, altered or expired: FlightUnauthorizedError
+        if kind == "rank":
+            return self._rank_stream(rank, step)
         with self._cond:
             wire.wait_until(self._cond, lambda: self._error is not None or self._staging.assembled(step),
                             WAIT_SECONDS, f"step {step} of rank {rank}")
@@ -229,6 +252,43 @@ class ConstructorServer(ActionServer):
             if kind == "batch":
                 self._count_served(rank, step, table)
         return fl.RecordBatchStream(table)
+
+    def _rank_stream(self, rank: int, first: int) -> fl.GeneratorStream:
+        """One long-lived stream of the rank's steps from ``first`` on: one record batch per step (its
+        ``step`` column says which), flow-controlled by gRPC; it ends only when this server stops."""
+        table = self._staged_batch(rank, first)  # the schema comes with the first step
+
+        def steps():
+            step, current = first, table
+            while current is not None:
+                yield current
+                step += 1
+                current = self._staged_batch(rank, step, stream=True)
+        return fl.GeneratorStream(table.schema, steps())
+
+    def _staged_batch(self, rank: int, step: int, stream: bool = False) -> pa.Table | None:
+        """The rank's table of ``step`` as one record batch, once assembled, counted as served; None once
+        this server stops (a stream then ends and its trainer asks the Planner again)."""
+        with self._cond:
+            self._positions[rank] = step
+            self._cond.notify_all()
+            if stream:  # a stream waits as long as it takes: its trainer is the slowest, or planning waits
+                self._cond.wait_for(lambda: self._error is not None or self._stopping
+                                    or self._staging.assembled(step))
+            else:
+                wire.wait_until(self._cond, lambda: self._error is not None or self._staging.assembled(step),
+                                WAIT_SECONDS, f"step {step} of rank {rank}")
+            if self._error:
+                raise RuntimeError(self._error)
+            if self._stopping:
+                return None
+            key = (step, self._deliveries[rank].key)
+            if key not in self._staging.tables:
+                raise KeyError(f"batch of step {step} for rank {rank} was already served and released")
+            table = self._staging.tables[key]
+            self._staging.served("batch", rank, step)
+            self._count_served(rank, step, table)
+        return table.combine_chunks()
 
     def _count_served(self, rank: int, step: int, table: pa.Table) -> None:
         served = self._served.setdefault(rank, {"step": -1, "batches": 0, "samples": 0, "bytes": 0})

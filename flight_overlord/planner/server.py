@@ -65,6 +65,8 @@ class PlannerServer(ActionServer):
         self._fetched: dict[int, set[int]] = {}
         self._stats: dict[int, dict] = {}
         self._requested: dict[int, int] = {}       # rank -> the step it asked for last
+        self._streaming: set[int] = set()          # ranks on a rank stream: their position comes from constructors
+        self._stale: set[int] = set()              # stream ranks of a restarted constructor, until they ask again
         self._planned = {"samples": {}, "tokens": {}}  # per source, by this process (metrics)
         self._reregistrations = {"loader": 0, "constructor": 0}  # restarts of registered roles (metrics)
         self._error: str | None = None
@@ -111,6 +113,8 @@ class PlannerServer(ActionServer):
                 registry.register_loader(source, actor, replica, location, row_groups)
             else:
                 registry.register_constructor(index, location)
+                if current is not None:  # its streams' positions died with it: wait for the trainers to say
+                    self._stale |= self._streaming & set(self._ranks_of(index))
             if current is not None:
                 self._reregistrations[role] += 1
             if current is not None and current != location:
@@ -119,6 +123,10 @@ class PlannerServer(ActionServer):
             if registry.complete():
                 self._start_planning()
         return {"ok": True}
+
+    def _ranks_of(self, constructor: int) -> list[int]:
+        dps = set(self.mesh.dp_ranks_of(constructor))
+        return [r for r in range(self.mesh.world_size) if self.mesh.coord(r).dp in dps]
 
     def _answers(self, location: str) -> bool:
         """Whether a role's registered address still answers (any reply, even an error, counts), on a
@@ -248,10 +256,13 @@ class PlannerServer(ActionServer):
                 self._cond.notify_all()
                 self._wait_for_plan(step, WAIT_SECONDS)
             return self._batch_info(descriptor, step, rank, parts[0])
+        if parts and parts[0] == "rank":
+            self.authorize(context, TRAINER, "get_flight_info of 'rank'")
+            return self._rank_info(descriptor, *self._parse_rank(parts))
         if len(parts) == 2 and parts[0] == "source":
             return self._source_info(descriptor, parts[1])
         raise KeyError(f"unknown descriptor {parts or descriptor.command!r}: this Planner serves "
-                       f"('batch', STEP, RANK), ('encoder', STEP, RANK) and ('source', NAME)")
+                       f"('batch', STEP, RANK), ('encoder', STEP, RANK), ('rank', RANK[, FIRST_STEP]) and ('source', NAME)")
 
     def get_schema(self, context, descriptor):
         self.authorize(context, INSPECT, "get_schema")
@@ -259,6 +270,9 @@ class PlannerServer(ActionServer):
         if len(parts) == 3 and parts[0] in ("batch", "encoder"):
             self._parse_batch(parts)
             return fl.SchemaResult(load_schema(self._batch_schema() if parts[0] == "batch" else ENCODER_BATCH))
+        if parts and parts[0] == "rank":
+            self._parse_rank(parts)
+            return fl.SchemaResult(load_schema(self._batch_schema()))
         if len(parts) == 2 and parts[0] == "source":
             self.cfg.source(parts[1])
             return fl.SchemaResult(load_schema(SAMPLE_METADATA))
@@ -273,6 +287,38 @@ class PlannerServer(ActionServer):
             raise ValueError(f"malformed descriptor {parts!r}: step must be >= 0")
         self.mesh.coord(rank)  # ValueError naming the rank if outside the mesh
         return step, rank
+
+    def _parse_rank(self, parts) -> tuple[int, int | None]:
+        """('rank', RANK[, FIRST_STEP]) -> (rank, first step or None)."""
+        if len(parts) not in (2, 3):
+            raise ValueError(f"malformed descriptor {parts!r}: a rank stream is ('rank', RANK[, FIRST_STEP])")
+        try:
+            rank, first = int(parts[1]), (int(parts[2]) if len(parts) == 3 else None)
+        except ValueError:
+            raise ValueError(f"malformed descriptor {parts!r}: rank and first step must be integers") from None
+        if first is not None and first < 0:
+            raise ValueError(f"malformed descriptor {parts!r}: first step must be >= 0")
+        self.mesh.coord(rank)
+        return rank, first
+
+    def _rank_info(self, descriptor, rank: int, first: int | None) -> fl.FlightInfo:
+        """One endpoint at the rank's constructor whose ticket streams the rank's steps from ``first`` on
+        (default: where the rank is). Asking is how a trainer says where it (re)starts: after that its
+        constructor reports its position, and the Planner is off its per-step path."""
+        with self._cond:
+            first = self._requested.get(rank, 0) if first is None else first
+            self._check_horizon(first)
+            self._requested[rank] = first  # the trainer's own word: a dead constructor's report may be ahead
+            self._streaming.add(rank)
+            self._stale.discard(rank)
+            if self._rewind_pending:
+                self._rewind_pending = False
+                self.planner.rewind(first)
+            self._cond.notify_all()
+            location = self.planner.registry.constructors[self.mesh.constructor_of(self.mesh.coord(rank).dp)]
+        ticket = wire.ticket(self.security.sign_ticket("rank", first, rank))
+        return fl.FlightInfo(load_schema(self._batch_schema()), descriptor, [fl.FlightEndpoint(ticket, [location])],
+                             -1, -1)
 
     def _batch_info(self, descriptor, step: int, rank: int, kind: str = "batch") -> fl.FlightInfo:
         coord = self.mesh.coord(rank)
@@ -319,7 +365,9 @@ class PlannerServer(ActionServer):
         constructor = wire.field(body, "constructor", int, "plan")
         if not 0 <= constructor < self.mesh.num_constructors:
             raise ValueError(f"plan: constructor {constructor} out of range")
+        positions = self._positions(body, constructor)
         with self._cond:
+            self._advance(positions)
             self._check_horizon(step)
             self._wait_for_plan(step, WAIT_SECONDS)
             plan = self._plans.get(step)
@@ -334,15 +382,44 @@ class PlannerServer(ActionServer):
         return constructor_view(plan, constructor, self.mesh, self.planner.registry,
                                 self.strategy.broadcast).to_wire()
 
+    def _positions(self, body: dict, constructor: int) -> dict[int, int]:
+        """A plan request's {"positions": {rank: step}}: the next step each of the constructor's rank
+        streams sends (how the Planner paces itself without a per-step call from those trainers)."""
+        raw = body.get("positions", {})
+        if not isinstance(raw, dict):
+            raise ValueError(f"malformed plan request: 'positions' must be an object, got {type(raw).__name__}")
+        ranks = set(self._ranks_of(constructor))
+        try:
+            positions = {int(r): int(s) for r, s in raw.items()}
+        except (TypeError, ValueError):
+            raise ValueError("malformed plan request: 'positions' maps rank numbers to step numbers") from None
+        if not set(positions) <= ranks:
+            raise ValueError(f"plan: positions name ranks {sorted(set(positions) - ranks)} that constructor "
+                             f"{constructor} does not serve")
+        return positions
+
+    def _advance(self, positions: dict[int, int]) -> None:
+        """Stream positions a constructor reported (held lock): they only move forward."""
+        moved = False
+        for rank, step in positions.items():
+            if rank in self._stale or step <= self._requested.get(rank, -1):
+                continue
+            self._requested[rank] = step
+            self._streaming.add(rank)
+            moved = True
+        if moved:
+            self._cond.notify_all()
+
     @requires(CLUSTER)
     def action_resume_point(self, body):
         """Where a (re)started constructor begins: the earliest step its ranks are waiting for."""
         constructor = wire.field(body, "constructor", int, "resume_point")
         if not 0 <= constructor < self.mesh.num_constructors:
             raise ValueError(f"resume_point: constructor {constructor} out of range")
-        dps = set(self.mesh.dp_ranks_of(constructor))
-        ranks = [r for r in range(self.mesh.world_size) if self.mesh.coord(r).dp in dps]
+        ranks = self._ranks_of(constructor)
         with self._cond:
+            wire.wait_until(self._cond, lambda: not self._stale.intersection(ranks), WAIT_SECONDS,
+                            f"the stream ranks of constructor {constructor} to say where they resume")
             if not self._resumed and not all(r in self._requested for r in ranks):
                 return {"step": min([self._requested.get(r, 0) for r in ranks])}
             wire.wait_until(self._cond, lambda: all(r in self._requested for r in ranks), WAIT_SECONDS,
