@@ -46,7 +46,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
-from benchlib import argument_parser, log, print_header
+from benchlib import argument_parser, log, print_header, pyplot
 
 from flight_overlord.config import load_config
 from flight_overlord.core import hdp
@@ -292,13 +292,9 @@ def main(argv=None) -> None:
 
 
 def plot(results: dict, path: Path, title: str) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        log("matplotlib missing (pip install flight_overlord[bench]): no plot")
+    plt = pyplot(path)
+    if plt is None:
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(9, 3.8))
     for s in SCENARIOS:
         r = results[s.name]

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 import bench_delivery as bd
-from benchlib import (MiB, PssSampler, argument_parser, cluster_roots, log, print_header, workspace,
+from benchlib import (MiB, PssSampler, argument_parser, cluster_roots, log, print_header, pyplot, workspace,
                       write_config)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -354,12 +354,8 @@ def simulation(c: Components, args) -> list[tuple[int, int, int, int, float, flo
 
 
 def plot(rows, args, path: Path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("\n(no plot: matplotlib is not installed; `pip install matplotlib`)")
+    plt = pyplot(path)
+    if plt is None:
         return
     levels = sorted({r[1] for r in rows})
     fig, axes = plt.subplots(1, len(levels), figsize=(3.2 * len(levels), 3.4), sharey=True)

@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from benchlib import argument_parser, log, print_header
+from benchlib import argument_parser, log, print_header, pyplot
 from bench_balance import cost, sample_lengths
 from flight_overlord.balance import lower_bound, partition
 from flight_overlord.config import load_config
@@ -176,9 +176,9 @@ def prefetch_table(plan_times: dict[int, float]) -> list[str]:
 
 
 def plot(balancer: list[dict], planning: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
+    if plt is None:
+        return
     fig, ax = plt.subplots(figsize=(7, 4.5))
     dps = [r["dp"] for r in balancer]
     for key, label, style in (("heapq", "heapq LPT (partition only)", "k--"),
@@ -197,6 +197,7 @@ def plot(balancer: list[dict], planning: list[dict], path: Path) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    print(f"\nplot: {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
 
 
 def one_run(dp: int, method: str, steps: int) -> None:
@@ -285,7 +286,6 @@ def main() -> None:
     print("\n".join(prefetch_table({r["dp"]: r["greedy"][0] for r in planning})))
     if args.plot:
         plot(balancer, planning, args.plot)
-        print(f"\nplot: {args.plot.relative_to(REPO) if args.plot.is_relative_to(REPO) else args.plot}")
 
 
 if __name__ == "__main__":

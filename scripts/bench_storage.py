@@ -190,15 +190,14 @@ def main() -> None:
             print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
             if args.plot:
                 plot(args.plot, reads, delivery, [p for p, _ in places], list(sides))
-                print(f"plot: {args.plot}")
         finally:
             proxy.close()
 
 
 def plot(path: Path, reads: dict, delivery: dict, places: list[str], sides: list[str]) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = benchlib.pyplot(path)
+    if plt is None:
+        return
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     left.bar(places, [1e3 * statistics.median(reads[p]) for p in places], color="tab:blue")
     left.set_ylabel("ms per row group (median)")
@@ -214,6 +213,7 @@ def plot(path: Path, reads: dict, delivery: dict, places: list[str], sides: list
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":

@@ -61,7 +61,8 @@ import numpy as np
 import yaml
 
 from bench_delivery import colocated_loader, run_ranks
-from benchlib import argument_parser, cluster_roots, log, plan_imbalance, print_header, workspace, write_config
+from benchlib import (argument_parser, cluster_roots, log, plan_imbalance, print_header, pyplot, workspace,
+                      write_config)
 
 REPO = Path(__file__).resolve().parent.parent
 TFLOPS, MFU = 400e12, 0.40
@@ -469,9 +470,9 @@ def report(results: list[Result], args) -> None:
 
 
 def plot(results: list[Result], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
+    if plt is None:
+        return
 
     corpora = [c for c in CORPORA if any(r.scenario.corpus == c for r in results)]
     fig, axes = plt.subplots(len(corpora), 1, figsize=(9, 3.6 * len(corpora)), squeeze=False)

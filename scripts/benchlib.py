@@ -33,6 +33,19 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def pyplot(path: Path):
+    """``matplotlib.pyplot`` (headless) for the plot at ``path``, or None when matplotlib is not
+    installed: the benchmark's figures are printed anyway, only the plot is skipped (said on stderr)."""
+    try:
+        import matplotlib
+    except ImportError:
+        log(f"no plot {path}: matplotlib is not installed (pip install -e '.[bench]')")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
 # ---------------------------------------------------------------------------------------------
 # Header
 # ---------------------------------------------------------------------------------------------

@@ -1,3 +1,3 @@
-from .trainer import StepFetcher, TrainerClient, table_to_microbatches
+from .trainer import StepFetcher, TrainerClient, launcher_rank, table_to_microbatches
 
-__all__ = ["StepFetcher", "TrainerClient", "table_to_microbatches"]
+__all__ = ["StepFetcher", "TrainerClient", "launcher_rank", "table_to_microbatches"]

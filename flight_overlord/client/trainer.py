@@ -10,11 +10,10 @@ resumes where it stopped.
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
-import warnings
-from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -22,92 +21,9 @@ import pyarrow.flight as fl
 from .. import wire
 from ..wire.security import Credentials
 from ..wire.server import RETRY_SECONDS, ClientPool
+from .launcher import PLANNER_ENV, launcher_rank
+from .tensors import TensorPlacement, table_to_encoder_inputs, table_to_microbatches
 
-
-def _rows(table: pa.Table, name: str) -> list["torch.Tensor"]:
-    """A list column as one torch tensor per row: zero-copy views of the Arrow values buffer."""
-    import torch
-    column = table.column(name).combine_chunks()
-    offsets = column.offsets.to_numpy()
-    with warnings.catch_warnings():  # Arrow buffers are read-only; torch only warns about that
-        warnings.simplefilter("ignore", UserWarning)
-        values = torch.from_numpy(column.values.to_numpy(zero_copy_only=False))
-    return [values[offsets[i]:offsets[i + 1]] for i in range(len(column))]
-
-
-def table_to_microbatches(table: pa.Table) -> list[dict]:
-    """Arrow microbatch rows -> dicts of torch tensors (token and pixel tensors are zero-copy views).
-
-    ``input_ids`` (and ``position_ids``, ``labels``, ``loss_mask``) hold the positions
-    ``token_ranges`` names: the whole sequence, this rank's context-parallel share, or nothing
-    (metadata only: they are None; ``cu_seqlens`` and the keys are still there for pipeline
-    stages and broadcast receivers). Under THD context parallelism ``cu_seqlens`` and
-    ``cu_seqlens_padded`` may end with a padding-only sequence (zero real tokens: the buffer's tail
-    padding), one more than ``sample_keys``, as TransformerEngine takes them. Image-text rows add ``pixel_values`` uint8 [patches, 3*p*p]
-    and ``image_grid_thw`` int32 [images, 3]. Under distribute('HDP'): :func:`hdp_microbatches`."""
-    import torch
-
-    if (table.schema.metadata or {}).get(b"name") == b"hdp_microbatch":
-        return hdp_microbatches(table)
-
-    tensors = {name: _rows(table, name) for name in ("input_ids", "position_ids", "labels", "loss_mask",
-                                                     "pixel_values", "image_grid_thw")}
-    lists = {name: table.column(name).to_pylist()
-             for name in ("step", "bucket", "token_ranges", "sequence_length", "cu_seqlens", "cu_seqlens_padded", "sample_keys",
-                          "num_tokens")}
-    out = []
-    for i in range(table.num_rows):
-        has_tokens = len(lists["token_ranges"][i]) > 0
-        grid = tensors["image_grid_thw"][i].view(-1, 3)
-        pixels = tensors["pixel_values"][i]
-        patches = int(grid.prod(dim=1).sum()) if len(grid) else 0
-        mb = {name: lists[name][i] for name in lists}
-        mb.update({name: tensors[name][i] if has_tokens else None
-                   for name in ("input_ids", "position_ids", "labels", "loss_mask")})
-        mb["microbatch"] = i
-        mb["cu_seqlens"] = torch.tensor(lists["cu_seqlens"][i], dtype=torch.int32)
-        mb["cu_seqlens_padded"] = torch.tensor(lists["cu_seqlens_padded"][i], dtype=torch.int32)
-        mb["image_grid_thw"] = grid
-        mb["pixel_values"] = pixels.view(patches, -1) if patches and len(pixels) else None
-        out.append(mb)
-    return out
-
-
-def hdp_microbatches(table: pa.Table) -> list[dict]:
-    """``schemas/hdp_microbatch.json`` rows -> dicts: token tensors (zero-copy; None for metadata only)
-    and, per sequence, its CP group (``seq_cp_size``, ``seq_cp_rank``, ``seq_cp_first``: the domain
-    ranks [first, first + size) to form or pick a process group from), its THD chunks
-    (``token_ranges``), the whole sequences' ``cu_seqlens`` / ``cu_seqlens_padded`` and where each
-    share sits in ``input_ids`` (``cu_local``)."""
-    import torch
-
-    names = ("input_ids", "position_ids", "labels", "loss_mask")
-    tensors = {name: _rows(table, name) for name in names}
-    lists = {name: table.column(name).to_pylist() for name in table.column_names if name not in names}
-    out = []
-    for i in range(table.num_rows):
-        mb = {name: lists[name][i] for name in lists}
-        has_tokens = len(lists["token_ranges"][i]) > 0
-        mb.update({name: tensors[name][i] if has_tokens else None for name in names})
-        for name in ("cu_seqlens", "cu_seqlens_padded", "cu_local"):
-            mb[name] = torch.tensor(lists[name][i], dtype=torch.int32)
-        out.append(mb)
-    return out
-
-
-def table_to_encoder_inputs(table: pa.Table) -> list[dict]:
-    """Encoder rows (one per image) -> dicts: ``pixel_values`` uint8 [patches, 3*p*p] (zero-copy) and
-    ``image_grid_thw`` int32 [1, 3], with the owner to send the embeddings back to."""
-    pixels, grids = _rows(table, "pixel_values"), _rows(table, "image_grid_thw")
-    keys, images, buckets, mbs = (table.column(c).to_pylist()
-                                  for c in ("sample_key", "image_index", "owner_bucket", "owner_microbatch"))
-    out = []
-    for i in range(table.num_rows):
-        grid = grids[i].view(-1, 3)
-        out.append({"sample_key": keys[i], "image_index": images[i], "owner_bucket": buckets[i],
-                    "owner_microbatch": mbs[i],
-                    "image_grid_thw": grid, "pixel_values": pixels[i].view(int(grid.prod(dim=1).sum()), -1)})
-    return out
 
 
 def _batches(reader: fl.FlightStreamReader) -> Iterator[pa.RecordBatch]:
@@ -135,6 +51,7 @@ class StepFetcher:
         elif token is not None:
             credentials = credentials.with_token(token)
         self._pool = ClientPool(credentials)
+        self._closed = False
         self.planner_location = planner
 
     @property
@@ -201,6 +118,8 @@ class StepFetcher:
         deadline = time.monotonic() + self.timeout
         down_since = None
         while True:
+            if self._closed:
+                raise RuntimeError(f"rank {self.rank}: the client is closed (no {what})")
             try:
                 return call(self._pool.get(location))
             except fl.FlightTimedOutError:  # the server waited its share; the data is still coming
@@ -216,18 +135,34 @@ class StepFetcher:
                 raise TimeoutError(f"rank {self.rank}: no {what} after {self.timeout:.0f}s") from None
 
     def close(self) -> None:
+        self._closed = True
         self._pool.close()
 
 
 class TrainerClient:
-    """Iterates steps from ``start_step`` on, prefetching ``prefetch`` steps in a background thread."""
+    """Iterates steps from ``start_step`` on, prefetching ``prefetch`` steps in a background thread.
+
+    The client is its own iterator, like a file: one prefetch thread serves it for its whole life,
+    so a second ``for`` loop (an epoch loop, a framework wrapper calling ``iter()`` again) continues
+    where the last one stopped, in order, no step twice. ``state_dict()`` names the step after the
+    last one yielded, at any point between steps. ``close()`` stops the thread and joins it."""
+
+    CLOSE_JOIN_SECONDS = 10.0  # close() waits this long for a fetch in flight (the thread is a daemon)
 
     def __init__(self, planner: str, rank: int, *, start_step: int = 0, num_steps: int | None = None,
                  prefetch: int = 2, timeout: float = 300.0, as_tensors: bool = True, encoder: bool = False,
-                 token: str | None = None, credentials: Credentials | None = None):
-        """``encoder=True`` (strategies with an image graph): each step yields ``(microbatches,
-        encoder_inputs)``, the second being the images this rank's vision encoder processes.
-        ``token`` / ``credentials``: as for :class:`StepFetcher` (trainer token, TLS)."""
+                 token: str | None = None, credentials: Credentials | None = None,
+                 device: "str | torch.device | None" = None, pin_memory: bool = False):
+        """``num_steps``: how many steps to yield in all, counted from the step of the first
+        iteration (None: no end). ``encoder=True`` (strategies with an image graph): each step yields
+        ``(microbatches, encoder_inputs)``, the second being the images this rank's vision encoder
+        processes. ``token`` / ``credentials``: as for :class:`StepFetcher` (trainer token, TLS).
+        ``pin_memory``: tensors are copied to page-locked memory (needs an accelerator), so that
+        ``device`` (say ``"cuda:0"``) receives them asynchronously; ``device``: where the tensors
+        are placed (default: left on the CPU as zero-copy views of the Arrow buffers)."""
+        if prefetch < 1:
+            raise ValueError(f"prefetch must be >= 1, got {prefetch!r}")
+        self._placement = TensorPlacement(device, pin_memory) if (device is not None or pin_memory) else None
         self.rank = rank
         self.encoder = encoder
         self.next_step = start_step
@@ -235,9 +170,11 @@ class TrainerClient:
         self.prefetch = prefetch
         self.as_tensors = as_tensors
         self._fetcher = StepFetcher(planner, rank, timeout=timeout, token=token, credentials=credentials)
-        self._queue: queue.Queue | None = None
+        self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._end: int | None = None
+        self._failure: BaseException | None = None
 
     def report(self, step: int, losses: dict[str, float]) -> None:
         """Per-source training loss of ``step``, for dynamic mixing schedules (``dynamic(...)``)."""
@@ -246,29 +183,76 @@ class TrainerClient:
                       fetcher.planner_location, f"report of step {step}", "the planner")
 
     def state_dict(self) -> dict:
+        """The position: the step after the last one yielded (prefetched steps are not counted)."""
         return {"rank": self.rank, "next_step": self.next_step}
 
     def load_state_dict(self, state: dict) -> None:
         if self._thread is not None:
-            raise RuntimeError("load_state_dict must be called before iterating")
+            raise RuntimeError(f"load_state_dict must be called before iterating (rank {self.rank} is at step "
+                               f"{self.next_step}): make a new TrainerClient to start elsewhere")
         self.next_step = int(state["next_step"])
 
-    def __iter__(self) -> Iterator:
-        end = None if self.num_steps is None else self.next_step + self.num_steps
-        self._queue = queue.Queue(maxsize=self.prefetch)
-        self._thread = threading.Thread(target=self._prefetch_loop, args=(self.next_step, end), daemon=True)
+    def __iter__(self) -> "TrainerClient":
+        return self
+
+    def __next__(self):
+        if self._stop.is_set():
+            raise RuntimeError(f"TrainerClient of rank {self.rank} is closed")
+        if self._thread is None:
+            self._start_prefetch()
+        if self._failure is not None:
+            raise self._failure
+        if self._end is not None and self.next_step >= self._end:
+            raise StopIteration
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            self._failure = item  # the thread has stopped: every later call says why
+            raise item
+        step, table, encoder = item
+        self.next_step = step + 1
+        if not self.as_tensors:
+            return (table, encoder) if self.encoder else table
+        batch = self._place(table_to_microbatches(table))
+        return (batch, self._place(table_to_encoder_inputs(encoder))) if self.encoder else batch
+
+    def _place(self, rows: list[dict]) -> list[dict]:
+        return rows if self._placement is None else [self._placement(row) for row in rows]
+
+    @classmethod
+    def from_env(cls, planner: str | None = None, *, env: dict | None = None, **options) -> "TrainerClient":
+        """The client of this process's rank, from the launcher's environment (:func:`launcher_rank`:
+        torchrun, Slurm, Open MPI) and the Planner's address (``planner``, else ``$OVERLORD_PLANNER``).
+        The launcher's world size must be the run's mesh (asked of the Planner, waiting for it up to
+        ``timeout``): a mismatch is an error naming both. ``options``: as for the constructor."""
+        env = os.environ if env is None else env
+        rank, world_size = launcher_rank(env)
+        planner = planner or env.get(PLANNER_ENV)
+        if not planner:
+            raise ValueError(f"no Planner address: pass it, or set ${PLANNER_ENV} (the grpc://HOST:PORT "
+                             f"`overlord up` prints)")
+        client = cls(planner, rank, **options)
+        try:
+            client.check_world_size(world_size)
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    def check_world_size(self, world_size: int) -> None:
+        """Raise when ``world_size`` (the launcher's) is not the number of ranks of the run's mesh."""
+        fetcher = self._fetcher
+        status = fetcher.retry(lambda client: wire.call(client, "status", {}), fetcher.planner_location,
+                               "status", "the planner")
+        if status["world_size"] != world_size:
+            raise ValueError(f"the launcher started {world_size} ranks but the run at {fetcher.planner_location} "
+                             f"has a mesh of {status['world_size']} ranks (pp x dp x cp x tp of its config): "
+                             f"launch {status['world_size']} processes, or change the config's mesh")
+
+    def _start_prefetch(self) -> None:
+        self._end = None if self.num_steps is None else self.next_step + self.num_steps
+        self._thread = threading.Thread(target=self._prefetch_loop, args=(self.next_step, self._end),
+                                        name=f"overlord-prefetch-rank{self.rank}", daemon=True)
         self._thread.start()
-        while end is None or self.next_step < end:
-            item = self._queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            step, table, encoder = item
-            self.next_step = step + 1
-            batch = table_to_microbatches(table) if self.as_tensors else table
-            if self.encoder:
-                yield batch, table_to_encoder_inputs(encoder) if self.as_tensors else encoder
-            else:
-                yield batch
 
     def _prefetch_loop(self, step: int, end: int | None) -> None:
         try:
@@ -284,19 +268,23 @@ class TrainerClient:
                 self._put((step, table, encoder))
                 step += 1
         except BaseException as exc:  # hand the failure to the consumer instead of dying silently
-            self._put(exc)
+            if not self._stop.is_set():
+                self._put(exc)
 
     def _put(self, item) -> None:
         while not self._stop.is_set():
             try:
-                self._queue.put(item, timeout=0.5)
+                self._queue.put(item, timeout=0.2)
                 return
             except queue.Full:
                 continue
 
     def close(self) -> None:
+        """Stop the prefetch thread and join it; the client yields nothing more."""
         self._stop.set()
-        self._fetcher.close()
+        self._fetcher.close()  # a fetch in flight ends at its next retry
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(self.CLOSE_JOIN_SECONDS)
 
     def __enter__(self):
         return self

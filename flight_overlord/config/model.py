@@ -181,7 +181,8 @@ class TLSConfig:
 class SecurityConfig:
     """Who may call what (``wire/security.py``). Internal calls always need the cluster secret: from
     ``cluster_secret_file``, else ``$OVERLORD_CLUSTER_SECRET``, else made fresh by ``overlord up``.
-    Trainer calls need a token only when ``trainer_tokens_file`` is set (one per line); inspection
+    Trainer calls need a token only when ``trainer_tokens_file`` is set (one per line, ``TOKEN`` or
+    ``TOKEN RANKS`` to bind it to ranks such as ``0-7,12``); inspection
     calls only when ``inspect_token_file`` is set."""
     cluster_secret_file: Path | None = None
     trainer_tokens_file: Path | None = None

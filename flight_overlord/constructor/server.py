@@ -228,6 +228,7 @@ class ConstructorServer(ActionServer):
         self.authorize(context, TRAINER, f"do_get of a {kind!r} ticket")
         step = wire.field(request, "step", int, "batch ticket")
         rank = wire.field(request, "rank", int, "batch ticket")
+        self.authorize(context, TRAINER, f"do_get of a {kind!r} ticket", rank=rank)
         if rank not in self.ranks:
             raise KeyError(f"rank {rank} is not served by constructor {self.index} "
                            f"(it serves the ranks of data-parallel groups {list(self.dp_ranks)})")

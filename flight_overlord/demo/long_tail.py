@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -83,3 +84,11 @@ def make_long_tail(out_dir: str | os.PathLike, name: str = "longtail", *, rows: 
 def long_tail_name(max_tokens: int) -> str:
     """The source name ``make-demo-data --long-tail`` uses: ``longtail_32k`` for 32768, else ``longtail_N``."""
     return f"longtail_{max_tokens // 1024}k" if max_tokens % 1024 == 0 else f"longtail_{max_tokens}"
+
+
+def max_tokens_of_name(name: str) -> int | None:
+    """The inverse of :func:`long_tail_name`: 262144 for ``longtail_256k``; None for another name."""
+    match = re.fullmatch(r"longtail_(\d+)(k?)", name)
+    if not match:
+        return None
+    return int(match.group(1)) * (1024 if match.group(2) else 1)

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from .. import wire
 from ..config import Config, load_config
-from ..deploy.launch import LocalCluster
+from ..deploy.launch import LocalCluster, holds_a_run, move_aside
 from ..planner.strategy import load_strategy
 from ..wire.security import Credentials
 from ..wire.server import connect
@@ -39,6 +39,7 @@ def shipped_demo_config(data_root: str | Path, run_dir: str | Path) -> Path:
     raw = yaml.safe_load((files(SHIPPED_CONFIGS) / "demo.yaml").read_text())
     data_root, run_dir = Path(data_root).resolve(), Path(run_dir).resolve()
     raw.update(data_root=str(data_root), run_dir=str(run_dir))
+    set_aside_previous_run(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "demo.yaml"
     path.write_text("# Written by `overlord demo`: the shipped configs/demo.yaml with data_root and run_dir\n"
@@ -48,21 +49,41 @@ def shipped_demo_config(data_root: str | Path, run_dir: str | Path) -> Path:
 
 
 def ensure_demo_data(config_path: str | Path) -> None:
-    """Make the demo corpus where the config reads it, if (part of) it is not there yet."""
-    from .data import make_demo_data
+    """Make the demo sources the config reads (the demo corpus, its image-text sources, long-tail
+    sources named ``longtail_<K>k``) where it reads them, if they are not there yet; a source that
+    is none of these is an error naming it."""
+    from .data import SOURCE_NAMES, make_demo_data
     from .images import IMAGE_SOURCE_NAMES, make_image_demo_data
+    from .long_tail import make_long_tail, max_tokens_of_name
     config_path = Path(config_path).resolve()
     raw = yaml.safe_load(config_path.read_text()) or {}
     data_root = (config_path.parent / str(raw.get("data_root", "."))).resolve()
     wanted = {str(s.get("name")) for s in raw.get("sources") or [] if isinstance(s, dict)}
     missing = {name for name in wanted if not (data_root / name).is_dir()}
-    if not missing:
+    long_tail = {name: max_tokens_of_name(name) for name in missing if max_tokens_of_name(name)}
+    unknown = missing - set(long_tail) - set(SOURCE_NAMES) - set(IMAGE_SOURCE_NAMES)
+    if unknown:
+        raise SystemExit(f"error: {config_path}: no data for sources {sorted(unknown)} in {data_root}, and they are "
+                         f"not demo sources (overlord make-demo-data makes {', '.join(SOURCE_NAMES + IMAGE_SOURCE_NAMES)} "
+                         f"and longtail_<K>k with --long-tail K*1024)")
+    for name, max_tokens in sorted(long_tail.items()):
+        print(f"making the long-tail source {name} in {data_root} "
+              f"(overlord make-demo-data --long-tail {max_tokens} {data_root}) ...", flush=True)
+        make_long_tail(data_root, name, max_tokens=max_tokens, seed=0)
+    demo = missing - set(long_tail)
+    if not demo:
         return
     print(f"making the demo corpus in {data_root} ...", flush=True)
-    if missing <= set(IMAGE_SOURCE_NAMES):
+    if demo <= set(IMAGE_SOURCE_NAMES):
         make_image_demo_data(data_root, seed=0)
     else:
         make_demo_data(data_root, seed=0)
+
+
+def set_aside_previous_run(run_dir: str | Path) -> None:
+    """A demo is disposable: a previous run in ``run_dir`` is moved aside (nothing is deleted), said in one line."""
+    if holds_a_run(Path(run_dir)):
+        print(f"moved the previous demo run aside to {move_aside(Path(run_dir))}", flush=True)
 
 
 def trainer_process(planner: str, rank: int, steps: int, by_tokens: bool, counts: bool, encoder: bool,
@@ -102,6 +123,7 @@ def _cp_ranks(mb: dict) -> list[int]:
 def run_demo(config_path: str | Path, steps: int | None = None) -> dict:
     ensure_demo_data(config_path)
     cfg = load_config(config_path)
+    set_aside_previous_run(cfg.run_dir)
     steps = steps or DEFAULT_STEPS
     ranks = cfg.mesh.world_size
     strategy = load_strategy(cfg)

@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> None:
                         "short, a few up to MAX_TOKENS byte tokens; synthetic text, see demo/long_tail.py)")
     p.add_argument("--long-tail-rows", type=int, default=20000, help="with --long-tail: rows (default 20000)")
     p.set_defaults(func=_make_demo_data)
-    p = sub.add_parser("demo", help="bring the system up and run one simulated trainer per rank")
+    p = sub.add_parser("demo", help="bring the system up and run one simulated trainer per rank (makes the demo data "
+                       "the config needs if missing; moves a previous demo run in its run_dir aside)")
     p.add_argument("--config", help="default: the shipped demo config (configs/demo.yaml) over --data, into --run-dir")
     p.add_argument("--data", help=f"the shipped config's data_root, made if missing (default: ./{DEFAULT_DATA_DIR})")
     p.add_argument("--run-dir", help=f"the shipped config's run_dir, logs and config copy (default: ./{DEFAULT_RUN_DIR})")

@@ -101,13 +101,11 @@ class LocalCluster:
 
     def _prepare_run_dir(self) -> None:
         run_dir = self.cfg.run_dir
-        used = (run_dir / "plan-journal.jsonl").exists()
-        if self.mode == "new" and used:
+        if self.mode == "new" and holds_a_run(run_dir):
             raise ConfigError(f"run_dir {run_dir} holds a previous run: continue it with --resume, or start "
                               f"over with --fresh (which moves it aside, it deletes nothing)")
         if self.mode == "fresh" and run_dir.exists():
-            self.moved_aside = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-            run_dir.rename(self.moved_aside)
+            self.moved_aside = move_aside(run_dir)
             log.info("moved the previous run aside to %s", self.moved_aside)
 
     def _partition(self) -> None:
@@ -244,6 +242,22 @@ class LocalCluster:
 # Arrow's reads and decompression (GIL released), and a process costs ~64 MiB before any data, so four
 # per process keeps that under 16 MiB a source while one process per CPU still bounds the parallelism.
 ACTORS_PER_HOST = 4
+
+
+def holds_a_run(run_dir: Path) -> bool:
+    """A run was started in ``run_dir`` (its plan journal exists)."""
+    return (Path(run_dir) / "plan-journal.jsonl").exists()
+
+
+def move_aside(run_dir: Path) -> Path:
+    """Rename ``run_dir`` to ``NAME.old-TIMESTAMP-PID`` beside it (nothing is deleted); return the new path."""
+    run_dir = Path(run_dir)
+    stem = f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    aside, n = run_dir.with_name(stem), 1
+    while aside.exists():  # moved twice within a second by one process
+        aside, n = run_dir.with_name(f"{stem}-{n}"), n + 1
+    run_dir.rename(aside)
+    return aside
 
 
 def machine_cpus() -> int:

@@ -244,6 +244,7 @@ class PlannerServer(ActionServer):
                        f"get_flight_info of {parts[0] if batch else 'this descriptor'!r}")
         if batch:
             step, rank = self._parse_batch(parts)
+            self.authorize(context, TRAINER, f"get_flight_info of {parts[0]!r}", rank=rank)
             if parts[0] == "encoder" and self.strategy.image_graph is None:
                 raise KeyError("no encoder streams: this run's strategy has no image graph "
                                "(images travel with their sequences in ('batch', STEP, RANK))")
@@ -427,7 +428,7 @@ class PlannerServer(ActionServer):
             return {"step": min(self._requested[r] for r in ranks)}
 
     # -- trainer feedback --------------------------------------------------------------
-    @requires(TRAINER)
+    @requires(TRAINER, rank_field="rank")
     def action_report(self, body):
         """A trainer's per-source loss for one step: {"step", "rank", "losses": {source: loss}}.
         One report per data-parallel group counts; it is journaled before any plan reads it."""
@@ -453,6 +454,7 @@ class PlannerServer(ActionServer):
         with self._cond:
             registry = self.planner.registry
             return {"ready": registry.complete(), "planned": self.planner.next_step - 1,
+                    "world_size": self.mesh.world_size,
                     "requested": {str(r): s for r, s in sorted(self._requested.items())},
                     "error": self._error, "recovered": self._resumed,
                     "samples_planned": dict(self._planned["samples"]), "tokens_planned": dict(self._planned["tokens"]),

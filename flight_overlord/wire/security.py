@@ -5,7 +5,8 @@ A caller is one of four identities, told by the ``authorization: Bearer <token>`
 - ``cluster``: the run's cluster secret. The roles themselves (register, plan, loader fetches)
   and the run's own tools (readiness check, status, inspection). It may do everything.
 - ``trainer``: one of the tokens in ``security.trainer_tokens_file``: ticket requests, ``report``,
-  redeeming tickets at a constructor, and inspection.
+  redeeming tickets at a constructor, and inspection. A token line may bind the token to ranks
+  (``TOKEN 0-7``): it then asks, reports and redeems for those ranks only.
 - ``inspect``: the token in ``security.inspect_token_file``: read-only inspection.
 - anonymous (no token, or one this run does not know).
 
@@ -31,7 +32,8 @@ from typing import TYPE_CHECKING, Callable
 
 import pyarrow.flight as fl
 
-from ..config import ConfigError
+from ..core.ranks import RankSet
+from .token_files import MIN_TOKEN_CHARS, SecurityError, read_pem, read_secret_file, read_tokens, read_trainer_tokens
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -42,7 +44,6 @@ TRAINER_TOKEN_ENV = "OVERLORD_TRAINER_TOKEN"
 TLS_ENV = {"ca": "OVERLORD_TLS_CA", "cert": "OVERLORD_TLS_CERT", "key": "OVERLORD_TLS_KEY"}  # file paths
 SECRETS_DIR = "secrets"                     # under run_dir, mode 0700
 SECRET_FILE = "cluster-secret"              # mode 0600
-MIN_TOKEN_CHARS = 16
 AUTH_HEADER = "authorization"               # gRPC header keys are lowercase
 MIDDLEWARE_KEY = "auth"
 
@@ -53,17 +54,15 @@ _ROLE = {CLUSTER: "the cluster role (the run's cluster secret)", TRAINER: "the t
          INSPECT: "the inspection role"}
 
 
-class SecurityError(ConfigError):
-    """A secret or certificate that cannot be used; the message names the key or file, never a secret."""
-
-
-def requires(role: str) -> Callable:
-    """Mark an ``action_<name>`` method with the role it needs (unmarked actions need the cluster secret)."""
+def requires(role: str, *, rank_field: str | None = None) -> Callable:
+    """Mark an ``action_<name>`` method with the role it needs (unmarked actions need the cluster secret);
+    ``rank_field``: the body's field naming the rank acted for, checked against a rank-bound token."""
     if role not in _WHO:
         raise ValueError(f"unknown role {role!r}")
 
     def mark(fn):
         fn.role = role
+        fn.rank_field = rank_field
         return fn
     return mark
 
@@ -91,10 +90,10 @@ class Credentials:
                    key: str | os.PathLike | bytes | None = None) -> "Credentials":
         """Credentials from files (or PEM bytes): a token file holds the token on its first line."""
         if token is None and token_file is not None:
-            token = _read_tokens(Path(token_file), "token file")[0]
+            token = read_tokens(Path(token_file), "token file")[0]
         if (cert is None) != (key is None):
             raise SecurityError("a client certificate needs its key and the other way round (cert and key)")
-        return cls(token or None, _pem(ca, "ca"), _pem(cert, "cert"), _pem(key, "key"))
+        return cls(token or None, read_pem(ca, "ca"), read_pem(cert, "cert"), read_pem(key, "key"))
 
     @classmethod
     def for_trainer(cls, token: str | None = None) -> "Credentials":
@@ -149,11 +148,13 @@ class _Bearer(fl.ClientMiddleware):
 
 class Caller(fl.ServerMiddleware):
     """Who is calling, for the handlers (``context.get_middleware("auth")``): ``identity`` is one
-    of ``cluster``, ``trainer``, ``inspect`` or None; ``presented`` whether a token came at all."""
+    of ``cluster``, ``trainer``, ``inspect`` or None; ``presented`` whether a token came at all;
+    ``ranks`` the ranks a rank-bound trainer token may act for (None: any)."""
 
-    def __init__(self, identity: str | None, presented: bool):
+    def __init__(self, identity: str | None, presented: bool, ranks: RankSet | None = None):
         self.identity = identity
         self.presented = presented
+        self.ranks = ranks
 
 
 class AuthMiddlewareFactory(fl.ServerMiddlewareFactory):
@@ -172,7 +173,8 @@ class AuthMiddlewareFactory(fl.ServerMiddlewareFactory):
             if scheme.lower() == "bearer" and rest.strip():
                 token = rest.strip()
                 break
-        return Caller(self._security.identify(token), bool(values))
+        identity, ranks = self._security.match(token)
+        return Caller(identity, bool(values), ranks)
 
 
 @dataclass(frozen=True)
@@ -187,12 +189,13 @@ class Security:
     """One process's view of the run's secrets: who a token is, what a call needs, ticket
     signatures, and the TLS settings of its server and of its internal clients."""
 
-    def __init__(self, cluster_secret: str, *, trainer_tokens: tuple[str, ...] = (), inspect_token: str | None = None,
+    def __init__(self, cluster_secret: str, *, trainer_tokens: tuple = (), inspect_token: str | None = None,
                  tls: TLSMaterial | None = None, ticket_ttl: float = 3600.0):
+        """``trainer_tokens``: tokens, or (token, RankSet or None) pairs for tokens bound to ranks."""
         if not cluster_secret or len(cluster_secret) < MIN_TOKEN_CHARS:
             raise SecurityError(f"the cluster secret needs at least {MIN_TOKEN_CHARS} characters")
         self._secret = cluster_secret.encode()
-        self._trainer = tuple(t.encode() for t in trainer_tokens)
+        self._trainer = tuple((t.encode(), None) if isinstance(t, str) else (t[0].encode(), t[1]) for t in trainer_tokens)
         self._inspect = inspect_token.encode() if inspect_token else None
         self._ticket_key = hmac.new(self._secret, b"flight_overlord ticket v1", hashlib.sha256).digest()
         self.tls = tls
@@ -212,12 +215,13 @@ class Security:
         sec = cfg.security
         if secret is None:
             secret, _ = cluster_secret(cfg)
-        trainer = _read_tokens(sec.trainer_tokens_file, "security.trainer_tokens_file") if sec.trainer_tokens_file else ()
-        inspect = _read_tokens(sec.inspect_token_file, "security.inspect_token_file")[0] if sec.inspect_token_file else None
+        trainer = (read_trainer_tokens(sec.trainer_tokens_file, cfg.mesh.world_size)
+                   if sec.trainer_tokens_file else ())
+        inspect = read_tokens(sec.inspect_token_file, "security.inspect_token_file")[0] if sec.inspect_token_file else None
         tls = None
         if sec.tls.on:
-            tls = TLSMaterial(_read(sec.tls.cert, "security.tls.cert"), _read(sec.tls.key, "security.tls.key"),
-                              _read(sec.tls.ca, "security.tls.ca") if sec.tls.ca else None, sec.tls.verify_client)
+            tls = TLSMaterial(read_secret_file(sec.tls.cert, "security.tls.cert"), read_secret_file(sec.tls.key, "security.tls.key"),
+                              read_secret_file(sec.tls.ca, "security.tls.ca") if sec.tls.ca else None, sec.tls.verify_client)
         return cls(secret, trainer_tokens=tuple(trainer), inspect_token=inspect, tls=tls,
                    ticket_ttl=sec.ticket_ttl_seconds)
 
@@ -247,28 +251,39 @@ class Security:
 
     # -- who is calling, and may they -------------------------------------------------------------
     def identify(self, token: str | None) -> str | None:
+        return self.match(token)[0]
+
+    def match(self, token: str | None) -> tuple[str | None, RankSet | None]:
+        """The identity of ``token`` and, for a rank-bound trainer token, its ranks."""
         if not token:
-            return None
+            return None, None
         raw = token.encode()
         if hmac.compare_digest(raw, self._secret):
-            return CLUSTER
-        trainer = False
-        for known in self._trainer:  # no early exit: the time does not tell which token matched
-            trainer |= hmac.compare_digest(raw, known)
+            return CLUSTER, None
+        trainer, ranks = False, None
+        for known, bound in self._trainer:  # no early exit: the time does not tell which token matched
+            if hmac.compare_digest(raw, known):
+                trainer, ranks = True, bound
         if trainer:
-            return TRAINER
+            return TRAINER, ranks
         if self._inspect is not None and hmac.compare_digest(raw, self._inspect):
-            return INSPECT
-        return None
+            return INSPECT, None
+        return None, None
 
-    def authorize(self, caller: Caller | None, needed: str, what: str) -> None:
-        """Raise unless ``caller`` may make a call that needs ``needed``: FlightUnauthenticatedError
-        when it has no valid token (saying which one the call needs), FlightUnauthorizedError when
-        its token is valid but of another role (saying which role the call needs)."""
+    def authorize(self, caller: Caller | None, needed: str, what: str, *, rank: int | None = None) -> None:
+        """Raise unless ``caller`` may make a call that needs ``needed`` (for ``rank``, when the call
+        is for one rank's data): FlightUnauthenticatedError when it has no valid token (saying which
+        one the call needs), FlightUnauthorizedError when its token is valid but of another role, or
+        bound to other ranks (saying which)."""
         identity = caller.identity if caller is not None else None
         if identity == CLUSTER:
             return
-        if needed == TRAINER and (self.trainer_open or identity == TRAINER):
+        if needed == TRAINER and identity == TRAINER:
+            if rank is not None and caller.ranks is not None and rank not in caller.ranks:
+                raise fl.FlightUnauthorizedError(f"{what}: this trainer token is bound to ranks {caller.ranks}, "
+                                                 f"not rank {rank}")
+            return
+        if needed == TRAINER and self.trainer_open:
             return
         if needed == INSPECT and (self.inspect_open or identity in (TRAINER, INSPECT)):
             return
@@ -317,7 +332,7 @@ def cluster_secret(cfg: "Config", *, create: bool = False) -> tuple[str, str]:
     else (a role process or tool of a run started elsewhere) ``run_dir/secrets/cluster-secret``."""
     sec = cfg.security
     if sec.cluster_secret_file is not None:
-        return _read_tokens(sec.cluster_secret_file, "security.cluster_secret_file")[0], "file"
+        return read_tokens(sec.cluster_secret_file, "security.cluster_secret_file")[0], "file"
     from_env = os.environ.get(SECRET_ENV, "").strip()
     if from_env:
         if len(from_env) < MIN_TOKEN_CHARS:
@@ -327,7 +342,7 @@ def cluster_secret(cfg: "Config", *, create: bool = False) -> tuple[str, str]:
         return _random.token_urlsafe(32), "fresh"
     stored = secret_path(cfg)
     if stored.is_file():
-        return _read_tokens(stored, str(stored))[0], "run_dir"
+        return read_tokens(stored, str(stored))[0], "run_dir"
     raise SecurityError(f"no cluster secret: name a file in security.cluster_secret_file, set ${SECRET_ENV}, or start "
                         f"the run with `overlord up` (which writes one to {stored})")
 
@@ -346,37 +361,3 @@ def write_secret(path: Path, secret: str) -> None:
         os.write(fd, secret.encode() + b"\n")
     finally:
         os.close(fd)
-
-
-def _read_tokens(path: Path, key: str) -> list[str]:
-    """The tokens of a file, one per line (blank lines and ``#`` comments skipped); errors name
-    ``key`` and the line, never a token."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise SecurityError(f"{key}: cannot read {path}: {exc.strerror or exc}") from None
-    tokens = []
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if len(line) < MIN_TOKEN_CHARS or any(c.isspace() for c in line):
-            raise SecurityError(f"{key}: line {number} of {path}: a token needs at least {MIN_TOKEN_CHARS} "
-                                f"characters and no spaces")
-        tokens.append(line)
-    if not tokens:
-        raise SecurityError(f"{key}: {path} holds no token")
-    return tokens
-
-
-def _read(path: Path, key: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise SecurityError(f"{key}: cannot read {path}: {exc.strerror or exc}") from None
-
-
-def _pem(value, what: str) -> bytes | None:
-    if value is None or isinstance(value, bytes):
-        return value
-    return _read(Path(value), what)

@@ -76,10 +76,11 @@ class ActionServer(fl.FlightServerBase):
             if name in cls.__dict__:
                 setattr(cls, name, _guarded(name, cls.__dict__[name]))
 
-    def authorize(self, context, needed: str, what: str) -> None:
+    def authorize(self, context, needed: str, what: str, *, rank: int | None = None) -> None:
         """Raise FlightUnauthenticatedError / FlightUnauthorizedError unless the caller may make a
-        call that needs role ``needed`` (``wire.security``)."""
-        self.security.authorize(context.get_middleware(MIDDLEWARE_KEY), needed, what)
+        call that needs role ``needed`` (for ``rank``: a rank-bound trainer token must cover it)
+        (``wire.security``)."""
+        self.security.authorize(context.get_middleware(MIDDLEWARE_KEY), needed, what, rank=rank)
 
     def _actions(self) -> list[tuple[str, Callable]]:
         return [(name[len("action_"):], getattr(self, name)) for name in sorted(dir(self)) if name.startswith("action_")]
@@ -100,7 +101,11 @@ class ActionServer(fl.FlightServerBase):
         raw = action.body.to_pybytes()
         if len(raw) > MAX_ACTION_BODY:
             raise ValueError(f"body of action {action.type!r} is {len(raw):,} bytes, over the {MAX_ACTION_BODY:,} limit")
-        result = handler(decode(raw or b"{}", f"body of action {action.type!r}"))
+        body = decode(raw or b"{}", f"body of action {action.type!r}")
+        rank_field = getattr(handler, "rank_field", None)
+        if rank_field and isinstance(body, dict) and isinstance(body.get(rank_field), int):
+            self.authorize(context, handler.role, what, rank=body[rank_field])
+        result = handler(body)
         return [] if result is None else [fl.Result(encode(result))]
 
     def do_put(self, context, descriptor, reader, writer):
