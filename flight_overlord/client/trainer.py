@@ -14,6 +14,7 @@ import os
 import queue
 import threading
 import time
+from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -52,6 +53,7 @@ class StepFetcher:
             credentials = credentials.with_token(token)
         self._pool = ClientPool(credentials)
         self._closed = False
+        self._reader: fl.FlightStreamReader | None = None  # the rank stream being read, if any
         self.planner_location = planner
 
     @property
@@ -80,14 +82,17 @@ class StepFetcher:
         step comes twice or is skipped; after ``timeout`` of failures the error names the constructor."""
         down_since = None
         while end is None or step < end:
-            descriptor = fl.FlightDescriptor.for_path("rank", str(self.rank), str(step))
+            descriptor = fl.FlightDescriptor.for_path("rank", str(self.rank), str(step),
+                                                      *([] if end is None else [str(end)]))
             info = self.retry(lambda client: client.get_flight_info(descriptor), self.planner_location,
                               f"rank ticket from step {step}", "the planner")
             endpoint = info.endpoints[0]
             location = endpoint.locations[0].uri.decode() if endpoint.locations else self.planner_location
             reader = None
             try:
-                reader = self._pool.get(location).do_get(endpoint.ticket)
+                if self._closed:
+                    raise RuntimeError(f"rank {self.rank}: the client is closed (no step {step})")
+                reader = self._reader = self._pool.get(location).do_get(endpoint.ticket)
                 for batch in _batches(reader):
                     down_since = None
                     got = batch.column("step")[0].as_py() if batch.num_rows else step
@@ -108,6 +113,7 @@ class StepFetcher:
                                        f"{time.strftime('%H:%M:%S', time.localtime(down_since))}: {exc}") from None
                 time.sleep(RETRY_SECONDS)
             finally:
+                self._reader = None
                 if reader is not None:
                     reader.cancel()
 
@@ -136,6 +142,9 @@ class StepFetcher:
 
     def close(self) -> None:
         self._closed = True
+        reader = self._reader
+        if reader is not None:  # a stream waiting for its next step ends now
+            reader.cancel()
         self._pool.close()
 
 

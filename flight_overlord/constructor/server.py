@@ -234,7 +234,10 @@ class ConstructorServer(ActionServer):
                            f"(it serves the ranks of data-parallel groups {list(self.dp_ranks)})")
         self.security.verify_ticket(request)  # forged, altered or expired: FlightUnauthorizedError
         if kind == "rank":
-            return self._rank_stream(rank, step)
+            end = request.get("end")
+            if end is not None and (isinstance(end, bool) or not isinstance(end, int) or end <= step):
+                raise ValueError(f"malformed ticket: 'end' must be an integer after step {step}, got {end!r}")
+            return self._rank_stream(rank, step, end)
         with self._cond:
             wire.wait_until(self._cond, lambda: self._error is not None or self._staging.assembled(step),
                             WAIT_SECONDS, f"step {step} of rank {rank}")
@@ -254,9 +257,9 @@ class ConstructorServer(ActionServer):
                 self._count_served(rank, step, table)
         return fl.RecordBatchStream(table)
 
-    def _rank_stream(self, rank: int, first: int) -> fl.GeneratorStream:
+    def _rank_stream(self, rank: int, first: int, end: int | None) -> fl.GeneratorStream:
         """One long-lived stream of the rank's steps from ``first`` on: one record batch per step (its
-        ``step`` column says which), flow-controlled by gRPC; it ends only when this server stops."""
+        ``step`` column says which), flow-controlled by gRPC; it ends at ``end`` or when this server stops."""
         table = self._staged_batch(rank, first)  # the schema comes with the first step
 
         def steps():
@@ -264,7 +267,7 @@ class ConstructorServer(ActionServer):
             while current is not None:
                 yield current
                 step += 1
-                current = self._staged_batch(rank, step, stream=True)
+                current = self._staged_batch(rank, step, stream=True) if end is None or step < end else None
         return fl.GeneratorStream(table.schema, steps())
 
     def _staged_batch(self, rank: int, step: int, stream: bool = False) -> pa.Table | None:

@@ -259,7 +259,9 @@ class PlannerServer(ActionServer):
             return self._batch_info(descriptor, step, rank, parts[0])
         if parts and parts[0] == "rank":
             self.authorize(context, TRAINER, "get_flight_info of 'rank'")
-            return self._rank_info(descriptor, *self._parse_rank(parts))
+            rank, first, end = self._parse_rank(parts)
+            self.authorize(context, TRAINER, "get_flight_info of 'rank'", rank=rank)
+            return self._rank_info(descriptor, rank, first, end)
         if len(parts) == 2 and parts[0] == "source":
             return self._source_info(descriptor, parts[1])
         raise KeyError(f"unknown descriptor {parts or descriptor.command!r}: this Planner serves "
@@ -289,22 +291,22 @@ class PlannerServer(ActionServer):
         self.mesh.coord(rank)  # ValueError naming the rank if outside the mesh
         return step, rank
 
-    def _parse_rank(self, parts) -> tuple[int, int | None]:
-        """('rank', RANK[, FIRST_STEP]) -> (rank, first step or None)."""
-        if len(parts) not in (2, 3):
-            raise ValueError(f"malformed descriptor {parts!r}: a rank stream is ('rank', RANK[, FIRST_STEP])")
+    def _parse_rank(self, parts) -> tuple[int, int | None, int | None]:
+        """('rank', RANK[, FIRST_STEP[, END_STEP]]) -> (rank, first step or None, end or None)."""
+        if len(parts) not in (2, 3, 4):
+            raise ValueError(f"malformed descriptor {parts!r}: a rank stream is ('rank', RANK[, FIRST_STEP[, END_STEP]])")
         try:
-            rank, first = int(parts[1]), (int(parts[2]) if len(parts) == 3 else None)
+            rank, first, end = [int(p) for p in parts[1:]] + [None] * (4 - len(parts))
         except ValueError:
-            raise ValueError(f"malformed descriptor {parts!r}: rank and first step must be integers") from None
-        if first is not None and first < 0:
-            raise ValueError(f"malformed descriptor {parts!r}: first step must be >= 0")
+            raise ValueError(f"malformed descriptor {parts!r}: rank, first and end step must be integers") from None
+        if first is not None and (first < 0 or (end is not None and end <= first)):
+            raise ValueError(f"malformed descriptor {parts!r}: first step must be >= 0 and before the end step")
         self.mesh.coord(rank)
-        return rank, first
+        return rank, first, end
 
-    def _rank_info(self, descriptor, rank: int, first: int | None) -> fl.FlightInfo:
+    def _rank_info(self, descriptor, rank: int, first: int | None, end: int | None) -> fl.FlightInfo:
         """One endpoint at the rank's constructor whose ticket streams the rank's steps from ``first`` on
-        (default: where the rank is). Asking is how a trainer says where it (re)starts: after that its
+        (default: where the rank is), up to ``end`` (default: no end). Asking is how a trainer says where it (re)starts: after that its
         constructor reports its position, and the Planner is off its per-step path."""
         with self._cond:
             first = self._requested.get(rank, 0) if first is None else first
@@ -317,7 +319,7 @@ class PlannerServer(ActionServer):
                 self.planner.rewind(first)
             self._cond.notify_all()
             location = self.planner.registry.constructors[self.mesh.constructor_of(self.mesh.coord(rank).dp)]
-        ticket = wire.ticket(self.security.sign_ticket("rank", first, rank))
+        ticket = wire.ticket({**self.security.sign_ticket("rank", first, rank), **({"end": end} if end else {})})
         return fl.FlightInfo(load_schema(self._batch_schema()), descriptor, [fl.FlightEndpoint(ticket, [location])],
                              -1, -1)
 

@@ -206,7 +206,7 @@ def test_bad_requests_get_clear_errors_and_servers_stay_up(corpus, tmp_path):
             planner.get_flight_info(fl.FlightDescriptor.for_path("batch", "0", "99"))
         with pytest.raises(fl.FlightServerError, match="invalid request: .*step and rank must be integers"):
             planner.get_flight_info(fl.FlightDescriptor.for_path("batch", "x", "0"))
-        with pytest.raises(fl.FlightServerError, match="invalid request: .*rank and first step must be integers"):
+        with pytest.raises(fl.FlightServerError, match="invalid request: .*rank, first and end step must be integers"):
             planner.get_flight_info(fl.FlightDescriptor.for_path("rank", "0", "x"))
         with pytest.raises(fl.FlightServerError, match="invalid request: .*a rank stream is \\('rank', RANK"):
             planner.get_flight_info(fl.FlightDescriptor.for_path("rank"))
