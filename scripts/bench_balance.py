@@ -2,7 +2,7 @@
 
 Usage: python scripts/bench_balance.py [--quick]
 
-Prints markdown tables (for docs/benchmarks.md): imbalance, makespan over the lower
+Prints markdown tables (for docs/methods/balance.md): imbalance, makespan over the lower
 bound, simulated step-time speedup over arrival-order chunking, and plan latency, at
 the rank level and the microbatch level, plus the latency of the 4096 x 72 speed target.
 """

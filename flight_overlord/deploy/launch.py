@@ -32,7 +32,7 @@ from ..wire.server import connect
 
 log = logging.getLogger(__name__)
 MODES = ("new", "resume", "fresh")
-# Loader processes use the system allocator (docs/benchmarks.md, Memory): set before pyarrow loads.
+# Loader processes use the system allocator (docs/methods/memory.md): set before pyarrow loads.
 LOADER_POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
 
 

@@ -14,7 +14,7 @@ each input goes once without credentials (a stranger: refused) and once with the
 insider: the handlers' own checks). Inputs that hit a bug documented by a strict xfail test below
 are counted and left out of the general fuzz, so the fuzz stays green while the bug is open.
 
-``TRIED`` counts the inputs per kind; the last fuzz test prints them (docs/benchmarks.md quotes them).
+``TRIED`` counts the inputs per kind; the last fuzz test prints them (docs/methods/load-fuzz.md quotes them).
 """
 from __future__ import annotations
 
@@ -507,7 +507,7 @@ def test_servers_stay_up_and_the_run_is_unharmed(fuzzed):
 
 
 def test_print_the_inputs_tried(capsys):
-    """One line per kind, for docs/benchmarks.md (printed even without -s)."""
+    """One line per kind, for docs/methods/load-fuzz.md (printed even without -s)."""
     with capsys.disabled():
         print("\nfuzz inputs tried (answered): " + ", ".join(f"{k} {v} ({ACCEPTED[k]})" for k, v in sorted(TRIED.items()))
               + f"; total {sum(TRIED.values())}")

@@ -115,7 +115,7 @@ def test_read_ahead_bytes_bounds_the_buffer_and_changes_no_sample(corpus, tmp_pa
 
 def test_loader_processes_run_with_the_system_allocator(idle_cluster):
     """mimalloc (pyarrow's default) kept each read-ahead thread's freed pages: loader processes get
-    ARROW_DEFAULT_MEMORY_POOL=system from LocalCluster (docs/benchmarks.md, Memory)."""
+    ARROW_DEFAULT_MEMORY_POOL=system from LocalCluster (docs/methods/memory.md)."""
     loader = next(c for c in idle_cluster.children if c.name.startswith("loader"))
     environ = Path(f"/proc/{loader.process.pid}/environ").read_bytes().split(b"\0")
     assert b"ARROW_DEFAULT_MEMORY_POOL=system" in environ

@@ -1,0 +1,87 @@
+"""examples/ run as a user runs them, with torchrun on CPU (gloo) against a real cluster.
+
+train_ddp.py: killed mid-run (a rank SIGKILLs itself after step 4, the whole data cluster is
+killed -9 too), then resumed from its checkpoint with ``--resume`` of the cluster: every step's loss
+(the exact float), every step's sample keys and the final weights are those of an undisturbed run.
+cp_thd.py: the loss of context-parallel THD shares equals the loss of the whole sequences.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flight_overlord.deploy.launch import LocalCluster
+
+from ..helpers import write_config
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = {"context_length": 512, "microbatches": 2, "tokens_per_step": 1800}  # the examples compute on 2 cores
+STEPS, CRASH_AFTER = 6, 4
+STEP_LINE = re.compile(r"^step (\d+) loss \S+ exact (\S+) keys (\S+)$", re.M)
+
+
+def _torchrun(planner: str, script: str, *args: str, expect_ok: bool = True) -> str:
+    env = {**os.environ, "OVERLORD_PLANNER": planner, "OMP_NUM_THREADS": "1"}
+    env.pop("PYTHONPATH", None)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(REPO / "examples" / script), *args], env=env, capture_output=True, text=True,
+                         timeout=240)
+    if expect_ok:
+        assert out.returncode == 0, f"{script} exited {out.returncode}\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+    else:
+        assert out.returncode != 0, out.stdout[-2000:]
+    return out.stdout
+
+
+def _steps(stdout: str) -> dict[int, tuple[str, str]]:
+    return {int(step): (exact, keys) for step, exact, keys in STEP_LINE.findall(stdout)}
+
+
+def _weights(stdout: str) -> str:
+    (digest,) = re.findall(r"^weights (\w+)$", stdout, re.M)
+    return digest
+
+
+def test_ddp_example_killed_and_resumed_is_bit_identical_to_an_undisturbed_run(corpus, tmp_path):
+    train = ["--steps", str(STEPS), "--checkpoint-every", "2"]
+    undisturbed_config = write_config(tmp_path / "undisturbed", corpus, global_batch=SMALL)
+    with LocalCluster(undisturbed_config) as cluster:
+        undisturbed = _torchrun(cluster.planner, "train_ddp.py", *train, "--checkpoint-dir", str(tmp_path / "ckpt-u"))
+
+    config = write_config(tmp_path / "disturbed", corpus, global_batch=SMALL)
+    checkpoints = str(tmp_path / "ckpt-d")
+    cluster = LocalCluster(config, supervise=False)
+    try:
+        cluster.start()
+        crashed = _torchrun(cluster.planner, "train_ddp.py", *train, "--checkpoint-dir", checkpoints,
+                            "--crash-after-step", str(CRASH_AFTER), expect_ok=False)
+        for pid in cluster.pids():  # the whole job goes down: every role too
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        cluster.stop()
+    with LocalCluster(config, mode="resume") as cluster:
+        resumed = _torchrun(cluster.planner, "train_ddp.py", *train, "--checkpoint-dir", checkpoints)
+
+    expected = _steps(undisturbed)
+    assert sorted(expected) == list(range(STEPS))
+    before, after = _steps(crashed), _steps(resumed)
+    assert sorted(before) == list(range(CRASH_AFTER + 1)) and "weights" not in crashed
+    assert "resumed after step 3" in resumed and sorted(after) == list(range(CRASH_AFTER, STEPS))
+    assert {**before, **after} == expected and before[CRASH_AFTER] == after[CRASH_AFTER]
+    assert _weights(resumed) == _weights(undisturbed)
+
+
+def test_cp_example_loss_of_thd_shares_equals_the_whole_sequence_loss(corpus, tmp_path):
+    config = write_config(tmp_path, corpus, mesh={"dp": 1, "cp": 2}, global_batch=SMALL)
+    with LocalCluster(config) as cluster:
+        out = _torchrun(cluster.planner, "cp_thd.py", "--steps", "2")
+    lines = re.findall(r"^step (\d+): cp loss (\S+) no-cp loss (\S+)$", out, re.M)
+    assert [int(s) for s, _, _ in lines] == [0, 1]
+    for _, cp, whole in lines:
+        assert float(cp) == pytest.approx(float(whole), rel=1e-5) and float(whole) > 0
