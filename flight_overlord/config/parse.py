@@ -22,7 +22,7 @@ from ..core.cost import COST_MODELS
 from .model import (BalanceConfig, CheckpointConfig, Config, ConfigError, ConstructorConfig, CostConfig,
                      GlobalBatchConfig, LoaderConfig, MeshConfig, MetricsConfig, NetworkConfig, RayConfig, SecurityConfig,
                      SourceConfig, StrategyConfig, TLSConfig, TransformConfig, VisionConfig)
-from .model import PartitionBudget, ScalingConfig
+from .model import PartitionBudget, PlannerConfig, ScalingConfig
 
 _REQUIRED = object()
 
@@ -122,7 +122,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         "mesh": None, "global_batch": _REQUIRED, "cost": None, "balance": None,
         "prefetch": 2, "network": None, "loader": None, "constructor": None,
         "pad_token_id": 0, "strategy": None, "vision": None, "checkpoint": None, "security": None,
-        "metrics": None, "ray": None,
+        "metrics": None, "ray": None, "planner": None,
     })
     data_root = _path(base_dir, top["data_root"], "data_root")
     global_batch = _parse_global_batch(top["global_batch"])
@@ -133,6 +133,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
     loader = _fields(top["loader"], "loader", {k: v for k, v in _defaults(LoaderConfig).items() if k != "groups"})
     checkpoint = _fields(top["checkpoint"], "checkpoint", _defaults(CheckpointConfig))
     constructor = _fields(top["constructor"], "constructor", _defaults(ConstructorConfig))
+    planner = _fields(top["planner"], "planner", _defaults(PlannerConfig))
     return Config(
         seed=_int(top["seed"], "seed", minimum=0),
         sources=sources,
@@ -162,8 +163,16 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         security=_parse_security(top["security"], base_dir),
         metrics=_parse_metrics(top["metrics"]),
         ray=_parse_ray(top["ray"], mesh.world_size),
+        planner=PlannerConfig(_standbys(planner["standbys"])),
         path=path,
     )
+
+
+def _standbys(value: Any) -> int:
+    standbys = _int(value, "planner.standbys", minimum=0)
+    if standbys > 1:  # one is enough to take the address over; a second would race it
+        raise ConfigError(f"planner.standbys: at most 1 hot standby is supported, got {standbys}")
+    return standbys
 
 
 def _advertise(value: Any) -> str | None:

@@ -34,6 +34,7 @@ from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, ClientPool, call_any, connect, location_of, serve
 from .planner import Planner, constructor_view
 from .program import StepPlan
+from .standby import await_takeover
 from .strategy import load_strategy
 
 log = logging.getLogger(__name__)
@@ -503,10 +504,15 @@ def start(argv=None) -> tuple[PlannerServer, str, str | None]:
     parser.add_argument("--resume", action="store_true", help="continue the run in run_dir from its journal")
     parser.add_argument("--recover", action="store_true", help="restart of the Planner alone: --resume, and "
                         "keep the registrations of the roles still running")
+    parser.add_argument("--standby-of", metavar="ADDRESS", help="a hot standby: wait until the Planner at "
+                        "ADDRESS (grpc://HOST:PORT on this host) is gone, then serve on its port (--recover)")
     add_serving_args(parser)
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     host = advertised_host(cfg, args)
+    if args.standby_of:
+        await_takeover(args.standby_of, Security.from_config(cfg).credentials)
+        args.port, args.recover = int(args.standby_of.rsplit(":", 1)[1]), True
     server = PlannerServer(cfg, port=args.port, resume=args.resume, recover=args.recover)
     location = location_of(server, host)
     start_metrics(server, cfg, args, "planner", location)
