@@ -27,6 +27,7 @@ from .. import wire
 from ..config import Config, load_config
 
 from ..core.order import RowGroupRef
+from ..core.positions import TrainerPositions
 from ..serving import add_serving_args, advertised_host, start_metrics
 from ..store import write_json_atomic
 from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
@@ -65,9 +66,8 @@ class PlannerServer(ActionServer):
         self._plans: dict[int, StepPlan] = {}      # planned, not yet fetched by every constructor
         self._fetched: dict[int, set[int]] = {}
         self._stats: dict[int, dict] = {}
-        self._requested: dict[int, int] = {}       # rank -> the step it asked for last
-        self._streaming: set[int] = set()          # ranks on a rank stream: their position comes from constructors
-        self._stale: set[int] = set()              # stream ranks of a restarted constructor, until they ask again
+        self._positions = TrainerPositions()       # where each rank is (asked, or reported by its constructor)
+        self._requested = self._positions.requested  # rank -> the step it waits for
         self._planned = {"samples": {}, "tokens": {}}  # per source, by this process (metrics)
         self._reregistrations = {"loader": 0, "constructor": 0}  # restarts of registered roles (metrics)
         self._error: str | None = None
@@ -115,7 +115,7 @@ class PlannerServer(ActionServer):
             else:
                 registry.register_constructor(index, location)
                 if current is not None:  # its streams' positions died with it: wait for the trainers to say
-                    self._stale |= self._streaming & set(self._ranks_of(index))
+                    self._positions.constructor_restarted(self._ranks_of(index))
             if current is not None:
                 self._reregistrations[role] += 1
             if current is not None and current != location:
@@ -181,7 +181,7 @@ class PlannerServer(ActionServer):
         """Plan up to ``prefetch`` steps past the slowest trainer that has asked for data, once the
         feedback a dynamic schedule reads is complete (and, on a new layout, once trainers said
         where they resume)."""
-        slowest = min(self._requested.values()) if self._requested else -1
+        slowest = self._positions.slowest()
         return (not self._rewind_pending and step <= slowest + self.cfg.prefetch
                 and self.planner.feedback_ready(step))
 
@@ -251,7 +251,7 @@ class PlannerServer(ActionServer):
                                "(images travel with their sequences in ('batch', STEP, RANK))")
             with self._cond:  # asking for a step is how a trainer tells us where it is
                 self._check_horizon(step)
-                self._requested[rank] = max(step, self._requested.get(rank, -1))
+                self._positions.asked_step(rank, step)
                 if self._rewind_pending:
                     self._rewind_pending = False
                     self.planner.rewind(step)
@@ -312,9 +312,7 @@ class PlannerServer(ActionServer):
         with self._cond:
             first = self._requested.get(rank, 0) if first is None else first
             self._check_horizon(first)
-            self._requested[rank] = first  # the trainer's own word: a dead constructor's report may be ahead
-            self._streaming.add(rank)
-            self._stale.discard(rank)
+            self._positions.asked_stream(rank, first)
             if self._rewind_pending:
                 self._rewind_pending = False
                 self.planner.rewind(first)
@@ -404,14 +402,7 @@ class PlannerServer(ActionServer):
 
     def _advance(self, positions: dict[int, int]) -> None:
         """Stream positions a constructor reported (held lock): they only move forward."""
-        moved = False
-        for rank, step in positions.items():
-            if rank in self._stale or step <= self._requested.get(rank, -1):
-                continue
-            self._requested[rank] = step
-            self._streaming.add(rank)
-            moved = True
-        if moved:
+        if self._positions.reported(positions):
             self._cond.notify_all()
 
     @requires(CLUSTER)
@@ -422,7 +413,7 @@ class PlannerServer(ActionServer):
             raise ValueError(f"resume_point: constructor {constructor} out of range")
         ranks = self._ranks_of(constructor)
         with self._cond:
-            wire.wait_until(self._cond, lambda: not self._stale.intersection(ranks), WAIT_SECONDS,
+            wire.wait_until(self._cond, lambda: self._positions.settled(ranks), WAIT_SECONDS,
                             f"the stream ranks of constructor {constructor} to say where they resume")
             if not self._resumed and not all(r in self._requested for r in ranks):
                 return {"step": min([self._requested.get(r, 0) for r in ranks])}
