@@ -250,12 +250,7 @@ class PlannerServer(ActionServer):
                 raise KeyError("no encoder streams: this run's strategy has no image graph "
                                "(images travel with their sequences in ('batch', STEP, RANK))")
             with self._cond:  # asking for a step is how a trainer tells us where it is
-                self._check_horizon(step)
-                self._positions.asked_step(rank, step)
-                if self._rewind_pending:
-                    self._rewind_pending = False
-                    self.planner.rewind(step)
-                self._cond.notify_all()
+                self._trainer_at(step, lambda: self._positions.asked_step(rank, step))
                 self._wait_for_plan(step, WAIT_SECONDS)
             return self._batch_info(descriptor, step, rank, parts[0])
         if parts and parts[0] == "rank":
@@ -307,20 +302,26 @@ class PlannerServer(ActionServer):
 
     def _rank_info(self, descriptor, rank: int, first: int | None, end: int | None) -> fl.FlightInfo:
         """One endpoint at the rank's constructor whose ticket streams the rank's steps from ``first`` on
-        (default: where the rank is), up to ``end`` (default: no end). Asking is how a trainer says where it (re)starts: after that its
-        constructor reports its position, and the Planner is off its per-step path."""
+        (default: where the rank is), up to ``end`` (default: no end). Asking is how a trainer says where
+        it (re)starts: after that its constructor reports its position, and the Planner is off its
+        per-step path."""
         with self._cond:
             first = self._requested.get(rank, 0) if first is None else first
-            self._check_horizon(first)
-            self._positions.asked_stream(rank, first)
-            if self._rewind_pending:
-                self._rewind_pending = False
-                self.planner.rewind(first)
-            self._cond.notify_all()
+            self._trainer_at(first, lambda: self._positions.asked_stream(rank, first))
             location = self.planner.registry.constructors[self.mesh.constructor_of(self.mesh.coord(rank).dp)]
         ticket = wire.ticket({**self.security.sign_ticket("rank", first, rank), **({"end": end} if end else {})})
         return fl.FlightInfo(load_schema(self._batch_schema()), descriptor, [fl.FlightEndpoint(ticket, [location])],
                              -1, -1)
+
+    def _trainer_at(self, step: int, record) -> None:
+        """A trainer said it waits for ``step`` (held lock): ``record()`` it; the first word of a trainer
+        on a new layout says where re-planning starts."""
+        self._check_horizon(step)
+        record()
+        if self._rewind_pending:
+            self._rewind_pending = False
+            self.planner.rewind(step)
+        self._cond.notify_all()
 
     def _batch_info(self, descriptor, step: int, rank: int, kind: str = "batch") -> fl.FlightInfo:
         coord = self.mesh.coord(rank)
@@ -367,7 +368,7 @@ class PlannerServer(ActionServer):
         constructor = wire.field(body, "constructor", int, "plan")
         if not 0 <= constructor < self.mesh.num_constructors:
             raise ValueError(f"plan: constructor {constructor} out of range")
-        positions = self._positions(body, constructor)
+        positions = self._parsed_positions(body, constructor)
         with self._cond:
             self._advance(positions)
             self._check_horizon(step)
@@ -384,7 +385,7 @@ class PlannerServer(ActionServer):
         return constructor_view(plan, constructor, self.mesh, self.planner.registry,
                                 self.strategy.broadcast).to_wire()
 
-    def _positions(self, body: dict, constructor: int) -> dict[int, int]:
+    def _parsed_positions(self, body: dict, constructor: int) -> dict[int, int]:
         """A plan request's {"positions": {rank: step}}: the next step each of the constructor's rank
         streams sends (how the Planner paces itself without a per-step call from those trainers)."""
         raw = body.get("positions", {})
