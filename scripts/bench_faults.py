@@ -70,7 +70,7 @@ from flight_overlord.planner.strategy import load_strategy
 from flight_overlord.journal import Snapshots, read_journal
 
 SOURCES = {"captions": 0.15, "longdocs": 0.25, "code": 0.20, "docstrings": 0.15, "manuals": 0.15, "qa": 0.10}
-KINDS = ("loader", "loader+shadow", "planner", "constructor")
+KINDS = ("loader", "loader+shadow", "planner", "planner+standby", "constructor")
 SEED = 7
 STALL_GOAL = 2.0  # a fault with a hot standby (a shadow) or prefetch to hide behind should stay under this x median
 
@@ -138,13 +138,14 @@ class Run:
         return max(i for _, i, _ in self.intervals())
 
 
-def part1_config(tmp: Path, data_dir: Path, name: str, args, *, prefetch: int, shadows: int) -> Path:
+def part1_config(tmp: Path, data_dir: Path, name: str, args, *, prefetch: int, shadows: int,
+                 standbys: int = 0) -> Path:
     directory = tmp / "part1" / name
     directory.mkdir(parents=True)
     return write_config(directory / "config.yaml", data_dir, [{"name": n, "weight": w} for n, w in SOURCES.items()],
                         ranks=args.ranks, context_length=1024, microbatches=2, tokens_per_step=1800 * args.ranks,
                         seed=SEED, run_dir=directory / "run", balance={"method": "greedy"}, prefetch=prefetch,
-                        checkpoint={"every": args.checkpoint_every},
+                        checkpoint={"every": args.checkpoint_every}, planner={"standbys": standbys},
                         loader={"shadows": shadows, "hosts": 0})  # one process per actor: a kill hits one source
 
 
@@ -251,7 +252,7 @@ def run_part1(config: Path, name: str, args, *, prefetch: int, kind: str | None 
 def role_to_kill(kind: str, i: int, cfg, args) -> str:
     if kind in ("loader", "loader+shadow"):
         return f"loader-{args.loader_source}-0"
-    if kind == "planner":
+    if kind in ("planner", "planner+standby"):
         return "planner"
     if kind == "constructor":
         return f"constructor-{i % cfg.num_constructors}"
@@ -337,7 +338,8 @@ def part1(tmp: Path, data_dir: Path, args) -> tuple[dict, dict]:
         for kind in args.kinds:
             shadows = 1 if kind == "loader+shadow" else 0
             name = f"{kind.replace('+', '-')}-p{prefetch}"
-            config = part1_config(tmp, data_dir, name, args, prefetch=prefetch, shadows=shadows)
+            config = part1_config(tmp, data_dir, name, args, prefetch=prefetch, shadows=shadows,
+                                  standbys=int(kind == "planner+standby"))
             log(f"[part 1] kill -9 {kind}, prefetch {prefetch}")
             faults[(kind, prefetch)] = run_part1(config, name, args, prefetch=prefetch, kind=kind)
     return references, faults
@@ -371,7 +373,7 @@ def report_part1(references: dict, faults: dict, args) -> None:
         lost, notes = compare(run, ref)
         ref_median = ref.median_interval()
         goal = "-"
-        if kind == "loader+shadow" or (kind == "planner" and prefetch >= 2):
+        if kind in ("loader+shadow", "planner+standby") or (kind == "planner" and prefetch >= 2):
             goal = "met" if worst < STALL_GOAL * median else "MISSED"
             if goal == "MISSED":
                 problems.append(f"{kind}, prefetch {prefetch}: worst stall {worst * 1000:.0f} ms = "

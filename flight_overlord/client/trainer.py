@@ -14,6 +14,7 @@ import os
 import queue
 import threading
 import time
+from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -24,6 +25,14 @@ from ..wire.server import RETRY_SECONDS, ClientPool
 from .launcher import PLANNER_ENV, launcher_rank
 from .tensors import TensorPlacement, table_to_encoder_inputs, table_to_microbatches
 
+
+
+def _batches(reader: fl.FlightStreamReader) -> Iterator[pa.RecordBatch]:
+    while True:
+        try:
+            yield reader.read_chunk().data
+        except StopIteration:
+            return
 
 
 class StepFetcher:
@@ -44,6 +53,7 @@ class StepFetcher:
             credentials = credentials.with_token(token)
         self._pool = ClientPool(credentials)
         self._closed = False
+        self._reader: fl.FlightStreamReader | None = None  # the rank stream being read, if any
         self.planner_location = planner
         self.last_ticket_seconds = 0.0  # the Planner call of the last fetch (starvation attribution)
 
@@ -67,6 +77,48 @@ class StepFetcher:
             tables.append(self.retry(lambda client: client.do_get(endpoint.ticket).read_all(), location,
                                      f"data of step {step}", "the constructor"))
         return pa.concat_tables(tables)
+
+    def stream(self, step: int, end: int | None = None) -> Iterator[tuple[int, pa.Table]]:
+        """(step, table) from ``step`` on (up to ``end``) over the rank stream: one ticket from the Planner,
+        one long-lived ``do_get`` at the constructor. When the stream breaks (the constructor died or
+        moved) the Planner is asked again for where to resume, at the next step not yet received, so no
+        step comes twice or is skipped; after ``timeout`` of failures the error names the constructor."""
+        down_since = None
+        while end is None or step < end:
+            descriptor = fl.FlightDescriptor.for_path("rank", str(self.rank), str(step),
+                                                      *([] if end is None else [str(end)]))
+            info = self.retry(lambda client: client.get_flight_info(descriptor), self.planner_location,
+                              f"rank ticket from step {step}", "the planner")
+            endpoint = info.endpoints[0]
+            location = endpoint.locations[0].uri.decode() if endpoint.locations else self.planner_location
+            reader = None
+            try:
+                if self._closed:
+                    raise RuntimeError(f"rank {self.rank}: the client is closed (no step {step})")
+                reader = self._reader = self._pool.get(location).do_get(endpoint.ticket)
+                for batch in _batches(reader):
+                    down_since = None
+                    got = batch.column("step")[0].as_py() if batch.num_rows else step
+                    if got != step:
+                        raise RuntimeError(f"rank {self.rank}: the rank stream sent step {got}, expected {step}")
+                    yield step, pa.Table.from_batches([batch])
+                    step += 1
+                    if end is not None and step >= end:
+                        return
+                raise fl.FlightUnavailableError(f"the rank stream at {location} ended (the constructor is stopping)")
+            except (fl.FlightUnavailableError, fl.FlightInternalError, fl.FlightCancelledError,
+                    fl.FlightTimedOutError) as exc:
+                down_since = down_since or time.time()
+                self._pool.forget(location)
+                if time.time() - down_since > self.timeout:
+                    raise TimeoutError(f"rank {self.rank}: the rank stream from the constructor at {location} broke "
+                                       f"at step {step} and has not come back since "
+                                       f"{time.strftime('%H:%M:%S', time.localtime(down_since))}: {exc}") from None
+                time.sleep(RETRY_SECONDS)
+            finally:
+                self._reader = None
+                if reader is not None:
+                    reader.cancel()
 
     def retry(self, call, location: str, what: str, role: str):
         """``call(client)`` at ``location``. Server-side waits time out and are asked again; an
@@ -93,6 +145,9 @@ class StepFetcher:
 
     def close(self) -> None:
         self._closed = True
+        reader = self._reader
+        if reader is not None:  # a stream waiting for its next step ends now
+            reader.cancel()
         self._pool.close()
 
 
@@ -235,6 +290,12 @@ class TrainerClient:
 
     def _prefetch_loop(self, step: int, end: int | None) -> None:
         try:
+            if not self.encoder:  # the rank stream (encoder inputs come per step, beside it)
+                for step, table in self._fetcher.stream(step, end):
+                    self._put((step, table, None))
+                    if self._stop.is_set():
+                        return
+                return
             while not self._stop.is_set() and (end is None or step < end):
                 started = time.monotonic()
                 table = self._fetcher.fetch(step)

@@ -43,11 +43,13 @@ def as_flag(value: Any, where: str) -> bool:
     return value
 
 
-def as_int(value: Any, where: str, *, minimum: int | None = None) -> int:
+def as_int(value: Any, where: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{where}: expected an integer, got {value!r}")
     if minimum is not None and value < minimum:
         raise ConfigError(f"{where}: must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{where}: must be <= {maximum}, got {value}")
     return value
 
 

@@ -163,6 +163,11 @@ class ConstructorConfig:
 
 
 @dataclass(frozen=True)
+class PlannerConfig:
+    standbys: int = 0  # hot standby Planner processes (local deployment): one takes over the address on a death
+
+
+@dataclass(frozen=True)
 class CheckpointConfig:
     every: int = 50  # steps between Planner snapshots; loaders snapshot every this many fetches
 
@@ -226,6 +231,7 @@ class Config:
     security: SecurityConfig = SecurityConfig()
     metrics: MetricsConfig = MetricsConfig()
     ray: RayConfig = RayConfig()
+    planner: PlannerConfig = PlannerConfig()
     path: Path | None = None  # the YAML file this came from, so child processes can reload it
 
     @property

@@ -22,7 +22,7 @@ from .model import (BalanceConfig, CheckpointConfig, Config, ConfigError, Constr
                      GlobalBatchConfig, LoaderConfig, MeshConfig, MetricsConfig, NetworkConfig, RayConfig, SecurityConfig,
                      SourceConfig, StrategyConfig, TLSConfig, TransformConfig, VisionConfig)
 from .fields import REQUIRED, as_choice, as_flag, as_int, as_number, check_host, check_keys, defaults_of, join_key
-from .model import PartitionBudget, ScalingConfig
+from .model import PartitionBudget, PlannerConfig, ScalingConfig
 
 # Row groups per shuffle window of a source (sources[].shuffle_window): see docs/methods/data-order.md
 SHUFFLE_WINDOW = 2
@@ -67,7 +67,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         "mesh": None, "global_batch": REQUIRED, "cost": None, "balance": None,
         "prefetch": 2, "network": None, "loader": None, "constructor": None,
         "pad_token_id": 0, "strategy": None, "vision": None, "checkpoint": None, "security": None,
-        "metrics": None, "ray": None,
+        "metrics": None, "ray": None, "planner": None,
     })
     data_root = _path(base_dir, top["data_root"], "data_root")
     global_batch = _parse_global_batch(top["global_batch"])
@@ -78,6 +78,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
     loader = check_keys(top["loader"], "loader", {k: v for k, v in defaults_of(LoaderConfig).items() if k != "groups"})
     checkpoint = check_keys(top["checkpoint"], "checkpoint", defaults_of(CheckpointConfig))
     constructor = check_keys(top["constructor"], "constructor", defaults_of(ConstructorConfig))
+    planner = check_keys(top["planner"], "planner", defaults_of(PlannerConfig))
     return Config(
         seed=as_int(top["seed"], "seed", minimum=0),
         sources=sources,
@@ -107,6 +108,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         security=_parse_security(top["security"], base_dir),
         metrics=_parse_metrics(top["metrics"]),
         ray=_parse_ray(top["ray"], mesh.world_size),
+        planner=PlannerConfig(as_int(planner["standbys"], "planner.standbys", minimum=0, maximum=1)),  # 2 would race
         path=path,
     )
 
@@ -122,9 +124,7 @@ def _advertise(value: Any) -> str | None:
 
 def _hosts(value: Any) -> int | str:
     """loader.hosts: auto, or how many loader processes (0: one per actor)."""
-    if value == "auto":
-        return value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ConfigError(f"loader.hosts: expected auto, 0 (one process per loader actor) or a number of "
                           f"loader processes, got {value!r}")
     return value
@@ -132,9 +132,7 @@ def _hosts(value: Any) -> int | str:
 
 def _parse_metrics(raw: Any) -> MetricsConfig:
     port = check_keys(raw, "metrics", defaults_of(MetricsConfig))["port"]
-    if port is not None and (as_int(port, "metrics.port", minimum=0) > 65535):
-        raise ConfigError(f"metrics.port: must be <= 65535, got {port}")
-    return MetricsConfig(port)
+    return MetricsConfig(None if port is None else as_int(port, "metrics.port", minimum=0, maximum=65535))
 
 
 def _parse_scaling(raw: Any, names: list[str]) -> ScalingConfig:

@@ -6,7 +6,9 @@ returned to one staged table per distinct delivery of its ranks, and handing the
   planned length;
 - ``assemble(step, plan, samples)``: each bucket's microbatches built once, then one table per
   distinct delivery (full sequences, a context-parallel share, or metadata only);
-- ``stage`` / ``take``: staged tables until every stream reading from here has them.
+- ``stage`` / ``take``: staged tables until every stream reading from here has them;
+- ``rank_stream``: one rank's batches step after step (a rank stream), and ``paced`` / ``positions``:
+  where those streams are, so assembly asks for a plan only when a stream nears its step.
 
 State (``state_dict``) is plain numbers: the next step to assemble, what each stream was served,
 and the counters its status reports. One lock (``cond``) guards it.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -54,7 +56,9 @@ class Constructor:
         self.timeline = StageTimeline()  # what this constructor was doing while a rank waited (status)
         self._deliveries: dict[int, Delivery] = {}  # rank -> what it receives; known from the first plan
         self._encoder_axis: str | None = None  # the image graph's axis, if the plans have one
-        self.staging = Staging(streams=len(self.ranks))
+        # a reconnecting rank stream may ask again for steps lost in flight: keep prefetch more
+        self.staging = Staging(streams=len(self.ranks), keep=2 + cfg.prefetch)
+        self._positions: dict[int, int] = {}  # rank -> the next step its rank stream sends
         self.bytes_fetched = 0  # Arrow bytes received from loaders
         self._served: dict[int, dict] = {}  # rank -> {"step", "batches", "samples", "bytes"} (status, metrics)
         self._bad_samples: list[str] = []  # keys skipped for a bad image (vision.on_bad_image: skip)
@@ -206,15 +210,69 @@ class Constructor:
                 self._count_served(rank, step, table)
             return table
 
-    def _wait_staged(self, kind: str, step: int, rank: int) -> None:
-        """Wait (lock held) for the step to be assembled; a rank's wait for its batch is attributed."""
-        since = time.monotonic() if kind == "batch" and not self.staging.assembled(step) else None
+    def _wait_staged(self, kind: str, step: int, rank: int, stream: bool = False) -> None:
+        """Wait (lock held) for the step to be assembled; a rank's wait for its batch is attributed. A
+        stream waits as long as it takes (its trainer is the slowest, or planning waits), or until stop."""
+        # a stream's wait is not its trainer's (gRPC buffers ahead of it): not attributed
+        since = time.monotonic() if kind == "batch" and not stream and not self.staging.assembled(step) else None
         try:
-            wire.wait_until(self.cond, lambda: self.failure is not None or self.staging.assembled(step),
-                            WAIT_SECONDS, f"step {step} of rank {rank}")
+            if stream:
+                self.cond.wait_for(lambda: self.failure is not None or self.stopping or self.staging.assembled(step))
+            else:
+                wire.wait_until(self.cond, lambda: self.failure is not None or self.staging.assembled(step),
+                                WAIT_SECONDS, f"step {step} of rank {rank}")
         finally:
             if since is not None:
                 self.timeline.waited(rank, since, time.monotonic())
+
+    # -- rank streams ------------------------------------------------------------------
+    def rank_stream(self, rank: int, first: int, end: int | None) -> tuple[pa.Schema, Iterator[pa.Table]]:
+        """Rank ``rank``'s batches from ``first`` on, one table per step, each counted (and journaled)
+        as served when it is handed out; it ends at ``end`` or when this constructor stops."""
+        self.check_rank(rank)
+        table = self._stream_take(rank, first, stream=False)  # the schema comes with the first step
+        if table is None:
+            raise RuntimeError(f"constructor {self.index} is stopping: ask the Planner for rank {rank}'s stream again")
+
+        def steps() -> Iterator[pa.Table]:
+            step, current = first, table
+            while current is not None:
+                yield current
+                step += 1
+                current = self._stream_take(rank, step, stream=True) if end is None or step < end else None
+        return table.schema, steps()
+
+    def _stream_take(self, rank: int, step: int, stream: bool) -> pa.Table | None:
+        """The rank's table of ``step`` as one record batch once assembled; None once this constructor
+        stops (a stream then ends and its trainer asks the Planner again)."""
+        with self.cond:
+            self._positions[rank] = step
+            self.cond.notify_all()
+            self._wait_staged("batch", step, rank, stream)
+            if self.failure:
+                raise BackgroundFailure(str(self.failure), self.failure.cause)
+            if self.stopping:
+                return None
+            key = (step, self._deliveries[rank].key)
+            if key not in self.staging.tables:
+                raise KeyError(f"batch of step {step} for rank {rank} was already served and released")
+            table = self.staging.tables[key]
+            self.staging.served("batch", rank, step)
+            self._count_served(rank, step, table)
+        return table.combine_chunks()
+
+    def paced(self, step: int) -> bool:
+        """Wait until every rank stream here is within ``prefetch`` steps of ``step`` (so the positions a
+        plan request reports let the Planner plan it); False once this constructor stops."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.stopping or not self._positions
+                               or step <= min(self._positions.values()) + self.cfg.prefetch)
+            return not self.stopping
+
+    def positions(self) -> dict[str, int]:
+        """rank -> the next step its rank stream sends (reported with every plan request)."""
+        with self.cond:
+            return {str(r): s for r, s in self._positions.items()}
 
     def _count_served(self, rank: int, step: int, table: pa.Table) -> None:
         served = self._served.setdefault(rank, {"step": -1, "batches": 0, "samples": 0, "bytes": 0})

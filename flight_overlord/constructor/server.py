@@ -6,7 +6,8 @@ from every loader concurrently (riding out a loader's restart, or failing over t
 table per distinct delivery: a bucket's full sequences, each context-parallel rank's share of
 them, or metadata only (ClientPlaceTree rules, ``core/mesh.py``). Trainers redeem
 ``{"kind": "batch", "step", "rank", "exp", "sig"}`` tickets (signed by the Planner, checked here)
-with ``do_get``; the table streams from C++. Redeeming is a trainer call, ``status`` an inspection
+with ``do_get``; the table streams from C++. A ``"rank"`` ticket (``"end"`` optional) streams the
+rank's steps from ``step`` on, one record batch each, on one long-lived ``do_get``. Redeeming is a trainer call, ``status`` an inspection
 call; the constructor's own calls to the Planner and loaders carry the cluster secret.
 """
 from __future__ import annotations
@@ -68,8 +69,11 @@ class ConstructorServer(ActionServer):
             log.info("constructor %d assembles from step %d", self.index, start["step"])
             while True:
                 step = constructor.staging.next_step
+                if not constructor.paced(step):
+                    return
                 asked = time.monotonic()
-                raw = self._call_planner("plan", {"step": step, "constructor": self.index})
+                raw = self._call_planner("plan", lambda: {"step": step, "constructor": self.index,
+                                                          "positions": constructor.positions()})
                 if raw is None:
                     return
                 planned = time.monotonic()
@@ -83,13 +87,14 @@ class ConstructorServer(ActionServer):
             log.exception("assembly failed")
             constructor.fail(exc)
 
-    def _call_planner(self, action: str, body: dict) -> dict | None:
+    def _call_planner(self, action: str, body) -> dict | None:
         """A blocking Planner action: again while it times out (trainers have not moved on yet), and
-        through a Planner restart; None once this server stops."""
+        through a Planner restart; None once this server stops. ``body``: a dict, or a callable making
+        it afresh for each try."""
         stopping = lambda: self.constructor.stopping  # noqa: E731
         while not stopping():
             try:
-                return call_any(self._clients, [self._planner_location], lambda c: wire.call(c, action, body),
+                return call_any(self._clients, [self._planner_location], lambda c: wire.call(c, action, body() if callable(body) else body),
                                 what="planner", stop=stopping)
             except fl.FlightTimedOutError:
                 continue
@@ -130,6 +135,8 @@ class ConstructorServer(ActionServer):
         self.authorize(context, TRAINER, f"do_get of a {kind!r} ticket", rank=batch.rank)
         self.constructor.check_rank(batch.rank)
         self.security.verify_ticket(request)  # forged, altered or expired: FlightUnauthorizedError
+        if batch.kind == "rank":  # one record batch per step, flow-controlled by gRPC
+            return fl.GeneratorStream(*self.constructor.rank_stream(batch.rank, batch.step, batch.end))
         return fl.RecordBatchStream(self.constructor.take(batch.kind, batch.step, batch.rank))
 
     @requires(INSPECT)

@@ -32,6 +32,7 @@ from ..wire.server import connect
 
 log = logging.getLogger(__name__)
 MODES = ("new", "resume", "fresh")
+STANDBY = "planner-standby"  # the hot standby Planner's child name (planner.standbys: 1)
 # Loader processes use the system allocator (docs/methods/memory.md): set before pyarrow loads.
 LOADER_POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
 
@@ -85,6 +86,8 @@ class LocalCluster:
         try:
             planner = self._spawn("planner", ["planner", *(["--resume"] if self.mode == "resume" else [])])
             self.planner = self._await_ready([planner])[0]
+            if self.cfg.planner.standbys:  # ready once it takes over: not awaited
+                self._spawn(STANDBY, ["planner", "--standby-of", self.planner])
             children = [self._spawn(name + (f"-shadow{r}" if r else ""),
                                     ["loader", "--actors", ",".join(f"{s}:{a}" for s, a in actors), "--replica", str(r),
                                      "--planner", self.planner])
@@ -127,10 +130,11 @@ class LocalCluster:
     def _spawn(self, name: str, args: list[str], *, restart_of: Child | None = None) -> Child:
         logs = self.cfg.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        ready_file = self._tmp / f"{name}.ready"
+        # a standby's ready file becomes the Planner's when it takes over: each standby has its own
+        ready_file = self._tmp / (f"{name}.ready" if name != STANDBY else f"{name}-{time.monotonic_ns()}.ready")
         log_path = logs / f"{name}.log"
         extra = []
-        if restart_of is not None:  # same address; the Planner also keeps the others' registrations
+        if restart_of is not None and name != STANDBY:  # same address; the Planner keeps the others' registrations
             ready_file.unlink(missing_ok=True)
             extra = ["--port", restart_of.location.rsplit(":", 1)[1]] + (["--recover"] if name == "planner" else [])
         cmd = [sys.executable, "-m", "flight_overlord.deploy.cli", "serve", *args, *extra,
@@ -143,6 +147,7 @@ class LocalCluster:
                                        env=env)
         if restart_of is not None:
             restart_of.process, restart_of.restarts = process, restart_of.restarts + [time.time()]
+            restart_of.ready_file = ready_file
             return restart_of
         child = Child(name, args, process, ready_file, log_path)
         self.children.append(child)
@@ -154,9 +159,24 @@ class LocalCluster:
             with self._lock:
                 for child in self.children:
                     if child.process.poll() is not None and not self._stopping.is_set():
+                        if child.name == "planner" and self._promote_standby(child):
+                            continue
                         log.warning("%s exited with code %s; restarting it at %s", child.name,
                                     child.process.returncode, child.location)
                         self._spawn(child.name, child.args, restart_of=child)
+
+    def _promote_standby(self, planner: Child) -> bool:
+        """The Planner died and a live standby takes its address over: the standby's process is the
+        Planner's from now on (a restart, to ``wait_restarted``), and a new standby follows it."""
+        standby = next((c for c in self.children if c.name == STANDBY), None)
+        if standby is None or standby.process.poll() is not None:
+            return False
+        log.warning("planner exited with code %s; its standby takes over %s", planner.process.returncode,
+                    planner.location)
+        planner.process, planner.ready_file = standby.process, standby.ready_file
+        planner.restarts = planner.restarts + [time.time()]
+        self._spawn(STANDBY, standby.args, restart_of=standby)
+        return True
 
     def child(self, name: str) -> Child:
         for c in self.children:

@@ -8,8 +8,8 @@ other roles are in :class:`~.calls.PlannerCalls`:
 - A planning thread plans step after step, ``prefetch`` steps ahead of the slowest trainer;
   every plan is journaled, and any journaled step can be served again (to a restarted
   constructor, or after ``--resume``).
-- Trainers call ``get_flight_info(FlightDescriptor.for_path("batch", step, rank))`` and get
-  the serving constructor's location and a ticket signed with the run's secret.
+- Trainers call ``get_flight_info`` of ``("batch", STEP, RANK)`` (or once of ``("rank", RANK[, FIRST[, END]])``,
+  one long-lived stream) for the serving constructor's location and a ticket signed with the run's secret.
 
 Who may call what (``wire/security.py``): ``register``, ``plan``, ``resume_point`` need the cluster
 secret; batch/encoder tickets and ``report`` are trainer calls; ``list_flights``, ``get_schema``,
@@ -18,7 +18,6 @@ source infos, ``status``, ``stats`` and ``list_actions`` are inspection calls.
 from __future__ import annotations
 
 import argparse
-import logging
 from dataclasses import replace
 import pyarrow.flight as fl
 
@@ -28,15 +27,14 @@ from ..role_process import add_serving_args, advertised_host, start_metrics
 from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, location_of, serve
-from ..wire.tickets import BufferTicket, Registration
+from ..wire.tickets import BatchTicket, BufferTicket, RankStream, Registration
 from .audit import audit_run, mark_run_start
 from .calls import PlannerCalls
 from .edits import checked_weights
 from .planner import Planner
 from .service import PlanService
+from .standby import add_standby_arg, take_over_if_standby
 from .strategy import load_strategy
-
-log = logging.getLogger(__name__)
 
 
 class PlannerServer(ActionServer):
@@ -62,9 +60,7 @@ class PlannerServer(ActionServer):
     # -- registration ------------------------------------------------------------------
     @requires(CLUSTER)
     def action_register(self, body):
-        """A loader or constructor announces itself: {"role", "location", ...}. A registered role
-        moves to another location only when its registered one no longer answers (recovery restarts a
-        role on its own address), so not even a holder of the secret can redirect a live role."""
+        """A loader or constructor announces itself: {"role", "location", ...} (``PlanService.register``)."""
         registration = Registration.from_wire(body)
         location, scheme = registration.location, self.security.scheme
         if not location.startswith(f"{scheme}://") or not location.rsplit(":", 1)[-1].isdigit():
@@ -90,10 +86,15 @@ class PlannerServer(ActionServer):
                                "(images travel with their sequences in ('batch', STEP, RANK))")
             self.service.trainer_asks(step, rank)
             return self._batch_info(descriptor, step, rank, parts[0])
+        if parts and parts[0] == "rank":
+            self.authorize(context, TRAINER, "get_flight_info of 'rank'")
+            stream = RankStream.from_path(parts, self.mesh)
+            self.authorize(context, TRAINER, "get_flight_info of 'rank'", rank=stream.rank)
+            return self._rank_info(descriptor, stream)
         if len(parts) == 2 and parts[0] == "source":
             return self._source_info(descriptor, parts[1])
-        raise KeyError(f"unknown descriptor {parts or descriptor.command!r}: this Planner serves "
-                       f"('batch', STEP, RANK), ('encoder', STEP, RANK) and ('source', NAME)")
+        raise KeyError(f"unknown descriptor {parts or descriptor.command!r}: this Planner serves ('batch', STEP, "
+                       f"RANK), ('encoder', STEP, RANK), ('rank', RANK[, FIRST[, END]]) and ('source', NAME)")
 
     def get_schema(self, context, descriptor):
         self.authorize(context, INSPECT, "get_schema")
@@ -101,6 +102,9 @@ class PlannerServer(ActionServer):
         if len(parts) == 3 and parts[0] in ("batch", "encoder"):
             self._parse_batch(parts)
             return fl.SchemaResult(load_schema(self._batch_schema() if parts[0] == "batch" else ENCODER_BATCH))
+        if parts and parts[0] == "rank":
+            RankStream.from_path(parts, self.mesh)
+            return fl.SchemaResult(load_schema(self._batch_schema()))
         if len(parts) == 2 and parts[0] == "source":
             self.cfg.source(parts[1])
             return fl.SchemaResult(load_schema(SAMPLE_METADATA))
@@ -115,6 +119,13 @@ class PlannerServer(ActionServer):
             raise ValueError(f"malformed descriptor {parts!r}: step must be >= 0")
         self.mesh.coord(rank)  # ValueError naming the rank if outside the mesh
         return step, rank
+
+    def _rank_info(self, descriptor, stream: RankStream) -> fl.FlightInfo:
+        """One endpoint at the rank's constructor whose ticket streams the rank's steps."""
+        first, location = self.service.stream_asked(stream.rank, stream.first)
+        ticket = BatchTicket("rank", first, stream.rank, self.security.sign_ticket("rank", first, stream.rank), stream.end)
+        endpoint = fl.FlightEndpoint(wire.ticket(ticket.to_wire()), [location])
+        return fl.FlightInfo(load_schema(self._batch_schema()), descriptor, [endpoint], -1, -1)
 
     def _batch_info(self, descriptor, step: int, rank: int, kind: str = "batch") -> fl.FlightInfo:
         coord = self.mesh.coord(rank)
@@ -154,9 +165,9 @@ class PlannerServer(ActionServer):
     # -- constructor-facing ------------------------------------------------------------
     @requires(CLUSTER)
     def action_plan(self, body):
-        """A constructor's share of one step's plan: {"step", "constructor"}."""
-        return self.service.constructor_plan(wire.field(body, "step", int, "plan"),
-                                             wire.field(body, "constructor", int, "plan"), self.strategy.broadcast)
+        """A constructor's share of one step's plan: {"step", "constructor", "positions": {rank: step}}."""
+        return self.service.constructor_plan(wire.field(body, "step", int, "plan"), wire.field(body, "constructor", int, "plan"),
+                                             self.strategy.broadcast, body.get("positions"))
 
     @requires(CLUSTER)
     def action_resume_point(self, body):
@@ -225,10 +236,12 @@ def start(argv=None) -> tuple[PlannerServer, str, str | None]:
     parser.add_argument("--resume", action="store_true", help="continue the run in run_dir from its journal")
     parser.add_argument("--recover", action="store_true", help="restart of the Planner alone: --resume, and "
                         "keep the registrations of the roles still running")
+    add_standby_arg(parser)
     add_serving_args(parser)
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     host = advertised_host(cfg, args)
+    take_over_if_standby(args, Security.from_config(cfg).credentials)
     server = PlannerServer(cfg, port=args.port, resume=args.resume, recover=args.recover)
     location = location_of(server, host)
     start_metrics(server, cfg, args, "planner", location)

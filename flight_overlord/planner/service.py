@@ -16,6 +16,7 @@ from .. import wire
 from ..config import Config
 from ..errors import BackgroundFailure
 from ..journal import write_json_atomic
+from ..core.positions import TrainerPositions
 from ..core.starvation import TrainerWaits
 from ..wire.status import PlannerStatus
 from .planner import Planner, constructor_view
@@ -49,7 +50,7 @@ class PlanService:
         self._plans: dict[int, StepPlan] = {}      # planned, not yet fetched by every constructor
         self._fetched: dict[int, set[int]] = {}
         self.stats: dict[int, dict] = {}
-        self.requested: dict[int, int] = {}        # rank -> the step it asked for last
+        self.positions = TrainerPositions()        # where each rank is (asked, or reported by its constructor)
         self._planned = {"samples": {}, "tokens": {}}  # per source, by this process (metrics)
         self._reregistrations = {"loader": 0, "constructor": 0}  # restarts of registered roles (metrics)
         self.failure: BackgroundFailure | None = None  # planning failed: every waiting call gets it
@@ -93,8 +94,16 @@ class PlanService:
         registry = self.planner.registry
         with self.cond:
             current = registry.constructors.get(index)
-        self.register("constructor", location, f"constructor {index}", current,
-                      lambda: registry.register_constructor(index, location))
+
+        def add() -> None:
+            registry.register_constructor(index, location)
+            if current is not None:  # its streams' positions died with it: wait for the trainers to say
+                self.positions.constructor_restarted(self.ranks_of(index))
+        self.register("constructor", location, f"constructor {index}", current, add)
+
+    def ranks_of(self, constructor: int) -> list[int]:
+        dps = set(self.mesh.dp_ranks_of(constructor))
+        return [r for r in range(self.mesh.world_size) if self.mesh.coord(r).dp in dps]
 
     def _start_planning(self) -> None:
         if not self._started:
@@ -132,7 +141,7 @@ class PlanService:
         """Plan up to ``prefetch`` steps past the slowest trainer that has asked for data, once the
         feedback a dynamic schedule reads is complete (and, on a new layout, once trainers said
         where they resume)."""
-        slowest = min(self.requested.values()) if self.requested else -1
+        slowest = self.positions.slowest()
         return (not self.rewind_pending and step <= slowest + self.cfg.prefetch
                 and self.planner.feedback_ready(step))
 
@@ -155,13 +164,32 @@ class PlanService:
         """Rank ``rank`` asks for ``step`` (which is how a trainer tells where it is): returns once
         the step is planned. The first ask after a resume on a new layout rewinds there."""
         with self.cond:
-            self._check_horizon(step)
-            self.requested[rank] = max(step, self.requested.get(rank, -1))
-            if self.rewind_pending:
-                self.rewind_pending = False
-                self.planner.rewind(step)
-            self.cond.notify_all()
+            self._trainer_at(step, lambda: self.positions.asked_step(rank, step))
             self._wait_for_plan(step, WAIT_SECONDS)
+
+    def stream_asked(self, rank: int, first: int | None) -> tuple[int, str]:
+        """Rank ``rank`` asks for its stream from ``first`` (default: where it is), which is how it says
+        where it (re)starts; after that its constructor reports its position, and the Planner is off
+        its per-step path. Returns (first step, the location of the rank's constructor)."""
+        with self.cond:
+            first = self.requested.get(rank, 0) if first is None else first
+            self._trainer_at(first, lambda: self.positions.asked_stream(rank, first))
+            return first, self.planner.registry.constructors[self.mesh.constructor_of(self.mesh.coord(rank).dp)]
+
+    def _trainer_at(self, step: int, record: Callable[[], None]) -> None:
+        """A trainer said it waits for ``step`` (held lock): ``record()`` it; the first word of a trainer
+        on a new layout says where re-planning starts."""
+        self._check_horizon(step)
+        record()
+        if self.rewind_pending:
+            self.rewind_pending = False
+            self.planner.rewind(step)
+        self.cond.notify_all()
+
+    @property
+    def requested(self) -> dict[int, int]:
+        """rank -> the step it waits for (asked, or reported by its constructor's stream)."""
+        return self.positions.requested
 
     def report(self, step: int, rank: int, losses: dict | None, body: dict | None = None) -> None:
         """A trainer's feedback on one step: per-source losses (one report per data-parallel group
@@ -187,11 +215,16 @@ class PlanService:
                 self.cond.notify_all()
 
     # -- constructors ------------------------------------------------------------------
-    def constructor_plan(self, step: int, constructor: int, broadcast) -> dict:
+    def constructor_plan(self, step: int, constructor: int, broadcast, positions: dict | None = None) -> dict:
         """Constructor ``constructor``'s share of step ``step``'s plan, on the wire. A plan is
-        dropped here once every constructor fetched it; later asks are served from the journal."""
+        dropped here once every constructor fetched it; later asks are served from the journal.
+        ``positions``: {rank: step} the next step each of its rank streams sends (how the Planner
+        paces itself without a per-step call from those trainers)."""
         self._check_constructor(constructor, "plan")
+        positions = self._checked_positions(positions or {}, constructor)
         with self.cond:
+            if self.positions.reported(positions):  # they only move forward
+                self.cond.notify_all()
             self._check_horizon(step)
             self._wait_for_plan(step, WAIT_SECONDS)
             plan = self._plans.get(step)
@@ -208,14 +241,27 @@ class PlanService:
     def resume_point(self, constructor: int) -> int:
         """Where a (re)started constructor begins: the earliest step its ranks are waiting for."""
         self._check_constructor(constructor, "resume_point")
-        dps = set(self.mesh.dp_ranks_of(constructor))
-        ranks = [r for r in range(self.mesh.world_size) if self.mesh.coord(r).dp in dps]
-        with self.cond:
+        ranks = self.ranks_of(constructor)
+        with self.cond:  # a stream rank's reported position may be ahead of what reached its trainer
+            wire.wait_until(self.cond, lambda: self.positions.settled(ranks), WAIT_SECONDS,
+                            f"the stream ranks of constructor {constructor} to say where they resume")
             if not self.resumed and not all(r in self.requested for r in ranks):
                 return min([self.requested.get(r, 0) for r in ranks])
             wire.wait_until(self.cond, lambda: all(r in self.requested for r in ranks), WAIT_SECONDS,
                             f"the ranks of constructor {constructor} to say where they resume")
             return min(self.requested[r] for r in ranks)
+
+    def _checked_positions(self, raw, constructor: int) -> dict[int, int]:
+        if not isinstance(raw, dict):
+            raise ValueError(f"malformed plan request: 'positions' must be an object, got {type(raw).__name__}")
+        try:
+            positions = {int(r): int(s) for r, s in raw.items()}
+        except (TypeError, ValueError):
+            raise ValueError("malformed plan request: 'positions' maps rank numbers to step numbers") from None
+        if not set(positions) <= set(self.ranks_of(constructor)):
+            raise ValueError(f"plan: positions name ranks {sorted(set(positions) - set(self.ranks_of(constructor)))} "
+                             f"that constructor {constructor} does not serve")
+        return positions
 
     def _check_constructor(self, constructor: int, what: str) -> None:
         if not 0 <= constructor < self.mesh.num_constructors:
@@ -261,7 +307,7 @@ class PlanService:
 
     def load_state_dict(self, state: dict) -> None:
         with self.cond:
-            self.requested = {int(r): int(s) for r, s in state["requested"].items()}
+            self.positions.requested = {int(r): int(s) for r, s in state["requested"].items()}
             self._planned = {k: dict(v) for k, v in state["planned"].items()}
             self._reregistrations = dict(state["reregistrations"])
 

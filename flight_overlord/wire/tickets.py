@@ -5,7 +5,9 @@ the field that is wrong). Both ends use them, so a ticket is built and read in o
 - ``MetadataTicket`` Planner -> loader: buffer one row group, stream its samples' metadata;
 - ``SamplesTicket`` constructor -> loader: pop these samples of one or more hosted actors;
 - ``BufferTicket`` inspection -> loader: the buffered samples' metadata;
-- ``BatchTicket`` trainer -> constructor: one rank's batch or encoder table of a step (signed);
+- ``BatchTicket`` trainer -> constructor: one rank's batch or encoder table of a step, or its rank
+  stream from a step on (signed);
+- ``RankStream`` trainer -> Planner: the descriptor ``('rank', RANK[, FIRST[, END]])``;
 - ``Registration`` loader or constructor -> Planner (action ``register``);
 - ``Reshard`` Planner -> loader (action ``reshard``): a scaled source's new ownership segments.
 """
@@ -135,30 +137,61 @@ class BufferTicket:
 
 @dataclass(frozen=True)
 class BatchTicket:
-    """A rank's ``batch`` or ``encoder`` table of one step; ``raw`` keeps the signed fields (``exp``,
+    """A rank's ``batch`` or ``encoder`` table of one step, or (``rank``) its stream of batches from
+    ``step`` on, up to ``end`` (exclusive; None: no end); ``raw`` keeps the signed fields (``exp``,
     ``sig``) the constructor verifies (``wire.security``)."""
     kind: str
     step: int
     rank: int
     raw: dict = dataclass_field(default_factory=dict, compare=False, repr=False)
+    end: int | None = None
 
-    KINDS = ("batch", "encoder")
+    KINDS = ("batch", "encoder", "rank")
 
     def to_wire(self) -> dict:
-        return {**self.raw, "kind": self.kind, "step": self.step, "rank": self.rank}
+        return {**self.raw, "kind": self.kind, "step": self.step, "rank": self.rank,
+                **({"end": self.end} if self.end is not None else {})}
 
     @classmethod
     def checked_kind(cls, raw: dict) -> str:
         """The ticket's kind, checked before anything else (even before who is asking)."""
         kind = raw.get("kind")
         if kind not in cls.KINDS:
-            raise ValueError(f"malformed ticket: kind {kind!r}, a constructor serves 'batch' and 'encoder' tickets")
+            raise ValueError(f"malformed ticket: kind {kind!r}, a constructor serves 'batch', 'encoder' and "
+                             f"'rank' tickets")
         return kind
 
     @classmethod
     def from_wire(cls, raw: dict) -> "BatchTicket":
         kind = cls.checked_kind(raw)
-        return cls(kind, field(raw, "step", int, "batch ticket"), field(raw, "rank", int, "batch ticket"), raw)
+        step, rank = field(raw, "step", int, "batch ticket"), field(raw, "rank", int, "batch ticket")
+        end = _optional_int(raw, "end", "batch ticket", None) if kind == "rank" else None
+        if end is not None and end <= step:
+            raise ValueError(f"malformed ticket: 'end' must be an integer after step {step}, got {end!r}")
+        return cls(kind, step, rank, raw, end)
+
+
+@dataclass(frozen=True)
+class RankStream:
+    """The descriptor of a rank's stream: ``('rank', RANK[, FIRST[, END]])``; FIRST default: where the
+    rank is (the Planner knows), END default: no end."""
+    rank: int
+    first: int | None = None
+    end: int | None = None
+
+    @classmethod
+    def from_path(cls, parts: list, mesh) -> "RankStream":
+        """The descriptor's parts, checked (``mesh.coord`` names a rank outside the mesh)."""
+        if len(parts) not in (2, 3, 4) or parts[0] != "rank":
+            raise ValueError(f"malformed descriptor {parts!r}: a rank stream is ('rank', RANK[, FIRST_STEP[, END_STEP]])")
+        try:
+            rank, first, end = [int(p) for p in parts[1:]] + [None] * (4 - len(parts))
+        except ValueError:
+            raise ValueError(f"malformed descriptor {parts!r}: rank, first and end step must be integers") from None
+        if first is not None and (first < 0 or (end is not None and end <= first)):
+            raise ValueError(f"malformed descriptor {parts!r}: first step must be >= 0 and before the end step")
+        mesh.coord(rank)
+        return cls(rank, first, end)
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,20 @@ def test_kill_9_of_a_role_changes_no_rank_stream(reference, corpus, tmp_path, ro
     assert (report["samples"], report["duplicates"], report["missing"]) == (delivered, 0, 0)
 
 
+def test_kill_9_of_the_planner_with_a_hot_standby_changes_no_rank_stream(reference, corpus, tmp_path):
+    """planner.standbys: 1: the standby takes the Planner's address over (no process start), and a new
+    standby follows it; the rank streams are the undisturbed run's."""
+    took_over = {}
+
+    def standby_took_over(cluster):
+        standby = cluster.child("planner-standby")
+        took_over.update(respawned=len(standby.restarts), alive=standby.process.poll() is None,
+                         planner_restarts=len(cluster.child("planner").restarts))
+    path = config(tmp_path, corpus, planner={"standbys": 1})
+    assert run(path, kill="planner", at=19, check=standby_took_over) == reference
+    assert took_over == {"respawned": 1, "alive": True, "planner_restarts": 1}
+
+
 def test_kill_9_of_a_loader_with_a_shadow_fails_over(reference, corpus, tmp_path):
     served = {}
 

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import collections
+import threading
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.flight as fl
 import pyarrow.parquet as pq
 import pytest
@@ -119,6 +121,45 @@ def test_stock_flight_client_follows_the_planner_endpoint(idle_cluster):
     client.close()
 
 
+def test_a_stock_client_on_rank_streams_gets_the_per_step_stream(main_run, corpus, tmp_path):
+    """('rank', RANK, FIRST): one ticket, one do_get of one record batch per step (its step column), the
+    same tables as per-step tickets of the same config and seed; asking again from a step already sent
+    (a reconnect) resumes there, neither skipping nor repeating."""
+    _, per_step = main_run
+    path = write_config(tmp_path, corpus, loaders={"captions": 2})
+    got: dict[int, list] = {0: [], 1: []}
+    errors = []
+
+    def read(rank: int, first: int, count: int) -> None:
+        try:
+            planner = fl.connect(cluster.planner)
+            info = planner.get_flight_info(fl.FlightDescriptor.for_path("rank", str(rank), str(first)))
+            assert info.schema.equals(load_schema(MICROBATCH))
+            endpoint = info.endpoints[0]
+            reader = fl.connect(endpoint.locations[0].uri.decode()).do_get(endpoint.ticket)
+            for step in range(first, first + count):
+                batch = reader.read_chunk().data
+                assert set(batch.column("step").to_pylist()) == {step}
+                got[rank][step:] = [pa.Table.from_batches([batch])]
+            reader.cancel()
+            planner.close()
+        except BaseException as exc:  # surfaced in the test's thread
+            errors.append(exc)
+
+    with LocalCluster(path) as cluster:
+        for rounds in ([(0, 0, 8), (1, 0, 8)], [(0, 5, STEPS - 5), (1, 8, STEPS - 8)]):
+            threads = [threading.Thread(target=read, args=args) for args in rounds]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=120)
+            assert not errors, errors[0]
+    for rank in (0, 1):
+        assert len(got[rank]) == STEPS
+        for step in range(STEPS):
+            assert got[rank][step].equals(per_step[rank][step].combine_chunks()), (rank, step)
+
+
 def test_bad_requests_get_clear_errors_and_servers_stay_up(corpus, tmp_path):
     path = write_config(tmp_path, corpus)
     with LocalCluster(path) as cluster:
@@ -165,6 +206,12 @@ def test_bad_requests_get_clear_errors_and_servers_stay_up(corpus, tmp_path):
             planner.get_flight_info(fl.FlightDescriptor.for_path("batch", "0", "99"))
         with pytest.raises(fl.FlightServerError, match="invalid request: .*step and rank must be integers"):
             planner.get_flight_info(fl.FlightDescriptor.for_path("batch", "x", "0"))
+        with pytest.raises(fl.FlightServerError, match="invalid request: .*rank, first and end step must be integers"):
+            planner.get_flight_info(fl.FlightDescriptor.for_path("rank", "0", "x"))
+        with pytest.raises(fl.FlightServerError, match="invalid request: .*a rank stream is \\('rank', RANK"):
+            planner.get_flight_info(fl.FlightDescriptor.for_path("rank"))
+        with pytest.raises(fl.FlightUnauthorizedError, match="signature does not match"):
+            constructor.do_get(wire.ticket({"kind": "rank", "step": 0, "rank": 0, "exp": 2 ** 40, "sig": "f"})).read_all()
         with pytest.raises(fl.FlightServerError, match="not found: .*unknown action 'explode'"):
             wire.call(planner, "explode")
         with pytest.raises(fl.FlightServerError, match="invalid request: .*malformed body"):

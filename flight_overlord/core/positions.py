@@ -1,0 +1,48 @@
+"""Where each trainer rank is, as the Planner knows it: pure bookkeeping, no I/O (the server locks it).
+
+A rank on per-step tickets says where it is with every ``("batch", step, rank)`` it asks for. A rank
+on a rank stream says it once, when it asks for the stream (``("rank", rank, first)``: its own word,
+which may be behind what an earlier stream sent), and from then on its constructor reports the next
+step the stream sends with each plan request. When that constructor restarts, those reports died
+with it: the rank is *stale* until it asks for its stream again, and the restarted constructor waits
+for that before it picks the step to resume at (a report may be ahead of what reached the trainer).
+"""
+from __future__ import annotations
+
+
+class TrainerPositions:
+    def __init__(self):
+        self.requested: dict[int, int] = {}  # rank -> the step it waits for (asked or reported)
+        self.streaming: set[int] = set()     # ranks on a rank stream
+        self.stale: set[int] = set()         # stream ranks of a restarted constructor, until they ask again
+
+    def asked_step(self, rank: int, step: int) -> None:
+        """A per-step ticket of ``step``: positions only move forward."""
+        self.requested[rank] = max(step, self.requested.get(rank, -1))
+
+    def asked_stream(self, rank: int, first: int) -> None:
+        """A rank stream from ``first``: the trainer's own word, even if behind a report."""
+        self.requested[rank] = first
+        self.streaming.add(rank)
+        self.stale.discard(rank)
+
+    def reported(self, positions: dict[int, int]) -> bool:
+        """A constructor's stream positions; whether any rank moved (stale ranks are not moved)."""
+        moved = False
+        for rank, step in positions.items():
+            if rank not in self.stale and step > self.requested.get(rank, -1):
+                self.requested[rank] = step
+                self.streaming.add(rank)
+                moved = True
+        return moved
+
+    def constructor_restarted(self, ranks: list[int]) -> None:
+        self.stale |= self.streaming.intersection(ranks)
+
+    def settled(self, ranks: list[int]) -> bool:
+        """No rank of ``ranks`` is stale: a restarted constructor may pick its resume step."""
+        return not self.stale.intersection(ranks)
+
+    def slowest(self) -> int:
+        """The step the slowest rank waits for (-1 before any rank said where it is)."""
+        return min(self.requested.values()) if self.requested else -1

@@ -1,0 +1,35 @@
+"""TrainerPositions: where the Planner believes each rank is, across per-step tickets, rank streams
+and constructor restarts."""
+from flight_overlord.core.positions import TrainerPositions
+
+
+def test_per_step_asks_only_move_forward():
+    p = TrainerPositions()
+    p.asked_step(0, 5)
+    p.asked_step(0, 3)
+    assert p.requested == {0: 5} and p.slowest() == 5
+
+
+def test_a_stream_ask_is_the_trainers_word_even_behind_a_report():
+    p = TrainerPositions()
+    p.asked_stream(0, 0)
+    assert p.reported({0: 7}) and p.requested[0] == 7
+    assert not p.reported({0: 6})  # reports never move a rank back
+    p.asked_stream(0, 5)  # the stream broke; steps 5, 6 never reached the trainer
+    assert p.requested[0] == 5
+
+
+def test_a_restarted_constructors_stream_ranks_are_stale_until_they_ask_again():
+    p = TrainerPositions()
+    p.asked_stream(0, 0)
+    p.asked_step(1, 4)  # per-step ranks say where they are with every ask: never stale
+    p.reported({0: 9})
+    p.constructor_restarted([0, 1])
+    assert not p.settled([0, 1]) and p.settled([1])
+    assert not p.reported({0: 12}) and p.requested[0] == 9  # no report moves a stale rank
+    p.asked_stream(0, 8)
+    assert p.settled([0, 1]) and p.requested == {0: 8, 1: 4} and p.slowest() == 4
+
+
+def test_no_rank_yet():
+    assert TrainerPositions().slowest() == -1
