@@ -1,4 +1,4 @@
-"""Source Loader host: a thin Flight adapter over one or more :class:`~.actor.LoaderActor`\ s.
+"""Source Loader host: a thin Flight adapter over one or more :class:`~.actor.LoaderActor` objects.
 
 A loader process hosts any set of loader actors (of any sources): each keeps its own partition of
 row groups, read state and journal, so adding a source costs its reader state and buffer, not a
