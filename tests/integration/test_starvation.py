@@ -40,7 +40,8 @@ def test_a_slowed_source_is_named_as_the_cause_of_the_wait(corpus, tmp_path, mon
     for rank in ("0", "1"):
         entry = starvation["ranks"][rank]
         assert entry["cause"]["source"] == SLOW and max(entry["stages"], key=entry["stages"].get) == "loader:" + SLOW
-        assert entry["stages"]["loader:" + SLOW] >= 0.4  # a delay waited out (prefetching hides part of the rest)
+        # the injected delays, waited out: 0.4 s a fetch, of which prefetching hides a varying part on a busy machine
+        assert entry["stages"]["loader:" + SLOW] >= 0.2
         assert entry["starved"] > 0 and "ticket" in entry["stages"]  # the trainer's side came with its reports
     assert f"loader fetch of source '{SLOW}' starves ranks 0,1" in render(status)
     assert status["cost"] == {"fit": False, "model": "attention", "a": 1.0, "b": 1 / 4096}
