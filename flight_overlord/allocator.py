@@ -6,12 +6,18 @@ the mmap threshold rises to the size of the largest block freed, so later row gr
 arenas that fragment instead of being mapped and unmapped. Measured over 12,000 steps at 96
 sources, one process with every actor (docs/methods/memory-peers.md): PSS +11% with the defaults,
 flat with these settings. So: a fixed mmap threshold, two arenas, and a periodic ``malloc_trim``.
+
+Every role process and the trainer's client also move Arrow's default memory pool from mimalloc (or
+jemalloc) to the system allocator (``use_system_pool``): those keep freed pages per thread, which
+at 96 sources and 8 ranks was ~4 MiB per trainer, ~10 MiB in a constructor and ~5 MiB in the
+Planner, for no speed that shows at these sizes (docs/methods/memory-peers.md).
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import logging
+import os
 import threading
 import time
 
@@ -20,6 +26,7 @@ M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # mallopt parameters (malloc.h)
 MMAP_THRESHOLD = 256 * 1024  # blocks at least this big are mapped and unmapped: freed row groups leave
 ARENAS = 2
 TRIM_SECONDS = 5.0
+POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"  # Arrow's own setting: where it is set, it wins
 
 _libc = None
 _lock = threading.Lock()
@@ -60,3 +67,23 @@ def trim_now_and_then() -> None:
             return
         _last_trim = now
     libc.malloc_trim(0)
+
+
+def system_pool_for_this_process_tree() -> None:
+    """Arrow's default pool is the system allocator in this process and the ones it starts, unless
+    ``$ARROW_DEFAULT_MEMORY_POOL`` says otherwise. Arrow reads the setting once, when pyarrow loads,
+    and its C++ parts (Flight's reads, Parquet, compute) use that pool whatever Python sets later:
+    so this must run before ``import pyarrow`` (the ``overlord`` command does it first thing)."""
+    os.environ.setdefault(POOL_ENV, "system")
+
+
+def use_system_pool() -> bool:
+    """pyarrow's default memory pool (what Python-level calls allocate from) becomes the system
+    allocator, unless ``$ARROW_DEFAULT_MEMORY_POOL`` names one (then it stays as chosen, and this
+    returns False). For a process that imported pyarrow already, such as a trainer's; buffers
+    allocated before keep their own pool."""
+    if os.environ.get(POOL_ENV):
+        return False
+    import pyarrow as pa
+    pa.set_memory_pool(pa.system_memory_pool())
+    return True

@@ -10,6 +10,12 @@ class OverlordError(Exception):
     """Any error flight_overlord raises on purpose."""
 
 
+class ConfigError(OverlordError, ValueError):
+    """An invalid configuration; the message names the key or file that is wrong. (Defined here, not
+    in ``config``, so that a trainer's client can raise and catch it without importing the config
+    parser and what it pulls in: image decoders, Parquet, file systems.)"""
+
+
 class BackgroundFailure(OverlordError, RuntimeError):
     """A role's background work (planning, assembly) failed: every call waiting on it gets this,
     with the original exception kept as ``cause`` (and ``__cause__``)."""

@@ -19,7 +19,7 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from .. import wire
+from .. import allocator, wire
 from ..wire.security import Credentials
 from ..wire.server import RETRY_SECONDS, ClientPool
 from .launcher import PLANNER_ENV, launcher_rank
@@ -164,16 +164,22 @@ class TrainerClient:
     def __init__(self, planner: str, rank: int, *, start_step: int = 0, num_steps: int | None = None,
                  prefetch: int = 2, timeout: float = 300.0, as_tensors: bool = True, encoder: bool = False,
                  token: str | None = None, credentials: Credentials | None = None,
-                 device: "str | torch.device | None" = None, pin_memory: bool = False):
+                 device: "str | torch.device | None" = None, pin_memory: bool = False,
+                 system_allocator: bool = True):
         """``num_steps``: how many steps to yield in all, counted from the step of the first
         iteration (None: no end). ``encoder=True`` (strategies with an image graph): each step yields
         ``(microbatches, encoder_inputs)``, the second being the images this rank's vision encoder
         processes. ``token`` / ``credentials``: as for :class:`StepFetcher` (trainer token, TLS).
         ``pin_memory``: tensors are copied to page-locked memory (needs an accelerator), so that
         ``device`` (say ``"cuda:0"``) receives them asynchronously; ``device``: where the tensors
-        are placed (default: left on the CPU as zero-copy views of the Arrow buffers)."""
+        are placed (default: left on the CPU as zero-copy views of the Arrow buffers).
+        ``system_allocator``: this process's default Arrow memory pool becomes the system allocator
+        (mimalloc keeps ~4 MiB of freed pages per trainer; ``$ARROW_DEFAULT_MEMORY_POOL``, where
+        set, wins; False leaves the pool alone)."""
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch!r}")
+        if system_allocator:
+            allocator.use_system_pool()
         self._placement = TensorPlacement(device, pin_memory) if (device is not None or pin_memory) else None
         self.rank = rank
         self.encoder = encoder

@@ -8,13 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import OverlordError
+from ..errors import ConfigError  # noqa: F401 - re-exported: config.ConfigError is the one of errors.py
 from ..core.mesh import MEGATRON_ORDER, Mesh
 from ..core.vision import VisionSpec
-
-
-class ConfigError(OverlordError, ValueError):
-    """An invalid configuration; the message names the key or file that is wrong."""
 
 
 @dataclass(frozen=True)

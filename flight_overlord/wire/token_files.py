@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..config import ConfigError
+from ..errors import ConfigError
 from ..core.ranks import RankSet
 
 MIN_TOKEN_CHARS = 16

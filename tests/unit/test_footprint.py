@@ -1,0 +1,38 @@
+"""What a trainer process and a role process load: the memory each of them costs per rank and per node
+(docs/methods/memory-peers.md). Each check runs in a fresh interpreter, as a trainer or role starts."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(code: str, env: dict | None = None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"} | (env or {})
+    return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env,
+                          timeout=120).stdout.strip()
+
+
+def test_the_trainer_client_does_not_load_the_config_parser_or_its_readers():
+    loaded = _run("import sys; from flight_overlord import TrainerClient; "
+                  "print(' '.join(m for m in ('flight_overlord.config', 'PIL', 'pyarrow.parquet', 'pyarrow.fs', "
+                  "'flight_overlord.core.balance') if m in sys.modules))")
+    assert loaded == "", f"a trainer process loads {loaded}"
+
+
+def test_the_trainer_client_moves_pyarrows_pool_to_the_system_allocator_unless_told_otherwise():
+    code = ("import pyarrow as pa; from flight_overlord import TrainerClient; "
+            "c = TrainerClient('grpc://127.0.0.1:1', 0, {}); print(pa.default_memory_pool().backend_name); c.close()")
+    assert _run(code.format("")) == "system"
+    assert _run(code.format("system_allocator=False")) != "system"
+    assert _run(code.format(""), {"ARROW_DEFAULT_MEMORY_POOL": "jemalloc"}) == "jemalloc"
+
+
+@pytest.mark.parametrize("chosen", [None, "jemalloc"])
+def test_role_processes_use_the_system_allocator_in_arrows_own_code_unless_told_otherwise(chosen):
+    """Arrow's C++ parts (Flight reads, Parquet) take the pool set before pyarrow loads: the ``overlord``
+    command sets it first thing, for every role it serves or starts."""
+    env = {"ARROW_DEFAULT_MEMORY_POOL": chosen} if chosen else {}
+    code = ("import os, flight_overlord.deploy.cli, pyarrow as pa; "
+            "print(pa.default_memory_pool().backend_name, os.environ['ARROW_DEFAULT_MEMORY_POOL'])")
+    assert _run(code, env) == f"{chosen or 'system'} {chosen or 'system'}"
