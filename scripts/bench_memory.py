@@ -116,6 +116,23 @@ def measured(run: Run, tallies, sampler) -> Run:
 VARIANTS = {"default": {}, "lean": {"read_ahead_bytes": 1}}  # lean: no row group read ahead of the Planner's demand
 
 
+def loader_settings(variant: str) -> dict:
+    """The ``loader`` settings of a variant: a name of ``VARIANTS``, or ``+``-joined read-ahead settings
+    for a sweep, ``raN`` (``read_ahead_row_groups: N``), ``bytesNm`` (``read_ahead_bytes``: N MiB) and
+    ``slNm`` (``sample_level_bytes``: N MiB), say ``ra8+bytes4m``; other names (bench_peers' deployments) change no loader setting."""
+    if variant in VARIANTS:
+        return dict(VARIANTS[variant])
+    settings = {}
+    for part in variant.split("+"):
+        if part.startswith("ra") and part[2:].isdigit():
+            settings["read_ahead_row_groups"] = int(part[2:])
+        elif part.startswith("bytes") and part.endswith("m") and part[5:-1].replace(".", "", 1).isdigit():
+            settings["read_ahead_bytes"] = max(1, int(float(part[5:-1]) * MiB))
+        elif part.startswith("sl") and part.endswith("m") and part[2:-1].replace(".", "", 1).isdigit():
+            settings["sample_level_bytes"] = max(1, int(float(part[2:-1]) * MiB))
+    return settings
+
+
 def run_overlord(args, tmp: Path, data_dir: Path, names: list[str], ranks: int, hosts: int | str,
                  variant: str = "default", sections: dict | None = None) -> Run:
     """``sections``: further config sections (say ``constructor``) on top of the variant's loader settings."""
@@ -125,7 +142,7 @@ def run_overlord(args, tmp: Path, data_dir: Path, names: list[str], ranks: int, 
                           ranks=ranks, context_length=args.context_length, microbatches=args.microbatches,
                           tokens_per_step=int(ranks * args.microbatches * args.context_length * FILL),
                           seed=args.seed, run_dir=tmp / f"run-{tag}", balance={"method": "greedy"},
-                          **{"loader": {"hosts": hosts, **VARIANTS.get(variant, {})}, **(sections or {})})
+                          **{"loader": {"hosts": hosts, **loader_settings(variant)}, **(sections or {})})
     capture = tmp / f"cap-{tag}"
     capture.mkdir()
     run = Run("overlord", len(names), ranks, hosts, variant)
@@ -254,6 +271,13 @@ def measured_table(runs: list[Run], args, bare: dict[int, int]) -> None:
             row.append(gib(o.max_pss - b) if o and not o.error else "-")
             row.append(f"{(c.max_pss - b) / (o.max_pss - b):.2f}x" if ok else "-")
         print(" | ".join(row) + " |")
+    print("\nEvery flight_overlord run (the read-ahead sweep: `--variants ra1,ra2,ra4,bytes4m,...`):\n")
+    print("| S | R | variant | total PSS (GiB) | loader hosts (MiB) | constructors (MiB) | samples/s |")
+    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: |")
+    for x in runs:
+        if x.side == "overlord" and not x.error:
+            print(f"| {x.sources} | {x.ranks} | {x.variant} | {gib(x.max_pss)} | {x.label_sum('loader') / MiB:.0f} "
+                  f"| {x.label_sum('constructor') / MiB:.0f} | {x.samples_per_s:.0f} |")
     print("\nPSS by process kind at the max (MiB, processes x total):\n")
     for x in runs:
         if not x.error:
@@ -405,7 +429,9 @@ def parse_args(argv=None):
                    help="rewrite each source with row groups of this many MiB of text (2 files x 2 row groups; "
                         "0: the demo corpus's own, ~0.1 MiB)")
     p.add_argument("--variants", type=lambda t: t.split(","), default=["default", "lean"],
-                   help="overlord loader variants: default (read-ahead 2 row groups), lean (read_ahead_bytes: 1)")
+                   help="overlord loader variants: default (the config's read-ahead), lean (read_ahead_bytes: 1), "
+                        "or a sweep's raN / bytesNm / slNm joined by + (read_ahead_row_groups N, read_ahead_bytes N MiB, "
+                        "sample_level_bytes N MiB)")
     p.add_argument("--model-variant", default="lean", help="the overlord variant the simulation is built from")
     p.add_argument("--data", type=Path, help="corpus dir (make_many_sources; generated if missing)")
     p.add_argument("--steps", type=int, default=8)

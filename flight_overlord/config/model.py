@@ -151,6 +151,9 @@ class LoaderConfig:
     # Set from run_dir/partition/plan.json under partition: auto (not a YAML key): the actors of each host.
     groups: tuple[tuple[tuple[str, int], ...], ...] = ()
     scaling: ScalingConfig = ScalingConfig()
+    # a text row group whose token ids take more bytes than this is buffered as its rows' token counts
+    # only; the rows a step asks for are read again from the file (0: always the whole row group)
+    sample_level_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ replica appends to and follows (``LoaderState``), with a snapshot every ``checkp
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import logging
 import threading
@@ -35,12 +36,13 @@ SERVED_KEPT, SERVED_BYTES = 8, 2 * 1024 * 1024
 
 class LoaderActor:
     def __init__(self, partition: SourcePartition, *, seed: int, read_ahead: int, run_dir: Path,
-                 checkpoint_every: int = 50, read_ahead_bytes: int = 0):
+                 checkpoint_every: int = 50, read_ahead_bytes: int = 0, sample_level_bytes: int = 0):
         self.partition = partition
         self.name = f"{partition.source.name}[{partition.actor}]"
         self.seed = seed
         self.read_ahead = read_ahead
         self.read_ahead_bytes = read_ahead_bytes  # 0: no byte bound; else read ahead only below it
+        self.sample_level_bytes = sample_level_bytes  # text row groups of more token bytes: counts only (0: never)
         self.checkpoint_every = checkpoint_every
         self.state = LoaderState()
         self._buffer: dict[int, RowGroupSamples] = {}  # position -> read, transformed row group
@@ -216,7 +218,11 @@ class LoaderActor:
     def _read(self, position: int) -> RowGroupSamples:
         rg = self._at(position)
         try:
-            return self.partition.read(rg)
+            samples = self.partition.read(rg)
+            if (self.sample_level_bytes and samples.images is None and not samples.failed
+                    and samples.tokens.nbytes > self.sample_level_bytes):
+                return samples.sample_level(functools.partial(self.partition.read_rows, rg))
+            return samples
         except ImageError as exc:  # vision.on_bad_image: fail -> whoever asks for this row group gets the error
             log.error("source %s: %s; the run stops (vision.on_bad_image: fail)", self.partition.source.name, exc)
             self._fatal[position] = str(exc)
@@ -327,7 +333,7 @@ def samples_table(parts: list[tuple[RowGroupSamples, int]]) -> pa.Table:
             return pa.ListArray.from_arrays(pa.array(np.zeros(len(rows) + 1, np.int32)), pa.array([], value_type))
         tables.append(pa.table({
             "key": pa.array([buffered.keys[r] for r in rows], pa.string()),
-            "tokens": buffered.tokens.take(indices).cast(schema.field("tokens").type),  # widened (compact_tokens)
+            "tokens": buffered.tokens_of(indices).cast(schema.field("tokens").type),  # widened (compact_tokens)
             "images": taken(buffered.images, pa.binary()),   # text sources: empty lists
             "image_grids": taken(buffered.grids, pa.int32()),
         }, schema=schema))

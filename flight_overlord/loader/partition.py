@@ -1,8 +1,10 @@
 """One loader actor's share of a source: its row groups, their file handles, reading and transforming."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -70,8 +72,12 @@ def compact_tokens(tokens: pa.ListArray) -> pa.ListArray:
 
 @dataclass
 class RowGroupSamples:
-    """A read, transformed row group held in the loader's buffer until every row is popped."""
-    tokens: pa.ListArray  # in the file's row order (text: ``compact_tokens``, any unsigned/int32 width)
+    """A read, transformed row group held in the loader's buffer until every row is popped.
+
+    Sample-level (``loader.sample_level_bytes``, text sources): ``tokens`` is None and the buffer
+    holds only each row's token count (``lengths``); ``reread`` reads the rows a request names again
+    from the file (the transform is per row, so they are the same tokens)."""
+    tokens: pa.ListArray | None  # in the file's row order (text: ``compact_tokens``, any unsigned/int32 width)
     keys: list[str]
     remaining: np.ndarray  # bool per row: not yet popped
     failed: bool = False  # unreadable: metadata reports num_tokens = -1 so the Planner skips its rows
@@ -79,6 +85,8 @@ class RowGroupSamples:
     grids: pa.ListArray | None = None   # list<int32> per row: flattened (t, h, w) per image
     patches: np.ndarray | None = None   # vision-encoder patches per row
     bad: np.ndarray | None = None       # bool per row: a bad image; reported as num_tokens -1, never served
+    lengths: np.ndarray | None = None   # sample-level: tokens per row (int32), the token ids dropped
+    reread: Callable[[pa.Array], pa.ListArray] | None = None  # sample-level: row indices -> their tokens
 
     @classmethod
     def failed_read(cls, source: str, rg: RowGroupRef) -> "RowGroupSamples":
@@ -86,9 +94,24 @@ class RowGroupSamples:
         keys = [sample_key(source, rg.file, rg.row_group, row) for row in range(rg.num_rows)]
         return cls(empty, keys, np.zeros(rg.num_rows, dtype=bool), failed=True)
 
+    def sample_level(self, reread: Callable[[pa.Array], pa.ListArray]) -> "RowGroupSamples":
+        """This row group holding only its rows' token counts; ``reread(indices)`` gives their tokens."""
+        return dataclasses.replace(self, tokens=None, lengths=self.row_lengths(), reread=reread)
+
+    def row_lengths(self) -> np.ndarray:
+        """Tokens per row (a new int32 array)."""
+        if self.tokens is None:
+            return self.lengths.copy()
+        return np.diff(self.tokens.offsets.to_numpy()).astype(np.int32)
+
+    def tokens_of(self, indices: pa.Array) -> pa.ListArray:
+        """The token lists of rows ``indices`` (int32 array), from the buffer or, sample-level, the file."""
+        return self.tokens.take(indices) if self.tokens is not None else self.reread(indices)
+
     @property
     def nbytes(self) -> int:
-        return self.tokens.nbytes + (self.images.nbytes if self.images is not None else 0)
+        held = self.tokens.nbytes if self.tokens is not None else self.lengths.nbytes
+        return held + (self.images.nbytes if self.images is not None else 0)
 
     def _image_sizes(self, rows: int) -> pa.ListArray:
         """Patches per image per row: the product of each (t, h, w) triple of the grids."""
@@ -99,7 +122,7 @@ class RowGroupSamples:
                                         pa.array(triples.prod(axis=1).astype(np.int32)))
 
     def metadata(self) -> pa.RecordBatch:
-        lengths = np.diff(self.tokens.offsets.to_numpy()).astype(np.int32)
+        lengths = self.row_lengths()
         nbytes = lengths.astype(np.int64) * 4
         if self.images is not None:  # image bytes per row, without copying them out of Arrow
             lengths_of_images = pc.fill_null(pc.binary_length(self.images.values), 0).to_numpy()
@@ -149,6 +172,12 @@ class SourcePartition:
         column = table.column(0).combine_chunks()
         tokens = compact_tokens(self._tokenize(column, self.max_tokens))
         return RowGroupSamples(tokens, keys, np.ones(rg.num_rows, dtype=bool))
+
+    def read_rows(self, rg: RowGroupRef, indices: pa.Array) -> pa.ListArray:
+        """The tokens of rows ``indices`` of a text row group, as ``read`` makes them (the transform is
+        per row): its text column read again, only those rows transformed (the sample-level path)."""
+        table = self._file(rg.file).read_row_group(rg.row_group, columns=[self.source.text_column])
+        return self._tokenize(table.column(0).combine_chunks().take(indices), self.max_tokens)
 
     def _read_image_text(self, rg: RowGroupRef, keys: list[str]) -> RowGroupSamples:
         """Sample transform of an image-text row group: tokens with image placeholder runs, patch

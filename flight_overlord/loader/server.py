@@ -178,7 +178,8 @@ def start(argv=None) -> tuple[LoaderServer, str, str | None]:
     actors = [LoaderActor(SourcePartition(cfg.source(source), index, cfg.global_batch.context_length, cfg.vision,
                                           cfg.provisioned_actors(cfg.source(source))),
                           seed=cfg.seed, read_ahead=cfg.loader.read_ahead_row_groups, run_dir=cfg.run_dir,
-                          checkpoint_every=cfg.checkpoint.every, read_ahead_bytes=cfg.loader.read_ahead_bytes)
+                          checkpoint_every=cfg.checkpoint.every, read_ahead_bytes=cfg.loader.read_ahead_bytes,
+                          sample_level_bytes=cfg.loader.sample_level_bytes)
               for source, index in wanted]
     security = Security.from_config(cfg)
     server = LoaderServer(actors, security, host=cfg.network.host, port=args.port)

@@ -145,3 +145,40 @@ def test_loader_processes_run_with_the_system_allocator(idle_cluster):
     loader = next(c for c in idle_cluster.children if c.name.startswith("loader"))
     environ = Path(f"/proc/{loader.process.pid}/environ").read_bytes().split(b"\0")
     assert b"ARROW_DEFAULT_MEMORY_POOL=system" in environ
+
+
+def test_sample_level_rows_are_the_row_group_paths_and_the_buffer_keeps_only_counts(corpus, tmp_path):
+    """``loader.sample_level_bytes``: a row group over the bound is buffered as its token counts; the
+    Planner's metadata and every served sample are those of the whole-row-group path."""
+    cfg = load_config(write_config(tmp_path, corpus))
+    source = cfg.source("longdocs")
+    actors = [LoaderActor(SourcePartition(source, 0, cfg.global_batch.context_length, cfg.vision), seed=cfg.seed,
+                          read_ahead=1, run_dir=tmp_path / name, sample_level_bytes=bound)
+              for name, bound in (("whole", 0), ("sampled", 1))]
+    whole, sampled = actors
+    try:
+        for position in range(2):
+            rg = whole._at(position)
+            assert sampled.metadata(0, rg.file, rg.row_group).equals(whole.metadata(0, rg.file, rg.row_group))
+            rows = [[0, rg.file, rg.row_group, row] for row in (rg.num_rows - 1, 0, rg.num_rows // 2)]
+            got = sampled.samples(position, 0, rows)
+            assert got.equals(whole.samples(position, 0, rows)) and got.num_rows == 3
+            held = sampled._buffer[position]
+            assert held.tokens is None and held.nbytes == 4 * rg.num_rows < whole._buffer[position].nbytes
+    finally:
+        for actor in actors:
+            actor.close()
+
+
+def test_sample_level_run_delivers_the_same_streams_every_sample_once(corpus, tmp_path):
+    """A cluster whose loaders buffer every row group sample-level (a 1-byte bound): every rank's
+    stream (keys, token ids, every column) equals the whole-row-group run's; each planned sample once."""
+    steps = 6
+    sampled_path = write_config(tmp_path / "sampled", corpus, loader={"sample_level_bytes": 1})
+    sampled = fetch_run(sampled_path, steps)
+    whole = fetch_run(write_config(tmp_path / "whole", corpus), steps)
+    assert {r: [t.to_pydict() for t in tables] for r, tables in sampled.items()} == \
+        {r: [t.to_pydict() for t in tables] for r, tables in whole.items()}
+    planned = [k for record in journal(sampled_path)[:steps] for b in record["bins"] for k in b]
+    delivered = [k for tables in sampled.values() for k in delivered_keys(tables)]
+    assert sorted(delivered) == sorted(planned) and len(set(delivered)) == len(delivered)
