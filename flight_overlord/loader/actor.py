@@ -332,7 +332,7 @@ def samples_table(parts: list[tuple[RowGroupSamples, int]]) -> pa.Table:
                 return values.take(indices)
             return pa.ListArray.from_arrays(pa.array(np.zeros(len(rows) + 1, np.int32)), pa.array([], value_type))
         tables.append(pa.table({
-            "key": pa.array([buffered.keys[r] for r in rows], pa.string()),
+            "key": buffered.keys.array(indices),
             "tokens": buffered.tokens_of(indices).cast(schema.field("tokens").type),  # widened (compact_tokens)
             "images": taken(buffered.images, pa.binary()),   # text sources: empty lists
             "image_grids": taken(buffered.grids, pa.int32()),

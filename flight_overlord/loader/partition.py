@@ -70,6 +70,31 @@ def compact_tokens(tokens: pa.ListArray) -> pa.ListArray:
                                     pa.array(values.astype(narrow.to_pandas_dtype())))
 
 
+class SampleKeys:
+    """The sample keys of a row group's rows, made when asked: kept as a list of strings they cost
+    ~90 bytes a row, more than a short row's tokens (a 2 MiB row group of short texts: 50k rows)."""
+
+    def __init__(self, source: str, rg: RowGroupRef):
+        self.prefix = sample_key(source, rg.file, rg.row_group, 0)[:-1]  # "source:file:row_group:"
+        self.rows = rg.num_rows
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, row: int) -> str:
+        if not 0 <= row < self.rows:
+            raise IndexError(f"row {row} of a row group of {self.rows}")
+        return f"{self.prefix}{row}"
+
+    def __iter__(self):
+        return (f"{self.prefix}{row}" for row in range(self.rows))
+
+    def array(self, rows: pa.Array | None = None) -> pa.StringArray:
+        """The keys of ``rows`` (default: every row), as Arrow strings."""
+        rows = pa.array(np.arange(self.rows, dtype=np.int32)) if rows is None else rows
+        return pc.binary_join_element_wise(self.prefix, rows.cast(pa.string()), "")
+
+
 @dataclass
 class RowGroupSamples:
     """A read, transformed row group held in the loader's buffer until every row is popped.
@@ -78,7 +103,7 @@ class RowGroupSamples:
     holds only each row's token count (``lengths``); ``reread`` reads the rows a request names again
     from the file (the transform is per row, so they are the same tokens)."""
     tokens: pa.ListArray | None  # in the file's row order (text: ``compact_tokens``, any unsigned/int32 width)
-    keys: list[str]
+    keys: SampleKeys
     remaining: np.ndarray  # bool per row: not yet popped
     failed: bool = False  # unreadable: metadata reports num_tokens = -1 so the Planner skips its rows
     images: pa.ListArray | None = None  # image-text sources: list<binary> per row (encoded, or decoded patches)
@@ -91,8 +116,7 @@ class RowGroupSamples:
     @classmethod
     def failed_read(cls, source: str, rg: RowGroupRef) -> "RowGroupSamples":
         empty = pa.ListArray.from_arrays(pa.array(np.zeros(rg.num_rows + 1, np.int32)), pa.array([], pa.int32()))
-        keys = [sample_key(source, rg.file, rg.row_group, row) for row in range(rg.num_rows)]
-        return cls(empty, keys, np.zeros(rg.num_rows, dtype=bool), failed=True)
+        return cls(empty, SampleKeys(source, rg), np.zeros(rg.num_rows, dtype=bool), failed=True)
 
     def sample_level(self, reread: Callable[[pa.Array], pa.ListArray]) -> "RowGroupSamples":
         """This row group holding only its rows' token counts; ``reread(indices)`` gives their tokens."""
@@ -134,7 +158,7 @@ class RowGroupSamples:
             lengths[self.bad] = -1
         patches = self.patches if self.patches is not None else np.zeros(len(lengths))
         return pa.record_batch({
-            "key": pa.array(self.keys, pa.string()),
+            "key": self.keys.array(),
             "row": pa.array(np.arange(len(self.keys), dtype=np.int32)),
             "num_tokens": pa.array(lengths),
             "image_patches": pa.array(patches.astype(np.int32)),
@@ -165,7 +189,7 @@ class SourcePartition:
         self._tokenize = make_transform(source.transform.name, source.transform.options)
 
     def read(self, rg: RowGroupRef) -> RowGroupSamples:
-        keys = [sample_key(self.source.name, rg.file, rg.row_group, row) for row in range(rg.num_rows)]
+        keys = SampleKeys(self.source.name, rg)
         if self.source.image_column:
             return self._read_image_text(rg, keys)
         table = self._file(rg.file).read_row_group(rg.row_group, columns=[self.source.text_column])
@@ -179,7 +203,7 @@ class SourcePartition:
         table = self._file(rg.file).read_row_group(rg.row_group, columns=[self.source.text_column])
         return self._tokenize(table.column(0).combine_chunks().take(indices), self.max_tokens)
 
-    def _read_image_text(self, rg: RowGroupRef, keys: list[str]) -> RowGroupSamples:
+    def _read_image_text(self, rg: RowGroupRef, keys: SampleKeys) -> RowGroupSamples:
         """Sample transform of an image-text row group: tokens with image placeholder runs, patch
         counts from the image headers; pixels decoded here only with ``vision.decode_at: loader``."""
         columns = [self.source.text_column, self.source.image_column]

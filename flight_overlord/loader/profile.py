@@ -66,7 +66,7 @@ def profile_source(cfg: Config, name: str, row_groups: int = PROFILE_ROW_GROUPS)
             read = partition.read(rg)
             seconds += time.perf_counter() - started
             samples += rg.num_rows
-            out_bytes += read.nbytes + sum(len(k) + 49 for k in read.keys)  # tokens (and images), key strings
+            out_bytes += read.nbytes + read.remaining.nbytes  # tokens (and images), row flags (keys: made when asked)
             tokens += len(read.tokens.values)
     finally:
         partition.close()
