@@ -4,7 +4,7 @@ The YAML shape is the Python shape: section ``loader`` is ``Config.loader`` (a `
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +154,22 @@ class LoaderConfig:
     # a text row group whose token ids take more bytes than this is buffered as its rows' token counts
     # only; the rows a step asks for are read again from the file (0: always the whole row group)
     sample_level_bytes: int = 0
+
+
+DEPLOYMENTS = ("default", "single_node")
+
+
+def deployment_defaults(deployment: str, mesh: MeshConfig) -> tuple[dict, dict]:
+    """The defaults of the ``loader`` and ``constructor`` keys under ``deployment``. ``single_node``, for
+    a run whose ranks share one machine: ``constructor.dp_per_constructor`` every data-parallel rank
+    (one constructor process) and ``loader.hosts: 1`` (every loader actor in one process); keys the
+    config sets win. The same plans and streams as the default deployment in fewer processes: less
+    memory per node (docs/methods/memory-peers.md)."""
+    loader = {f.name: f.default for f in fields(LoaderConfig) if f.name != "groups"}
+    constructor = {f.name: f.default for f in fields(ConstructorConfig)}
+    if deployment == "single_node":
+        loader["hosts"], constructor["dp_per_constructor"] = 1, mesh.dp
+    return loader, constructor
 
 
 @dataclass(frozen=True)

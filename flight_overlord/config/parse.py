@@ -18,11 +18,11 @@ from .. import source_files
 from ..core import balance
 from ..core.context_parallel import CP_FORMATS, CP_SPLITS, chunk_count
 from ..core.cost import COST_MODELS
-from .model import (BalanceConfig, CheckpointConfig, Config, ConfigError, ConstructorConfig, CostConfig,
-                     GlobalBatchConfig, LoaderConfig, MeshConfig, MetricsConfig, NetworkConfig, RayConfig, SecurityConfig,
-                     SourceConfig, StrategyConfig, TLSConfig, TransformConfig, VisionConfig)
+from .model import (DEPLOYMENTS, BalanceConfig, CheckpointConfig, Config, ConfigError, ConstructorConfig, CostConfig,
+                    GlobalBatchConfig, LoaderConfig, MeshConfig, MetricsConfig, NetworkConfig, PartitionBudget,
+                    PlannerConfig, RayConfig, ScalingConfig, SecurityConfig, SourceConfig, StrategyConfig, TLSConfig,
+                    TransformConfig, VisionConfig, deployment_defaults)
 from .fields import REQUIRED, as_choice, as_flag, as_int, as_number, check_host, check_keys, defaults_of, join_key
-from .model import PartitionBudget, PlannerConfig, ScalingConfig
 
 # Row groups per shuffle window of a source (sources[].shuffle_window): see docs/methods/data-order.md
 SHUFFLE_WINDOW = 2
@@ -67,7 +67,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         "mesh": None, "global_batch": REQUIRED, "cost": None, "balance": None,
         "prefetch": 2, "network": None, "loader": None, "constructor": None,
         "pad_token_id": 0, "strategy": None, "vision": None, "checkpoint": None, "security": None,
-        "metrics": None, "ray": None, "planner": None,
+        "metrics": None, "ray": None, "planner": None, "deployment": "default",
     })
     data_root = _path(base_dir, top["data_root"], "data_root")
     global_batch = _parse_global_batch(top["global_batch"])
@@ -75,9 +75,10 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
     mesh = _parse_mesh(top["mesh"], global_batch.context_length, global_batch.pad_to_multiple)
     network = check_keys(top["network"], "network", defaults_of(NetworkConfig))
     balancing = check_keys(top["balance"], "balance", defaults_of(BalanceConfig))
-    loader = check_keys(top["loader"], "loader", {k: v for k, v in defaults_of(LoaderConfig).items() if k != "groups"})
+    loader_keys, constructor_keys = deployment_defaults(as_choice(top["deployment"], "deployment", DEPLOYMENTS), mesh)
+    loader = check_keys(top["loader"], "loader", loader_keys)
     checkpoint = check_keys(top["checkpoint"], "checkpoint", defaults_of(CheckpointConfig))
-    constructor = check_keys(top["constructor"], "constructor", defaults_of(ConstructorConfig))
+    constructor = check_keys(top["constructor"], "constructor", constructor_keys)
     planner = check_keys(top["planner"], "planner", defaults_of(PlannerConfig))
     return Config(
         seed=as_int(top["seed"], "seed", minimum=0),
@@ -91,14 +92,12 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
                               as_int(network["planner_port"], "network.planner_port", minimum=0),
                               _advertise(network["advertise"])),
         loader=LoaderConfig(as_int(loader["read_ahead_row_groups"], "loader.read_ahead_row_groups", minimum=1),
-                            as_int(loader["shadows"], "loader.shadows", minimum=0),
-                            _hosts(loader["hosts"]),
+                            as_int(loader["shadows"], "loader.shadows", minimum=0), _hosts(loader["hosts"]),
                             as_int(loader["read_ahead_bytes"], "loader.read_ahead_bytes", minimum=0),
                             as_choice(loader["partition"], "loader.partition", ("manual", "auto")),
                             _parse_budget(loader["budget"]),
                             scaling=_parse_scaling(loader["scaling"], [s.name for s in sources]),
-                            sample_level_bytes=as_int(loader["sample_level_bytes"], "loader.sample_level_bytes",
-                                                      minimum=0)),
+                            sample_level_bytes=as_int(loader["sample_level_bytes"], "loader.sample_level_bytes", minimum=0)),
         constructor=ConstructorConfig(as_int(constructor["dp_per_constructor"], "constructor.dp_per_constructor",
                                            minimum=1)),
         checkpoint=CheckpointConfig(as_int(checkpoint["every"], "checkpoint.every", minimum=1)),

@@ -41,3 +41,18 @@ def test_zero_is_one_process_per_actor_and_n_is_n_whatever_the_cpus(corpus, tmp_
 def test_bad_hosts_values_are_named(corpus, tmp_path, value):
     with pytest.raises(ConfigError, match=r"loader\.hosts: expected auto, 0 .* got "):
         _cfg(tmp_path, corpus, hosts=value)
+
+
+def test_single_node_deployment_is_one_loader_process_and_one_constructor_unless_the_config_says(corpus, tmp_path):
+    """``deployment: single_node``: the defaults of loader.hosts (1) and constructor.dp_per_constructor
+    (every data-parallel rank); keys the config sets win; an unknown deployment is a named error."""
+    def cfg(name, **top):
+        return load_config(write_config(tmp_path / name, corpus, loaders={"captions": 2}, mesh={"dp": 4}, **top))
+    node = cfg("node", deployment="single_node")
+    assert loader_hosts(node, cpus=8) == [("loader-host0", ACTORS)] and node.num_constructors == 1
+    default = cfg("default")
+    assert len(loader_hosts(default, cpus=8)) == 2 and default.num_constructors == 4
+    mine = cfg("mine", deployment="single_node", loader={"hosts": 2}, constructor={"dp_per_constructor": 2})
+    assert len(loader_hosts(mine, cpus=8)) == 2 and mine.num_constructors == 2
+    with pytest.raises(ConfigError, match="deployment"):
+        cfg("bad", deployment="one_box")
