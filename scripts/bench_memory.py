@@ -22,7 +22,7 @@ source, per constructor) a MODEL of 512 nodes x 8 GPUs, batch 512, 4 workers, ov
 colocated loading is repeated on every GPU rank, flight_overlord loads once and builds once per
 data-parallel group. Written as a table and as ``docs/memory_ratio.png`` (needs matplotlib).
 
-Each flight_overlord cell runs two loader variants: ``default`` (2 row groups read ahead) and
+Each flight_overlord cell runs two loader variants: ``default`` (the config's read-ahead: 2 row groups, at most 4 MiB) and
 ``lean`` (``loader.read_ahead_bytes: 1``: nothing read ahead of the Planner's demand). A
 "data path only" table subtracts R bare trainer processes (measured together in the same run)
 from both sides: an estimate, labelled as such; the headline is the total PSS.
@@ -82,7 +82,7 @@ class Run:
     sources: int
     ranks: int
     hosts: int | str | None  # loader.hosts (overlord): N or auto
-    variant: str = ""  # overlord: "default" (read-ahead 2 row groups) or "lean" (read ahead only what is asked)
+    variant: str = ""  # overlord: "default" (the config's read-ahead) or "lean" (read ahead only what is asked)
     max_pss: int = 0
     end_pss: int = 0
     processes: int = 0
@@ -118,16 +118,17 @@ VARIANTS = {"default": {}, "lean": {"read_ahead_bytes": 1}}  # lean: no row grou
 
 def loader_settings(variant: str) -> dict:
     """The ``loader`` settings of a variant: a name of ``VARIANTS``, or ``+``-joined read-ahead settings
-    for a sweep, ``raN`` (``read_ahead_row_groups: N``), ``bytesNm`` (``read_ahead_bytes``: N MiB) and
+    for a sweep, ``raN`` (``read_ahead_row_groups: N``), ``bytesNm`` (``read_ahead_bytes``: N MiB; ``bytes0m``: no byte bound) and
     ``slNm`` (``sample_level_bytes``: N MiB), say ``ra8+bytes4m``; other names (bench_peers' deployments) change no loader setting."""
-    if variant in VARIANTS:
-        return dict(VARIANTS[variant])
     settings = {}
     for part in variant.split("+"):
-        if part.startswith("ra") and part[2:].isdigit():
+        if part in VARIANTS:
+            settings.update(VARIANTS[part])
+        elif part.startswith("ra") and part[2:].isdigit():
             settings["read_ahead_row_groups"] = int(part[2:])
         elif part.startswith("bytes") and part.endswith("m") and part[5:-1].replace(".", "", 1).isdigit():
-            settings["read_ahead_bytes"] = max(1, int(float(part[5:-1]) * MiB))
+            mib = float(part[5:-1])  # bytes0m: no byte bound
+            settings["read_ahead_bytes"] = max(1, int(mib * MiB)) if mib else 0
         elif part.startswith("sl") and part.endswith("m") and part[2:-1].replace(".", "", 1).isdigit():
             settings["sample_level_bytes"] = max(1, int(float(part[2:-1]) * MiB))
     return settings
@@ -135,14 +136,16 @@ def loader_settings(variant: str) -> dict:
 
 def run_overlord(args, tmp: Path, data_dir: Path, names: list[str], ranks: int, hosts: int | str,
                  variant: str = "default", sections: dict | None = None) -> Run:
-    """``sections``: further config sections (say ``constructor``) on top of the variant's loader settings."""
+    """``sections``: further config sections (say ``constructor``) on top of the variant's loader settings;
+    ``hosts`` None: ``loader.hosts`` left to the config's defaults (``deployment: single_node`` sets it)."""
     from flight_overlord.deploy.launch import LocalCluster
     tag = f"o-s{len(names)}-r{ranks}-h{hosts}-{variant}"
     config = write_config(tmp / f"{tag}.yaml", data_dir, [{"name": n, "weight": 1.0} for n in names],
                           ranks=ranks, context_length=args.context_length, microbatches=args.microbatches,
                           tokens_per_step=int(ranks * args.microbatches * args.context_length * FILL),
                           seed=args.seed, run_dir=tmp / f"run-{tag}", balance={"method": "greedy"},
-                          **{"loader": {"hosts": hosts, **loader_settings(variant)}, **(sections or {})})
+                          **{"loader": {**({} if hosts is None else {"hosts": hosts}), **loader_settings(variant)},
+                             **(sections or {})})
     capture = tmp / f"cap-{tag}"
     capture.mkdir()
     run = Run("overlord", len(names), ranks, hosts, variant)
@@ -240,8 +243,8 @@ def measured_table(runs: list[Run], args, bare: dict[int, int]) -> None:
     print("\n### Measured PSS (GiB, summed over every process of the side, max while running)\n")
     print(f"W = {args.workers} DataLoader workers per rank (colocated); {args.microbatches} microbatches of "
           f"{args.context_length} tokens per rank and step, {args.warmup} warm-up + {args.steps} timed steps. "
-          f"overlord: `loader.hosts: {args.hosts}`; *default* reads 2 row groups ahead "
-          f"(`read_ahead_row_groups: 2`), *lean* reads only what the Planner asks for (`read_ahead_bytes: 1`).\n")
+          f"overlord: `loader.hosts: {args.hosts}`; *default* reads 2 row groups ahead while "
+          f"an actor holds under 4 MiB (`read_ahead_row_groups: 2`, `read_ahead_bytes: 4 MiB`), *lean* reads only what the Planner asks for (`read_ahead_bytes: 1`).\n")
     print("| S | R | colocated | overlord default | colocated / default | overlord lean | colocated / lean "
           "| overlord hosts:0 | colocated end | lean end |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -135,6 +135,17 @@ def run_streaming(args, mds_dirs: list[Path], ranks: int) -> bm.Run:
     return bm.measured(run, tallies, sampler)
 
 
+def deployment(variant: str, ranks: int) -> tuple[int | str | None, dict]:
+    """(loader.hosts, further config sections) of a flight_overlord variant: ``default``; ``single_node``
+    (the named setting: ``deployment: single_node``); ``node`` (``constructor.dp_per_constructor: R``),
+    ``node1`` (and ``loader.hosts: 1``); any of them ``+`` loader settings (``+lean``, ``+ra1``: bench_memory)."""
+    name = variant.split("+")[0]
+    if name == "single_node":
+        return None, {"deployment": "single_node"}
+    sections = {"constructor": {"dp_per_constructor": ranks}} if name.startswith("node") else {}
+    return (1 if name == "node1" else "auto"), sections
+
+
 def cell(args, tmp: Path, data_dir: Path, mds_root: Path, names: list[str], ranks: int) -> list[bm.Run]:
     runs = []
     attempts = [("overlord", v) for v in args.variants] + [("streaming", "")]
@@ -143,10 +154,7 @@ def cell(args, tmp: Path, data_dir: Path, mds_root: Path, names: list[str], rank
     for side, variant in attempts:
         try:
             if side == "overlord":
-                node = variant.startswith("node")  # node: one constructor; node1: and one loader host
-                sections = {"constructor": {"dp_per_constructor": ranks}} if node else {}
-                hosts = 1 if variant == "node1" else "auto"
-                runs.append(bm.run_overlord(args, tmp, data_dir, names, ranks, hosts, variant, sections))
+                runs.append(bm.run_overlord(args, tmp, data_dir, names, ranks, *deployment(variant, ranks), variant))
             elif side == "streaming":
                 runs.append(run_streaming(args, convert_to_mds(data_dir, names, mds_root), ranks))
             elif bm.fitted_colocated(len(names), ranks, args.workers) > args.max_gib * GiB:
@@ -188,8 +196,9 @@ def parse_args(argv=None):
     p.add_argument("--ranks", type=ints, default=[2, 8])
     p.add_argument("--workers", type=int, default=4, help="DataLoader workers per rank (Streaming, colocated)")
     p.add_argument("--variants", type=lambda t: t.split(","), default=["default", "node"],
-                   help="flight_overlord deployments: default; node (one constructor process per node); node1 "
-                        "(and one loader host process); lean (read_ahead_bytes: 1)")
+                   help="flight_overlord deployments: default; single_node (deployment: single_node); node (one "
+                        "constructor process per node); node1 (and one loader host process); each may add +lean, "
+                        "+raN (bench_memory's loader settings)")
     p.add_argument("--no-colocated", action="store_true")
     p.add_argument("--max-gib", type=float, default=12.0, help="skip colocated runs fitted above this")
     p.add_argument("--rows-per-source", type=int, default=2000)
