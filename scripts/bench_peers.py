@@ -154,7 +154,8 @@ def cell(args, tmp: Path, data_dir: Path, mds_root: Path, names: list[str], rank
     for side, variant in attempts:
         try:
             if side == "overlord":
-                runs.append(bm.run_overlord(args, tmp, data_dir, names, ranks, *deployment(variant, ranks), variant))
+                hosts, sections = deployment(variant, ranks)
+                runs.append(bm.run_overlord(args, tmp, data_dir, names, ranks, hosts, variant, sections))
             elif side == "streaming":
                 runs.append(run_streaming(args, convert_to_mds(data_dir, names, mds_root), ranks))
             elif bm.fitted_colocated(len(names), ranks, args.workers) > args.max_gib * GiB:
