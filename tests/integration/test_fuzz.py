@@ -40,7 +40,7 @@ from flight_overlord.client import StepFetcher
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.core.order import epoch_order
 from flight_overlord.deploy.launch import LocalCluster
-from flight_overlord.loader.partition import SourcePartition, read_catalog
+from flight_overlord.loader.row_groups import SourceShare, read_catalog
 
 from ..helpers import delivered_keys, journal, sample_lengths, write_config
 
@@ -833,7 +833,7 @@ def test_a_bit_flip_is_caught_when_the_file_has_page_checksums(corpus, tmp_path)
     else:
         pytest.fail("no silent flip found")
     cfg = load_config(write_config(tmp_path, root, sources=[{"name": "qa", "paths": "qa/*.parquet"}]))
-    partition = SourcePartition(cfg.source("qa"), 0, 1024)
+    partition = SourceShare(cfg.source("qa"), 0, 1024)
     rg = next(r for r in partition.row_groups if r.file == str(path.relative_to(root)) and r.row_group == 0)
     with pytest.raises(Exception):  # the loader's read must fail, so that the row group is skipped
         partition.read(rg)
