@@ -20,7 +20,8 @@ from tqdm import tqdm
 
 from .. import wire
 from ..config import Config, load_config
-from ..deploy.launch import LocalCluster, holds_a_run, move_aside
+from ..deploy.cluster import holds_a_run, move_aside
+from ..deploy.launch import LocalCluster
 from ..planner.strategy import load_strategy
 from ..wire.security import Credentials
 from ..wire.server import connect

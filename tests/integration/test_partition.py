@@ -12,7 +12,7 @@ import pytest
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.core.partition_plan import GiB
 from flight_overlord.deploy.cli import main
-from flight_overlord.deploy.launch import loader_hosts
+from flight_overlord.deploy.topology import loader_hosts
 from flight_overlord.loader.actor import SERVED_KEPT, LoaderActor
 from flight_overlord.loader.row_groups import SourceShare
 
