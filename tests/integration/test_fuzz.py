@@ -38,6 +38,7 @@ from hypothesis import strategies as st
 from flight_overlord import config as config_module
 from flight_overlord.client import StepFetcher
 from flight_overlord.config import ConfigError, load_config
+from flight_overlord.config.parse import MESH_KEYS
 from flight_overlord.core.order import epoch_order
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.loader.row_groups import SourceShare, read_catalog
@@ -400,8 +401,8 @@ def _plan_waits(raw: bytes, f: Fuzzed) -> bool:
 
 def _sections() -> dict[str, list[str]]:
     """The real keys of each config section, from the config's own dataclasses."""
-    out = {}
-    for section, cls in (("mesh", "MeshConfig"), ("global_batch", "GlobalBatchConfig"), ("cost", "CostConfig"),
+    out = {"mesh": list(MESH_KEYS)}  # the mesh's fields but the constructor grouping (its own section)
+    for section, cls in (("global_batch", "GlobalBatchConfig"), ("cost", "CostConfig"),
                          ("balance", "BalanceConfig"), ("network", "NetworkConfig"), ("loader", "LoaderConfig"),
                          ("constructor", "ConstructorConfig"), ("checkpoint", "CheckpointConfig"),
                          ("vision", "VisionConfig"), ("strategy", "StrategyConfig"), ("security", "SecurityConfig"),
