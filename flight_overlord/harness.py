@@ -44,8 +44,9 @@ def table_digest(table: pa.Table) -> str:
     return h.hexdigest()
 
 
-def plan_hash(run_dir: Path, steps: int) -> str:
-    """The journaled plans of steps < ``steps``, in step order, without wall-clock fields."""
+def plan_hash(run_dir: Path, steps: int, *, root: Path | None = None) -> str:
+    """The journaled plans of steps < ``steps``, in step order, without wall-clock fields; ``root``, a
+    folder the config lives in (its strategy file is journaled by path), is left out of every path."""
     from .journal import read_journal
     plans = {}
     for _, record in read_journal(Path(run_dir) / "plan-journal.jsonl"):
@@ -53,7 +54,8 @@ def plan_hash(run_dir: Path, steps: int) -> str:
             plans[record["step"]] = {k: v for k, v in record.items() if "time" not in k and k != "wall"}
     if sorted(plans) != list(range(steps)):
         raise ValueError(f"the plan journal holds plans of steps {sorted(plans)}, not 0..{steps - 1}")
-    return blake(json.dumps([plans[s] for s in range(steps)], sort_keys=True).encode())
+    text = json.dumps([plans[s] for s in range(steps)], sort_keys=True)
+    return blake((text.replace(json.dumps(str(root))[1:-1], "") if root is not None else text).encode())
 
 
 class RankThreads:

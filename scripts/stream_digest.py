@@ -73,7 +73,7 @@ def digest_config(name: str, data: Path, steps: int) -> list[str]:
             for c in clients.values():
                 c.close()
         lines = [f"{name} rank {r}: {blake(''.join(d).encode())}" for r, d in streams.items()]
-        lines.append(f"{name} plan hash (steps 0..{steps - 1}): {plan_hash(cfg.run_dir, steps)}")
+        lines.append(f"{name} plan hash (steps 0..{steps - 1}): {plan_hash(cfg.run_dir, steps, root=Path(tmp))}")
         counts = Counter({s: len(k) for s, k in per_source.items()})
         lines.append(f"{name} audit: delivered distinct samples {sum(counts.values())}, per source "
                      + ", ".join(f"{s}={n}" for s, n in sorted(counts.items())))

@@ -52,3 +52,11 @@ def test_plan_hash_ignores_wall_clock_fields_and_needs_every_step(tmp_path):
     assert harness.plan_hash(tmp_path, 2) != first
     with pytest.raises(ValueError, match=r"plans of steps \[0, 1\], not 0..2"):
         harness.plan_hash(tmp_path, 3)
+    # a strategy journaled by the path of a copy of the config: the copy's folder is left out
+    write([{"step": 0, "bins": [["a:0"]], "strategy": [str(tmp_path / "strategies" / "s.py")]}])
+    elsewhere = tmp_path / "other"
+    elsewhere.mkdir()
+    (elsewhere / "plan-journal.jsonl").write_text(json.dumps(
+        {"step": 0, "bins": [["a:0"]], "strategy": [str(elsewhere / "strategies" / "s.py")]}) + "\n")
+    assert harness.plan_hash(tmp_path, 1, root=tmp_path) == harness.plan_hash(elsewhere, 1, root=elsewhere)
+    assert harness.plan_hash(tmp_path, 1) != harness.plan_hash(elsewhere, 1)
