@@ -15,13 +15,16 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
-PLAN_RETRIES = 10  # a stock client's get_flight_info times out server-side while a step is planned
+from .wire.server import ask_again
+
+PLAN_WAIT_SECONDS = 600.0  # a stock client's get_flight_info times out server-side while a step is planned
 
 
 def blake(data: bytes) -> str:
@@ -134,13 +137,8 @@ def stock_fetch(client_of: Callable[[str], fl.FlightClient], planner: str, step:
     """One ``(step, rank)`` as a stock Flight client reads it: the Planner's FlightInfo, then every
     endpoint's ticket where it says (a server-side wait that times out is asked again)."""
     descriptor = fl.FlightDescriptor.for_path("batch", str(step), str(rank))
-    for attempt in range(PLAN_RETRIES):
-        try:
-            info = client_of(planner).get_flight_info(descriptor)
-            break
-        except fl.FlightTimedOutError:
-            if attempt == PLAN_RETRIES - 1:
-                raise
+    info = ask_again(lambda: client_of(planner).get_flight_info(descriptor),
+                     deadline=time.monotonic() + PLAN_WAIT_SECONDS)
     tables = []
     for endpoint in info.endpoints:
         location = endpoint.locations[0].uri.decode() if endpoint.locations else planner
