@@ -183,9 +183,10 @@ def plan_imbalance(planner: str, first: int, last: int) -> str:
     import pyarrow.flight as fl
 
     from flight_overlord import wire
+    from flight_overlord.wire.actions import StatsRequest
     try:
         client = fl.connect(planner)
-        stats = wire.call(client, "stats", {"from": first, "to": last}, timeout=10)
+        stats = wire.call(client, "stats", StatsRequest(first, last).to_wire(), timeout=10)
         client.close()
         balanced = [s["imbalance"] for s in stats.values()]
         unbalanced = [s["imbalance_unbalanced"] for s in stats.values()]

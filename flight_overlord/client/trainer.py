@@ -21,6 +21,7 @@ import pyarrow.flight as fl
 
 from .. import wire
 from ..wire.security import Credentials
+from ..wire.actions import Report
 from ..wire.server import RETRY_SECONDS, ClientPool, ask_again
 from .launcher import PLANNER_ENV, launcher_rank
 from .tensors import TensorPlacement, table_to_encoder_inputs, table_to_microbatches
@@ -199,18 +200,13 @@ class TrainerClient:
         ``encoder_seconds``: the vision encoder's seconds on this rank's images (image graph), for
         ``cost.fit_encoder``. The step's data waits this client measured go along (``overlord status``
         attributes them)."""
-        body = {"step": step, "rank": self.rank}
         with self._waits_lock:
             waits = self._waits.pop(step, None)
-        if waits is not None:
-            body["waits"] = waits
-        if losses is not None:
-            body["losses"] = losses
         if compute_seconds is not None:
-            body["compute_seconds"] = ([float(s) for s in compute_seconds] if isinstance(compute_seconds, (list, tuple))
-                                       else float(compute_seconds))
-        if encoder_seconds is not None:
-            body["encoder_seconds"] = float(encoder_seconds)
+            compute_seconds = ([float(s) for s in compute_seconds] if isinstance(compute_seconds, (list, tuple))
+                               else float(compute_seconds))
+        body = Report(step, self.rank, losses, compute_seconds,
+                      None if encoder_seconds is None else float(encoder_seconds), waits).to_wire()
         fetcher = self._fetcher
         fetcher.retry(lambda client: wire.call(client, "report", body),
                       fetcher.planner_location, f"report of step {step}", "the planner")

@@ -27,6 +27,7 @@ from ..config import Config, load_config
 from ..core.starvation import fetch_shares
 from ..planner.strategy import load_strategy
 from ..role_process import add_serving_args, advertised_host, start_metrics
+from ..wire.actions import PlanRequest, ResumePointRequest
 from ..wire.plan import ConstructorPlan, FetchGroup
 from ..wire.security import INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, ClientPool, ask_again, call_any, location_of, register, serve
@@ -62,7 +63,7 @@ class ConstructorServer(ActionServer):
     def _assemble_loop(self) -> None:
         constructor = self.constructor
         try:
-            start = self._call_planner("resume_point", {"constructor": self.index})
+            start = self._call_planner("resume_point", ResumePointRequest(self.index).to_wire())
             if start is None:
                 return
             constructor.begin_at(start["step"])
@@ -72,8 +73,7 @@ class ConstructorServer(ActionServer):
                 if not constructor.paced(step):
                     return
                 asked = time.monotonic()
-                raw = self._call_planner("plan", lambda: {"step": step, "constructor": self.index,
-                                                          "positions": constructor.positions()})
+                raw = self._call_planner("plan", lambda: PlanRequest(step, self.index, constructor.positions()).to_wire())
                 if raw is None:
                     return
                 planned = time.monotonic()
