@@ -19,14 +19,12 @@ from ..core import balance
 from ..core.context_parallel import CP_FORMATS, CP_SPLITS, chunk_count
 from ..core.cost import COST_MODELS
 from ..core.mesh import Mesh
-from .model import (BalanceConfig, CheckpointConfig, Config, ConfigError, ConstructorConfig, CostConfig,
-                     GlobalBatchConfig, LoaderConfig, MetricsConfig, NetworkConfig, RayConfig, SecurityConfig,
-                     SourceConfig, StrategyConfig, TLSConfig, TransformConfig, VisionConfig)
 from .fields import REQUIRED, as_choice, as_flag, as_int, as_number, check_host, check_keys, defaults_of, join_key
-from .model import PartitionBudget, PlannerConfig, ScalingConfig
+from .model import (BalanceConfig, CheckpointConfig, Config, ConfigError, ConstructorConfig, CostConfig, GlobalBatchConfig,
+                    LoaderConfig, MetricsConfig, NetworkConfig, PartitionBudget, PlannerConfig, RayConfig, ScalingConfig,
+                    SecurityConfig, SourceConfig, StrategyConfig, TLSConfig, TransformConfig, VisionConfig)
 
-# The keys of the config's mesh section: the mesh's fields but the constructor grouping (its own section)
-MESH_KEYS = {k: v for k, v in defaults_of(Mesh).items() if k != "dp_per_constructor"}
+MESH_KEYS = {k: v for k, v in defaults_of(Mesh).items() if k != "dp_per_constructor"}  # its own section's
 # Row groups per shuffle window of a source (sources[].shuffle_window): see docs/methods/data-order.md
 SHUFFLE_WINDOW = 2
 
