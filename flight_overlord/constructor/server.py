@@ -48,7 +48,7 @@ class ConstructorServer(ActionServer):
         security = security or Security.from_config(cfg)
         self.index = index
         self._delivered = DeliveryJournal(cfg.run_dir, index)  # what was served, for `overlord audit`
-        self.constructor = Constructor(cfg, index, load_strategy(cfg, cfg.trainer_mesh), self._delivered.served)
+        self.constructor = Constructor(cfg, index, load_strategy(cfg, cfg.mesh), self._delivered.served)
         self.mesh = self.constructor.mesh
         self.ranks = self.constructor.ranks
         self._planner_location = planner

@@ -46,7 +46,7 @@ class PlannerServer(ActionServer):
         run's secrets (default: from the config and environment)."""
         self.cfg = cfg
         security = security or Security.from_config(cfg)
-        self.mesh = cfg.trainer_mesh
+        self.mesh = cfg.mesh
         self.strategy = load_strategy(cfg, self.mesh)
         self.calls = PlannerCalls(security.credentials, stopping=lambda: self.service.stopping)
         self.planner = self.calls.planner = Planner(cfg, self.strategy, self.calls.meta_fetcher)
