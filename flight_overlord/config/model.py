@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError  # noqa: F401 - re-exported: config.ConfigError is the one of errors.py
-from ..core.mesh import MEGATRON_ORDER, Mesh
+from ..core.mesh import Mesh
 from ..core.vision import VisionSpec
 
 
@@ -53,21 +53,6 @@ class VisionConfig:
         """The encoder geometry and decoding options, as the pure image logic takes them."""
         return VisionSpec(self.patch_size, self.merge_size, self.min_pixels, self.max_pixels,
                           background=self.background)
-
-
-@dataclass(frozen=True)
-class MeshConfig:
-    pp: int = 1
-    dp: int = 1
-    cp: int = 1
-    tp: int = 1
-    order: tuple[str, ...] = MEGATRON_ORDER  # rank order, fastest-varying axis first
-    cp_split: str = "load_balanced"  # bshd: how the buffer is split across CP ranks: load_balanced | contiguous
-    cp_format: str = "thd"  # thd: each packed sequence padded to 2*cp and split on its own (TransformerEngine)
-
-    @property
-    def world_size(self) -> int:
-        return self.pp * self.dp * self.cp * self.tp
 
 
 @dataclass(frozen=True)
@@ -162,16 +147,20 @@ class LoaderConfig:
 DEPLOYMENTS = ("default", "single_node")
 
 
-def deployment_defaults(deployment: str, mesh: MeshConfig) -> tuple[dict, dict]:
-    """The defaults of the ``loader`` and ``constructor`` keys under ``deployment``. ``single_node``, for
-    a run whose ranks share one machine: ``constructor.dp_per_constructor`` every data-parallel rank
-    (one constructor process) and ``loader.hosts: 1`` (every loader actor in one process); keys the
-    config sets win. The same plans and streams as the default deployment in fewer processes: less
-    memory per node (docs/methods/memory-peers.md)."""
+def deployment_defaults(deployment: Any, mesh: Any) -> tuple[dict, dict]:
+    """The defaults of the ``loader`` and ``constructor`` keys under ``deployment`` (``mesh``: the
+    config's own mesh section, for its ``dp``; checked where the mesh is parsed). ``single_node``, for a
+    run whose ranks share one machine: ``constructor.dp_per_constructor`` every data-parallel rank (one
+    constructor process) and ``loader.hosts: 1`` (every loader actor in one process); keys the config
+    sets win. The same plans and streams as the default deployment in fewer processes: less memory per
+    node (docs/methods/memory-peers.md)."""
+    if deployment not in DEPLOYMENTS:
+        raise ConfigError(f"deployment: expected one of {', '.join(DEPLOYMENTS)}, got {deployment!r}")
     loader = {f.name: f.default for f in fields(LoaderConfig) if f.name != "groups"}
     constructor = {f.name: f.default for f in fields(ConstructorConfig)}
     if deployment == "single_node":
-        loader["hosts"], constructor["dp_per_constructor"] = 1, mesh.dp
+        dp = mesh.get("dp") if isinstance(mesh, dict) else None
+        loader["hosts"], constructor["dp_per_constructor"] = 1, dp if isinstance(dp, int) and dp > 0 else 1
     return loader, constructor
 
 
@@ -232,7 +221,7 @@ class StrategyConfig:
 class Config:
     seed: int
     sources: tuple[SourceConfig, ...]
-    mesh: MeshConfig
+    mesh: Mesh  # with constructor.dp_per_constructor
     global_batch: GlobalBatchConfig
     cost: CostConfig
     balance: BalanceConfig
@@ -254,12 +243,12 @@ class Config:
 
     @property
     def trainer_mesh(self) -> Mesh:
-        """The ClientPlaceTree of this run's trainers (mesh plus constructor grouping)."""
-        return Mesh.from_config(self.mesh, self.constructor.dp_per_constructor)
+        """``mesh`` (the package uses that): the old name, kept while other branches still read it."""
+        return self.mesh
 
     @property
     def num_constructors(self) -> int:
-        return self.trainer_mesh.num_constructors
+        return self.mesh.num_constructors
 
     def provisioned_actors(self, source: SourceConfig) -> int:
         """Loader actors of ``source`` in all: its ``loaders``, plus idle ones that scaling may activate."""
