@@ -9,10 +9,11 @@ side), sampled every second of the timed steps; the max is reported.
 
   flight_overlord  ``LocalCluster`` (Planner, loader hosts, Data Constructors) plus one
                    ``TrainerClient`` process per rank (bench_delivery's trainer, torch tensors).
-                   ``default``: the config's defaults (one constructor per rank); ``node``: a
-                   single-node deployment, ``constructor.dp_per_constructor: R`` (one constructor
-                   process builds every rank's batches; the streams are the same plans); ``node1``:
-                   that and ``loader.hosts: 1`` (every loader actor in one process).
+                   ``default``: the config's defaults (one constructor per rank); ``single_node``:
+                   the named setting ``deployment: single_node`` (one loader process, one
+                   constructor building every rank's batches; the same plans and streams); ``node``:
+                   ``constructor.dp_per_constructor: R`` only; ``node1``: that and ``loader.hosts: 1``;
+                   ``+lean``, ``+raN``, ``+slNm``: bench_memory's loader settings on top.
   Streaming        ``mosaicml-streaming`` 0.13 (``pip install -e '.[peers]'``): the corpus converted
                    to MDS by this script (one dataset per source, columns key and text), per rank a
                    ``StreamingDataset`` with one ``Stream`` per source (proportion 1/S), a torch
@@ -23,7 +24,8 @@ side), sampled every second of the timed steps; the max is reported.
                    ``--max-gib``).
 
     .venv/bin/python scripts/bench_peers.py --data /tmp/c96                         # 6, 96 sources x 2, 8 ranks
-    .venv/bin/python scripts/bench_peers.py --data /tmp/c96 --sources 96 --ranks 2 --no-colocated
+    .venv/bin/python scripts/bench_peers.py --data /tmp/c96 --sources 96 --ranks 2,8 --no-colocated \
+        --variants default,single_node,single_node+lean
 """
 from __future__ import annotations
 
