@@ -610,7 +610,7 @@ def run_dir_bytes(run_dir: Path) -> dict:
     journal = run_dir / "plan-journal.jsonl"
     if journal.exists():
         out["plan journal"] = journal.stat().st_size
-        out["journaled_steps"] = len({r["step"] for _, r in read_journal(journal) if "bins" in r})
+        out["journaled_steps"] = len({r["step"] for _, r in read_journal(journal) if "digest" in r or "bins" in r})
     for path in (run_dir / "planner").glob("planner-*.json"):
         out["Planner snapshots"] += path.stat().st_size
         out["planner_snapshot_files"] += 1

@@ -5,7 +5,8 @@ rank through a stock ``pyarrow.flight`` client (the ``("batch", step, rank)`` de
 Planner, the ticket redeemed where the endpoint says), and prints:
 
 - per rank, a digest of its whole stream (every column of every table, in order);
-- the fixed-seed plan hash: a digest of the journaled plans of those steps;
+- the fixed-seed plan hash: a digest of the plans of those steps as the journal serves them again
+  (re-derived; the fields a plan serves, not the journal's bytes, which changed form);
 - a stock-client audit: delivered samples per source (distinct keys), and the sources the
   Planner's ``list_flights`` names.
 
@@ -37,6 +38,7 @@ from flight_overlord.deploy.launch import LocalCluster
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIGS = ["demo", "long_short_4d", "vlm", "long_context_hdp"]
 PLAN_RETRIES = 10
+PLAN_FIELDS = ("step", "layout", "weights", "feedback", "bins", "samples", "encoder")  # what a plan serves
 
 
 def blake(data: bytes) -> str:
@@ -80,13 +82,14 @@ def fetch(client_of, planner: str, step: int, rank: int) -> pa.Table:
     return pa.concat_tables(tables)
 
 
-def plan_hash(run_dir: Path, steps: int) -> str:
-    """The journaled plans of steps < ``steps``, in step order, without wall-clock fields."""
-    from flight_overlord.journal import read_journal
+def plan_hash(config: Path, run_dir: Path, steps: int) -> str:
+    """The plans of steps < ``steps``, in step order, as the journal serves them again (re-derived
+    and checked against their digests): step, layout, weights, feedback, bins, samples, encoder."""
+    from flight_overlord.planner.audit import plan_records
     plans = {}
-    for _, record in read_journal(run_dir / "plan-journal.jsonl"):
-        if "bins" in record and record.get("step", steps) < steps:
-            plans[record["step"]] = {k: v for k, v in record.items() if "time" not in k and k != "wall"}
+    for record in plan_records(run_dir, str(config)):
+        if record["step"] < steps:
+            plans[record["step"]] = {k: record.get(k) for k in PLAN_FIELDS}
     assert sorted(plans) == list(range(steps)), f"journal has plans of steps {sorted(plans)}"
     return blake(json.dumps([plans[s] for s in range(steps)], sort_keys=True).encode())
 
@@ -117,7 +120,7 @@ def digest_config(name: str, data: Path, steps: int) -> list[str]:
             for c in clients.values():
                 c.close()
         lines = [f"{name} rank {r}: {blake(''.join(d).encode())}" for r, d in streams.items()]
-        lines.append(f"{name} plan hash (steps 0..{steps - 1}): {plan_hash(cfg.run_dir, steps)}")
+        lines.append(f"{name} plan hash (steps 0..{steps - 1}): {plan_hash(path, cfg.run_dir, steps)}")
         counts = Counter({s: len(k) for s, k in per_source.items()})
         lines.append(f"{name} audit: delivered distinct samples {sum(counts.values())}, per source "
                      + ", ".join(f"{s}={n}" for s, n in sorted(counts.items())))
