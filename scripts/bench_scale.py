@@ -106,8 +106,9 @@ def pss(pid: int) -> int:
 
 def journal_bytes_per_step(run_dir: Path) -> tuple[float, int]:
     path = run_dir / "plan-journal.jsonl"
-    plans = sum(1 for line in path.read_text().splitlines() if '"digest"' in line)  # one per step
-    return path.stat().st_size / max(plans, 1), plans
+    from flight_overlord.journal import journal_size, read_journal
+    plans = sum(1 for _, record in read_journal(path) if "digest" in record)  # one per step (archive too)
+    return journal_size(path) / max(plans, 1), plans
 
 
 def live_row(n: int, args, tmp: Path, data_dir: Path) -> dict:

@@ -20,7 +20,7 @@ from ..config import Config
 from ..core.mesh import Mesh
 from ..core.mixing import Mixer
 from ..core.schedules import FeedbackLog, weights_at
-from ..journal import Journal, Snapshots, read_journal, write_json_atomic
+from ..journal import Journal, Snapshots, read_journal
 from ..wire.plan import ConstructorPlan, FetchGroup
 from .edits import MixOverrides, describe_edit, mixture_of
 from .feed import FetchMeta, SourceFeed
@@ -59,8 +59,8 @@ class Planner:
         self._journal_path = cfg.run_dir / "plan-journal.jsonl"
         self._snapshots = Snapshots(self._dir, "planner", bucket=10 * cfg.checkpoint.every)
         self._journal: Journal | None = None
-        self.replayer = Replayer(cfg, strategy, self._journal_path, self._snapshots, self._rewinds,
-                                 fetch_meta, self.registry.source_row_groups)  # journaled steps, served again
+        self.replayer = Replayer(cfg, strategy, self._journal_path, self._snapshots, fetch_meta,
+                                 self.registry.source_row_groups)  # journaled steps, served again
         self.rewound_at: int | None = None  # a resume on a new layout re-plans from this step
         self.journal_layout: dict | None = None  # the layout of the run restored from, if any
         self.scaling = SourceScaling(cfg) if cfg.loader.scaling.enabled else None  # live resharding
@@ -143,12 +143,6 @@ class Planner:
         """A step planned before (by this process or one before it): served last, or re-derived from
         the state before it and checked against its digest (``replay.PlanMismatch`` if it differs)."""
         return None if step >= self.next_step else self.replayer.plan(step)
-
-    def _rewinds(self) -> list[list[int]]:
-        """[step, journal offset] of every rewind: a step's plan in force is the first one journaled
-        after the last rewind at or before it (plans journaled before were made on the old layout or mixture)."""
-        path = self._dir / "rewinds.json"
-        return json.loads(path.read_text()) if path.exists() else []
 
     def _checked_weights(self, step: int, weights: dict) -> dict[str, float]:
         unknown = sorted(set(weights) - set(self.strategy.sources))
@@ -242,6 +236,7 @@ class Planner:
         state = self.state_dict()
         state["journal_offset"] = self._journal.size()
         self._snapshots.write(self.next_step, state)
+        self.replayer.compact(self._journal)
 
     def _restore_latest(self) -> None:
         """The state at the end of the journal: the latest snapshot, then the records after it."""
@@ -285,7 +280,7 @@ class Planner:
         edit = self._config_edit(step)
         offset = self._journal.size()
         self._journal.append({"rewind": step, "layout": self.layout(), "state": self._planning_state()})
-        write_json_atomic(self._dir / "rewinds.json", self._rewinds() + [[step, offset]])
+        self.replayer.add_rewind(step, offset)
         if edit is not None:
             self._journal.append({"edit": edit})
         self.replayer.recent.forget_from(step)

@@ -236,15 +236,36 @@ class Replayer:
     with the config in force when they were planned (``fetch_meta``/``row_groups``: the loaders', for
     the run's current config; None offline, then from the files)."""
 
-    def __init__(self, cfg: Config, strategy, journal_path: Path, snapshots, rewinds: Callable[[], list],
-                 fetch_meta: Callable[[str], FetchMeta] | None, row_groups: Callable[[str], list[RowGroupRef]]):
+    def __init__(self, cfg: Config, strategy, journal_path: Path, snapshots, fetch_meta: Callable[[str], FetchMeta] | None,
+                 row_groups: Callable[[str], list[RowGroupRef]]):
         self.cfg, self.strategy = cfg, strategy
-        self.journal_path, self.snapshots, self.rewinds = journal_path, snapshots, rewinds
+        self.journal_path, self.snapshots = journal_path, snapshots
+        self._rewinds = journal_path.parent / "planner" / "rewinds.json"
         self.recent = RecentPlans(max(4, cfg.prefetch + 2))
         self.configs = ConfigHistory(journal_path.parent / "planner" / "configs.json")
         self.unreadable = Unreadable(journal_path.parent / "planner" / "unreadable.json")
         self._current = SourceReader(cfg, self.unreadable, fetch_meta, row_groups if fetch_meta is not None else None)
         self._readers: dict[int, SourceReader] = {}  # per earlier config of the run
+
+    def rewinds(self) -> list[list[int]]:
+        """[step, journal offset] of every rewind: a step's plan in force is the first one journaled
+        after the last rewind at or before it (plans journaled before were made on the old layout or mixture)."""
+        return json.loads(self._rewinds.read_text()) if self._rewinds.exists() else []
+
+    def add_rewind(self, step: int, offset: int) -> None:
+        write_json_atomic(self._rewinds, self.rewinds() + [[step, offset]])
+
+    def compact(self, journal) -> None:
+        """Bound the journal file to what a restart or a live rank reads: the records from the oldest
+        of the newest snapshots on stay, older ones go to the archive (an audit and a rewind to an
+        old step read it). Only once they are at least as many bytes as what stays (amortised)."""
+        steps = self.snapshots.steps()
+        if len(steps) < self.snapshots.keep:
+            return
+        oldest = self.snapshots.latest(at_most=steps[-self.snapshots.keep])
+        cut = oldest[1]["journal_offset"] if oldest is not None else 0
+        if cut - journal.start >= max(1, journal.size() - cut):
+            journal.compact(cut)
 
     def plan(self, step: int) -> StepPlan | None:
         """Step ``step``'s plan in force: the first journaled after the last rewind at or before it."""

@@ -75,3 +75,27 @@ def test_a_step_record_does_not_grow_with_the_cluster(tmp_path):
         whole = max(len(json.dumps(p.to_record())) for p in plans)
         assert sizes[dp] < whole or dp == 2
     assert sizes[64] < 2 * sizes[2], sizes  # 32x the samples per step, the same record
+
+
+def test_the_journal_file_keeps_a_bounded_tail_and_old_steps_stay_servable(tmp_path):
+    from flight_overlord.journal import archive_path, read_journal
+    first = _planner(_config(tmp_path, every=5), resume=False)
+    plans = [first.plan_next().to_record() for _ in range(20)]
+    first.mix({"a": 0.2, "b": 0.8}, at=25)  # a live reweighting: its credit reset is a step's input
+    plans += [first.plan_next().to_record() for _ in range(40)]
+    first.close()
+    path = tmp_path / "run" / "plan-journal.jsonl"
+    in_file = [line for line in path.read_text().splitlines() if '"digest"' in line]
+    assert archive_path(path).exists() and len(in_file) <= 5 * 2 * 4, len(in_file)  # snapshots kept x every, x2
+    assert [r["step"] for _, r in read_journal(path) if "digest" in r] == list(range(60))  # archive + file
+    assert [r["mix"]["step"] for _, r in read_journal(path) if "mix" in r] == [25]
+    second = _planner(_config(tmp_path, every=5), resume=True)
+    assert second.next_step == 60
+    assert [second.journaled(s).to_record() for s in (2, 25, 33, 59)] == [plans[s] for s in (2, 25, 33, 59)]
+    ahead = [second.plan_next().to_record() for _ in range(2)]
+    second.close()
+    straight = _planner(_config(tmp_path, run="straight", every=5), resume=False)
+    again = [straight.plan_next().to_record() for _ in range(20)]
+    straight.mix({"a": 0.2, "b": 0.8}, at=25)
+    assert again + [straight.plan_next().to_record() for _ in range(42)] == plans + ahead
+    straight.close()
