@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
@@ -37,7 +38,7 @@ from .program import plan_step
 from .step_plan import StepPlan
 
 log = logging.getLogger(__name__)
-META_CACHED = 64  # row groups' metadata kept per source while replaying (consecutive steps share them)
+META_CACHED = 8  # row groups' metadata kept per source while replaying (consecutive steps share them)
 
 
 class PlanMismatch(RuntimeError):
@@ -319,22 +320,26 @@ class RecentPlans:
     def __init__(self, size: int):
         self.size = size
         self._plans: OrderedDict[int, StepPlan] = OrderedDict()
+        self._lock = threading.Lock()  # planning puts, serving threads get
 
     def get(self, step: int) -> StepPlan | None:
-        plan = self._plans.get(step)
-        if plan is not None:
-            self._plans.move_to_end(step)
-        return plan
+        with self._lock:
+            plan = self._plans.get(step)
+            if plan is not None:
+                self._plans.move_to_end(step)
+            return plan
 
     def put(self, plan: StepPlan) -> None:
-        self._plans[plan.step] = plan
-        self._plans.move_to_end(plan.step)
-        while len(self._plans) > self.size:
-            self._plans.popitem(last=False)
+        with self._lock:
+            self._plans[plan.step] = plan
+            self._plans.move_to_end(plan.step)
+            while len(self._plans) > self.size:
+                self._plans.popitem(last=False)
 
     def forget_from(self, step: int) -> None:
-        for s in [s for s in self._plans if s >= step]:
-            del self._plans[s]
+        with self._lock:
+            for s in [s for s in self._plans if s >= step]:
+                del self._plans[s]
 
 
 class ConfigHistory:

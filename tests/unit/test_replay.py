@@ -99,3 +99,23 @@ def test_the_journal_file_keeps_a_bounded_tail_and_old_steps_stay_servable(tmp_p
     straight.mix({"a": 0.2, "b": 0.8}, at=25)
     assert again + [straight.plan_next().to_record() for _ in range(42)] == plans + ahead
     straight.close()
+
+
+def test_a_compacted_journal_keeps_its_offsets_and_survives_a_crash_midway(tmp_path):
+    from flight_overlord.journal import Journal, archive_path, journal_size, read_journal
+    path = tmp_path / "j.jsonl"
+    journal = Journal(path)
+    ends = [journal.append({"n": n}) for n in range(10)]
+    assert journal.compact(ends[5]) > 0 and journal.start == ends[5]
+    ends.append(journal.append({"n": 10}))
+    assert [e for e, _ in read_journal(path)] == ends and journal.size() == journal_size(path) == ends[-1]
+    assert [r["n"] for _, r in read_journal(path, ends[2])] == list(range(3, 11))  # from the archive on
+    assert [r["n"] for _, r in read_journal(path, ends[7])] == list(range(8, 11))
+    journal.close()
+    with archive_path(path).open("ab") as archive:  # a crash after the archive grew, before the file was replaced
+        archive.write(b'{"n": 99}\n')
+    again = Journal(path)
+    assert again.size() == ends[-1] and [r["n"] for _, r in read_journal(path)] == list(range(11))
+    again.compact(ends[8])  # cuts the archive back to where the file starts before appending to it
+    assert [r["n"] for _, r in read_journal(path)] == list(range(11))
+    again.close()
