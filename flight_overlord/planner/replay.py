@@ -168,15 +168,15 @@ class SourceReader:
 def files_metadata(cfg: Config, name: str) -> tuple[list[RowGroupRef], FetchMeta]:
     """A source's row groups and their metadata read from its files, as its loaders report them (an
     unreadable row group: every row -1, which planning skips, as a loader's failed read)."""
-    from ..loader.partition import RowGroupSamples, SourcePartition
+    from ..loader.row_groups import RowGroupSamples, SourceShare
     from ..core.vision import ImageError
-    partition = SourcePartition(cfg.source(name), 0, cfg.global_batch.context_length, cfg.vision)
+    share = SourceShare(cfg.source(name), 0, cfg.global_batch.context_length, cfg.vision)
 
     @lru_cache(maxsize=META_CACHED)
     def read(file: str, row_group: int, rows: int) -> dict:
         rg = RowGroupRef(file, row_group, rows)
         try:
-            samples = partition.read(rg)
+            samples = share.read(rg)
         except ImageError:
             raise
         except Exception as exc:  # noqa: BLE001 - as the loader: a row group it cannot read is skipped
@@ -186,7 +186,7 @@ def files_metadata(cfg: Config, name: str) -> tuple[list[RowGroupRef], FetchMeta
         return {"num_tokens": batch.column("num_tokens").to_numpy().astype(np.int64),
                 "image_patches": batch.column("image_patches").to_numpy().astype(np.int64),
                 "image_sizes": [tuple(s) for s in batch.column("image_sizes").to_pylist()]}
-    return partition.catalog, lambda epoch, rg: read(rg.file, rg.row_group, rg.num_rows)
+    return share.catalog, lambda epoch, rg: read(rg.file, rg.row_group, rg.num_rows)
 
 
 def derive(record: dict, before: dict, strategy, reader: SourceReader) -> StepPlan:
