@@ -11,7 +11,6 @@ plans an undisturbed one would (or says which step it cannot).
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from typing import Callable
@@ -90,6 +89,7 @@ class Planner:
         for name, feed_state in self._feed_states.items():
             if name in self.feeds:
                 self.feeds[name].load_state_dict(feed_state)
+        self.replayer.configs.note_row_groups({name: feed.row_groups for name, feed in self.feeds.items()})
         if self.scaling is not None:
             self.scaling.start(self.registry)
 

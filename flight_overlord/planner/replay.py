@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import yaml
 
 from ..config import Config
 from ..core.cost import attention_cost, patches_cost
@@ -34,6 +33,7 @@ from ..core.mixing import Mixer
 from ..core.order import RowGroupRef
 from ..journal import read_journal, write_json_atomic
 from .feed import FetchMeta, SourceFeed
+from .run_inputs import ConfigHistory, Unreadable
 from .program import plan_step
 from .step_plan import StepPlan
 
@@ -109,42 +109,14 @@ def locate(path: Path, offset: int, step: int, before: dict | None) -> tuple[dic
     return None
 
 
-class Unreadable:
-    """Row groups whose loader could not read them when they were planned (``planner/unreadable.json``):
-    an input no file gives afterwards (a read may fail one day and not the next), so a replay plans
-    them as unreadable again. Written once per such row group, not per step."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._known = {tuple(x) for x in json.loads(path.read_text())} if path.exists() else set()
-
-    def watched(self, source: str, fetch: FetchMeta) -> FetchMeta:
-        """``fetch``, noting every row group it answers with no readable row."""
-        def meta(epoch: int, rg: RowGroupRef) -> dict:
-            answer = fetch(epoch, rg)
-            key = (source, epoch, rg.file, rg.row_group)
-            if rg.num_rows and key not in self._known and (np.asarray(answer["num_tokens"]) < 0).all():
-                self._known.add(key)
-                write_json_atomic(self.path, sorted(self._known))
-            return answer
-        return meta
-
-    def applied(self, source: str, fetch: FetchMeta) -> FetchMeta:
-        """``fetch``, with the row groups noted unreadable answered as a failed read."""
-        def meta(epoch: int, rg: RowGroupRef) -> dict:
-            if (source, epoch, rg.file, rg.row_group) in self._known:
-                return {"num_tokens": np.full(rg.num_rows, -1, dtype=np.int64),  # as a loader's failed read
-                        "image_patches": np.zeros(rg.num_rows, dtype=np.int64), "image_sizes": [()] * rg.num_rows}
-            return fetch(epoch, rg)
-        return meta
-
-
 class SourceReader:
     """Fresh ``SourceFeed``s of one config, for replaying: row groups and metadata from the loaders
     (``fetch_meta``, ``row_groups``), or, offline, from the source files; metadata cached per row group."""
 
     def __init__(self, cfg: Config, unreadable: Unreadable, fetch_meta: Callable[[str], FetchMeta] | None = None,
-                 row_groups: Callable[[str], list[RowGroupRef]] | None = None):
+                 row_groups: Callable[[str], list[RowGroupRef] | None] | None = None):
+        """``row_groups``: a source's row groups as its loaders registered them (offline: as journaled
+        at the start, None when not: then as the files have them now)."""
         self.cfg, self.unreadable = cfg, unreadable
         self._fetch_meta, self._row_groups = fetch_meta, row_groups
         self._sources: dict[str, tuple[list[RowGroupRef], FetchMeta]] = {}
@@ -162,7 +134,9 @@ class SourceReader:
             fetch = self._fetch_meta(name)
             cached = lru_cache(maxsize=META_CACHED)(lambda epoch, file, group, rows: fetch(epoch, RowGroupRef(file, group, rows)))
             return self._row_groups(name), lambda epoch, rg: cached(epoch, rg.file, rg.row_group, rg.num_rows)
-        return files_metadata(self.cfg, name)
+        catalog, meta = files_metadata(self.cfg, name)
+        registered = self._row_groups(name) if self._row_groups is not None else None
+        return (registered if registered is not None else catalog), meta
 
 
 def files_metadata(cfg: Config, name: str) -> tuple[list[RowGroupRef], FetchMeta]:
@@ -245,8 +219,8 @@ class Replayer:
         self.recent = RecentPlans(max(4, cfg.prefetch + 2))
         self.configs = ConfigHistory(journal_path.parent / "planner" / "configs.json")
         self.unreadable = Unreadable(journal_path.parent / "planner" / "unreadable.json")
-        self._current = SourceReader(cfg, self.unreadable, fetch_meta, row_groups if fetch_meta is not None else None)
-        self._readers: dict[int, SourceReader] = {}  # per earlier config of the run
+        self._live = SourceReader(cfg, self.unreadable, fetch_meta, row_groups) if fetch_meta is not None else None
+        self._readers: dict[int, SourceReader] = {}  # offline, per start of the run
 
     def rewinds(self) -> list[list[int]]:
         """[step, journal offset] of every rewind: a step's plan in force is the first one journaled
@@ -307,11 +281,14 @@ class Replayer:
         if before is None:
             raise KeyError(f"step {record['step']}: no planning state before it in the journal")
         in_force = self.configs.at(offset, self.cfg)
-        if in_force is None:
-            return derive(record, before, self.strategy, self._current)
-        cfg, strategy = in_force
-        reader = self._readers.setdefault(id(cfg), SourceReader(cfg, self.unreadable))
-        return derive(record, before, strategy, reader)
+        if in_force is None and self._live is not None:
+            return derive(record, before, self.strategy, self._live)
+        cfg, strategy = in_force or (self.cfg, self.strategy)
+        index, entry = self.configs.entry_at(offset)
+        if index not in self._readers:
+            known = {n: [RowGroupRef(*rg) for rg in g] for n, g in (entry or {}).get("row_groups", {}).items()}
+            self._readers[index] = SourceReader(cfg, self.unreadable, row_groups=known.get)
+        return derive(record, before, strategy, self._readers[index])
 
 
 class RecentPlans:
@@ -340,45 +317,3 @@ class RecentPlans:
         with self._lock:
             for s in [s for s in self._plans if s >= step]:
                 del self._plans[s]
-
-
-class ConfigHistory:
-    """The config of every start of a run (``planner/configs.json``: the journal offset it planned
-    from, its folder and its YAML as data), so a step is re-derived with the config it was planned
-    with, across resumes on an edited mixture or another layout. One entry per start, not per step."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._built: dict[int, tuple[Config, object]] = {}
-        self._current: tuple[str, object] | None = None
-
-    def entries(self) -> list[dict]:
-        return json.loads(self.path.read_text()) if self.path.exists() else []
-
-    def note(self, cfg: Config, offset: int) -> None:
-        """The config ``cfg`` plans from journal offset ``offset`` on (kept when it differs from the last)."""
-        if cfg.path is None:
-            return
-        entry = {"offset": offset, "base_dir": str(Path(cfg.path).parent), "raw": yaml.safe_load(Path(cfg.path).read_text())}
-        entries = self.entries()
-        if entries and {**entries[-1], "offset": offset} == entry:
-            return
-        write_json_atomic(self.path, entries + [entry])
-
-    def at(self, offset: int, current: Config) -> tuple[Config, object] | None:
-        """(config, strategy) in force for a record at ``offset``; None when it is ``current``'s (or unknown)."""
-        entries = [e for e in self.entries() if e["offset"] <= offset]
-        if not entries or current.path is None:
-            return None
-        entry = entries[-1]
-        if self._current is None:  # read once: the file may be edited for the next resume meanwhile
-            self._current = (str(Path(current.path).parent), yaml.safe_load(Path(current.path).read_text()))
-        if (entry["base_dir"], entry["raw"]) == self._current:
-            return None
-        key = len(entries) - 1
-        if key not in self._built:
-            from ..config.parse import parse_config, with_partition_plan
-            from .strategy import load_strategy
-            cfg = with_partition_plan(parse_config(entry["raw"], base_dir=Path(entry["base_dir"])))
-            self._built[key] = (cfg, load_strategy(cfg, cfg.trainer_mesh))
-        return self._built[key]
