@@ -459,7 +459,7 @@ def restore_ms(config: Path) -> float | None:
 
 def _restore_ms(config: Path) -> float:
     cfg = load_config(config)
-    strategy = load_strategy(cfg, cfg.trainer_mesh)
+    strategy = load_strategy(cfg, cfg.mesh)
     started = time.perf_counter()
     planner = Planner(cfg, strategy, lambda s: None)
     planner.open(resume=True)

@@ -221,12 +221,12 @@ class Config:
 
     @property
     def trainer_mesh(self) -> Mesh:
-        """The ClientPlaceTree of this run's trainers: ``mesh`` itself (it holds the constructor grouping)."""
+        """``mesh`` (the package uses that): the old name, kept while other branches still read it."""
         return self.mesh
 
     @property
     def num_constructors(self) -> int:
-        return self.trainer_mesh.num_constructors
+        return self.mesh.num_constructors
 
     def provisioned_actors(self, source: SourceConfig) -> int:
         """Loader actors of ``source`` in all: its ``loaders``, plus idle ones that scaling may activate."""

@@ -12,7 +12,6 @@ call; the constructor's own calls to the Planner and loaders carry the cluster s
 """
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import json
 import logging
@@ -26,7 +25,7 @@ from .. import wire
 from ..config import Config, load_config
 from ..core.starvation import fetch_shares
 from ..planner.strategy import load_strategy
-from ..role_process import add_serving_args, advertised_host, start_metrics
+from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.actions import PlanRequest, ResumePointRequest
 from ..wire.plan import ConstructorPlan, FetchGroup
 from ..wire.security import INSPECT, TRAINER, Security, requires
@@ -48,7 +47,7 @@ class ConstructorServer(ActionServer):
         security = security or Security.from_config(cfg)
         self.index = index
         self._delivered = DeliveryJournal(cfg.run_dir, index)  # what was served, for `overlord audit`
-        self.constructor = Constructor(cfg, index, load_strategy(cfg, cfg.trainer_mesh), self._delivered.served)
+        self.constructor = Constructor(cfg, index, load_strategy(cfg, cfg.mesh), self._delivered.served)
         self.mesh = self.constructor.mesh
         self.ranks = self.constructor.ranks
         self._planner_location = planner
@@ -155,13 +154,8 @@ def main(argv=None) -> None:
 
 def start(argv=None) -> tuple[ConstructorServer, str, str | None]:
     """A constructor up, registered and assembling: (server, location, ready file)."""
-    parser = argparse.ArgumentParser(prog="overlord serve constructor")
-    parser.add_argument("--config", required=True)
+    parser = role_parser("constructor")
     parser.add_argument("--index", type=int, default=0)
-    parser.add_argument("--planner", required=True, help="grpc://host:port (or grpc+tls://) of the Planner")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--ready-file")
-    add_serving_args(parser)
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     host = advertised_host(cfg, args)

@@ -49,7 +49,7 @@ def constructor_node(cfg: Config, index: int) -> str | None:
     nodes = cfg.ray.trainer_nodes
     if not nodes:
         return None
-    mesh = cfg.trainer_mesh
+    mesh = cfg.mesh
     dps = set(mesh.dp_ranks_of(index))
     return Counter(nodes[r] for r in range(mesh.world_size) if mesh.coord(r).dp in dps).most_common(1)[0][0]
 

@@ -21,7 +21,6 @@ slows the named sources' ``samples`` calls on purpose: fault injection for tests
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -32,7 +31,7 @@ import pyarrow.flight as fl
 
 from .. import allocator, wire
 from ..config import load_config
-from ..role_process import add_serving_args, advertised_host, start_metrics
+from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.schemas import SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, Security, requires
 from ..wire.server import ActionServer, location_of, register, serve
@@ -157,17 +156,12 @@ def main(argv=None) -> None:
 
 def start(argv=None) -> tuple[LoaderServer, str, str | None]:
     """A loader process up with its actors, registered: (server, location, ready file)."""
-    parser = argparse.ArgumentParser(prog="overlord serve loader")
-    parser.add_argument("--config", required=True)
+    parser = role_parser("loader")
     parser.add_argument("--actors", help="the loader actors this process hosts: SOURCE:ACTOR,... "
                         "(or one with --source/--actor)")
     parser.add_argument("--source")
     parser.add_argument("--actor", type=int, default=0)
     parser.add_argument("--replica", type=int, default=0, help="0: the active loader actors; 1..: their shadows")
-    parser.add_argument("--planner", required=True, help="grpc://host:port (or grpc+tls://) of the Planner")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--ready-file")
-    add_serving_args(parser)
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     host = advertised_host(cfg, args)

@@ -176,7 +176,7 @@ def offline_planner(run_dir: Path, config: str | None = None):
     cfg = load_config(config)
     if cfg.run_dir.resolve() != run_dir.resolve():
         raise ValueError(f"config {config} names run_dir {cfg.run_dir}, not {run_dir}")
-    planner = Planner(cfg, load_strategy(cfg, cfg.trainer_mesh), None)
+    planner = Planner(cfg, load_strategy(cfg, cfg.mesh), None)
     planner.open(resume=True)
     try:
         yield planner

@@ -97,5 +97,5 @@ class ConfigHistory:
             from ..config.parse import parse_config, with_partition_plan
             from .strategy import load_strategy
             cfg = with_partition_plan(parse_config(entry["raw"], base_dir=Path(entry["base_dir"])))
-            self._built[key] = (cfg, load_strategy(cfg, cfg.trainer_mesh))
+            self._built[key] = (cfg, load_strategy(cfg, cfg.mesh))
         return self._built[key]

@@ -17,13 +17,12 @@ source infos, ``status``, ``stats`` and ``list_actions`` are inspection calls.
 """
 from __future__ import annotations
 
-import argparse
 from dataclasses import replace
 import pyarrow.flight as fl
 
 from .. import wire
 from ..config import Config, load_config
-from ..role_process import add_serving_args, advertised_host, start_metrics
+from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
 from ..wire.actions import PlanRequest, Report, ResumePointRequest, StatsRequest
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
@@ -46,7 +45,7 @@ class PlannerServer(ActionServer):
         run's secrets (default: from the config and environment)."""
         self.cfg = cfg
         security = security or Security.from_config(cfg)
-        self.mesh = cfg.trainer_mesh
+        self.mesh = cfg.mesh
         self.strategy = load_strategy(cfg, self.mesh)
         self.calls = PlannerCalls(security.credentials, stopping=lambda: self.service.stopping)
         self.planner = self.calls.planner = Planner(cfg, self.strategy, self.calls.meta_fetcher)
@@ -226,15 +225,11 @@ def main(argv=None) -> None:
 def start(argv=None) -> tuple[PlannerServer, str, str | None]:
     """The Planner up and serving (its threads run): (server, location, ready file). ``main`` then
     blocks on it; a Ray actor just keeps it."""
-    parser = argparse.ArgumentParser(prog="overlord serve planner")
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--port", type=int, help="default: network.planner_port of the config (0: any free port)")
-    parser.add_argument("--ready-file")
+    parser = role_parser("planner", planner=False)
     parser.add_argument("--resume", action="store_true", help="continue the run in run_dir from its journal")
     parser.add_argument("--recover", action="store_true", help="restart of the Planner alone: --resume, and "
                         "keep the registrations of the roles still running")
     add_standby_arg(parser)
-    add_serving_args(parser)
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     host = advertised_host(cfg, args)
