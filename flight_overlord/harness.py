@@ -8,7 +8,7 @@ benchmarks and ``scripts/stream_digest.py`` do it.
 - :func:`fetch_steps`: every rank through a :class:`~flight_overlord.client.StepFetcher`, steps in
   lock-step; :func:`stock_fetch`: one ``(step, rank)`` as a stock ``pyarrow.flight`` client reads it.
 - Digests: :func:`step_digest` (a step's sample keys and token ids), :func:`table_digest` (every
-  column), :func:`plan_hash` (the journaled plans, without wall-clock fields).
+  column), :func:`plan_hash` (the journaled plans as the journal serves them again: what each serves).
 """
 from __future__ import annotations
 
@@ -47,14 +47,24 @@ def table_digest(table: pa.Table) -> str:
     return h.hexdigest()
 
 
+PLAN_FIELDS = ("step", "layout", "weights", "feedback", "bins", "samples", "encoder")  # what a plan serves
+
+
 def plan_hash(run_dir: Path, steps: int, *, root: Path | None = None) -> str:
-    """The journaled plans of steps < ``steps``, in step order, without wall-clock fields; ``root``, a
-    folder the config lives in (its strategy file is journaled by path), is left out of every path."""
-    from .journal import read_journal
+    """The plans of steps < ``steps`` as the run's journal serves them again (re-derived from the
+    source files, each checked against its journaled digest): ``hash_plans`` of them."""
+    from .planner.audit import plan_records
+    return hash_plans(plan_records(Path(run_dir)), steps, root=root)
+
+
+def hash_plans(records: list[dict], steps: int, *, root: Path | None = None) -> str:
+    """The plans of steps < ``steps`` in step order (a step planned again after a rewind: its last
+    record), the fields a plan serves (``PLAN_FIELDS``; wall-clock fields, state and stats do not
+    count); ``root``, a folder the config lives in, is left out of every path."""
     plans = {}
-    for _, record in read_journal(Path(run_dir) / "plan-journal.jsonl"):
+    for record in records:
         if "bins" in record and record.get("step", steps) < steps:
-            plans[record["step"]] = {k: v for k, v in record.items() if "time" not in k and k != "wall"}
+            plans[record["step"]] = {k: record.get(k) for k in PLAN_FIELDS}
     if sorted(plans) != list(range(steps)):
         raise ValueError(f"the plan journal holds plans of steps {sorted(plans)}, not 0..{steps - 1}")
     text = json.dumps([plans[s] for s in range(steps)], sort_keys=True)

@@ -5,6 +5,12 @@ line (a crash mid-write) is tolerated and skipped on read. A snapshot is one JSO
 atomically (temporary file, then rename) whose name carries the step it was taken at, plus the
 journal offset it covers, so a restore reads one snapshot and the journal tail after it: restore
 cost does not grow with the step number.
+
+A journal may be compacted (``Journal.compact``): the records before an offset move to
+``<name>.archive`` and the file keeps the tail, headed by a line giving the offset it starts at.
+Offsets stay those of the whole journal (archive + tail), so a snapshot's offset never changes;
+``read_journal`` reads across both, while a restore reads the tail only: the file a restarted
+role reads is bounded however long the run.
 """
 from __future__ import annotations
 
@@ -12,10 +18,12 @@ import json
 import logging
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Iterator
 
 log = logging.getLogger(__name__)
+BASE = "journal_base"  # the first line of a compacted journal: the offset its tail starts at
 
 
 class Journal:
@@ -25,38 +33,116 @@ class Journal:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.fsync = fsync
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._lock = threading.Lock()  # an append never races a compaction
+        self._open()
+
+    def _open(self) -> None:
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        with self.path.open("rb") as f:
+            self._base, self._header = _base(f)
 
     def append(self, record: dict) -> int:
-        """Write one record; returns the file offset just past it."""
-        os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
-        if self.fsync:
-            os.fsync(self._fd)
-        return os.lseek(self._fd, 0, os.SEEK_END)
+        """Write one record; returns the offset just past it."""
+        with self._lock:
+            os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+            if self.fsync:
+                os.fsync(self._fd)
+            return self._end()
 
     def size(self) -> int:
-        return os.lseek(self._fd, 0, os.SEEK_END)
+        with self._lock:
+            return self._end()
+
+    @property
+    def start(self) -> int:
+        """The offset the file starts at (0 until compacted)."""
+        return self._base
+
+    def _end(self) -> int:
+        return self._base + os.lseek(self._fd, 0, os.SEEK_END) - self._header
+
+    def compact(self, before: int) -> int:
+        """Move the records before offset ``before`` (a record boundary, as ``append`` returns) to the
+        archive; returns the bytes moved. A crash midway leaves a readable journal: the archive is
+        written (and cut back to the old start first) before the tail replaces the file."""
+        with self._lock:
+            if before <= self._base:
+                return 0
+            archive = archive_path(self.path)
+            with self.path.open("rb") as f:
+                f.seek(self._header)
+                moved, tail = f.read(before - self._base), f.read()
+            with archive.open("ab") as out:
+                out.truncate(self._base)
+                out.write(moved)
+                out.flush()
+                os.fsync(out.fileno())
+            tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+            with tmp.open("wb") as out:
+                out.write((json.dumps({BASE: before}) + "\n").encode() + tail)
+                out.flush()
+                os.fsync(out.fileno())
+            tmp.replace(self.path)
+            os.close(self._fd)
+            self._open()
+            return len(moved)
 
     def close(self) -> None:
         os.close(self._fd)
 
 
+def journal_size(path: Path) -> int:
+    """A journal's size in offsets (archive and file together): what ``Journal.size`` says."""
+    if not path.exists():
+        return 0
+    with path.open("rb") as f:
+        base, header = _base(f)
+    return base + path.stat().st_size - header
+
+
+def archive_path(path: Path) -> Path:
+    return path.with_name(path.name + ".archive")
+
+
+def _base(f) -> tuple[int, int]:
+    """(the offset a journal's file starts at, the bytes of its heading line): (0, 0) when never compacted."""
+    f.seek(0)
+    first = f.readline()
+    if first.startswith(b'{"' + BASE.encode()) and first.endswith(b"\n"):
+        return int(json.loads(first)[BASE]), len(first)
+    return 0, 0
+
+
 def read_journal(path: Path, offset: int = 0) -> Iterator[tuple[int, dict]]:
-    """(offset past the record, record) from ``offset`` on; a torn or corrupt line is skipped with a
-    warning (only a crash mid-write makes one, and it can only be the last)."""
+    """(offset past the record, record) from ``offset`` on, from the archive first when the journal
+    was compacted past ``offset``; a torn or corrupt line is skipped with a warning (only a crash
+    mid-write makes one, and it can only be the last)."""
     if not path.exists():
         return
     with path.open("rb") as f:
-        f.seek(offset)
-        for line in f:
-            offset += len(line)
-            if not line.endswith(b"\n"):
-                log.warning("%s: ignoring a torn last line (%d bytes): the writer died mid-write", path, len(line))
-                return
-            try:
-                yield offset, json.loads(line)
-            except json.JSONDecodeError:
-                log.warning("%s: ignoring a corrupt line at offset %d", path, offset - len(line))
+        base, header = _base(f)
+        if offset < base and archive_path(path).exists():
+            with archive_path(path).open("rb") as archived:
+                archived.seek(offset)
+                yield from _lines(path, archived, offset, limit=base)
+        offset = max(offset, base)
+        f.seek(offset - base + header)
+        yield from _lines(path, f, offset)
+
+
+def _lines(path: Path, f, offset: int, limit: int | None = None) -> Iterator[tuple[int, dict]]:
+    """The records of ``f`` from where it is (journal offset ``offset``) to ``limit`` (the end: None)."""
+    for line in f:
+        if limit is not None and offset >= limit:
+            return
+        offset += len(line)
+        if not line.endswith(b"\n"):
+            log.warning("%s: ignoring a torn last line (%d bytes): the writer died mid-write", path, len(line))
+            return
+        try:
+            yield offset, json.loads(line)
+        except json.JSONDecodeError:
+            log.warning("%s: ignoring a corrupt line at offset %d", path, offset - len(line))
 
 
 class Snapshots:

@@ -30,6 +30,7 @@ from flight_overlord import wire
 from flight_overlord.client import StepFetcher, TrainerClient
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.harness import RankThreads
+from flight_overlord.journal import journal_size
 
 from bench_load import CONFIG, SOURCES
 
@@ -109,12 +110,12 @@ def measure(cluster: LocalCluster, path: str, *, seconds: float, warmup: float, 
     errors = ranks_running.errors  # counted and reported
     time.sleep(warmup)
     t0, cpu0, steps0, bytes0, planned0 = (time.perf_counter(), _planner_cpu(cluster), sum(done),
-                                          journal.stat().st_size, _planned(cluster))
+                                          journal_size(journal), _planned(cluster))
     log(f"{path}: warm-up over at {min(done)} steps")
     while time.perf_counter() < t0 + seconds and not errors:
         time.sleep(0.2)
     t1, cpu1, steps1, bytes1, planned1 = (time.perf_counter(), _planner_cpu(cluster), sum(done),
-                                          journal.stat().st_size, _planned(cluster))
+                                          journal_size(journal), _planned(cluster))
     stop.set()
     ranks_running.join(timeout=10, raise_error=False)
     return ControlPlane(path, ranks, t1 - t0, steps1 - steps0, cpu1 - cpu0, bytes1 - bytes0, planned1 - planned0,

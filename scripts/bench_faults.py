@@ -66,7 +66,7 @@ from flight_overlord.harness import each_rank, fetch_steps, step_digest
 from flight_overlord.loader.state import LoaderState
 from flight_overlord.planner.planner import Planner
 from flight_overlord.planner.strategy import load_strategy
-from flight_overlord.journal import Snapshots, read_journal
+from flight_overlord.journal import Snapshots, journal_size, read_journal
 
 SOURCES = {"captions": 0.15, "longdocs": 0.25, "code": 0.20, "docstrings": 0.15, "manuals": 0.15, "qa": 0.10}
 KINDS = ("loader", "loader+shadow", "planner", "planner+standby", "constructor")
@@ -522,7 +522,7 @@ def part2(tmp: Path, data_dir: Path, args) -> tuple[list[Resume], dict, float]:
             for rep in range(args.resume_reps):
                 kill_all(cluster)
                 restore = restore_ms(config)
-                journal = (cfg.run_dir / "plan-journal.jsonl").stat().st_size
+                journal = journal_size(cfg.run_dir / "plan-journal.jsonl")
                 planner_snap = latest_size(cfg.run_dir / "planner", "planner")
                 loader_snaps = sum(latest_size(cfg.run_dir / "loaders", f"{s.name}-{a}")
                                    for s in cfg.sources for a in range(s.loaders))
@@ -577,8 +577,8 @@ def run_dir_bytes(run_dir: Path) -> dict:
            "planner_snapshot_files": 0, "loader_snapshot_files": 0, "journaled_steps": 0}
     journal = run_dir / "plan-journal.jsonl"
     if journal.exists():
-        out["plan journal"] = journal.stat().st_size
-        out["journaled_steps"] = len({r["step"] for _, r in read_journal(journal) if "bins" in r})
+        out["plan journal"] = journal_size(journal)  # its archive too
+        out["journaled_steps"] = len({r["step"] for _, r in read_journal(journal) if "digest" in r or "bins" in r})
     for path in (run_dir / "planner").glob("planner-*.json"):
         out["Planner snapshots"] += path.stat().st_size
         out["planner_snapshot_files"] += 1

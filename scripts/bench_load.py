@@ -214,19 +214,11 @@ def run_load(cluster: LocalCluster, journal_plans, *, seconds: float, warmup: fl
 
 
 def plan_records(config_path) -> list[dict]:
-    """The plan records of the run's journal, indexed by step (trainer reports and others left out)."""
-    import json
-
+    """The plans of the run's journal, indexed by step (re-derived from the source files, each
+    checked against its journaled digest; trainer reports and others left out)."""
     from flight_overlord.config import load_config
-    lines = (load_config(config_path).run_dir / "plan-journal.jsonl").read_text().splitlines()
-    plans = {}
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if "bins" in record:
-            plans[record["step"]] = record
+    from flight_overlord.planner.audit import plan_records as journaled_plans
+    plans = {r["step"]: r for r in journaled_plans(load_config(config_path).run_dir, str(config_path))}
     return [plans[s] for s in range(len(plans))]
 
 

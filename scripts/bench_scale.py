@@ -18,7 +18,9 @@ Two parts, each printed with what was measured and what is modelled:
              - journal bytes per step: the plan journal's size / the steps it holds;
              - PSS of the Planner and of the constructors (psutil), at the end.
 2. planning  the pure ``plan_step`` at N x 72 samples per rank (bench_planner.py's synthetic long-document
-             steps, greedy, no servers) and the journal record it makes (``to_record`` + JSON): the part of
+             steps, greedy, no servers) and the journal record it makes (``step_record`` + JSON: the step's
+             inputs and a digest of its plan, not its samples; ``bench_journal.py`` sets it beside the
+             whole-plan record of before): the part of
              the Planner's per-step work that grows with samples, measured up to 4,096 ranks in-process.
 
 Model beyond the live runs: Planner CPU per step = fixed + per-rank x N, fitted (least squares) on
@@ -105,8 +107,9 @@ def pss(pid: int) -> int:
 
 def journal_bytes_per_step(run_dir: Path) -> tuple[float, int]:
     path = run_dir / "plan-journal.jsonl"
-    plans = sum(1 for line in path.read_text().splitlines() if '"bins"' in line)
-    return path.stat().st_size / max(plans, 1), plans
+    from flight_overlord.journal import journal_size, read_journal
+    plans = sum(1 for _, record in read_journal(path) if "digest" in record)  # one per step (archive too)
+    return journal_size(path) / max(plans, 1), plans
 
 
 def live_row(n: int, args, tmp: Path, data_dir: Path) -> dict:
@@ -170,6 +173,7 @@ def live_row(n: int, args, tmp: Path, data_dir: Path) -> dict:
 def planning_row(n: int, steps: int) -> dict:
     from bench_planner import PER_RANK, synthetic_planner
     from flight_overlord.planner.program import plan_step
+    from flight_overlord.planner.replay import step_record
     feeds, mixer, strategy, weights = synthetic_planner(n, method="greedy")
     plan_step(0, feeds, mixer, strategy, weights)  # untimed: the feeds generate their first metadata
     plan_s = record_s = size = 0.0
@@ -177,7 +181,7 @@ def planning_row(n: int, steps: int) -> dict:
         t = time.process_time()
         plan = plan_step(step, feeds, mixer, strategy, weights)
         t2 = time.process_time()
-        size += len(json.dumps(plan.to_record()))
+        size += len(json.dumps(step_record(plan, weights, False, {})))  # what the journal holds of a step
         plan_s, record_s = plan_s + t2 - t, record_s + time.process_time() - t2
     return {"ranks": n, "samples": n * PER_RANK, "plan_cpu": plan_s / steps, "record_cpu": record_s / steps,
             "record_bytes": size / steps}

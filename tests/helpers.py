@@ -12,6 +12,7 @@ from flight_overlord import harness
 from flight_overlord.config import load_config
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.journal import read_journal
+from flight_overlord.planner.audit import plan_records
 
 DEMO_SEED, DEMO_SCALE = 0, 0.03  # the session's demo corpus (tests/conftest.py)
 WEIGHTS = {"captions": 0.15, "longdocs": 0.25, "code": 0.20, "docstrings": 0.15, "manuals": 0.15, "qa": 0.10}
@@ -60,8 +61,9 @@ def journal_records(config_path) -> list[dict]:
 
 
 def journal(config_path) -> list[dict]:
-    """The plans of a run (trainer reports and other records are journaled too)."""
-    return [r for r in journal_records(config_path) if "bins" in r]
+    """The plans of a run, in journal order, each re-derived (bins, samples) and checked against the
+    digest it was journaled with (trainer reports and other records are journaled too)."""
+    return plan_records(load_config(config_path).run_dir, str(config_path))
 
 
 def delivered_keys(tables: list[pa.Table]) -> list[str]:

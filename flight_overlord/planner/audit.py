@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -148,6 +149,21 @@ def mark_run_start(cfg, mixture: dict, *, resume: bool) -> None:
 
 def offline_audit(run_dir: Path, config: str | None = None) -> dict:
     """The audit of a stopped run, read from ``run_dir`` with the config it was started from."""
+    with offline_planner(run_dir, config) as planner:
+        return audit_run(Path(run_dir), planner)
+
+
+def plan_records(run_dir: Path, config: str | None = None) -> list[dict]:
+    """Every step record of a run's plan journal, in order, each with its plan (``bins``, ``samples``)
+    re-derived from the source files and checked against its digest."""
+    with offline_planner(run_dir, config) as planner:
+        return list(planner.replayer.records())
+
+
+@contextmanager
+def offline_planner(run_dir: Path, config: str | None = None):
+    """A Planner restored from ``run_dir`` that plans nothing: it reads the journal, and re-derives
+    journaled steps with the metadata of the source files (no loader needed)."""
     from ..config import load_config
     from .planner import Planner
     from .strategy import load_strategy
@@ -160,10 +176,10 @@ def offline_audit(run_dir: Path, config: str | None = None) -> dict:
     cfg = load_config(config)
     if cfg.run_dir.resolve() != run_dir.resolve():
         raise ValueError(f"config {config} names run_dir {cfg.run_dir}, not {run_dir}")
-    planner = Planner(cfg, load_strategy(cfg, cfg.mesh), lambda source: None)
+    planner = Planner(cfg, load_strategy(cfg, cfg.mesh), None)
     planner.open(resume=True)
     try:
-        return audit_run(run_dir, planner)
+        yield planner
     finally:
         planner.close()
 

@@ -2,15 +2,15 @@
 snapshots, and serving any planned step again.
 
 State (``state_dict``) is plain numbers: the next step, each source's read cursor and deferred
-backlog, the mixer's credit, and the trainer feedback a dynamic schedule still needs. Every plan
-is journaled with the state after it (a differential record), every ``checkpoint_every`` steps a
-snapshot notes the journal offset, so restoring reads one snapshot and at most that many records.
-A journaled step is served from its record, never planned twice, so a restarted Planner hands out
-exactly the plans an undisturbed one would.
+backlog, the mixer's credit, and the trainer feedback a dynamic schedule still needs. Every step is
+journaled with the state after it and its own inputs, plus a digest of its plan, not the plan
+(``replay.py``); every ``checkpoint_every`` steps a snapshot notes the journal offset, so restoring
+reads one snapshot and at most that many records. A journaled step is served again re-derived from
+the state before it and checked against its digest, so a restarted Planner hands out exactly the
+plans an undisturbed one would (or says which step it cannot).
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from typing import Callable
@@ -19,12 +19,13 @@ from ..config import Config
 from ..core.mesh import Mesh
 from ..core.mixing import Mixer
 from ..core.schedules import FeedbackLog, weights_at
-from ..journal import Journal, Snapshots, read_journal, write_json_atomic
+from ..journal import Journal, Snapshots, read_journal
 from ..wire.plan import ConstructorPlan, FetchGroup
 from .edits import MixOverrides, describe_edit, mixture_of
 from .feed import FetchMeta, SourceFeed
 from .hdp import hdp_groups
 from .program import StepPlan, plan_step
+from .replay import Replayer, is_plan, state_before, step_record
 from . import costing
 from .costing import PlannedCost
 from .registry import Registry
@@ -36,7 +37,8 @@ log = logging.getLogger(__name__)
 
 
 class Planner:
-    def __init__(self, cfg: Config, strategy: Strategy, fetch_meta: Callable[[str], FetchMeta]):
+    def __init__(self, cfg: Config, strategy: Strategy, fetch_meta: Callable[[str], FetchMeta] | None):
+        """``fetch_meta``: a source's metadata from its loaders; None offline (an audit): from its files."""
         self.cfg = cfg
         self.strategy = strategy
         self.mesh: Mesh = strategy.mesh
@@ -56,7 +58,8 @@ class Planner:
         self._journal_path = cfg.run_dir / "plan-journal.jsonl"
         self._snapshots = Snapshots(self._dir, "planner", bucket=10 * cfg.checkpoint.every)
         self._journal: Journal | None = None
-        self._index: dict[int, int] = {}  # step -> journal offset of its record (steps since the last restore)
+        self.replayer = Replayer(cfg, strategy, self._journal_path, self._snapshots, fetch_meta,
+                                 self.registry.source_row_groups)  # journaled steps, served again
         self.rewound_at: int | None = None  # a resume on a new layout re-plans from this step
         self.journal_layout: dict | None = None  # the layout of the run restored from, if any
         self.scaling = SourceScaling(cfg) if cfg.loader.scaling.enabled else None  # live resharding
@@ -73,16 +76,20 @@ class Planner:
         self._journal = Journal(self._journal_path, fsync=True)
         if resume:
             self._restore_latest()
+        if self._fetch_meta is not None:  # a Planner that plans (not an offline reader)
+            self.replayer.configs.note(self.cfg, self._journal.size())
 
     def start_feeds(self) -> None:
         """Build the source feeds once every loader has registered (they announce the row groups). A
         source in the restored state but not in the config (dropped) keeps its cursor in the state; a
         source in the config but not in the state (added) starts at epoch 0."""
         self.feeds = {s.name: SourceFeed(s.name, self.registry.source_row_groups(s.name), self.cfg.seed,
-                                         self._fetch_meta(s.name), s.shuffle_window) for s in self.cfg.sources}
+                                         self.replayer.unreadable.watched(s.name, self._fetch_meta(s.name)),
+                                         s.shuffle_window) for s in self.cfg.sources}
         for name, feed_state in self._feed_states.items():
             if name in self.feeds:
                 self.feeds[name].load_state_dict(feed_state)
+        self.replayer.configs.note_row_groups({name: feed.row_groups for name, feed in self.feeds.items()})
         if self.scaling is not None:
             self.scaling.start(self.registry)
 
@@ -105,15 +112,17 @@ class Planner:
             self._snapshot()
         self.feedback.forget_before(step - self.strategy.schedule.lag - 1)  # what state_dict keeps
         weights, feedback = weights_at(self.strategy.schedule, step, self.feedback)
-        if self.overrides.starts_at(step):
+        reset_credit = self.overrides.starts_at(step)
+        if reset_credit:
             self.mixer.reset_credit()
         weights = self._checked_weights(step, self.overrides.weights_at(step) or weights)
         self.last_weights = weights
         scaled = self.scaling.decide(step, weights, self.feeds) if self.scaling is not None else []
         self.scaled = scaled  # the server tells the loaders at once (they also learn it from tickets)
-        cost_fns = {}
+        cost_fns, cost_params = {}, {}
         for name, cost in self.costs.items():
             cost_fns[name], fit_record = cost.decide(step)
+            cost_params[name] = [cost.in_force.a, cost.in_force.b]
             if fit_record is not None:
                 self._journal.append(fit_record)
         plan = plan_step(step, self.feeds, self.mixer, self.strategy, weights, feedback,
@@ -121,39 +130,19 @@ class Planner:
         for cost in self.costs.values():
             cost.planned(plan)
         plan.stats["skipped"] = sum(f.skipped for f in self.feeds.values())
-        record = plan.to_record()
+        record = step_record(plan, weights, reset_credit, cost_params)
         record["state"] = self._planning_state()
         if scaled:
             record["scaling"] = scaled
-        offset = self._journal.size()
         self._journal.append(record)
-        self._index[step] = offset
+        self.replayer.recent.put(plan)
         self.next_step = step + 1
         return plan
 
     def journaled(self, step: int) -> StepPlan | None:
-        """A step planned before (by this process or one before it), from the journal."""
-        offset = self._index.get(step)
-        if offset is None:
-            snapshot = self._snapshots.latest(at_most=step)
-            if snapshot is None or step >= self.next_step:
-                return None
-            offset = max([snapshot[1]["journal_offset"]] + [o for r, o in self._rewinds() if r <= step])
-        for _, record in read_journal(self._journal_path, offset):
-            if record.get("step") == step and "bins" in record and self._usable(record):
-                return StepPlan.from_record(record)
-            if record.get("step", -1) > step:
-                break
-        return None
-
-    def _rewinds(self) -> list[list[int]]:
-        """[step, journal offset] of every rewind: a step's plan in force is the first one journaled
-        after the last rewind at or before it (plans journaled before were made on the old layout or mixture)."""
-        path = self._dir / "rewinds.json"
-        return json.loads(path.read_text()) if path.exists() else []
-
-    def _usable(self, record: dict) -> bool:
-        return self.rewound_at is None or record["step"] < self.rewound_at or record["step"] in self._index
+        """A step planned before (by this process or one before it): served last, or re-derived from
+        the state before it and checked against its digest (``replay.PlanMismatch`` if it differs)."""
+        return None if step >= self.next_step else self.replayer.plan(step)
 
     def _checked_weights(self, step: int, weights: dict) -> dict[str, float]:
         unknown = sorted(set(weights) - set(self.strategy.sources))
@@ -247,6 +236,7 @@ class Planner:
         state = self.state_dict()
         state["journal_offset"] = self._journal.size()
         self._snapshots.write(self.next_step, state)
+        self.replayer.compact(self._journal)
 
     def _restore_latest(self) -> None:
         """The state at the end of the journal: the latest snapshot, then the records after it."""
@@ -256,8 +246,8 @@ class Planner:
             self.load_state_dict(snapshot[1])
             offset = snapshot[1]["journal_offset"]
             self.journal_layout = snapshot[1]["layout"]
-        last, begin, mixes = None, offset, []
-        for end, record in read_journal(self._journal_path, offset):
+        last, mixes = None, []
+        for _, record in read_journal(self._journal_path, offset):
             if "report" in record:
                 r = record["report"]
                 self.feedback.add(r["step"], r["group"], r["losses"])
@@ -268,20 +258,15 @@ class Planner:
                 self.costs[record["cost_fit"].get("model", "backbone")].restore(record["cost_fit"])
             elif "mix" in record:  # a live reweighting: in the state of the plans after it
                 mixes.append(record["mix"])
-            elif "rewind" in record:  # plans from that step on were made again, on a new layout
-                self._index = {s: o for s, o in self._index.items() if s < record["rewind"]}
+            elif "rewind" in record or is_plan(record):  # a rewind: plans from that step on were made again
                 last, mixes = record, []
-            elif "bins" in record:
-                self._index[record["step"]] = begin
-                last, mixes = record, []
-            begin = end
         if last is not None:
             self.journal_layout = last["layout"]
             next_step = last["rewind"] if "rewind" in last else last["step"] + 1
             self.load_state_dict({**last["state"], "next_step": next_step, "feedback": {}})
         for mix in mixes:
             self.overrides.add(mix["step"], mix["weights"])
-        log.info("restored at step %d (%d journaled steps since the snapshot)", self.next_step, len(self._index))
+        log.info("restored at step %d", self.next_step)
 
     def rewind(self, step: int) -> None:
         """Resume on a new layout (say dp 2 -> 4): re-plan from ``step`` with the state the journal had
@@ -295,10 +280,10 @@ class Planner:
         edit = self._config_edit(step)
         offset = self._journal.size()
         self._journal.append({"rewind": step, "layout": self.layout(), "state": self._planning_state()})
-        write_json_atomic(self._dir / "rewinds.json", self._rewinds() + [[step, offset]])
+        self.replayer.add_rewind(step, offset)
         if edit is not None:
             self._journal.append({"edit": edit})
-        self._index = {s: o for s, o in self._index.items() if s < step}
+        self.replayer.recent.forget_from(step)
         self.rewound_at = step
         log.info("rewound to step %d for a new layout %s", step, self.layout())
 
@@ -306,18 +291,7 @@ class Planner:
         snapshot = self._snapshots.latest(at_most=step)
         if snapshot is None:
             raise ValueError(f"no snapshot at or before step {step} in {self._dir}")
-        state = dict(snapshot[1])
-        mixes: list[dict] = []
-        for _, record in read_journal(self._journal_path, state["journal_offset"]):
-            if "bins" in record and record["step"] < step:
-                state.update(record["state"])
-                state["next_step"] = record["step"] + 1
-                mixes = []
-            elif "mix" in record:
-                mixes.append(record["mix"])
-        state["overrides"] = state.get("overrides", []) + [[m["step"], m["weights"]] for m in mixes]
-        state["feedback"] = {}
-        return state
+        return state_before(self._journal_path, snapshot[1], step)
 
     # -- mixture edits -----------------------------------------------------------------
     @property

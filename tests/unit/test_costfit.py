@@ -172,13 +172,14 @@ def test_the_encoder_model_fits_too_and_a_resume_plans_as_an_undisturbed_run(tmp
         journaled["a"], journaled["b"], journaled["step"])
     _train(second, 30)
     second.close()
+    assert len(_plans(tmp_path / "straight")) == 30
     assert _plans(tmp_path / "resumed") == _plans(tmp_path / "straight")
 
 
 def _plans(run_dir) -> list:
+    """(step, digest of its plan: bins and encoder placement) of every journaled step."""
     from flight_overlord.journal import read_journal
-    return [(r["step"], r["bins"], r.get("encoder")) for _, r in read_journal(run_dir / "plan-journal.jsonl")
-            if "bins" in r]
+    return [(r["step"], r["digest"]) for _, r in read_journal(run_dir / "plan-journal.jsonl") if "digest" in r]
 
 
 def _fit_before(run_dir, step: int) -> dict:

@@ -41,22 +41,15 @@ def test_digests_follow_the_values_not_the_chunking():
     assert harness.table_digest(one) != harness.table_digest(other)
 
 
-def test_plan_hash_ignores_wall_clock_fields_and_needs_every_step(tmp_path):
-    def write(records):
-        (tmp_path / "plan-journal.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    write([{"step": 0, "bins": [["a:0"]], "wall": 1.0}, {"step": 1, "bins": [["b:0"]], "plan_time": 0.2}])
-    first = harness.plan_hash(tmp_path, 2)
-    write([{"step": 0, "bins": [["a:0"]], "wall": 9.0}, {"step": 1, "bins": [["b:0"]], "plan_time": 0.7}])
-    assert harness.plan_hash(tmp_path, 2) == first
-    write([{"step": 0, "bins": [["a:0"]]}, {"step": 1, "bins": [["c:0"]]}])
-    assert harness.plan_hash(tmp_path, 2) != first
+def test_plan_hash_follows_what_a_plan_serves_and_needs_every_step(tmp_path):
+    first = harness.hash_plans([{"step": 0, "bins": [["a:0"]], "wall": 1.0}, {"step": 1, "bins": [["b:0"]], "state": 1}], 2)
+    again = harness.hash_plans([{"step": 0, "bins": [["a:0"]], "wall": 9.0}, {"step": 1, "bins": [["b:0"]], "state": 2}], 2)
+    assert again == first  # wall-clock fields and the journal's state do not count
+    assert harness.hash_plans([{"step": 0, "bins": [["a:0"]]}, {"step": 1, "bins": [["c:0"]]}], 2) != first
     with pytest.raises(ValueError, match=r"plans of steps \[0, 1\], not 0..2"):
-        harness.plan_hash(tmp_path, 3)
-    # a strategy journaled by the path of a copy of the config: the copy's folder is left out
-    write([{"step": 0, "bins": [["a:0"]], "strategy": [str(tmp_path / "strategies" / "s.py")]}])
+        harness.hash_plans([{"step": 0, "bins": [["a:0"]]}, {"step": 1, "bins": [["b:0"]]}], 3)
+    # a path under the folder of a copy of the config: the copy's folder is left out
     elsewhere = tmp_path / "other"
-    elsewhere.mkdir()
-    (elsewhere / "plan-journal.jsonl").write_text(json.dumps(
-        {"step": 0, "bins": [["a:0"]], "strategy": [str(elsewhere / "strategies" / "s.py")]}) + "\n")
-    assert harness.plan_hash(tmp_path, 1, root=tmp_path) == harness.plan_hash(elsewhere, 1, root=elsewhere)
-    assert harness.plan_hash(tmp_path, 1) != harness.plan_hash(elsewhere, 1)
+    ours = harness.hash_plans([{"step": 0, "bins": [[str(tmp_path / "s.py")]]}], 1, root=tmp_path)
+    theirs = harness.hash_plans([{"step": 0, "bins": [[str(elsewhere / "s.py")]]}], 1, root=elsewhere)
+    assert ours == theirs != harness.hash_plans([{"step": 0, "bins": [[str(elsewhere / "s.py")]]}], 1)

@@ -1,0 +1,319 @@
+"""Journaled steps served again without their samples in the journal: re-derived, then checked.
+
+A plan is a pure function of (config, seed, step, the planning state before the step, the
+sources' metadata, and the step's inputs that no state gives: its weights, whether the mixer's
+credit was reset there, the fitted cost model in force). So a step's journal record holds those
+inputs, the state after the step and a digest of the plan served, not the plan: its size follows
+the number of sources, not of samples (a whole plan is ~12 KB per step at dp 64 and MBs at dp 4096).
+
+Serving step s again reads the state before it (step s - 1's record, or the snapshot or rewind just
+before s), plans s once more and compares the digest; a mismatch is an error naming the step, never
+another plan. Replay cost is one step's planning plus a journal read bounded by the snapshot
+interval. The metadata comes from the loaders (a live Planner) or from the source files themselves
+(offline: an audit), read once per row group; the files are fingerprinted, so a changed file is
+an error at resume already. A run's config is kept per start (``ConfigHistory``), so a step planned
+before a resume on an edited config or another layout is re-derived with the config it was planned with.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from collections import OrderedDict
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..config import Config
+from ..core.cost import attention_cost, patches_cost
+from ..core.mixing import Mixer
+from ..core.order import RowGroupRef
+from ..journal import read_journal, write_json_atomic
+from .feed import FetchMeta, SourceFeed
+from .run_inputs import ConfigHistory, Unreadable
+from .program import plan_step
+from .step_plan import StepPlan
+
+log = logging.getLogger(__name__)
+META_CACHED = 8  # row groups' metadata kept per source while replaying (consecutive steps share them)
+
+
+class PlanMismatch(RuntimeError):
+    """A re-derived step differs from the plan that was served: never serve it."""
+
+
+def is_plan(record: dict) -> bool:
+    """A step's record: re-derivable (``digest``), or a whole plan as journals before held (``bins``)."""
+    return "step" in record and ("digest" in record or "bins" in record)
+
+
+def plan_digest(plan: StepPlan) -> str:
+    """A digest of what a plan serves: every bin's samples (source, file, row group, row, epoch,
+    planned length and patches) in order, the weights and the layout. From the columns when the plan
+    has them (no object per sample), else from its record."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(json.dumps([plan.step, plan.layout(), plan.weights], sort_keys=True).encode())
+    if plan.table is not None and plan.bin_indices is not None:
+        t = plan.table
+        order = np.concatenate(plan.bin_indices) if plan.bin_indices else np.zeros(0, np.int64)
+        h.update(json.dumps([t.sources, t.files, [len(b) for b in plan.bin_indices]]).encode())
+        for name in ("source", "file", "epoch", "row_group", "row", "tokens", "patches"):
+            h.update(np.ascontiguousarray(t.columns[name][order], dtype=np.int64).tobytes())
+        if t.image_sizes is not None:
+            h.update(repr(t.image_sizes[order].tolist()).encode())
+    else:
+        record = plan.to_record()
+        h.update(json.dumps([record["bins"], record["samples"]], sort_keys=True).encode())
+    if plan.encoder is not None:
+        h.update(json.dumps([[[p.ref.key, i] for p, i in b] for b in plan.encoder]).encode())
+    return h.hexdigest()
+
+
+def step_record(plan: StepPlan, weights: dict, reset_credit: bool, costs: dict[str, list[float]]) -> dict:
+    """A step's journal record, without its samples: the step's own inputs (``weights`` as given to
+    planning, before any buffer policy; the credit reset; the cost models in force as [a, b]) and the
+    plan's digest, weights, stats and feedback."""
+    record = {"step": plan.step, "layout": plan.layout(), "weights": plan.weights, "stats": plan.stats,
+              "digest": plan_digest(plan)}
+    if plan.feedback is not None:
+        record["feedback"] = plan.feedback
+    inputs: dict = {}
+    if weights != plan.weights:
+        inputs["weights"] = weights
+    if reset_credit:
+        inputs["reset_credit"] = True
+    if costs:
+        inputs["cost"] = costs
+    if inputs:
+        record["inputs"] = inputs
+    return record
+
+
+def locate(path: Path, offset: int, step: int, before: dict | None) -> tuple[dict | None, dict, int] | None:
+    """(the planning state before ``step``, its record, the record's offset), reading the journal from
+    ``offset`` where ``before`` is the state (a snapshot's, or None when a rewind record comes first)."""
+    begin = offset
+    for end, record in read_journal(path, offset):
+        if "rewind" in record:
+            before = record["state"]
+        elif is_plan(record):
+            if record["step"] == step:
+                return before, record, begin
+            if record["step"] > step:
+                return None
+            before = record.get("state")
+        begin = end
+    return None
+
+
+class SourceReader:
+    """Fresh ``SourceFeed``s of one config, for replaying: row groups and metadata from the loaders
+    (``fetch_meta``, ``row_groups``), or, offline, from the source files; metadata cached per row group."""
+
+    def __init__(self, cfg: Config, unreadable: Unreadable, fetch_meta: Callable[[str], FetchMeta] | None = None,
+                 row_groups: Callable[[str], list[RowGroupRef] | None] | None = None):
+        """``row_groups``: a source's row groups as its loaders registered them (offline: as journaled
+        at the start, None when not: then as the files have them now)."""
+        self.cfg, self.unreadable = cfg, unreadable
+        self._fetch_meta, self._row_groups = fetch_meta, row_groups
+        self._sources: dict[str, tuple[list[RowGroupRef], FetchMeta]] = {}
+
+    def feed(self, name: str) -> SourceFeed:
+        if name not in self._sources:
+            row_groups, meta = self._open(name)
+            self._sources[name] = row_groups, self.unreadable.applied(name, meta)
+        row_groups, meta = self._sources[name]
+        spec = self.cfg.source(name)
+        return SourceFeed(name, row_groups, self.cfg.seed, meta, spec.shuffle_window)
+
+    def _open(self, name: str) -> tuple[list[RowGroupRef], FetchMeta]:
+        if self._fetch_meta is not None:
+            fetch = self._fetch_meta(name)
+            cached = lru_cache(maxsize=META_CACHED)(lambda epoch, file, group, rows: fetch(epoch, RowGroupRef(file, group, rows)))
+            return self._row_groups(name), lambda epoch, rg: cached(epoch, rg.file, rg.row_group, rg.num_rows)
+        catalog, meta = files_metadata(self.cfg, name)
+        registered = self._row_groups(name) if self._row_groups is not None else None
+        return (registered if registered is not None else catalog), meta
+
+
+def files_metadata(cfg: Config, name: str) -> tuple[list[RowGroupRef], FetchMeta]:
+    """A source's row groups and their metadata read from its files, as its loaders report them (an
+    unreadable row group: every row -1, which planning skips, as a loader's failed read)."""
+    from ..loader.row_groups import RowGroupSamples, SourceShare
+    from ..core.vision import ImageError
+    share = SourceShare(cfg.source(name), 0, cfg.global_batch.context_length, cfg.vision)
+
+    @lru_cache(maxsize=META_CACHED)
+    def read(file: str, row_group: int, rows: int) -> dict:
+        rg = RowGroupRef(file, row_group, rows)
+        try:
+            samples = share.read(rg)
+        except ImageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - as the loader: a row group it cannot read is skipped
+            log.warning("source %s: cannot read %s row group %d (%s): replayed as skipped", name, file, row_group, exc)
+            samples = RowGroupSamples.failed_read(name, rg)
+        batch = samples.metadata()
+        return {"num_tokens": batch.column("num_tokens").to_numpy().astype(np.int64),
+                "image_patches": batch.column("image_patches").to_numpy().astype(np.int64),
+                "image_sizes": [tuple(s) for s in batch.column("image_sizes").to_pylist()]}
+    return share.catalog, lambda epoch, rg: read(rg.file, rg.row_group, rg.num_rows)
+
+
+def derive(record: dict, before: dict, strategy, reader: SourceReader) -> StepPlan:
+    """Plan ``record``'s step again from the state ``before`` it, with the step's journaled inputs;
+    checked against the journaled digest."""
+    step = record["step"]
+    mixer = Mixer(list(before["mixer_sources"]))
+    mixer.load_state_dict(before["mixer"])
+    feeds = {}
+    for name in mixer.sources:
+        feeds[name] = reader.feed(name)
+        if name in before["feeds"]:
+            feeds[name].load_state_dict(before["feeds"][name])
+    inputs = record.get("inputs", {})
+    if inputs.get("reset_credit"):
+        mixer.reset_credit()
+    cost = inputs.get("cost", {})
+    plan = plan_step(step, feeds, mixer, strategy, inputs.get("weights", record["weights"]), record.get("feedback"),
+                     cost_fn=attention_cost(*cost["backbone"]) if "backbone" in cost else None,
+                     encoder_cost_fn=patches_cost(*cost["encoder"]) if "encoder" in cost else None)
+    if plan_digest(plan) != record["digest"]:
+        raise PlanMismatch(f"step {step}: planned again from the journal, its plan differs from the one served "
+                           f"(digest {record['digest']}): a source file or the strategy changed since; "
+                           f"refusing to serve another plan")
+    plan.stats = record["stats"]
+    return plan
+
+
+def state_before(path: Path, snapshot: dict, step: int) -> dict:
+    """The planning state the journal had after step - 1 (from ``snapshot``, taken at or before
+    ``step``, and the records after it), with the live reweightings set since, as overrides."""
+    state = dict(snapshot)
+    mixes: list[dict] = []
+    for _, record in read_journal(path, state["journal_offset"]):
+        if is_plan(record) and record["step"] < step:
+            state.update(record["state"])
+            state["next_step"] = record["step"] + 1
+            mixes = []
+        elif "mix" in record:
+            mixes.append(record["mix"])
+    state["overrides"] = state.get("overrides", []) + [[m["step"], m["weights"]] for m in mixes]
+    state["feedback"] = {}
+    return state
+
+
+class Replayer:
+    """Journaled steps of one run served again: the recent ones from memory, the others re-derived
+    with the config in force when they were planned (``fetch_meta``/``row_groups``: the loaders', for
+    the run's current config; None offline, then from the files)."""
+
+    def __init__(self, cfg: Config, strategy, journal_path: Path, snapshots, fetch_meta: Callable[[str], FetchMeta] | None,
+                 row_groups: Callable[[str], list[RowGroupRef]]):
+        self.cfg, self.strategy = cfg, strategy
+        self.journal_path, self.snapshots = journal_path, snapshots
+        self._rewinds = journal_path.parent / "planner" / "rewinds.json"
+        self.recent = RecentPlans(max(4, cfg.prefetch + 2))
+        self.configs = ConfigHistory(journal_path.parent / "planner" / "configs.json")
+        self.unreadable = Unreadable(journal_path.parent / "planner" / "unreadable.json")
+        self._live = SourceReader(cfg, self.unreadable, fetch_meta, row_groups) if fetch_meta is not None else None
+        self._readers: dict[int, SourceReader] = {}  # offline, per start of the run
+
+    def rewinds(self) -> list[list[int]]:
+        """[step, journal offset] of every rewind: a step's plan in force is the first one journaled
+        after the last rewind at or before it (plans journaled before were made on the old layout or mixture)."""
+        return json.loads(self._rewinds.read_text()) if self._rewinds.exists() else []
+
+    def add_rewind(self, step: int, offset: int) -> None:
+        write_json_atomic(self._rewinds, self.rewinds() + [[step, offset]])
+
+    def compact(self, journal) -> None:
+        """Bound the journal file to what a restart or a live rank reads: the records from the oldest
+        of the newest snapshots on stay, older ones go to the archive (an audit and a rewind to an
+        old step read it). Only once they are at least as many bytes as what stays (amortised)."""
+        steps = self.snapshots.steps()
+        if len(steps) < self.snapshots.keep:
+            return
+        oldest = self.snapshots.latest(at_most=steps[-self.snapshots.keep])
+        cut = oldest[1]["journal_offset"] if oldest is not None else 0
+        if cut - journal.start >= max(1, journal.size() - cut):
+            journal.compact(cut)
+
+    def plan(self, step: int) -> StepPlan | None:
+        """Step ``step``'s plan in force: the first journaled after the last rewind at or before it."""
+        plan = self.recent.get(step)
+        if plan is not None:
+            return plan
+        snapshot = self.snapshots.latest(at_most=step)
+        if snapshot is None:
+            return None
+        rewinds = [o for r, o in self.rewinds() if r <= step and o > snapshot[1]["journal_offset"]]
+        offset, before = (max(rewinds), None) if rewinds else (snapshot[1]["journal_offset"], snapshot[1])
+        found = locate(self.journal_path, offset, step, before)
+        if found is None:
+            return None
+        plan = self.replayed(*found)
+        self.recent.put(plan)
+        return plan
+
+    def records(self):
+        """Every step record of the journal in its order (steps planned again after a rewind appear
+        again), each with its plan's ``bins`` and ``samples`` re-derived: what a journal held before."""
+        before, begin = None, 0
+        for end, record in read_journal(self.journal_path):
+            if "rewind" in record:
+                before = record["state"]
+            elif is_plan(record):
+                if before is None and "bins" not in record:
+                    snapshot = self.snapshots.latest(at_most=record["step"])
+                    before = snapshot[1] if snapshot is not None else None
+                yield {**record, **self.replayed(before, record, begin).to_record()}
+                before = record.get("state")
+            begin = end
+
+    def replayed(self, before: dict | None, record: dict, offset: int) -> StepPlan:
+        """``record``'s plan (journaled at ``offset``), from the state ``before`` it."""
+        if "bins" in record:  # a journal of before re-deriving: the whole plan is there
+            return StepPlan.from_record(record)
+        if before is None:
+            raise KeyError(f"step {record['step']}: no planning state before it in the journal")
+        in_force = self.configs.at(offset, self.cfg)
+        if in_force is None and self._live is not None:
+            return derive(record, before, self.strategy, self._live)
+        cfg, strategy = in_force or (self.cfg, self.strategy)
+        index, entry = self.configs.entry_at(offset)
+        if index not in self._readers:
+            known = {n: [RowGroupRef(*rg) for rg in g] for n, g in (entry or {}).get("row_groups", {}).items()}
+            self._readers[index] = SourceReader(cfg, self.unreadable, row_groups=known.get)
+        return derive(record, before, strategy, self._readers[index])
+
+
+class RecentPlans:
+    """The plans served last, by step: live serving hands them out again without re-deriving."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._plans: OrderedDict[int, StepPlan] = OrderedDict()
+        self._lock = threading.Lock()  # planning puts, serving threads get
+
+    def get(self, step: int) -> StepPlan | None:
+        with self._lock:
+            plan = self._plans.get(step)
+            if plan is not None:
+                self._plans.move_to_end(step)
+            return plan
+
+    def put(self, plan: StepPlan) -> None:
+        with self._lock:
+            self._plans[plan.step] = plan
+            self._plans.move_to_end(plan.step)
+            while len(self._plans) > self.size:
+                self._plans.popitem(last=False)
+
+    def forget_from(self, step: int) -> None:
+        with self._lock:
+            for s in [s for s in self._plans if s >= step]:
+                del self._plans[s]
