@@ -110,7 +110,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         metrics=_parse_metrics(top["metrics"]),
         ray=_parse_ray(top["ray"], mesh.world_size),
         planner=PlannerConfig(as_int(planner["standbys"], "planner.standbys", minimum=0, maximum=1)),  # 2 would race
-        path=path,
+        deployment=top["deployment"], path=path,  # deployment checked by deployment_defaults
     )
 
 

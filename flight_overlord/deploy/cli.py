@@ -19,13 +19,15 @@ DEFAULT_DATA_DIR = Path("data") / "demo"
 DEFAULT_RUN_DIR = Path("runs") / "demo"
 
 
-ROLES = ("planner", "loader", "constructor")
+ROLES = ("planner", "loader", "constructor", "node")
 
 
 def _serve(args) -> None:
-    """One role in this process; its own ``main`` parses the flags that follow the role's name."""
+    """One role in this process (``node``: every role of a single_node run); its own ``main`` parses the
+    flags that follow the role's name."""
     import importlib
-    importlib.import_module(f"flight_overlord.{args.role}.server").main(args.flags)
+    module = "flight_overlord.deploy.node" if args.role == "node" else f"flight_overlord.{args.role}.server"
+    importlib.import_module(module).main(args.flags)
 
 
 def _up(args) -> None:
@@ -222,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--address", help="with --backend ray: join this Ray cluster (auto, or HOST:PORT); default: "
                    "start a local Ray with this machine's CPUs")
     p.set_defaults(func=_up)
-    p = sub.add_parser("serve", help="run one role: planner | loader | constructor (for manual deployment)")
+    p = sub.add_parser("serve", help="run one role: planner | loader | constructor (for manual deployment); node: every role of a 'deployment: single_node' run in this process")
     p.add_argument("role", choices=ROLES)
     p.add_argument("flags", nargs=argparse.REMAINDER, help="the role's flags: overlord serve ROLE --help")
     p.set_defaults(func=_serve)

@@ -32,6 +32,7 @@ class Backend(Protocol):
     ``location`` (once ready) and ``restarts`` (when it was restarted, ``time.time()``)."""
     children: list
     hot_standbys: bool  # runs the config's standby Planner (else it restarts a Planner in place)
+    one_process: bool  # runs a single_node run's roles in one process (``overlord serve node``)
 
     def open(self, cluster: "Cluster") -> int | None:
         """Before any role: connect to what runs them; the CPUs ``loader.hosts: auto`` may use (None: this machine's)."""
@@ -91,7 +92,7 @@ class Cluster:
         try:
             cpus = self.backend.open(self)
             planner, *others = roles(self.cfg, cpus=cpus, resume=self.mode == "resume",
-                                     standbys=self.backend.hot_standbys)
+                                     standbys=self.backend.hot_standbys, one_process=self.backend.one_process)
             first = self.backend.start_role(planner, list(planner.args))
             self.backend.wait_ready([first], self.startup_timeout)
             self.planner = first.location

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..wire.security import SECRET_ENV
 from .cluster import Cluster
-from .topology import STANDBY, RoleSpec
+from .topology import NODE, STANDBY, RoleSpec
 
 log = logging.getLogger(__name__)
 # Loader processes use the system allocator (docs/methods/memory.md): set before pyarrow loads.
@@ -57,8 +57,10 @@ class LocalCluster(Cluster):
 
 class Processes:
     """The local backend: one ``overlord serve ROLE`` child process per role, announcing its address in
-    a ready file and logging to ``run_dir/logs``; supervised (restarted on its own address)."""
+    a ready file and logging to ``run_dir/logs``; supervised (restarted on its own address). A
+    ``deployment: single_node`` run is one child, ``overlord serve node`` (``topology.roles``)."""
     hot_standbys = True
+    one_process = True
 
     def __init__(self, supervise: bool = True):
         self.supervise = supervise
@@ -89,11 +91,11 @@ class Processes:
         extra = []
         if restart_of is not None and name != STANDBY:  # same address; the Planner keeps the others' registrations
             ready_file.unlink(missing_ok=True)
-            extra = ["--port", restart_of.location.rsplit(":", 1)[1]] + (["--recover"] if name == "planner" else [])
+            extra = ["--port", restart_of.location.rsplit(":", 1)[1]] + (["--recover"] if spec.role in ("planner", NODE) else [])
         cmd = [sys.executable, "-m", "flight_overlord.deploy.cli", "serve", *args, *extra,
                "--config", str(cluster.config_path), "--ready-file", str(ready_file)]
         env = {**os.environ, SECRET_ENV: cluster.secret}  # never on the command line
-        if args[0] == "loader":  # mimalloc keeps each read-ahead thread's freed pages: ~2x a host's PSS
+        if args[0] in ("loader", NODE):  # mimalloc keeps each read-ahead thread's freed pages: ~2x a host's PSS
             env.setdefault(LOADER_POOL_ENV, "system")
         with open(log_path, "a") as log_file:  # a restart appends: the crashed process's log stays
             process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

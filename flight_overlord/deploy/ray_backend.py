@@ -122,6 +122,7 @@ class RayActors:
     """The Ray backend: one actor per role on a fixed port (a restart by Ray comes back on the same
     address, so it needs no standby Planner); Ray restarts what dies, nothing here supervises."""
     hot_standbys = False
+    one_process = False  # each role its own actor: Ray places and restarts them one by one
 
     def __init__(self, address: str | None = None):
         self.address = address

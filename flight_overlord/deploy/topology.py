@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ..config import Config
 
 STANDBY = "planner-standby"  # the hot standby Planner's name (planner.standbys: 1)
+NODE = "node"  # the one process of a single_node run: the Planner's address, every role inside
 # ``loader.hosts: auto`` puts up to this many actors in one process: an actor spends most of its time in
 # Arrow's reads and decompression (GIL released), and a process costs ~64 MiB before any data, so four
 # per process keeps that under 16 MiB a source while one process per CPU still bounds the parallelism.
@@ -24,7 +25,7 @@ class RoleSpec:
     """One role process: ``args`` are its role's own flags (no ``--config``, ``--planner``, port or
     ready file: those say where it runs, which the backend decides)."""
     name: str
-    role: str  # planner | loader | constructor
+    role: str  # planner | loader | constructor | node (all of them in one process)
     args: tuple[str, ...] = ()
     index: int | None = None  # a constructor's index (its placement follows the ranks it serves)
     standby: bool = False  # a hot standby Planner: follows the Planner instead of registering with it
@@ -37,10 +38,16 @@ class RoleSpec:
         return int(self.args[self.args.index("--replica") + 1]) if "--replica" in self.args else 0
 
 
-def roles(cfg: Config, *, cpus: int | None = None, resume: bool = False, standbys: bool = True) -> list[RoleSpec]:
+def roles(cfg: Config, *, cpus: int | None = None, resume: bool = False, standbys: bool = True,
+          one_process: bool = False) -> list[RoleSpec]:
     """Every role process of a run, the Planner first (the others need its address). ``cpus`` bounds
     ``loader.hosts: auto`` (default: this machine's); ``standbys``: whether the backend runs the config's
-    hot standby Planner (a backend that restarts a role in place on its own address may not need one)."""
+    hot standby Planner (a backend that restarts a role in place on its own address may not need one).
+    ``one_process``: the backend can run every role of a ``deployment: single_node`` run in one process
+    (``overlord serve node``, :mod:`.node`), which it then does unless the run has a standby Planner or
+    loader shadows (a replica in the process it stands in for would die with it)."""
+    if one_process and hosts_every_role(cfg):
+        return [RoleSpec(NODE, NODE, ("--resume",) if resume else ())]
     specs = [RoleSpec("planner", "planner", ("--resume",) if resume else ())]
     if standbys and cfg.planner.standbys:
         specs.append(RoleSpec(STANDBY, "planner", standby=True))
@@ -50,6 +57,11 @@ def roles(cfg: Config, *, cpus: int | None = None, resume: bool = False, standby
     specs += [RoleSpec(f"constructor-{c}", "constructor", ("--index", str(c)), index=c)
               for c in range(cfg.num_constructors)]
     return specs
+
+
+def hosts_every_role(cfg: Config) -> bool:
+    """A ``deployment: single_node`` run without standby Planner or loader shadows: one process serves it."""
+    return cfg.deployment == "single_node" and not cfg.planner.standbys and not cfg.loader.shadows
 
 
 def machine_cpus() -> int:

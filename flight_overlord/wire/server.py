@@ -166,8 +166,10 @@ def location_of(server: fl.FlightServerBase, host: str) -> str:
     return f"{security.scheme if security else 'grpc'}://{host}:{server.port}"
 
 
-def serve(server: fl.FlightServerBase, location: str, ready_file: str | None) -> None:
-    """Announce ``location`` (atomically, in ``ready_file``) and block until SIGINT/SIGTERM or shutdown."""
+def serve(server: fl.FlightServerBase, location: str, ready_file: str | None, *,
+          hosted: tuple[fl.FlightServerBase, ...] = ()) -> None:
+    """Announce ``location`` (atomically, in ``ready_file``) and block until SIGINT/SIGTERM or shutdown.
+    ``hosted``: further servers of this process, shut down first (in reverse order), ``server`` last."""
     log.info("serving at %s", location)
     if ready_file:
         tmp = Path(f"{ready_file}.tmp.{os.getpid()}")
@@ -175,6 +177,8 @@ def serve(server: fl.FlightServerBase, location: str, ready_file: str | None) ->
         tmp.replace(ready_file)
     server.serve()  # returns on SIGINT/SIGTERM
     log.info("shutting down %s", location)
+    for other in reversed(hosted):
+        other.shutdown()
     server.shutdown()
 
 

@@ -15,6 +15,7 @@ from flight_overlord import harness, wire
 from flight_overlord.client import TrainerClient
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.deploy.launch import LocalCluster
+from flight_overlord.deploy.node import previous_ports
 from flight_overlord.harness import step_digest
 from flight_overlord.planner.audit import offline_audit
 
@@ -221,3 +222,14 @@ def test_loader_hosts_serve_the_same_streams_from_fewer_processes(reference, cor
 
 def test_kill_9_of_a_loader_host_brings_all_its_sources_back(reference, corpus, tmp_path):
     assert run(config(tmp_path, corpus, loader={"hosts": 2}), kill="loader-host0", at=13) == reference
+
+
+def test_single_node_is_one_process_and_its_kill_9_changes_no_rank_stream(reference, corpus, tmp_path):
+    """``deployment: single_node``: the Planner, both loader hosts and the constructor in one process
+    (``overlord serve node``), each on its own port; a kill -9 of that process (every role at once),
+    restarted with --recover on the same ports, leaves every rank's stream the undisturbed run's."""
+    path = config(tmp_path, corpus, deployment="single_node", loader={"hosts": 2})
+    processes = []
+    assert run(path, kill="node", at=17, check=lambda c: processes.extend(c.children)) == reference
+    assert [(c.name, len(c.restarts)) for c in processes] == [("node", 1)]
+    assert sorted(previous_ports(load_config(path))) == ["constructor-0", "loader-host0", "loader-host1", "planner"]

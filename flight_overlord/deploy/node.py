@@ -1,0 +1,67 @@
+"""``overlord serve node``: every role of a ``deployment: single_node`` run in one process.
+
+The Planner, the loader process(es) and the constructor(s) of :func:`.topology.roles` each run their
+own Flight server on their own port, as they would in their own processes (the same start functions,
+flags, registrations and journals), so the plans and streams are the same; the process costs its
+interpreter, pyarrow and the rest once instead of once per role (~35 MiB each:
+docs/methods/memory-peers.md). The process announces the Planner's address. Restarted after a crash
+(``--recover``), every role comes back on the port it had, which ``run_dir/node-ports.json`` keeps,
+and rebuilds its state from the run's journals and snapshots as a restarted role process does.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+from pathlib import Path
+
+from ..config import Config, load_config
+from ..wire.server import serve
+from .topology import roles
+
+PORTS_FILE = "node-ports.json"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="overlord serve node")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--port", type=int, help="the Planner's port (default: network.planner_port of the config)")
+    parser.add_argument("--ready-file")
+    parser.add_argument("--resume", action="store_true", help="continue the run in run_dir from its journal")
+    parser.add_argument("--recover", action="store_true", help="a restart of this process: --resume, every "
+                        "role on the port it had")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config)
+    ports = previous_ports(cfg) if args.recover else {}
+    if args.port is not None:
+        ports["planner"] = args.port
+    planner, location, _ = _start("planner", [*_flags(args, ports, "planner"),
+                                              *(["--recover"] if args.recover else ["--resume"] if args.resume else [])])
+    hosted = {}
+    for spec in roles(cfg)[1:]:
+        hosted[spec.name] = _start(spec.role, [*spec.args, *_flags(args, ports, spec.name), "--planner", location])[0]
+    _write_ports(cfg, {"planner": planner.port, **{name: server.port for name, server in hosted.items()}})
+    serve(planner, location, args.ready_file, hosted=tuple(hosted.values()))
+
+
+def _start(role: str, argv: list[str]):
+    """A role's ``start``: its server up (and registered with the Planner): (server, location, ready file)."""
+    return importlib.import_module(f"flight_overlord.{role}.server").start(argv)
+
+
+def _flags(args, ports: dict[str, int], name: str) -> list[str]:
+    return ["--config", args.config, *(["--port", str(ports[name])] if name in ports else [])]
+
+
+def previous_ports(cfg: Config) -> dict[str, int]:
+    """The port of every role of the process this one restarts ({} if none was written)."""
+    path = Path(cfg.run_dir) / PORTS_FILE
+    return {name: int(port) for name, port in json.loads(path.read_text()).items()} if path.exists() else {}
+
+
+def _write_ports(cfg: Config, ports: dict[str, int]) -> None:
+    path = Path(cfg.run_dir) / PORTS_FILE
+    tmp = path.with_name(f"{PORTS_FILE}.tmp.{os.getpid()}")
+    tmp.write_text(json.dumps(ports))
+    tmp.replace(path)
