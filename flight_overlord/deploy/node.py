@@ -16,6 +16,7 @@ import json
 import os
 from pathlib import Path
 
+from .. import allocator
 from ..config import Config, load_config
 from ..wire.server import serve
 from .topology import roles
@@ -33,6 +34,7 @@ def main(argv=None) -> None:
                         "role on the port it had")
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
+    allocator.tame()  # before any role's threads make malloc arenas (the loader's own call would come too late)
     ports = previous_ports(cfg) if args.recover else {}
     if args.port is not None:
         ports["planner"] = args.port

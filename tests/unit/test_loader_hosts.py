@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flight_overlord.config import ConfigError, load_config
-from flight_overlord.deploy.topology import ACTORS_PER_HOST, STANDBY, loader_hosts, machine_cpus, roles
+from flight_overlord.deploy.topology import ACTORS_PER_HOST, NODE, STANDBY, loader_hosts, machine_cpus, roles
 
 from ..helpers import WEIGHTS, write_config
 
@@ -73,3 +73,18 @@ def test_roles_is_the_one_role_list_planner_first(corpus, tmp_path):
     constructors = [s for s in specs if s.role == "constructor"]
     assert [(s.name, s.index) for s in constructors] == [(f"constructor-{c}", c) for c in range(cfg.num_constructors)]
     assert STANDBY not in [s.name for s in roles(cfg, standbys=False)]  # Ray restarts the Planner in place
+
+
+def test_single_node_is_one_process_where_the_backend_can_run_it_and_no_replica_needs_its_own(corpus, tmp_path):
+    """``deployment: single_node`` on a backend that hosts every role in one process (``one_process``):
+    one ``node`` role (``--resume`` passed on); a standby Planner or loader shadows keep their own processes
+    (they stand in for a process that dies), as does a backend that runs each role apart (Ray)."""
+    def cfg(name, **top):
+        return load_config(write_config(tmp_path / name, corpus, loaders={"captions": 2}, deployment="single_node", **top))
+    node = cfg("node")
+    assert [(s.name, s.role, s.args) for s in roles(node, one_process=True, resume=True)] == [(NODE, NODE, ("--resume",))]
+    assert [s.role for s in roles(node)] == ["planner", "loader", "constructor"]  # the roles the node hosts
+    for replicas in ({"planner": {"standbys": 1}}, {"loader": {"shadows": 1}}):
+        assert NODE not in [s.name for s in roles(cfg(next(iter(replicas)), **replicas), one_process=True)]
+    default = load_config(write_config(tmp_path / "default", corpus))
+    assert NODE not in [s.name for s in roles(default, one_process=True)]
