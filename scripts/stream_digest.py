@@ -11,7 +11,7 @@ Planner, the ticket redeemed where the endpoint says), and prints:
 
 Run it before and after a change and compare the outputs (``diff``): equal lines mean equal streams.
 
-    python scripts/stream_digest.py --data DIR [--steps 8] [demo long_short_4d vlm long_context_hdp]
+    python scripts/stream_digest.py --data DIR [--steps 8] [--deployment single_node] [demo long_short_4d vlm long_context_hdp]
 
 DIR holds the demo corpus (``overlord make-demo-data DIR``, which also writes the image sources)
 and, for ``long_context_hdp``, the long-tail source (``overlord make-demo-data DIR --long-tail
@@ -36,20 +36,20 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIGS = ["demo", "long_short_4d", "vlm", "long_context_hdp"]
 
 
-def copy_config(name: str, data: Path, workdir: Path) -> Path:
-    """The shipped config ``name`` with data_root and run_dir made absolute, beside a copy of the
-    shipped strategies (which configs name by relative path)."""
+def copy_config(name: str, data: Path, workdir: Path, deployment: str | None = None) -> Path:
+    """The shipped config ``name`` with data_root and run_dir made absolute (and ``deployment`` if
+    given), beside a copy of the shipped strategies (which configs name by relative path)."""
     raw = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
-    raw.update(data_root=str(data.resolve()), run_dir=str(workdir / "run"))
+    raw.update(data_root=str(data.resolve()), run_dir=str(workdir / "run"), **({"deployment": deployment} if deployment else {}))
     shutil.copytree(CONFIGS / "strategies", workdir / "strategies", dirs_exist_ok=True)
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
 
 
-def digest_config(name: str, data: Path, steps: int) -> list[str]:
+def digest_config(name: str, data: Path, steps: int, deployment: str | None = None) -> list[str]:
     with tempfile.TemporaryDirectory(prefix=f"digest-{name}-") as tmp:
-        path = copy_config(name, data, Path(tmp))
+        path = copy_config(name, data, Path(tmp), deployment)
         cfg = load_config(path)
         clients: dict[str, fl.FlightClient] = {}
 
@@ -87,9 +87,11 @@ def main(argv: list[str]) -> None:
     p.add_argument("configs", nargs="*", default=DEFAULT_CONFIGS, help="shipped config names")
     p.add_argument("--data", type=Path, required=True, help="the demo corpus dir")
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--deployment", help="set the configs' deployment (say single_node: every role in one process); "
+                   "the streams must not change")
     args = p.parse_args(argv)
     for name in args.configs:
-        for line in digest_config(name, args.data, args.steps):
+        for line in digest_config(name, args.data, args.steps, args.deployment):
             print(line, flush=True)
 
 
