@@ -7,7 +7,8 @@ table per distinct delivery: a bucket's full sequences, each context-parallel ra
 them, or metadata only (ClientPlaceTree rules, ``core/mesh.py``). Trainers redeem
 ``{"kind": "batch", "step", "rank", "exp", "sig"}`` tickets (signed by the Planner, checked here)
 with ``do_get``; the table streams from C++. A ``"rank"`` ticket (``"end"`` optional) streams the
-rank's steps from ``step`` on, one record batch each, on one long-lived ``do_get``. Redeeming is a trainer call, ``status`` an inspection
+rank's steps from ``step`` on, one record batch each, on one long-lived ``do_get``; an ``"encoder-rank"``
+ticket likewise streams the images its vision encoder processes (image graph). Redeeming is a trainer call, ``status`` an inspection
 call; the constructor's own calls to the Planner and loaders carry the cluster secret.
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ..role_process import add_serving_args, advertised_host, start_metrics
 from ..wire.plan import ConstructorPlan, FetchGroup
 from ..wire.security import INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, ClientPool, call_any, location_of, register, serve
-from ..wire.tickets import BatchTicket, Registration, SamplesPart, SamplesTicket
+from ..wire.tickets import STREAM_KINDS, BatchTicket, Registration, SamplesPart, SamplesTicket
 from .assembly import Sample
 from .deliveries import DeliveryJournal
 from .constructor import Constructor
@@ -135,8 +136,9 @@ class ConstructorServer(ActionServer):
         self.authorize(context, TRAINER, f"do_get of a {kind!r} ticket", rank=batch.rank)
         self.constructor.check_rank(batch.rank)
         self.security.verify_ticket(request)  # forged, altered or expired: FlightUnauthorizedError
-        if batch.kind == "rank":  # one record batch per step, flow-controlled by gRPC
-            return fl.GeneratorStream(*self.constructor.rank_stream(batch.rank, batch.step, batch.end))
+        if batch.kind in STREAM_KINDS:  # one record batch per step, flow-controlled by gRPC
+            return fl.GeneratorStream(*self.constructor.rank_stream(batch.rank, batch.step, batch.end,
+                                                                    STREAM_KINDS[batch.kind]))
         return fl.RecordBatchStream(self.constructor.take(batch.kind, batch.step, batch.rank))
 
     @requires(INSPECT)

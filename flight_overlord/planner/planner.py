@@ -30,7 +30,7 @@ from .costing import PlannedCost
 from .registry import Registry
 from .scaling import SourceScaling
 from .strategy import Strategy
-from .table_view import keys_unique, table_view
+from .table_view import keys_unique, table_view, table_views
 
 log = logging.getLogger(__name__)
 
@@ -358,12 +358,23 @@ class Planner:
             self._journal.close()
 
 
+def step_views(plan: StepPlan, mesh: Mesh, registry: Registry, broadcast: frozenset[str]) -> list[ConstructorPlan]:
+    """``constructor_view`` of every constructor, in order (from the columns in one pass when it can)."""
+    if _by_columns(plan):
+        return table_views(plan, mesh, registry, broadcast)
+    return [constructor_view(plan, c, mesh, registry, broadcast) for c in range(mesh.num_constructors)]
+
+
+def _by_columns(plan: StepPlan) -> bool:
+    return plan.table is not None and plan.encoder is None and plan.axis != "HDP" and keys_unique(plan)
+
+
 def constructor_view(plan: StepPlan, constructor: int, mesh: Mesh, registry: Registry,
                      broadcast: frozenset[str]) -> ConstructorPlan:
     """What one constructor assembles: its buckets' microbatches (and, with an image graph, the
     samples its ranks encode) as indices into ``keys``, the planned length of each sample, and
     where to fetch each one, with how many constructors fetch it in all."""
-    if plan.table is not None and plan.encoder is None and plan.axis != "HDP" and keys_unique(plan):
+    if _by_columns(plan):
         return table_view(plan, constructor, mesh, registry, broadcast)
     consumers = _consumers(plan, mesh)
     index: dict[str, int] = {}
