@@ -1,23 +1,9 @@
-"""Public import path of the balancing library (``flight_overlord.core.balance``)."""
+"""Public import path of the balancing library (``flight_overlord.core.balance``): its public names
+(``__all__`` is the library's, but the internal ``partition_each``), ``METHODS`` read through."""
 from .core import balance as _balance
-from .core.balance import (
-    CapacityError,
-    PartitionStats,
-    lower_bound,
-    partition,
-    partition_stats,
-    register_balancer,
-)
+from .core.balance import CapacityError, PartitionStats, lower_bound, partition, partition_stats, register_balancer  # noqa: F401
 
-__all__ = [
-    "METHODS",
-    "CapacityError",
-    "PartitionStats",
-    "lower_bound",
-    "partition",
-    "partition_stats",
-    "register_balancer",
-]
+__all__ = ["METHODS", *(name for name in _balance.__all__ if name not in ("METHODS", "partition_each"))]
 
 
 def __getattr__(name: str):

@@ -22,3 +22,12 @@ class BackgroundFailure(OverlordError, RuntimeError):
     @classmethod
     def of(cls, what: str, exc: BaseException) -> "BackgroundFailure":
         return cls(f"{what}: {type(exc).__name__}: {exc}", exc)
+
+
+class WaitTimedOut(OverlordError, TimeoutError):
+    """A server-side wait for data ran out of time: the answer is still coming, the caller asks again
+    (a Flight adapter answers it as ``FlightTimedOutError``)."""
+
+
+class Busy(OverlordError, RuntimeError):
+    """Too many calls already wait on this server: retry later (answered as a server error)."""

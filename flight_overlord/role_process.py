@@ -16,6 +16,21 @@ from .metrics import serve_metrics
 WILDCARDS = ("0.0.0.0", "::", "")
 
 
+def role_parser(role: str, *, planner: bool = True) -> argparse.ArgumentParser:
+    """``overlord serve ROLE``'s flags every role has: its config, where it listens and announces
+    itself, the Planner it registers with (``planner``), and the serving flags below."""
+    parser = argparse.ArgumentParser(prog=f"overlord serve {role}")
+    parser.add_argument("--config", required=True)
+    if planner:
+        parser.add_argument("--planner", required=True, help="grpc://host:port (or grpc+tls://) of the Planner")
+        parser.add_argument("--port", type=int, default=0)
+    else:
+        parser.add_argument("--port", type=int, help="default: network.planner_port of the config (0: any free port)")
+    parser.add_argument("--ready-file")
+    add_serving_args(parser)
+    return parser
+
+
 def add_serving_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--advertise", metavar="HOST", help="the host name or IP other roles and trainers reach "
                         "this process at (default: network.advertise, else network.host, the bind address)")

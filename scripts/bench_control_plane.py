@@ -30,6 +30,7 @@ import psutil
 from flight_overlord import wire
 from flight_overlord.client import StepFetcher, TrainerClient
 from flight_overlord.deploy.launch import LocalCluster
+from flight_overlord.harness import RankThreads
 
 from bench_load import CONFIG, SOURCES
 
@@ -86,7 +87,6 @@ def measure(cluster: LocalCluster, path: str, *, seconds: float, warmup: float, 
         raise ValueError(f"unknown path {path!r} (paths: {', '.join(PATHS)})")
     ranks = cluster.cfg.mesh.world_size
     done = [0] * ranks
-    errors: list[str] = []
     stop = threading.Event()
 
     def per_step(rank: int) -> None:
@@ -105,16 +105,9 @@ def measure(cluster: LocalCluster, path: str, *, seconds: float, warmup: float, 
                 if stop.is_set():
                     return
 
-    def trainer(rank: int) -> None:
-        try:
-            (per_step if path == "per-step" else stream)(rank)
-        except Exception as exc:  # noqa: BLE001 - counted and reported
-            errors.append(f"rank {rank} step {done[rank]}: {type(exc).__name__}: {exc}")
-
     journal = cluster.cfg.run_dir / "plan-journal.jsonl"
-    threads = [threading.Thread(target=trainer, args=(r,), daemon=True) for r in range(ranks)]
-    for t in threads:
-        t.start()
+    ranks_running = RankThreads(per_step if path == "per-step" else stream, ranks)
+    errors = ranks_running.errors  # counted and reported
     time.sleep(warmup)
     t0, cpu0, steps0, bytes0, planned0 = (time.perf_counter(), _planner_cpu(cluster), sum(done),
                                           journal.stat().st_size, _planned(cluster))
@@ -124,8 +117,7 @@ def measure(cluster: LocalCluster, path: str, *, seconds: float, warmup: float, 
     t1, cpu1, steps1, bytes1, planned1 = (time.perf_counter(), _planner_cpu(cluster), sum(done),
                                           journal.stat().st_size, _planned(cluster))
     stop.set()
-    for t in threads:
-        t.join(timeout=10)
+    ranks_running.join(timeout=10, raise_error=False)
     return ControlPlane(path, ranks, t1 - t0, steps1 - steps0, cpu1 - cpu0, bytes1 - bytes0, planned1 - planned0,
                         errors)
 

@@ -182,8 +182,7 @@ def plot(sides: list[Side], path: Path) -> None:
     bottom.set_xlabel("step")
     top.legend()
     top.set_title("linear config (b = 0) vs the same fitted online vs the true b/a")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    benchlib.save_plot(fig, path)
     log(f"plot: {path}")
 
 

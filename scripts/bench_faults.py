@@ -48,22 +48,21 @@ is asserted. Steps lost are checked and any mismatch is printed.
 """
 from __future__ import annotations
 
-import hashlib
 import statistics
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.flight as fl
 
 from benchlib import (MiB, PssSampler, argument_parser, add_corpus_args, log, print_header, tree_usage, workspace,
                       write_config)
 from flight_overlord import wire
-from flight_overlord.client import StepFetcher, TrainerClient
+from flight_overlord.client import TrainerClient
 from flight_overlord.config import load_config
 from flight_overlord.deploy.launch import LocalCluster
+from flight_overlord.harness import each_rank, fetch_steps, step_digest
 from flight_overlord.loader.state import LoaderState
 from flight_overlord.planner.planner import Planner
 from flight_overlord.planner.strategy import load_strategy
@@ -73,13 +72,6 @@ SOURCES = {"captions": 0.15, "longdocs": 0.25, "code": 0.20, "docstrings": 0.15,
 KINDS = ("loader", "loader+shadow", "planner", "planner+standby", "constructor")
 SEED = 7
 STALL_GOAL = 2.0  # a fault with a hot standby (a shadow) or prefetch to hide behind should stay under this x median
-
-
-def digest(table: pa.Table) -> tuple:
-    """One step of one rank: its sample keys per microbatch and a hash of every token id it holds."""
-    ids = table.column("input_ids").combine_chunks()
-    return (tuple(tuple(k) for k in table.column("sample_keys").to_pylist()),
-            hashlib.blake2b(ids.values.to_numpy().tobytes(), digest_size=8).hexdigest())
 
 
 def fmt_s(seconds: float | None) -> str:
@@ -190,7 +182,7 @@ def run_part1(config: Path, name: str, args, *, prefetch: int, kind: str | None 
                         arrived = time.time()
                         step = table.column("step")[0].as_py()
                         run.arrivals[rank].append((step, arrived, arrived - asked))
-                        run.streams[rank].append((step, digest(table)))
+                        run.streams[rank].append((step, step_digest(table)))
                         with cond:
                             progress[rank] = step
                             cond.notify_all()
@@ -442,25 +434,8 @@ def part2_config(tmp: Path, data_dir: Path, args) -> Path:
 
 
 def drive(planner: str, ranks: int, start: int, end: int) -> None:
-    """Steps [start, end) on every rank, as fast as they come (a thread per rank)."""
-    errors = []
-
-    def loop(rank):
-        fetcher = StepFetcher(planner, rank, timeout=120)
-        try:
-            for step in range(start, end):
-                fetcher.fetch(step)
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-        finally:
-            fetcher.close()
-    threads = [threading.Thread(target=loop, args=(r,)) for r in range(ranks)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    """Steps [start, end) on every rank, as fast as they come."""
+    fetch_steps(planner, ranks, start, end, keep=False)
 
 
 def kill_all(cluster: LocalCluster) -> None:
@@ -484,7 +459,7 @@ def restore_ms(config: Path) -> float | None:
 
 def _restore_ms(config: Path) -> float:
     cfg = load_config(config)
-    strategy = load_strategy(cfg, cfg.trainer_mesh)
+    strategy = load_strategy(cfg, cfg.mesh)
     started = time.perf_counter()
     planner = Planner(cfg, strategy, lambda s: None)
     planner.open(resume=True)
@@ -516,25 +491,18 @@ def resume_once(config: Path, step: int, ranks: int) -> tuple[LocalCluster, floa
     startup = time.perf_counter() - started
     planner_ready = cluster.child("planner").ready_file.stat().st_mtime - wall
     arrived: dict[int, float] = {}
-    errors = []
 
     def first(rank):
-        try:
-            with TrainerClient(cluster.planner, rank, num_steps=1, prefetch=1, as_tensors=False, timeout=120) as c:
-                c.load_state_dict({"rank": rank, "next_step": step})
-                for table in c:
-                    assert table.column("step")[0].as_py() == step
-                    arrived[rank] = time.perf_counter() - started
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-    threads = [threading.Thread(target=first, args=(r,)) for r in range(ranks)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
+        with TrainerClient(cluster.planner, rank, num_steps=1, prefetch=1, as_tensors=False, timeout=120) as c:
+            c.load_state_dict({"rank": rank, "next_step": step})
+            for table in c:
+                assert table.column("step")[0].as_py() == step
+                arrived[rank] = time.perf_counter() - started
+    try:
+        each_rank(first, ranks)
+    except BaseException:
         cluster.stop()
-        raise errors[0]
+        raise
     return cluster, startup, planner_ready, max(arrived.values())
 
 

@@ -46,7 +46,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
-from benchlib import argument_parser, log, print_header, pyplot
+from benchlib import argument_parser, log, print_header, pyplot, save_plot
 
 from flight_overlord.config import load_config
 from flight_overlord.core import hdp
@@ -307,9 +307,7 @@ def plot(results: dict, path: Path, title: str) -> None:
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"plot: {path}")
+    save_plot(fig, path)
 
 
 if __name__ == "__main__":

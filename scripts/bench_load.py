@@ -36,6 +36,7 @@ import psutil
 
 from flight_overlord.client import StepFetcher
 from flight_overlord.deploy.launch import LocalCluster
+from flight_overlord.harness import RankThreads
 
 MiB = 1024 * 1024
 SOURCES = {"captions": 0.15, "longdocs": 0.25, "code": 0.20, "docstrings": 0.15, "manuals": 0.15, "qa": 0.10}
@@ -138,7 +139,6 @@ def run_load(cluster: LocalCluster, journal_plans, *, seconds: float, warmup: fl
     delivered: list[dict[int, list[str]]] = [dict() for _ in range(ranks)]  # rank -> step -> keys
     latencies: list[list[tuple[float, float]]] = [[] for _ in range(ranks)]  # (end time, seconds)
     done = [0] * ranks                   # steps fetched per rank
-    errors: list[str] = []
     stop = threading.Event()
     fetchers = [StepFetcher(cluster.planner, r, timeout=timeout) for r in range(ranks)]
 
@@ -151,11 +151,8 @@ def run_load(cluster: LocalCluster, journal_plans, *, seconds: float, warmup: fl
         done[rank] = step + 1
 
     def trainer(rank: int) -> None:
-        try:
-            while not stop.is_set():
-                fetch(rank, done[rank])
-        except Exception as exc:  # noqa: BLE001 - counted and reported
-            errors.append(f"rank {rank} step {done[rank]}: {type(exc).__name__}: {exc}")
+        while not stop.is_set():
+            fetch(rank, done[rank])
 
     pss_max, samples_stop = [0], threading.Event()
 
@@ -163,11 +160,10 @@ def run_load(cluster: LocalCluster, journal_plans, *, seconds: float, warmup: fl
         while not samples_stop.wait(1.0):
             pss_max[0] = max(pss_max[0], sum(role_pss(cluster).values()))
 
-    threads = [threading.Thread(target=trainer, args=(r,), name=f"rank-{r}", daemon=True) for r in range(ranks)]
     sampler = threading.Thread(target=sample_pss, name="pss", daemon=True)
     started = time.perf_counter()
-    for t in threads:
-        t.start()
+    trainers = RankThreads(trainer, ranks)
+    errors = trainers.errors  # counted and reported
     sampler.start()
     time.sleep(warmup)
     pss_warm, cpu_warm, t0, done_warm = role_pss(cluster), role_cpu(cluster), time.perf_counter(), list(done)
@@ -182,18 +178,17 @@ def run_load(cluster: LocalCluster, journal_plans, *, seconds: float, warmup: fl
     t1, done_end, cpu_end = time.perf_counter(), list(done), role_cpu(cluster)
     pss_end = role_pss(cluster)
     stop.set()
-    for t in threads:
-        t.join(timeout + 10)
+    trainers.join(timeout + 10, raise_error=False)
     samples_stop.set()
     sampler.join()
     # catch up: every rank fetches up to the furthest step any rank reached
     last = max(done)
     for rank in range(ranks):
         try:
-            while done[rank] < last and not any(e.startswith(f"rank {rank} ") for e in errors):
+            while done[rank] < last and not any(e.startswith(f"rank {rank}:") for e in errors):
                 fetch(rank, done[rank])
         except Exception as exc:  # noqa: BLE001
-            errors.append(f"rank {rank} step {done[rank]} (catching up): {type(exc).__name__}: {exc}")
+            errors.append(f"rank {rank}: step {done[rank]} (catching up): {type(exc).__name__}: {exc}")
     for f in fetchers:
         f.close()
 

@@ -43,8 +43,8 @@ from pathlib import Path
 import numpy as np
 
 import bench_delivery as bd
-from benchlib import (MiB, PssSampler, argument_parser, cluster_roots, log, print_header, pyplot, workspace,
-                      write_config)
+from benchlib import (MiB, PssSampler, add_run_args, argument_parser, cluster_roots, log, print_header, pyplot,
+                      save_plot, workspace, write_config)
 
 REPO = Path(__file__).resolve().parent.parent
 GiB = 1024 * MiB
@@ -379,10 +379,7 @@ def plot(rows, args, path: Path) -> None:
     axes[-1].legend(fontsize=7)
     fig.suptitle(f"MODEL (dry run from measured components): {args.sim_nodes} nodes x {args.sim_gpus} GPUs, "
                  f"batch {args.sim_batch}, {args.workers} workers, {args.sim_sources} sources; red: 13.5x", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    print(f"\nplot: {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+    save_plot(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,7 +397,6 @@ def parse_args(argv=None):
     p.add_argument("--no-hosts0", action="store_true", help="skip the hosts: 0 run at the smallest S")
     p.add_argument("--max-gib", type=float, default=20.0,
                    help="skip colocated runs the fitted model puts above this (default 20)")
-    p.add_argument("--rows-per-source", type=int, default=2000)
     p.add_argument("--row-group-mib", type=float, default=0.0,
                    help="rewrite each source with row groups of this many MiB of text (2 files x 2 row groups; "
                         "0: the demo corpus's own, ~0.1 MiB)")
@@ -408,12 +404,7 @@ def parse_args(argv=None):
                    help="overlord loader variants: default (read-ahead 2 row groups), lean (read_ahead_bytes: 1)")
     p.add_argument("--model-variant", default="lean", help="the overlord variant the simulation is built from")
     p.add_argument("--data", type=Path, help="corpus dir (make_many_sources; generated if missing)")
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--context-length", type=int, default=4096)
-    p.add_argument("--microbatches", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=300.0)
+    add_run_args(p, steps=8, timeout=300.0)
     p.add_argument("--sim-nodes", type=int, default=512)
     p.add_argument("--sim-gpus", type=int, default=8)
     p.add_argument("--sim-batch", type=int, default=512)

@@ -36,7 +36,7 @@ import numpy as np
 
 import bench_delivery as bd
 import bench_memory as bm
-from benchlib import MiB, argument_parser, log, print_header, workspace
+from benchlib import MiB, add_run_args, argument_parser, log, print_header, workspace
 
 GiB = 1024 * MiB
 
@@ -192,13 +192,7 @@ def parse_args(argv=None):
                         "(and one loader host process); lean (read_ahead_bytes: 1)")
     p.add_argument("--no-colocated", action="store_true")
     p.add_argument("--max-gib", type=float, default=12.0, help="skip colocated runs fitted above this")
-    p.add_argument("--rows-per-source", type=int, default=2000)
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--context-length", type=int, default=4096)
-    p.add_argument("--microbatches", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=600.0)
+    add_run_args(p, steps=8, timeout=600.0)
     return p.parse_args(argv)
 
 

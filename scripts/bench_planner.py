@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from benchlib import argument_parser, log, print_header, pyplot
+from benchlib import argument_parser, log, print_header, pyplot, save_plot
 from bench_balance import cost, sample_lengths
 from flight_overlord.balance import lower_bound, partition
 from flight_overlord.config import load_config
@@ -218,9 +218,7 @@ def plot(balancer: list[dict], planning: list[dict], path: Path) -> None:
     ax.set_title("Planner: planning time per step vs data parallelism")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"\nplot: {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+    save_plot(fig, path)
 
 
 def one_run(dp: int, method: str, steps: int, unit: str = "samples") -> None:

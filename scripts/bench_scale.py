@@ -46,7 +46,8 @@ import numpy as np
 import psutil
 import pyarrow.flight as fl
 
-from benchlib import MiB, argument_parser, add_corpus_args, log, print_header, pyplot, workspace, write_config
+from benchlib import (MiB, argument_parser, add_corpus_args, log, print_header, pyplot, save_plot, workspace,
+                      write_config)
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = {"captions": 0.15, "longdocs": 0.25, "code": 0.20, "docstrings": 0.15, "manuals": 0.15, "qa": 0.10}
@@ -257,9 +258,7 @@ def plot(live: list[dict], planning: list[dict], model: tuple[float, float], pat
     ax.set(yscale="log", xlabel="trainer ranks", ylabel="ms", title="Planner cost per step vs ranks")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"\nplot: {path}")
+    save_plot(fig, path)
 
 
 def main() -> None:

@@ -23,8 +23,8 @@ import psutil
 import pyarrow.flight as fl
 
 from bench_delivery import stop_processes
-from benchlib import (MiB, argument_parser, cluster_roots, log, print_header, pyplot, tree_usage, workspace,
-                      write_config)
+from benchlib import (MiB, add_run_args, argument_parser, cluster_roots, log, print_header, pyplot, save_plot,
+                      tree_usage, workspace, write_config)
 
 REPO = Path(__file__).resolve().parent.parent
 ROLES = ("planner", "loader", "constructor", "trainer")
@@ -150,10 +150,7 @@ def plot(samples, path: Path) -> None:
     ax.set_title("flight_overlord PSS per role over a soak run")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    print(f"plot: {path}")
+    save_plot(fig, path)
 
 
 def parse_args(argv=None):
@@ -162,14 +159,10 @@ def parse_args(argv=None):
     p.add_argument("--sources", type=int, default=96)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--hosts", type=lambda v: v if v == "auto" else int(v), default="auto")
-    p.add_argument("--steps", type=int, default=20000)
     p.add_argument("--every", type=int, default=1000, help="sample every this many steps (default 1000)")
     p.add_argument("--from-step", type=int, default=2000, help="the verdict's baseline step (default 2000)")
     p.add_argument("--tolerance", type=float, default=0.05)
-    p.add_argument("--context-length", type=int, default=1024)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rows-per-source", type=int, default=2000)
-    p.add_argument("--timeout", type=float, default=7200.0)
+    add_run_args(p, steps=20000, timeout=7200.0, context_length=1024, microbatches=None, warmup=None)
     p.add_argument("--plot", type=Path, help="write the PSS-over-steps plot here (needs matplotlib)")
     return p.parse_args(argv)
 

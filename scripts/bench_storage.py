@@ -210,10 +210,7 @@ def plot(path: Path, reads: dict, delivery: dict, places: list[str], sides: list
     right.set_ylabel("trainer wait per step, p90 (ms)")
     right.set_title("delivery: wait for data")
     right.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    print(f"plot: {path}")
+    benchlib.save_plot(fig, path)
 
 
 if __name__ == "__main__":

@@ -61,8 +61,8 @@ import numpy as np
 import yaml
 
 from bench_delivery import colocated_loader, run_ranks
-from benchlib import (argument_parser, cluster_roots, log, plan_imbalance, print_header, pyplot, workspace,
-                      write_config)
+from benchlib import (argument_parser, cluster_roots, log, plan_imbalance, print_header, pyplot, save_plot,
+                      workspace, write_config)
 
 REPO = Path(__file__).resolve().parent.parent
 TFLOPS, MFU = 400e12, 0.40
@@ -488,9 +488,7 @@ def plot(results: list[Result], path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")  # above the curves: the y range leaves room
         ax.xaxis.get_major_locator().set_params(integer=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"plot: {path}")
+    save_plot(fig, path)
 
 
 def args_summary(results: list[Result], corpus: str) -> str:

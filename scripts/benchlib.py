@@ -46,6 +46,15 @@ def pyplot(path: Path):
     return plt
 
 
+def save_plot(fig, path: Path) -> None:
+    """Lay ``fig`` out, write it to ``path`` (its folder made) and say where (relative to the repo)."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    repo = Path(__file__).resolve().parent.parent
+    print(f"\nplot: {path.relative_to(repo) if path.resolve().is_relative_to(repo) else path}", flush=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # Header
 # ---------------------------------------------------------------------------------------------
@@ -90,6 +99,21 @@ def add_mesh_args(p: argparse.ArgumentParser, *, microbatches: int) -> None:
     p.add_argument("--ranks", type=int, default=2, help="data-parallel trainer ranks (default 2)")
     p.add_argument("--context-length", type=int, default=4096)
     p.add_argument("--microbatches", type=int, default=microbatches, help=f"per rank and step (default {microbatches})")
+
+
+def add_run_args(p: argparse.ArgumentParser, *, steps: int, timeout: float, context_length: int = 4096,
+                 microbatches: int | None = 2, warmup: int | None = 2, rows_per_source: int | None = 2000) -> None:
+    """The flags of a benchmark that runs a real deployment over a generated corpus (None: not offered)."""
+    if rows_per_source is not None:
+        p.add_argument("--rows-per-source", type=int, default=rows_per_source)
+    p.add_argument("--steps", type=int, default=steps)
+    if warmup is not None:
+        p.add_argument("--warmup", type=int, default=warmup)
+    p.add_argument("--context-length", type=int, default=context_length)
+    if microbatches is not None:
+        p.add_argument("--microbatches", type=int, default=microbatches)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=timeout)
 
 
 def timed_runs(fn: Callable[[], object], reps: int) -> tuple[object, list[float]]:
@@ -159,9 +183,10 @@ def plan_imbalance(planner: str, first: int, last: int) -> str:
     import pyarrow.flight as fl
 
     from flight_overlord import wire
+    from flight_overlord.wire.actions import StatsRequest
     try:
         client = fl.connect(planner)
-        stats = wire.call(client, "stats", {"from": first, "to": last}, timeout=10)
+        stats = wire.call(client, "stats", StatsRequest(first, last).to_wire(), timeout=10)
         client.close()
         balanced = [s["imbalance"] for s in stats.values()]
         unbalanced = [s["imbalance_unbalanced"] for s in stats.values()]

@@ -19,37 +19,21 @@ and, for ``long_context_hdp``, the long-tail source (``overlord make-demo-data D
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import shutil
 import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.flight as fl
 import yaml
 
 from flight_overlord.config import load_config
 from flight_overlord.deploy.launch import LocalCluster
+from flight_overlord.harness import blake, plan_hash, stock_fetch, table_digest
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIGS = ["demo", "long_short_4d", "vlm", "long_context_hdp"]
-PLAN_RETRIES = 10
-
-
-def blake(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=12).hexdigest()
-
-
-def table_digest(table: pa.Table) -> str:
-    """Every column's values, in schema order (chunking and buffer layout do not count)."""
-    h = hashlib.blake2b(digest_size=12)
-    for name in table.column_names:
-        h.update(name.encode())
-        h.update(json.dumps(table.column(name).to_pylist(), sort_keys=True, default=str).encode())
-    return h.hexdigest()
 
 
 def copy_config(name: str, data: Path, workdir: Path) -> Path:
@@ -61,34 +45,6 @@ def copy_config(name: str, data: Path, workdir: Path) -> Path:
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
-
-
-def fetch(client_of, planner: str, step: int, rank: int) -> pa.Table:
-    """One (step, rank) as a stock client reads it (server-side waits time out: ask again)."""
-    descriptor = fl.FlightDescriptor.for_path("batch", str(step), str(rank))
-    for attempt in range(PLAN_RETRIES):
-        try:
-            info = client_of(planner).get_flight_info(descriptor)
-            break
-        except fl.FlightTimedOutError:
-            if attempt == PLAN_RETRIES - 1:
-                raise
-    tables = []
-    for endpoint in info.endpoints:
-        location = endpoint.locations[0].uri.decode() if endpoint.locations else planner
-        tables.append(client_of(location).do_get(endpoint.ticket).read_all())
-    return pa.concat_tables(tables)
-
-
-def plan_hash(run_dir: Path, steps: int) -> str:
-    """The journaled plans of steps < ``steps``, in step order, without wall-clock fields."""
-    from flight_overlord.journal import read_journal
-    plans = {}
-    for _, record in read_journal(run_dir / "plan-journal.jsonl"):
-        if "bins" in record and record.get("step", steps) < steps:
-            plans[record["step"]] = {k: v for k, v in record.items() if "time" not in k and k != "wall"}
-    assert sorted(plans) == list(range(steps)), f"journal has plans of steps {sorted(plans)}"
-    return blake(json.dumps([plans[s] for s in range(steps)], sort_keys=True).encode())
 
 
 def digest_config(name: str, data: Path, steps: int) -> list[str]:
@@ -107,7 +63,7 @@ def digest_config(name: str, data: Path, steps: int) -> list[str]:
         with LocalCluster(path) as cluster:
             for step in range(steps):            # ranks in lock-step, as trainers go
                 for rank in streams:
-                    table = fetch(client_of, cluster.planner, step, rank)
+                    table = stock_fetch(client_of, cluster.planner, step, rank)
                     streams[rank].append(table_digest(table))
                     for keys in table.column("sample_keys").to_pylist():
                         for key in keys:
@@ -117,7 +73,7 @@ def digest_config(name: str, data: Path, steps: int) -> list[str]:
             for c in clients.values():
                 c.close()
         lines = [f"{name} rank {r}: {blake(''.join(d).encode())}" for r, d in streams.items()]
-        lines.append(f"{name} plan hash (steps 0..{steps - 1}): {plan_hash(cfg.run_dir, steps)}")
+        lines.append(f"{name} plan hash (steps 0..{steps - 1}): {plan_hash(cfg.run_dir, steps, root=Path(tmp))}")
         counts = Counter({s: len(k) for s, k in per_source.items()})
         lines.append(f"{name} audit: delivered distinct samples {sum(counts.values())}, per source "
                      + ", ".join(f"{s}={n}" for s, n in sorted(counts.items())))

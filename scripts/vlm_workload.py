@@ -315,7 +315,7 @@ def report(results: dict, args) -> None:
 
 
 def plot(results: dict, args, path: Path, end_to_end: dict | None = None) -> None:
-    from benchlib import pyplot
+    from benchlib import pyplot, save_plot
     plt = pyplot(path)
     if plt is None:
         return
@@ -335,9 +335,7 @@ def plot(results: dict, args, path: Path, end_to_end: dict | None = None) -> Non
     ax.set_title(f"{args.workload}: hybrid balance vs Vanilla (Llama-12B + ViT-2B cost model)")
     ax.axhline(1.0, color="k", lw=0.5)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"plot: {path}")
+    save_plot(fig, path)
 
 
 def add_arguments(p) -> None:

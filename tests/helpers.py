@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import pathlib
-import threading
 
 import numpy as np
 import pyarrow as pa
 import yaml
 from PIL import Image
 
-from flight_overlord.client import StepFetcher
+from flight_overlord import harness
 from flight_overlord.config import load_config
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.journal import read_journal
@@ -43,27 +42,15 @@ STEPS = 12
 
 
 def fetch_run(config_path, steps: int = STEPS) -> dict[int, list[pa.Table]]:
-    """Bring a deployment up, read ``steps`` steps for every rank, tear it down."""
-    cfg = load_config(config_path)
+    """Bring a deployment up, read ``steps`` steps for every rank (in lock-step, as trainers go), tear it down."""
     with LocalCluster(config_path) as cluster:
-        fetchers = [StepFetcher(cluster.planner, r, timeout=60) for r in range(cfg.mesh.world_size)]
-        # Ranks advance in lock-step, as trainers do.
-        out = {r: [] for r in range(len(fetchers))}
-        for step in range(steps):
-            for r, f in enumerate(fetchers):
-                out[r].append(f.fetch(step))
-        for f in fetchers:
-            f.close()
-    return out
+        return harness.fetch_steps(cluster.planner, load_config(config_path).mesh.world_size, 0, steps, timeout=60)
 
 
 def each_rank(train, planner: str, ranks: int, timeout: float = 120) -> None:
-    """``train(planner, rank)`` for every rank at once, one thread each (trainers run concurrently)."""
-    threads = [threading.Thread(target=train, args=(planner, r)) for r in range(ranks)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=timeout)
+    """``train(planner, rank)`` for every rank at once, one thread each (trainers run concurrently); a
+    rank's error fails the test."""
+    harness.each_rank(lambda rank: train(planner, rank), ranks, timeout=timeout)
 
 
 def journal_records(config_path) -> list[dict]:
@@ -102,11 +89,7 @@ def assert_every_planned_sample_once(planner: str, config_path, steps: int = 6, 
     """The run is unharmed: every rank fetches ``steps`` steps, and every sample the journal planned
     for them arrives exactly once."""
     ranks = load_config(config_path).mesh.world_size
-    fetchers = [StepFetcher(planner, r, timeout=60, credentials=credentials) for r in range(ranks)]
-    try:
-        delivered = [k for step in range(steps) for f in fetchers for k in delivered_keys([f.fetch(step)])]
-    finally:
-        for f in fetchers:
-            f.close()
+    run = harness.fetch_steps(planner, ranks, 0, steps, timeout=60, credentials=credentials)
+    delivered = [k for tables in run.values() for k in delivered_keys(tables)]
     planned = [k for record in journal(config_path)[:steps] for b in record["bins"] for k in b]
     assert sorted(delivered) == sorted(planned) and len(set(delivered)) == len(delivered)

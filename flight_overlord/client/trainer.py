@@ -21,7 +21,8 @@ import pyarrow.flight as fl
 
 from .. import wire
 from ..wire.security import Credentials
-from ..wire.server import RETRY_SECONDS, ClientPool
+from ..wire.actions import Report
+from ..wire.server import RETRY_SECONDS, ClientPool, ask_again
 from .launcher import PLANNER_ENV, launcher_rank
 from .tensors import TensorPlacement, table_to_encoder_inputs, table_to_microbatches
 
@@ -122,27 +123,28 @@ class StepFetcher:
                     reader.cancel()
 
     def retry(self, call, location: str, what: str, role: str):
-        """``call(client)`` at ``location``. Server-side waits time out and are asked again; an
-        unreachable role (restarting) is polled every ``RETRY_SECONDS`` on a fresh connection; after
-        ``timeout`` the error says which role is down, where, and since when."""
+        """``call(client)`` at ``location``. Server-side waits time out and are asked again
+        (``ask_again``); an unreachable role (restarting) is polled every ``RETRY_SECONDS`` on a fresh
+        connection; after ``timeout`` the error says which role is down, where, and since when."""
         deadline = time.monotonic() + self.timeout
         down_since = None
         while True:
-            if self._closed:
-                raise RuntimeError(f"rank {self.rank}: the client is closed (no {what})")
             try:
-                return call(self._pool.get(location))
-            except fl.FlightTimedOutError:  # the server waited its share; the data is still coming
-                down_since = None
+                answer = ask_again(lambda: call(self._pool.get(location)), stop=lambda: self._closed,
+                                   deadline=deadline)
+            except fl.FlightTimedOutError:  # the server waited its share each time, till the deadline
+                raise TimeoutError(f"rank {self.rank}: no {what} after {self.timeout:.0f}s") from None
             except fl.FlightUnavailableError:
                 down_since = down_since or time.time()
                 self._pool.forget(location)
-                time.sleep(RETRY_SECONDS)
-            if time.monotonic() > deadline:
-                if down_since is not None:
+                if time.monotonic() > deadline:
                     raise TimeoutError(f"rank {self.rank}: no {what}: {role} at {location} has been unreachable "
                                        f"since {time.strftime('%H:%M:%S', time.localtime(down_since))}") from None
-                raise TimeoutError(f"rank {self.rank}: no {what} after {self.timeout:.0f}s") from None
+                time.sleep(RETRY_SECONDS)
+                continue
+            if answer is None and self._closed:
+                raise RuntimeError(f"rank {self.rank}: the client is closed (no {what})")
+            return answer
 
     def close(self) -> None:
         self._closed = True
@@ -202,18 +204,13 @@ class TrainerClient:
         ``encoder_seconds``: the vision encoder's seconds on this rank's images (image graph), for
         ``cost.fit_encoder``. The step's data waits this client measured go along (``overlord status``
         attributes them)."""
-        body = {"step": step, "rank": self.rank}
         with self._waits_lock:
             waits = self._waits.pop(step, None)
-        if waits is not None:
-            body["waits"] = waits
-        if losses is not None:
-            body["losses"] = losses
         if compute_seconds is not None:
-            body["compute_seconds"] = ([float(s) for s in compute_seconds] if isinstance(compute_seconds, (list, tuple))
-                                       else float(compute_seconds))
-        if encoder_seconds is not None:
-            body["encoder_seconds"] = float(encoder_seconds)
+            compute_seconds = ([float(s) for s in compute_seconds] if isinstance(compute_seconds, (list, tuple))
+                               else float(compute_seconds))
+        body = Report(step, self.rank, losses, compute_seconds,
+                      None if encoder_seconds is None else float(encoder_seconds), waits).to_wire()
         fetcher = self._fetcher
         fetcher.retry(lambda client: wire.call(client, "report", body),
                       fetcher.planner_location, f"report of step {step}", "the planner")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OverlordError
-from ..core.mesh import MEGATRON_ORDER, Mesh
+from ..core.mesh import Mesh
 from ..core.vision import VisionSpec
 
 
@@ -57,21 +57,6 @@ class VisionConfig:
         """The encoder geometry and decoding options, as the pure image logic takes them."""
         return VisionSpec(self.patch_size, self.merge_size, self.min_pixels, self.max_pixels,
                           background=self.background)
-
-
-@dataclass(frozen=True)
-class MeshConfig:
-    pp: int = 1
-    dp: int = 1
-    cp: int = 1
-    tp: int = 1
-    order: tuple[str, ...] = MEGATRON_ORDER  # rank order, fastest-varying axis first
-    cp_split: str = "load_balanced"  # bshd: how the buffer is split across CP ranks: load_balanced | contiguous
-    cp_format: str = "thd"  # thd: each packed sequence padded to 2*cp and split on its own (TransformerEngine)
-
-    @property
-    def world_size(self) -> int:
-        return self.pp * self.dp * self.cp * self.tp
 
 
 @dataclass(frozen=True)
@@ -214,7 +199,7 @@ class StrategyConfig:
 class Config:
     seed: int
     sources: tuple[SourceConfig, ...]
-    mesh: MeshConfig
+    mesh: Mesh  # with constructor.dp_per_constructor
     global_batch: GlobalBatchConfig
     cost: CostConfig
     balance: BalanceConfig
@@ -236,12 +221,12 @@ class Config:
 
     @property
     def trainer_mesh(self) -> Mesh:
-        """The ClientPlaceTree of this run's trainers (mesh plus constructor grouping)."""
-        return Mesh.from_config(self.mesh, self.constructor.dp_per_constructor)
+        """``mesh`` (the package uses that): the old name, kept while other branches still read it."""
+        return self.mesh
 
     @property
     def num_constructors(self) -> int:
-        return self.trainer_mesh.num_constructors
+        return self.mesh.num_constructors
 
     def provisioned_actors(self, source: SourceConfig) -> int:
         """Loader actors of ``source`` in all: its ``loaders``, plus idle ones that scaling may activate."""

@@ -18,12 +18,13 @@ from .. import source_files
 from ..core import balance
 from ..core.context_parallel import CP_FORMATS, CP_SPLITS, chunk_count
 from ..core.cost import COST_MODELS
-from .model import (BalanceConfig, CheckpointConfig, Config, ConfigError, ConstructorConfig, CostConfig,
-                     GlobalBatchConfig, LoaderConfig, MeshConfig, MetricsConfig, NetworkConfig, RayConfig, SecurityConfig,
-                     SourceConfig, StrategyConfig, TLSConfig, TransformConfig, VisionConfig)
+from ..core.mesh import Mesh
 from .fields import REQUIRED, as_choice, as_flag, as_int, as_number, check_host, check_keys, defaults_of, join_key
-from .model import PartitionBudget, PlannerConfig, ScalingConfig
+from .model import (BalanceConfig, CheckpointConfig, Config, ConfigError, ConstructorConfig, CostConfig, GlobalBatchConfig,
+                    LoaderConfig, MetricsConfig, NetworkConfig, PartitionBudget, PlannerConfig, RayConfig, ScalingConfig,
+                    SecurityConfig, SourceConfig, StrategyConfig, TLSConfig, TransformConfig, VisionConfig)
 
+MESH_KEYS = {k: v for k, v in defaults_of(Mesh).items() if k != "dp_per_constructor"}  # its own section's
 # Row groups per shuffle window of a source (sources[].shuffle_window): see docs/methods/data-order.md
 SHUFFLE_WINDOW = 2
 
@@ -72,12 +73,13 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
     data_root = _path(base_dir, top["data_root"], "data_root")
     global_batch = _parse_global_batch(top["global_batch"])
     sources = _parse_sources(top["sources"], data_root)
-    mesh = _parse_mesh(top["mesh"], global_batch.context_length, global_batch.pad_to_multiple)
     network = check_keys(top["network"], "network", defaults_of(NetworkConfig))
     balancing = check_keys(top["balance"], "balance", defaults_of(BalanceConfig))
     loader = check_keys(top["loader"], "loader", {k: v for k, v in defaults_of(LoaderConfig).items() if k != "groups"})
     checkpoint = check_keys(top["checkpoint"], "checkpoint", defaults_of(CheckpointConfig))
     constructor = check_keys(top["constructor"], "constructor", defaults_of(ConstructorConfig))
+    dp_per_constructor = as_int(constructor["dp_per_constructor"], "constructor.dp_per_constructor", minimum=1)
+    mesh = _parse_mesh(top["mesh"], global_batch.context_length, global_batch.pad_to_multiple, dp_per_constructor)
     planner = check_keys(top["planner"], "planner", defaults_of(PlannerConfig))
     return Config(
         seed=as_int(top["seed"], "seed", minimum=0),
@@ -97,8 +99,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
                             as_choice(loader["partition"], "loader.partition", ("manual", "auto")),
                             _parse_budget(loader["budget"]),
                             scaling=_parse_scaling(loader["scaling"], [s.name for s in sources])),
-        constructor=ConstructorConfig(as_int(constructor["dp_per_constructor"], "constructor.dp_per_constructor",
-                                           minimum=1)),
+        constructor=ConstructorConfig(dp_per_constructor),
         checkpoint=CheckpointConfig(as_int(checkpoint["every"], "checkpoint.every", minimum=1)),
         pad_token_id=as_int(top["pad_token_id"], "pad_token_id", minimum=0),
         run_dir=_path(base_dir, top["run_dir"], "run_dir"),
@@ -281,8 +282,8 @@ def _parse_transform(raw: Any, where: str, data_root: Path) -> TransformConfig:
     raise ConfigError(f"{where}: expected a transform name or a mapping with 'name'")
 
 
-def _parse_mesh(raw: Any, context_length: int, pad_to_multiple: int | None) -> MeshConfig:
-    f = check_keys(raw, "mesh", {**defaults_of(MeshConfig), "order": ",".join(MeshConfig.order)})
+def _parse_mesh(raw: Any, context_length: int, pad_to_multiple: int | None, dp_per_constructor: int) -> Mesh:
+    f = check_keys(raw, "mesh", {**MESH_KEYS, "order": ",".join(Mesh.order)})
     sizes = {k: as_int(f[k], f"mesh.{k}", minimum=1) for k in ("pp", "dp", "cp", "tp")}
     order = tuple(a.strip() for a in str(f["order"]).split(","))
     if sorted(order) != sorted(sizes):
@@ -295,7 +296,7 @@ def _parse_mesh(raw: Any, context_length: int, pad_to_multiple: int | None) -> M
         if sizes["cp"] > 1 and length and length % chunks:
             raise ConfigError(f"mesh.cp: global_batch.{key} {length} must divide into "
                               f"{chunks} equal chunks for the {split} split over cp={sizes['cp']}")
-    return MeshConfig(**sizes, order=order, cp_split=cp_split, cp_format=cp_format)
+    return Mesh(**sizes, dp_per_constructor=dp_per_constructor, order=order, cp_split=cp_split, cp_format=cp_format)
 
 
 def _parse_vision(raw: Any) -> VisionConfig:

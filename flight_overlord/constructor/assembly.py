@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import OverlordError
-from ..config import Config, MeshConfig
+from ..config import Config
 from ..core.context_parallel import take_ranges, thd_token_ranges, token_ranges
-from ..core.mesh import Delivery
+from ..core.mesh import Delivery, Mesh
 from ..core.packing import PackedSequence, pack, shifted_labels
 from ..core.vision import ImageError, decode_sample_images, patches_from_bytes
 from ..wire.schemas import ENCODER_BATCH, MICROBATCH, list_array, load_schema
@@ -120,7 +120,7 @@ def build_microbatch(items: list[Sample], capacity: int, cfg: Config, image_toke
                       grids)
 
 
-def delivery_ranges(delivery: Delivery, packed: PackedSequence, mesh: MeshConfig) -> list[int]:
+def delivery_ranges(delivery: Delivery, packed: PackedSequence, mesh: Mesh) -> list[int]:
     """The positions of a packed sequence that a rank with this delivery receives: all, none (metadata
     only), or its context-parallel share: chunks of every sequence (THD) or of the whole buffer (BSHD)."""
     if not delivery.tokens:

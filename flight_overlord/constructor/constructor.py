@@ -22,12 +22,12 @@ from typing import Callable, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import wire
 from ..config import Config
 from ..errors import BackgroundFailure
 from ..core.mesh import Delivery
 from ..core.starvation import StageTimeline
 from ..planner.strategy import Strategy
+from ..waiting import wait_until
 from ..wire.plan import ConstructorPlan, FetchGroup
 from ..wire.status import ConstructorStatus
 from .assembly import (Sample, build_microbatch, decode_or_error, drop_bad, encoder_table, rank_table,
@@ -223,7 +223,7 @@ class Constructor:
             if stream:
                 self.cond.wait_for(lambda: self.failure is not None or self.stopping or self.staging.assembled(step))
             else:
-                wire.wait_until(self.cond, lambda: self.failure is not None or self.staging.assembled(step),
+                wait_until(self.cond, lambda: self.failure is not None or self.staging.assembled(step),
                                 WAIT_SECONDS, f"step {step} of rank {rank}")
         finally:
             if since is not None:

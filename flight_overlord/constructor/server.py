@@ -13,7 +13,6 @@ call; the constructor's own calls to the Planner and loaders carry the cluster s
 """
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import json
 import logging
@@ -27,10 +26,11 @@ from .. import wire
 from ..config import Config, load_config
 from ..core.starvation import fetch_shares
 from ..planner.strategy import load_strategy
-from ..role_process import add_serving_args, advertised_host, start_metrics
+from ..role_process import advertised_host, role_parser, start_metrics
+from ..wire.actions import PlanRequest, ResumePointRequest
 from ..wire.plan import ConstructorPlan, FetchGroup
 from ..wire.security import INSPECT, TRAINER, Security, requires
-from ..wire.server import ActionServer, ClientPool, call_any, location_of, register, serve
+from ..wire.server import ActionServer, ClientPool, ask_again, call_any, location_of, register, serve
 from ..wire.tickets import STREAM_KINDS, BatchTicket, Registration, SamplesPart, SamplesTicket
 from .assembly import Sample
 from .deliveries import DeliveryJournal
@@ -48,7 +48,7 @@ class ConstructorServer(ActionServer):
         security = security or Security.from_config(cfg)
         self.index = index
         self._delivered = DeliveryJournal(cfg.run_dir, index)  # what was served, for `overlord audit`
-        self.constructor = Constructor(cfg, index, load_strategy(cfg, cfg.trainer_mesh), self._delivered.served)
+        self.constructor = Constructor(cfg, index, load_strategy(cfg, cfg.mesh), self._delivered.served)
         self.mesh = self.constructor.mesh
         self.ranks = self.constructor.ranks
         self._planner_location = planner
@@ -63,7 +63,7 @@ class ConstructorServer(ActionServer):
     def _assemble_loop(self) -> None:
         constructor = self.constructor
         try:
-            start = self._call_planner("resume_point", {"constructor": self.index})
+            start = self._call_planner("resume_point", ResumePointRequest(self.index).to_wire())
             if start is None:
                 return
             constructor.begin_at(start["step"])
@@ -73,8 +73,7 @@ class ConstructorServer(ActionServer):
                 if not constructor.paced(step):
                     return
                 asked = time.monotonic()
-                raw = self._call_planner("plan", lambda: {"step": step, "constructor": self.index,
-                                                          "positions": constructor.positions()})
+                raw = self._call_planner("plan", lambda: PlanRequest(step, self.index, constructor.positions()).to_wire())
                 if raw is None:
                     return
                 planned = time.monotonic()
@@ -93,17 +92,14 @@ class ConstructorServer(ActionServer):
         through a Planner restart; None once this server stops. ``body``: a dict, or a callable making
         it afresh for each try."""
         stopping = lambda: self.constructor.stopping  # noqa: E731
-        while not stopping():
-            try:
-                return call_any(self._clients, [self._planner_location], lambda c: wire.call(c, action, body() if callable(body) else body),
-                                what="planner", stop=stopping)
-            except fl.FlightTimedOutError:
-                continue
-            except Exception:
-                if stopping():
-                    return None
-                raise
-        return None
+        try:
+            return ask_again(lambda: call_any(self._clients, [self._planner_location],
+                                              lambda c: wire.call(c, action, body() if callable(body) else body),
+                                              what="planner", stop=stopping), stop=stopping)
+        except Exception:
+            if stopping():
+                return None
+            raise
 
     def _fetch(self, step: int, plan: ConstructorPlan) -> tuple[dict[int, Sample], dict[str, float]]:
         """Every loader's samples for this step, concurrently (one call per loader process), through
@@ -160,13 +156,8 @@ def main(argv=None) -> None:
 
 def start(argv=None) -> tuple[ConstructorServer, str, str | None]:
     """A constructor up, registered and assembling: (server, location, ready file)."""
-    parser = argparse.ArgumentParser(prog="overlord serve constructor")
-    parser.add_argument("--config", required=True)
+    parser = role_parser("constructor")
     parser.add_argument("--index", type=int, default=0)
-    parser.add_argument("--planner", required=True, help="grpc://host:port (or grpc+tls://) of the Planner")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--ready-file")
-    add_serving_args(parser)
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     host = advertised_host(cfg, args)

@@ -48,20 +48,20 @@ class Delivery:
 
 @dataclass(frozen=True)
 class Mesh:
+    """The trainers' mesh: the config's ``mesh`` section (sizes, rank order, how CP splits a
+    sequence) with ``constructor.dp_per_constructor``; the one mesh type of the package."""
     pp: int = 1
     dp: int = 1
     cp: int = 1
     tp: int = 1
     dp_per_constructor: int = 1
-    order: tuple[str, ...] = MEGATRON_ORDER
+    order: tuple[str, ...] = MEGATRON_ORDER  # rank order, fastest-varying axis first
+    cp_split: str = "load_balanced"  # bshd: how the buffer is split across CP ranks: load_balanced | contiguous
+    cp_format: str = "thd"  # thd: each packed sequence padded to 2*cp and split on its own (TransformerEngine)
 
     def __post_init__(self):
         if sorted(self.order) != sorted(AXES):
             raise ValueError(f"mesh order {self.order!r} must name each of {', '.join(AXES)} once")
-
-    @classmethod
-    def from_config(cls, mesh, dp_per_constructor: int = 1) -> "Mesh":
-        return cls(mesh.pp, mesh.dp, mesh.cp, mesh.tp, dp_per_constructor, tuple(mesh.order))
 
     @property
     def world_size(self) -> int:

@@ -20,8 +20,10 @@ from tqdm import tqdm
 
 from .. import wire
 from ..config import Config, load_config
-from ..deploy.launch import LocalCluster, holds_a_run, move_aside
+from ..deploy.cluster import holds_a_run, move_aside
+from ..deploy.launch import LocalCluster
 from ..planner.strategy import load_strategy
+from ..wire.actions import StatsRequest
 from ..wire.security import Credentials
 from ..wire.server import connect
 
@@ -191,7 +193,7 @@ def _follow(cfg: Config, planner: str, steps: int, ranks: int, results: mp.Queue
         for _, tokens_by_source, _, _ in rows:
             step_tokens.update(tokens_by_source)
         totals.update(step_tokens)
-        stats = wire.call(client, "stats", {"from": step, "to": step})[str(step)]
+        stats = wire.call(client, "stats", StatsRequest(step, step).to_wire())[str(step)]
         stats_all[step] = stats
         step_weights = stats["weights"]
         weights.update({k: v / sum(step_weights.values()) / steps for k, v in step_weights.items()})

@@ -1,5 +1,6 @@
-"""The Ray backend: the same roles as Ray actors, each hosting the same Flight server as a process of
-``LocalCluster`` does, on a fixed port so that Ray's restart of a killed actor comes back on the same
+"""The Ray backend: the roles of ``topology.roles(cfg)`` as Ray actors, started by the same
+``cluster.Cluster`` as the local backend (so ``loader.partition: auto`` plans at start-up here too),
+each hosting the same Flight server as a process of ``LocalCluster`` does, on a fixed port so that Ray's restart of a killed actor comes back on the same
 address and rebuilds from the run's journals (the Planner with ``--recover``).
 
     overlord up --backend ray CONFIG [--address auto|HOST:PORT]
@@ -26,8 +27,9 @@ from dataclasses import dataclass, field
 
 from ..config import Config, ConfigError
 from ..role_process import WILDCARDS
-from ..wire.security import SECRET_ENV, secret_path, write_secret
-from .launch import LocalCluster, loader_hosts
+from ..wire.security import SECRET_ENV
+from .cluster import Cluster
+from .topology import RoleSpec
 
 NODE_SHARE = 0.001  # of a node's resource (node:IP or a custom one): pins an actor there without using it up
 
@@ -47,7 +49,7 @@ def constructor_node(cfg: Config, index: int) -> str | None:
     nodes = cfg.ray.trainer_nodes
     if not nodes:
         return None
-    mesh = cfg.trainer_mesh
+    mesh = cfg.mesh
     dps = set(mesh.dp_ranks_of(index))
     return Counter(nodes[r] for r in range(mesh.world_size) if mesh.coord(r).dp in dps).most_common(1)[0][0]
 
@@ -97,80 +99,86 @@ class _Role:
 class RayChild:
     name: str
     actor: object
-    location: str
-    pid: int
+    spec: RoleSpec
     placement: dict = field(default_factory=dict)  # the placement options it was started with
+    location: str | None = None
+    pid: int | None = None
     restarts: list[float] = field(default_factory=list)
 
 
-class RayCluster(LocalCluster):
-    """``LocalCluster``'s interface (``start``, ``stop``, ``planner``, ``kill``, ``secret``) on Ray."""
+class RayCluster(Cluster):
+    """The roles as Ray actors (:class:`RayActors`); see :class:`~.cluster.Cluster`. ``address``: the
+    Ray cluster to join (``auto``, ``HOST:PORT``), else a local Ray is started."""
 
     def __init__(self, config_path, *, address: str | None = None, mode: str = "new", startup_timeout: float = 120.0):
-        super().__init__(config_path, mode=mode, supervise=False, startup_timeout=startup_timeout)
-        self.address = address
-        self._started_ray = False
+        super().__init__(config_path, RayActors(address), mode=mode, startup_timeout=startup_timeout)
 
-    def start(self) -> str:
+    @property
+    def address(self) -> str | None:
+        return self.backend.address
+
+
+class RayActors:
+    """The Ray backend: one actor per role on a fixed port (a restart by Ray comes back on the same
+    address, so it needs no standby Planner); Ray restarts what dies, nothing here supervises."""
+    hot_standbys = False
+
+    def __init__(self, address: str | None = None):
+        self.address = address
+        self.children: list[RayChild] = []
+        self._started_ray = False
+        self._cluster: Cluster | None = None
+
+    def open(self, cluster: Cluster) -> int | None:
+        """Join (or start) Ray and check the placement's resources; ``loader.hosts: auto`` counts its CPUs."""
         import ray
-        self._prepare_run_dir()
-        self._check_sources()
-        if self._secret_source != "file":  # the run's tools read it there, as with LocalCluster
-            write_secret(secret_path(self.cfg), self.secret)
+        self._cluster = cluster
+        cfg = cluster.cfg
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if not ray.is_initialized():
             local = {} if self.address else {"num_cpus": os.cpu_count()}
-            if not self.address and self.cfg.network.host not in WILDCARDS:
-                local["_node_ip_address"] = self.cfg.network.host
+            if not self.address and cfg.network.host not in WILDCARDS:
+                local["_node_ip_address"] = cfg.network.host
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False,
                      **local)
             self._started_ray = True
-        try:
-            resources = ray.cluster_resources()
-            check_resources(self.cfg, resources)
-            hosts = loader_hosts(self.cfg, int(resources.get("CPU", 0)) or None)  # hosts: auto: the cluster's CPUs
-            config = ["--config", str(self.config_path)]
-            planner = self._actor("planner", "planner", [*config, "--port", str(_free_port()),
-                                                          *(["--resume"] if self.mode == "resume" else [])])
-            self.planner = planner.location
-            roles = [(name + (f"-shadow{r}" if r else ""), "loader", None,
-                      [*config, "--actors", ",".join(f"{s}:{a}" for s, a in actors), "--replica", str(r)])
-                     for name, actors in hosts for r in range(1 + self.cfg.loader.shadows)]
-            roles += [(f"constructor-{c}", "constructor", c, [*config, "--index", str(c)])
-                      for c in range(self.cfg.num_constructors)]
-            for name, role, index, argv in roles:
-                self._actor(name, role, [*argv, "--planner", self.planner, "--port", str(_free_port())], index)
-            self._await_planner_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self.planner
+        resources = ray.cluster_resources()
+        check_resources(cfg, resources)
+        return int(resources.get("CPU", 0)) or None
 
-    def _actor(self, name: str, role: str, argv: list[str], index: int | None = None) -> RayChild:
+    def start_role(self, spec: RoleSpec, argv: list[str]) -> RayChild:
         import ray
-        placement = actor_options(self.cfg, role, index)
-        options = {**placement, "max_restarts": -1, "max_task_retries": -1, "name": f"overlord-{name}",
+        cluster = self._cluster
+        placement = actor_options(cluster.cfg, spec.role, spec.index)
+        options = {**placement, "max_restarts": -1, "max_task_retries": -1, "name": f"overlord-{spec.name}",
                    "lifetime": None}
-        cls = ray.remote(type(role, (_Role,), {}))
-        advertise_node = self.cfg.network.host in WILDCARDS and not self.cfg.network.advertise
-        actor = cls.options(**options).remote(role, argv, {SECRET_ENV: self.secret}, advertise_node)
-        location, pid = ray.get(actor.where.remote(), timeout=self.startup_timeout)
-        child = RayChild(name, actor, location, pid, placement)
+        cls = ray.remote(type(spec.role, (_Role,), {}))
+        advertise_node = cluster.cfg.network.host in WILDCARDS and not cluster.cfg.network.advertise
+        argv = [*argv, "--config", str(cluster.config_path), "--port", str(_free_port())]
+        actor = cls.options(**options).remote(spec.role, argv, {SECRET_ENV: cluster.secret}, advertise_node)
+        child = RayChild(spec.name, actor, spec, placement)
         self.children.append(child)
         return child
 
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
+    def wait_ready(self, children: list[RayChild], timeout: float) -> None:
+        import ray
+        answers = ray.get([c.actor.where.remote() for c in children], timeout=timeout)
+        for child, (location, pid) in zip(children, answers):
+            child.location, child.pid = location, pid
+
+    def started(self) -> None:
+        pass  # Ray restarts a dead actor (max_restarts=-1)
+
+    def kill(self, child: RayChild, sig: int = signal.SIGKILL) -> int:
         """Kill one role's actor process (``kill -9``); Ray restarts it on the same address."""
-        child = self.child(name)
         os.kill(child.pid, sig)
         child.restarts.append(time.time())
         return child.pid
 
-    def wait_restarted(self, name: str, restarts: int = 1, timeout: float = 60.0) -> None:
+    def wait_restarted(self, child: RayChild, restarts: int = 1, timeout: float = 60.0) -> None:
         import ray
-        child = self.child(name)
         location, child.pid = ray.get(child.actor.where.remote(), timeout=timeout)
-        assert location == child.location, f"{name} came back at {location}, not {child.location}"
+        assert location == child.location, f"{child.name} came back at {location}, not {child.location}"
 
     def pids(self) -> list[int]:
         return [c.pid for c in self.children]

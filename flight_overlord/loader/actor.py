@@ -1,4 +1,4 @@
-"""One loader actor: its partition of a source, a bounded read-ahead buffer, and its journaled state.
+"""One loader actor: its share of a source (row groups), a bounded read-ahead buffer, and its journaled state.
 
 Serving is a function of the request: any replica of the actor (the active one, its restart, a
 shadow) can produce any sample it owns, from its buffer or by reading the row group again. What
@@ -23,7 +23,7 @@ from ..core.vision import ImageError
 from ..journal import Journal, Snapshots, read_journal
 from ..wire.schemas import SAMPLE_METADATA, SAMPLES, load_schema
 from ..wire.status import LoaderActorStatus
-from .partition import RowGroupSamples, SourcePartition
+from .row_groups import RowGroupSamples, SourceShare
 from .state import LoaderState
 
 log = logging.getLogger(__name__)
@@ -34,10 +34,10 @@ SERVED_KEPT, SERVED_BYTES = 8, 2 * 1024 * 1024
 
 
 class LoaderActor:
-    def __init__(self, partition: SourcePartition, *, seed: int, read_ahead: int, run_dir: Path,
+    def __init__(self, share: SourceShare, *, seed: int, read_ahead: int, run_dir: Path,
                  checkpoint_every: int = 50, read_ahead_bytes: int = 0):
-        self.partition = partition
-        self.name = f"{partition.source.name}[{partition.actor}]"
+        self.share = share
+        self.name = f"{share.source.name}[{share.actor}]"
         self.seed = seed
         self.read_ahead = read_ahead
         self.read_ahead_bytes = read_ahead_bytes  # 0: no byte bound; else read ahead only below it
@@ -54,7 +54,7 @@ class LoaderActor:
         self._failed_reads = 0  # row groups skipped as unreadable (status, metrics)
         self._recent_failed_reads: list[str] = []  # the last few: "FILE row group G: error"
         self._stopping = False
-        directory = run_dir / "loaders" / f"{partition.source.name}-{partition.actor}"
+        directory = run_dir / "loaders" / f"{share.source.name}-{share.actor}"
         self._journal = Journal(directory / "journal.jsonl")
         self._snapshots = Snapshots(directory, "state", keep=2)  # a loader only ever restores its latest
         self._followed = 0  # journal offset folded in so far
@@ -71,11 +71,11 @@ class LoaderActor:
     # a live reshard, ``loader.scaling``, appends ownership segments: see core/scaling.py)
     def _sync_ownership(self) -> None:
         """Follow the journaled segments: a new view of what this actor owns after a reshard."""
-        segments = self.state.segments or [[0, self.partition.source.loaders]]
+        segments = self.state.segments or [[0, self.share.source.loaders]]
         if self._view is not None and len(segments) == len(self._view.ownership.segments):
             return
-        view = Ownership(self.partition.catalog, seed=self.seed, source=self.partition.source.name,
-                         segments=segments).view(self.partition.actor)
+        view = Ownership(self.share.catalog, seed=self.seed, source=self.share.source.name,
+                         segments=segments).view(self.share.actor)
         if self._view is not None:  # nothing read at or past the new segment may change hands (the Planner's
             first = view.first_local_at(segments[-1][0])  # boundary guarantees it); drop it if it did
             dropped = [p for p in self._buffer if p >= first]
@@ -90,9 +90,9 @@ class LoaderActor:
     def reshard(self, segments: list) -> None:
         """The Planner's ownership segments of this source (journaled, so replicas and restarts follow)."""
         with self._cond:
-            if len(segments) <= len(self.state.segments or [[0, self.partition.source.loaders]]):
+            if len(segments) <= len(self.state.segments or [[0, self.share.source.loaders]]):
                 return
-            known = self.state.segments or [[0, self.partition.source.loaders]]
+            known = self.state.segments or [[0, self.share.source.loaders]]
             if [list(map(int, s)) for s in segments[:len(known)]] != known:
                 raise ValueError(f"reshard of loader {self.name}: segments {segments} do not extend {known}")
             self._record({"segments": [[int(f), int(a)] for f, a in segments]})
@@ -216,18 +216,18 @@ class LoaderActor:
     def _read(self, position: int) -> RowGroupSamples:
         rg = self._at(position)
         try:
-            return self.partition.read(rg)
+            return self.share.read(rg)
         except ImageError as exc:  # vision.on_bad_image: fail -> whoever asks for this row group gets the error
-            log.error("source %s: %s; the run stops (vision.on_bad_image: fail)", self.partition.source.name, exc)
+            log.error("source %s: %s; the run stops (vision.on_bad_image: fail)", self.share.source.name, exc)
             self._fatal[position] = str(exc)
         except Exception as exc:  # a corrupt row group must not kill the loader: skip it, loudly
             log.error("source %s: cannot read %s row group %d: %s; its %d samples are skipped",
-                      self.partition.source.name, rg.file, rg.row_group, exc, rg.num_rows)
+                      self.share.source.name, rg.file, rg.row_group, exc, rg.num_rows)
             with self._cond:
                 self._failed_reads += 1
                 self._recent_failed_reads = [*self._recent_failed_reads[-4:],
                                              f"{rg.file} row group {rg.row_group}: {type(exc).__name__}: {exc}"[:300]]
-        return RowGroupSamples.failed_read(self.partition.source.name, rg)
+        return RowGroupSamples.failed_read(self.share.source.name, rg)
 
     def _checked(self, position: int) -> RowGroupSamples:
         samples = self._ensure(position)
@@ -292,7 +292,7 @@ class LoaderActor:
     def status(self) -> LoaderActorStatus:
         with self._cond:
             return LoaderActorStatus(
-                source=self.partition.source.name, actor=self.partition.actor,
+                source=self.share.source.name, actor=self.share.actor,
                 row_groups_owned=self._view.owned_per_epoch(), segments=self._view.ownership.to_list(),
                 buffered_row_groups=len(self._buffer),
                 buffered_samples=int(sum(b.remaining.sum() for b in self._buffer.values())),
@@ -305,7 +305,7 @@ class LoaderActor:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        self.partition.close()
+        self.share.close()
         self._journal.close()
 
 

@@ -2,7 +2,7 @@
 
 The profile of a source (``core.partition_plan.SourceProfile``) is measured the way a loader actor
 works: its Parquet footers (file states), then ``PROFILE_ROW_GROUPS`` row groups read and
-transformed by a ``SourcePartition`` (seconds per sample and per input byte, the transformed row
+transformed by a ``SourceShare`` (seconds per sample and per input byte, the transformed row
 group's bytes as an actor buffers it). It is journaled in ``run_dir/partition/profile.json`` with
 a fingerprint of what it depends on (files and their sizes, transform, context length), and
 reused while that fingerprint holds. The plan goes to ``run_dir/partition/plan.json``; a config
@@ -23,7 +23,7 @@ from .. import source_files
 from ..config import Config, ConfigError
 from ..core.order import epoch_order
 from ..core.partition_plan import GiB, Budget, PartitionPlan, SourceProfile, plan_partition, render
-from .partition import SourcePartition, read_catalog
+from .row_groups import SourceShare, read_catalog
 
 log = logging.getLogger(__name__)
 PROFILE_ROW_GROUPS = 2  # row groups read per source (the first of its epoch-0 order)
@@ -56,7 +56,7 @@ def profile_source(cfg: Config, name: str, row_groups: int = PROFILE_ROW_GROUPS)
     for path in one.files:
         with source_files.parquet_file(path) as opened:
             footer += opened.metadata.serialized_size
-    partition = SourcePartition(one, 0, cfg.global_batch.context_length, cfg.vision)
+    partition = SourceShare(one, 0, cfg.global_batch.context_length, cfg.vision)
     order = epoch_order(catalog, seed=cfg.seed, source=name, epoch=0)[:max(1, row_groups)]
     seconds = samples = in_bytes = out_bytes = tokens = 0
     try:
@@ -79,7 +79,7 @@ def profile_source(cfg: Config, name: str, row_groups: int = PROFILE_ROW_GROUPS)
         reader_bytes=float(footer + 64 * 1024 * len(one.files)))  # footers + a reader's state per open file
 
 
-def _column_bytes(partition: SourcePartition, rg, columns: list[str]) -> int:
+def _column_bytes(partition: SourceShare, rg, columns: list[str]) -> int:
     meta = partition._file(rg.file).metadata.row_group(rg.row_group)
     names = {meta.column(i).path_in_schema.split(".")[0]: i for i in range(meta.num_columns)}
     return sum(meta.column(i).total_uncompressed_size for c, i in names.items() if c in columns)

@@ -1,6 +1,6 @@
 """Source Loader host: a thin Flight adapter over one or more :class:`~.actor.LoaderActor` objects.
 
-A loader process hosts any set of loader actors (of any sources): each keeps its own partition of
+A loader process hosts any set of loader actors (of any sources): each keeps its own share of
 row groups, read state and journal, so adding a source costs its reader state and buffer, not a
 process. Tickets name the actor they are for (``source``, ``actor``; optional when the process
 hosts one actor). Three kinds of ``do_get`` ticket:
@@ -21,7 +21,6 @@ slows the named sources' ``samples`` calls on purpose: fault injection for tests
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -32,14 +31,14 @@ import pyarrow.flight as fl
 
 from .. import allocator, wire
 from ..config import load_config
-from ..role_process import add_serving_args, advertised_host, start_metrics
+from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.schemas import SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, Security, requires
 from ..wire.server import ActionServer, location_of, register, serve
 from ..wire.status import LoaderStatus
 from ..wire.tickets import BufferTicket, MetadataTicket, Registration, Reshard, SamplesTicket
 from .actor import LoaderActor
-from .partition import SourcePartition
+from .row_groups import SourceShare
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ def slow_sources(text: str | None) -> dict[str, float]:
 class LoaderServer(ActionServer):
     def __init__(self, actors: list[LoaderActor], security: Security, *, host: str = "127.0.0.1", port: int = 0):
         # state first: Flight may accept calls during super().__init__
-        self.actors = {(a.partition.source.name, a.partition.actor): a for a in actors}
+        self.actors = {(a.share.source.name, a.share.actor): a for a in actors}
         self._delays = slow_sources(os.environ.get(SLOW_SOURCES_ENV))
         super().__init__(host, port, security)
 
@@ -101,7 +100,7 @@ class LoaderServer(ActionServer):
         tables, seconds = [], {}
         for part in parts:
             actor = self._actor(part.source, part.actor)
-            source = actor.partition.source.name
+            source = actor.share.source.name
             start = time.monotonic()
             if self._delays.get(source):
                 time.sleep(self._delays[source])
@@ -157,17 +156,12 @@ def main(argv=None) -> None:
 
 def start(argv=None) -> tuple[LoaderServer, str, str | None]:
     """A loader process up with its actors, registered: (server, location, ready file)."""
-    parser = argparse.ArgumentParser(prog="overlord serve loader")
-    parser.add_argument("--config", required=True)
+    parser = role_parser("loader")
     parser.add_argument("--actors", help="the loader actors this process hosts: SOURCE:ACTOR,... "
                         "(or one with --source/--actor)")
     parser.add_argument("--source")
     parser.add_argument("--actor", type=int, default=0)
     parser.add_argument("--replica", type=int, default=0, help="0: the active loader actors; 1..: their shadows")
-    parser.add_argument("--planner", required=True, help="grpc://host:port (or grpc+tls://) of the Planner")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--ready-file")
-    add_serving_args(parser)
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     host = advertised_host(cfg, args)
@@ -175,7 +169,7 @@ def start(argv=None) -> tuple[LoaderServer, str, str | None]:
     if not wanted:
         parser.error("name the loader actors: --actors SOURCE:ACTOR,... or --source S [--actor A]")
     allocator.tame()  # before the actors' threads make arenas: a long run's heap stays flat
-    actors = [LoaderActor(SourcePartition(cfg.source(source), index, cfg.global_batch.context_length, cfg.vision,
+    actors = [LoaderActor(SourceShare(cfg.source(source), index, cfg.global_batch.context_length, cfg.vision,
                                           cfg.provisioned_actors(cfg.source(source))),
                           seed=cfg.seed, read_ahead=cfg.loader.read_ahead_row_groups, run_dir=cfg.run_dir,
                           checkpoint_every=cfg.checkpoint.every, read_ahead_bytes=cfg.loader.read_ahead_bytes)
@@ -185,8 +179,8 @@ def start(argv=None) -> tuple[LoaderServer, str, str | None]:
     location = location_of(server, host)
     start_metrics(server, cfg, args, "loader", location)
     for actor in actors:
-        partition = actor.partition
-        register(args.planner, Registration("loader", location, partition.source.name, partition.actor, args.replica,
-                                            tuple((rg.file, rg.row_group, rg.num_rows) for rg in partition.row_groups)
+        share = actor.share
+        register(args.planner, Registration("loader", location, share.source.name, share.actor, args.replica,
+                                            tuple((rg.file, rg.row_group, rg.num_rows) for rg in share.row_groups)
                                             ).to_wire(), security.credentials)
     return server, location, args.ready_file

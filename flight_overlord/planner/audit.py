@@ -160,7 +160,7 @@ def offline_audit(run_dir: Path, config: str | None = None) -> dict:
     cfg = load_config(config)
     if cfg.run_dir.resolve() != run_dir.resolve():
         raise ValueError(f"config {config} names run_dir {cfg.run_dir}, not {run_dir}")
-    planner = Planner(cfg, load_strategy(cfg, cfg.trainer_mesh), lambda source: None)
+    planner = Planner(cfg, load_strategy(cfg, cfg.mesh), lambda source: None)
     planner.open(resume=True)
     try:
         return audit_run(run_dir, planner)

@@ -18,14 +18,14 @@ source infos, ``status``, ``stats`` and ``list_actions`` are inspection calls.
 """
 from __future__ import annotations
 
-import argparse
 from dataclasses import replace
 import pyarrow.flight as fl
 
 from .. import wire
 from ..config import Config, load_config
-from ..role_process import add_serving_args, advertised_host, start_metrics
+from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
+from ..wire.actions import PlanRequest, Report, ResumePointRequest, StatsRequest
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, location_of, serve
 from ..wire.tickets import STREAM_KINDS, BatchTicket, BufferTicket, RankStream, Registration
@@ -46,7 +46,7 @@ class PlannerServer(ActionServer):
         run's secrets (default: from the config and environment)."""
         self.cfg = cfg
         security = security or Security.from_config(cfg)
-        self.mesh = cfg.trainer_mesh
+        self.mesh = cfg.mesh
         self.strategy = load_strategy(cfg, self.mesh)
         self.calls = PlannerCalls(security.credentials, stopping=lambda: self.service.stopping)
         self.planner = self.calls.planner = Planner(cfg, self.strategy, self.calls.meta_fetcher)
@@ -183,24 +183,21 @@ class PlannerServer(ActionServer):
     @requires(CLUSTER)
     def action_plan(self, body):
         """A constructor's share of one step's plan: {"step", "constructor", "positions": {rank: step}}."""
-        return self.service.constructor_plan(wire.field(body, "step", int, "plan"), wire.field(body, "constructor", int, "plan"),
-                                             self.strategy.broadcast, body.get("positions"))
+        request = PlanRequest.from_wire(body)
+        return self.service.constructor_plan(request.step, request.constructor, self.strategy.broadcast, request.positions)
 
     @requires(CLUSTER)
     def action_resume_point(self, body):
         """Where a (re)started constructor begins: the earliest step its ranks are waiting for."""
-        return {"step": self.service.resume_point(wire.field(body, "constructor", int, "resume_point"))}
+        return {"step": self.service.resume_point(ResumePointRequest.from_wire(body).constructor)}
 
     # -- trainer feedback --------------------------------------------------------------
     @requires(TRAINER, rank_field="rank")
     def action_report(self, body):
         """A trainer's feedback on one step: {"step", "rank", "losses": {source: loss}, "compute_seconds":
         seconds or [per microbatch], "encoder_seconds", "waits"} (losses and/or timings)."""
-        if not {"losses", "compute_seconds", "encoder_seconds"} & set(body):
-            raise ValueError("malformed report: give 'losses' ({source: loss}), 'compute_seconds' or 'encoder_seconds'")
-        losses = wire.field(body, "losses", dict, "report") if body.get("losses") is not None else None
-        self.service.report(wire.field(body, "step", int, "report"), wire.field(body, "rank", int, "report"),
-                            losses, body)
+        report = Report.from_wire(body)
+        self.service.report(report.step, report.rank, report.losses, report.to_wire())
         return {"ok": True}
 
     # -- mixture -----------------------------------------------------------------------
@@ -228,9 +225,8 @@ class PlannerServer(ActionServer):
     @requires(INSPECT)
     def action_stats(self, body):
         """Per-step plan statistics (mixture, imbalance): {"from": step, "to": step}."""
-        first = wire.field({"from": 0, **body}, "from", int, "stats")
-        last = wire.field(body, "to", int, "stats") if "to" in body else None
-        return self.service.step_stats(first, last)
+        request = StatsRequest.from_wire(body)
+        return self.service.step_stats(request.first, request.last)
 
     def shutdown(self):
         self.service.stop()
@@ -246,15 +242,11 @@ def main(argv=None) -> None:
 def start(argv=None) -> tuple[PlannerServer, str, str | None]:
     """The Planner up and serving (its threads run): (server, location, ready file). ``main`` then
     blocks on it; a Ray actor just keeps it."""
-    parser = argparse.ArgumentParser(prog="overlord serve planner")
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--port", type=int, help="default: network.planner_port of the config (0: any free port)")
-    parser.add_argument("--ready-file")
+    parser = role_parser("planner", planner=False)
     parser.add_argument("--resume", action="store_true", help="continue the run in run_dir from its journal")
     parser.add_argument("--recover", action="store_true", help="restart of the Planner alone: --resume, and "
                         "keep the registrations of the roles still running")
     add_standby_arg(parser)
-    add_serving_args(parser)
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     host = advertised_host(cfg, args)

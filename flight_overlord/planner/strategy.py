@@ -72,7 +72,7 @@ class Strategy:
 
     def __init__(self, cfg: Config, mesh: Mesh | None = None):
         self.cfg = cfg
-        self.mesh = mesh or cfg.trainer_mesh
+        self.mesh = mesh or cfg.mesh
         self.sources = [s.name for s in cfg.sources]
         self.schedule: Schedule = constant({s.name: s.weight for s in cfg.sources})
         self.cost_fn: CostFn = config_cost(cfg.cost)

@@ -9,8 +9,7 @@ stays up because pyarrow turns handler exceptions into error statuses.
 from __future__ import annotations
 
 import json
-import threading
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow.flight as fl
 
@@ -59,21 +58,5 @@ def call(client: fl.FlightClient, name: str, body: Any = None, *, timeout: float
     return json.loads(results[0].body.to_pybytes()) if results else None
 
 
-MAX_WAITERS = 512  # blocking calls one server process holds at once; more are refused, not queued
-_waiters = threading.BoundedSemaphore(MAX_WAITERS)
-
-
-def wait_until(cond: threading.Condition, predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Wait on ``cond`` (held by the caller) for ``predicate``; FlightTimedOutError naming ``what`` after
-    ``timeout``. At most ``MAX_WAITERS`` calls wait at once, so a flood of waiting requests cannot
-    hold every thread of the server."""
-    if predicate():
-        return
-    if not _waiters.acquire(blocking=False):
-        raise fl.FlightServerError(f"busy: {MAX_WAITERS} calls are already waiting on this server (for {what}); "
-                                   f"retry later")
-    try:
-        if not cond.wait_for(predicate, timeout):
-            raise fl.FlightTimedOutError(f"timed out after {timeout:.0f}s waiting for {what}")
-    finally:
-        _waiters.release()
+# The logic classes' bounded wait (no Flight in it); here too for callers that know it as wire's.
+from ..waiting import MAX_WAITERS, wait_until  # noqa: E402,F401

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import pyarrow.flight as fl
 
-from ..errors import OverlordError
+from ..errors import Busy, OverlordError, WaitTimedOut
 from . import call, decode, encode
 from .security import CLUSTER, INSPECT, MIDDLEWARE_KEY, Credentials, Security
 
@@ -28,6 +28,10 @@ def client_error(exc: BaseException, where: str) -> fl.FlightError:
     logged here with its traceback and reported as an internal error."""
     if isinstance(exc, fl.FlightError):
         return type(exc)(_bounded(str(exc)))
+    if isinstance(exc, WaitTimedOut):  # a logic class's bounded wait: the client asks again
+        return fl.FlightTimedOutError(_bounded(str(exc)))
+    if isinstance(exc, Busy):
+        return fl.FlightServerError(_bounded(str(exc)))
     if isinstance(exc, (ValueError, TypeError, ArithmeticError, RecursionError)):
         return fl.FlightServerError(_bounded(f"invalid request: {exc}"))
     if isinstance(exc, KeyError):
@@ -199,6 +203,20 @@ def call_any(pool: "ClientPool", locations: list[str], fn: Callable[[fl.FlightCl
             raise RoleDown(f"{what}: unreachable at {', '.join(locations)} since "
                            f"{time.strftime('%H:%M:%S', time.localtime(since))} ({timeout:.0f}s)")
         time.sleep(RETRY_SECONDS)
+
+
+def ask_again(ask: Callable[[], Any], *, stop: Callable[[], bool] = lambda: False,
+              deadline: float | None = None) -> Any:
+    """``ask()`` again while the server's wait times out (``FlightTimedOutError``: it waited its share,
+    the answer is still coming), until ``stop()`` (then None) or the ``time.monotonic()`` ``deadline``
+    (then the last time-out is raised)."""
+    while not stop():
+        try:
+            return ask()
+        except fl.FlightTimedOutError:
+            if deadline is not None and time.monotonic() > deadline:
+                raise
+    return None
 
 
 def register(planner: str, body: dict, credentials: Credentials) -> None:

@@ -10,7 +10,7 @@ import pyarrow.flight as fl
 import pytest
 
 from flight_overlord.config import load_config
-from flight_overlord.deploy.launch import loader_hosts
+from flight_overlord.deploy.topology import loader_hosts
 
 from ..helpers import write_config
 

@@ -16,7 +16,7 @@ import yaml
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.deploy import cli
 from flight_overlord.deploy.launch import LocalCluster
-from flight_overlord.loader.partition import read_catalog
+from flight_overlord.loader.row_groups import read_catalog
 from flight_overlord.planner.feed import SourceFeed
 
 from ..helpers import WEIGHTS, write_config

@@ -38,9 +38,10 @@ from hypothesis import strategies as st
 from flight_overlord import config as config_module
 from flight_overlord.client import StepFetcher
 from flight_overlord.config import ConfigError, load_config
+from flight_overlord.config.parse import MESH_KEYS
 from flight_overlord.core.order import epoch_order
 from flight_overlord.deploy.launch import LocalCluster
-from flight_overlord.loader.partition import SourcePartition, read_catalog
+from flight_overlord.loader.row_groups import SourceShare, read_catalog
 
 from ..helpers import delivered_keys, journal, sample_lengths, write_config
 
@@ -400,8 +401,8 @@ def _plan_waits(raw: bytes, f: Fuzzed) -> bool:
 
 def _sections() -> dict[str, list[str]]:
     """The real keys of each config section, from the config's own dataclasses."""
-    out = {}
-    for section, cls in (("mesh", "MeshConfig"), ("global_batch", "GlobalBatchConfig"), ("cost", "CostConfig"),
+    out = {"mesh": list(MESH_KEYS)}  # the mesh's fields but the constructor grouping (its own section)
+    for section, cls in (("global_batch", "GlobalBatchConfig"), ("cost", "CostConfig"),
                          ("balance", "BalanceConfig"), ("network", "NetworkConfig"), ("loader", "LoaderConfig"),
                          ("constructor", "ConstructorConfig"), ("checkpoint", "CheckpointConfig"),
                          ("vision", "VisionConfig"), ("strategy", "StrategyConfig"), ("security", "SecurityConfig"),
@@ -833,7 +834,7 @@ def test_a_bit_flip_is_caught_when_the_file_has_page_checksums(corpus, tmp_path)
     else:
         pytest.fail("no silent flip found")
     cfg = load_config(write_config(tmp_path, root, sources=[{"name": "qa", "paths": "qa/*.parquet"}]))
-    partition = SourcePartition(cfg.source("qa"), 0, 1024)
+    partition = SourceShare(cfg.source("qa"), 0, 1024)
     rg = next(r for r in partition.row_groups if r.file == str(path.relative_to(root)) and r.row_group == 0)
     with pytest.raises(Exception):  # the loader's read must fail, so that the row group is skipped
         partition.read(rg)

@@ -61,7 +61,7 @@ def hdp_run(tmp_path_factory):
 
 def test_every_token_once_per_domain_on_its_group(hdp_run):
     cfg, path, run, _ = hdp_run
-    mesh = cfg.trainer_mesh
+    mesh = cfg.mesh
     domain = [r for r in range(mesh.world_size) if mesh.coord(r).tp == 0]  # tp 0: who gets tokens
     assert len(domain) == 4
     records = journal(path)[:STEPS]

@@ -63,7 +63,7 @@ def _runs(mask: np.ndarray) -> list[int]:
 
 def test_every_sample_once_with_its_images_encoded_once(navit_run):
     cfg, path, data, run = navit_run
-    mesh, spec = cfg.trainer_mesh, cfg.vision.spec
+    mesh, spec = cfg.mesh, cfg.vision.spec
     plans = journal(path)[:STEPS]
     sources = collections.Counter()
     for step, plan in enumerate(plans):

@@ -12,9 +12,9 @@ import pytest
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.core.partition_plan import GiB
 from flight_overlord.deploy.cli import main
-from flight_overlord.deploy.launch import loader_hosts
+from flight_overlord.deploy.topology import loader_hosts
 from flight_overlord.loader.actor import SERVED_KEPT, LoaderActor
-from flight_overlord.loader.partition import SourcePartition
+from flight_overlord.loader.row_groups import SourceShare
 
 from ..helpers import delivered_keys, fetch_run, journal, write_config
 
@@ -89,7 +89,7 @@ def test_auto_partition_end_to_end_same_streams_every_sample_once(corpus, tmp_pa
 
 
 def _buffered_after(cfg, run_dir: Path, **bound) -> LoaderActor:
-    actor = LoaderActor(SourcePartition(cfg.source("longdocs"), 0, cfg.global_batch.context_length, cfg.vision),
+    actor = LoaderActor(SourceShare(cfg.source("longdocs"), 0, cfg.global_batch.context_length, cfg.vision),
                         seed=cfg.seed, read_ahead=4, run_dir=run_dir, **bound)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and len(actor._buffer) < (1 if bound else 4):
@@ -122,7 +122,7 @@ def test_served_tables_kept_are_bounded_and_a_retry_past_them_gets_the_same_samp
     from flight_overlord.transforms import make_transform
     cfg = load_config(write_config(tmp_path, corpus))
     source = cfg.source("longdocs")
-    actor = LoaderActor(SourcePartition(source, 0, cfg.global_batch.context_length, cfg.vision), seed=cfg.seed,
+    actor = LoaderActor(SourceShare(source, 0, cfg.global_batch.context_length, cfg.vision), seed=cfg.seed,
                         read_ahead=1, run_dir=tmp_path / "run")
     try:
         rg = actor._at(0)

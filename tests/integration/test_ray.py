@@ -12,6 +12,7 @@ import pytest
 from flight_overlord.client import StepFetcher
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.deploy.ray_backend import NODE_SHARE, RayCluster, actor_options
+from flight_overlord.deploy.topology import loader_hosts
 
 from ..helpers import delivered_keys, fetch_run, journal, write_config
 
@@ -114,3 +115,23 @@ def test_a_resource_no_node_offers_is_a_clear_error(local_ray, corpus, tmp_path)
     with pytest.raises(ConfigError, match=r"ray.trainer_nodes\[1\]: no node of this Ray cluster offers resource "
                                           r"'no-such-node' \(offered: .*trainer-node-b"):
         RayCluster(path).start()
+
+
+def test_ray_backend_auto_partitions_at_start_up(local_ray, local_reference, corpus, tmp_path):
+    """``loader.partition: auto`` under Ray as under the local backend (one start-up for both): the
+    plan is made before any actor starts, the loader actors are the plan's hosts, and the streams
+    are those of the config as written (actor counts never change a stream)."""
+    path = write_config(tmp_path, corpus, loader={"partition": "auto", "budget": {"cpus": 2, "memory_gib": 2}},
+                        ray={"cpus": 0.05})
+    steps = 3
+    with RayCluster(path) as cluster:
+        cfg = load_config(path)  # now with the plan applied
+        assert (cfg.run_dir / "partition" / "plan.json").exists()
+        assert sorted(c.name for c in cluster.children if c.spec.role == "loader") == \
+            sorted(name for name, _ in loader_hosts(cfg))
+        fetchers = [StepFetcher(cluster.planner, r, timeout=120) for r in range(cfg.mesh.world_size)]
+        run = {r: [f.fetch(step) for step in range(steps)] for r, f in enumerate(fetchers)}
+        for f in fetchers:
+            f.close()
+    assert {r: _keys_per_step(tables) for r, tables in run.items()} == \
+        {r: keys[:steps] for r, keys in local_reference.items()}

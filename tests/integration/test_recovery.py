@@ -2,7 +2,6 @@
 rank's stream must equal the stream of an undisturbed run with the same config and seed."""
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import threading
@@ -12,23 +11,17 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
-from flight_overlord import wire
+from flight_overlord import harness, wire
 from flight_overlord.client import TrainerClient
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.deploy.launch import LocalCluster
+from flight_overlord.harness import step_digest
 from flight_overlord.planner.audit import offline_audit
 
 from ..helpers import journal, write_config
 
 STEPS = 60  # a 60-step run, killed at a random step
 RANKS = 2
-
-
-def digest(table: pa.Table) -> tuple:
-    """One step of one rank: its sample keys per microbatch and a hash of every token it holds."""
-    ids = table.column("input_ids").combine_chunks()
-    return (tuple(tuple(k) for k in table.column("sample_keys").to_pylist()),
-            hashlib.blake2b(ids.values.to_numpy().tobytes(), digest_size=8).hexdigest())
 
 
 def losses(table: pa.Table) -> dict[str, float]:
@@ -42,32 +35,16 @@ def losses(table: pa.Table) -> dict[str, float]:
 
 def train(planner: str, start: int, end: int, *, ranks: int = RANKS, report: bool = False,
           on_step=None) -> dict[int, list]:
-    """One trainer thread per rank, each through TrainerClient (retries, prefetch), steps [start, end)."""
-    streams: dict[int, list] = {r: [] for r in range(ranks)}
-    errors: list[BaseException] = []
-
-    def rank_loop(rank: int) -> None:
-        try:
-            with TrainerClient(planner, rank, num_steps=end - start, as_tensors=False, timeout=120) as client:
-                client.load_state_dict({"rank": rank, "next_step": start})
-                for table in client:
-                    step = table.column("step")[0].as_py()
-                    streams[rank].append((step, digest(table)))
-                    if report:
-                        client.report(step, losses(table))
-                    if on_step is not None:
-                        on_step(rank, step)
-        except BaseException as exc:  # surfaced below, in the test's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=rank_loop, args=(r,)) for r in range(ranks)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    if errors:
-        raise errors[0]
-    return streams
+    """One trainer thread per rank, each through TrainerClient (retries, prefetch), steps [start, end):
+    per rank, (step, its digest) of each step; ``report``: per-source losses sent back (dynamic mixing)."""
+    def on_table(rank, client, table):
+        step = table.column("step")[0].as_py()
+        if report:
+            client.report(step, losses(table))
+        if on_step is not None:
+            on_step(rank, step)
+        return step, step_digest(table)
+    return harness.train(planner, ranks, start, end, on_table=on_table)
 
 
 def config(directory, corpus, **overrides):

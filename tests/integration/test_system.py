@@ -16,7 +16,7 @@ from flight_overlord.config import ConfigError, load_config
 from flight_overlord.core.cost import config_cost
 from flight_overlord.core.order import epoch_order
 from flight_overlord.deploy.launch import LocalCluster
-from flight_overlord.loader.partition import read_catalog
+from flight_overlord.loader.row_groups import read_catalog
 from flight_overlord.wire.schemas import MICROBATCH, load_schema
 from flight_overlord.wire.server import connect
 

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from flight_overlord.config import ConfigError, MeshConfig, load_config, parse_config
+from flight_overlord.config import ConfigError, load_config, parse_config
 from flight_overlord.core.mesh import Mesh
 from flight_overlord.core.mixing import Mixer
 from flight_overlord.core.order import RowGroupRef, epoch_order, owned_row_groups
@@ -116,7 +116,7 @@ def test_config_loads_and_resolves_globs(corpus, tmp_path):
     qa = cfg.source("qa")
     assert qa.loaders == 3 and len(qa.files) >= 2 and all(Path(f).exists() for f in qa.files)
     assert qa.file_ids[0].startswith("qa/")
-    assert cfg.mesh == MeshConfig(dp=2) and cfg.num_constructors == 2
+    assert cfg.mesh == Mesh(dp=2) and cfg.num_constructors == 2
 
 
 @pytest.mark.parametrize("mutate, message", [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flight_overlord.config import ConfigError, load_config
-from flight_overlord.deploy.launch import ACTORS_PER_HOST, loader_hosts, machine_cpus
+from flight_overlord.deploy.topology import ACTORS_PER_HOST, STANDBY, loader_hosts, machine_cpus, roles
 
 from ..helpers import WEIGHTS, write_config
 
@@ -41,3 +41,20 @@ def test_zero_is_one_process_per_actor_and_n_is_n_whatever_the_cpus(corpus, tmp_
 def test_bad_hosts_values_are_named(corpus, tmp_path, value):
     with pytest.raises(ConfigError, match=r"loader\.hosts: expected auto, 0 .* got "):
         _cfg(tmp_path, corpus, hosts=value)
+
+
+def test_roles_is_the_one_role_list_planner_first(corpus, tmp_path):
+    """Both backends start ``roles(cfg)``: the Planner first (the others need its address), its standby
+    where the backend runs one, every loader host and its shadows, one constructor per index."""
+    cfg = load_config(write_config(tmp_path, corpus, loaders={"captions": 2}, loader={"hosts": 2, "shadows": 1},
+                                   planner={"standbys": 1}))
+    specs = roles(cfg, resume=True)
+    assert [(s.name, s.role) for s in specs[:2]] == [("planner", "planner"), (STANDBY, "planner")]
+    assert specs[0].args == ("--resume",) and specs[1].standby and not specs[0].standby
+    loaders = [s for s in specs if s.role == "loader"]
+    assert [s.name for s in loaders] == ["loader-host0", "loader-host0-shadow1", "loader-host1", "loader-host1-shadow1"]
+    assert [s.replica() for s in loaders] == [0, 1, 0, 1]
+    assert sorted({a for s in loaders for a in s.actors()}) == sorted(f"{s}:{a}" for s, a in ACTORS)
+    constructors = [s for s in specs if s.role == "constructor"]
+    assert [(s.name, s.index) for s in constructors] == [(f"constructor-{c}", c) for c in range(cfg.num_constructors)]
+    assert STANDBY not in [s.name for s in roles(cfg, standbys=False)]  # Ray restarts the Planner in place

@@ -171,7 +171,7 @@ def test_a_loader_actor_takes_over_after_a_reshard_and_restores_it(tmp_path):
 
     from flight_overlord.config.parse import parse_config
     from flight_overlord.loader.actor import LoaderActor
-    from flight_overlord.loader.partition import SourcePartition
+    from flight_overlord.loader.row_groups import SourceShare
 
     pq.write_table(pa.table({"text": [f"row {i} " * (i % 7 + 1) for i in range(48)]}), tmp_path / "s.parquet",
                    row_group_size=4)  # 12 row groups
@@ -181,11 +181,11 @@ def test_a_loader_actor_takes_over_after_a_reshard_and_restores_it(tmp_path):
     source = cfg.source("s")
 
     def actor(index: int) -> LoaderActor:
-        return LoaderActor(SourcePartition(source, index, 256, provisioned=cfg.provisioned_actors(source)), seed=0,
+        return LoaderActor(SourceShare(source, index, 256, provisioned=cfg.provisioned_actors(source)), seed=0,
                            read_ahead=1, run_dir=cfg.run_dir)
     first, added = actor(0), actor(1)
     try:
-        ownership = Ownership(first.partition.catalog, seed=0, source="s", segments=[[0, 1]])
+        ownership = Ownership(first.share.catalog, seed=0, source="s", segments=[[0, 1]])
         for g in range(3):  # the feed asked for positions 0..2
             rg = ownership.row_group(g)
             assert first.metadata(0, rg.file, rg.row_group).num_rows == rg.num_rows

@@ -163,7 +163,7 @@ def test_config_names_a_missing_tokenizer_file(tmp_path):
 def test_buffered_tokens_are_compact_and_served_back_as_int32():
     """A loader buffers token ids in the narrowest type that holds them; widening gives back exactly
     the tokenizer's int32 lists (the byte tokenizer's ids fit uint8; a wide vocabulary is kept as is)."""
-    from flight_overlord.loader.partition import compact_tokens
+    from flight_overlord.loader.row_groups import compact_tokens
     from flight_overlord.transforms import make_transform
     tokens = make_transform("byte_tokenizer")(pa.array(["héllo wörld", None, "ab" * 40]), 16)
     small = compact_tokens(tokens)

@@ -120,7 +120,7 @@ class RowGroupSamples:
         })
 
 
-class SourcePartition:
+class SourceShare:
     """The row groups actor ``actor`` of ``source.loaders`` owns; files are opened only here.
     ``provisioned``: actors of the source in all, idle ones included (``loader.scaling``); an actor
     past ``source.loaders`` owns nothing until the Planner reshards onto it (``catalog`` is the

@@ -1,0 +1,146 @@
+"""Drive every rank of a running system and digest what each got: the one place the tests, the
+benchmarks and ``scripts/stream_digest.py`` do it.
+
+- :func:`each_rank`: ``fn(rank)`` for every rank at once, one thread each, as trainers run; the first
+  error of any rank is raised in the caller.
+- :func:`train`: every rank through a :class:`~flight_overlord.client.TrainerClient` over steps
+  ``[start, end)``, what ``on_table`` makes of each table kept per rank.
+- :func:`fetch_steps`: every rank through a :class:`~flight_overlord.client.StepFetcher`, steps in
+  lock-step; :func:`stock_fetch`: one ``(step, rank)`` as a stock ``pyarrow.flight`` client reads it.
+- Digests: :func:`step_digest` (a step's sample keys and token ids), :func:`table_digest` (every
+  column), :func:`plan_hash` (the journaled plans, without wall-clock fields).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from .wire.server import ask_again
+
+PLAN_WAIT_SECONDS = 600.0  # a stock client's get_flight_info times out server-side while a step is planned
+
+
+def blake(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=12).hexdigest()
+
+
+def step_digest(table: pa.Table) -> tuple:
+    """One step of one rank: its sample keys per microbatch and a hash of every token id it holds."""
+    ids = table.column("input_ids").combine_chunks()
+    return (tuple(tuple(k) for k in table.column("sample_keys").to_pylist()),
+            hashlib.blake2b(ids.values.to_numpy().tobytes(), digest_size=8).hexdigest())
+
+
+def table_digest(table: pa.Table) -> str:
+    """Every column's values, in schema order (chunking and buffer layout do not count)."""
+    h = hashlib.blake2b(digest_size=12)
+    for name in table.column_names:
+        h.update(name.encode())
+        h.update(json.dumps(table.column(name).to_pylist(), sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+def plan_hash(run_dir: Path, steps: int, *, root: Path | None = None) -> str:
+    """The journaled plans of steps < ``steps``, in step order, without wall-clock fields; ``root``, a
+    folder the config lives in (its strategy file is journaled by path), is left out of every path."""
+    from .journal import read_journal
+    plans = {}
+    for _, record in read_journal(Path(run_dir) / "plan-journal.jsonl"):
+        if "bins" in record and record.get("step", steps) < steps:
+            plans[record["step"]] = {k: v for k, v in record.items() if "time" not in k and k != "wall"}
+    if sorted(plans) != list(range(steps)):
+        raise ValueError(f"the plan journal holds plans of steps {sorted(plans)}, not 0..{steps - 1}")
+    text = json.dumps([plans[s] for s in range(steps)], sort_keys=True)
+    return blake((text.replace(json.dumps(str(root))[1:-1], "") if root is not None else text).encode())
+
+
+class RankThreads:
+    """``fn(rank)`` for every rank at once, a thread each, started at once; ``errors`` holds what any
+    rank raised (``rank N: Type: message``), for a driver that measures while the ranks run."""
+
+    def __init__(self, fn: Callable[[int], None], ranks: int, *, daemon: bool = True):
+        self.errors: list[str] = []
+        self._raised: list[BaseException] = []
+        self._fn = fn
+        self._threads = [threading.Thread(target=self._run, args=(r,), name=f"rank-{r}", daemon=daemon)
+                         for r in range(ranks)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, rank: int) -> None:
+        try:
+            self._fn(rank)
+        except BaseException as exc:  # noqa: BLE001 - kept for the driver (join raises the first)
+            self._raised.append(exc)
+            self.errors.append(f"rank {rank}: {type(exc).__name__}: {exc}")
+
+    def join(self, timeout: float | None = 300, *, raise_error: bool = True) -> None:
+        """Wait for every rank (``timeout`` each); the first rank's error is raised here."""
+        for t in self._threads:
+            t.join(timeout=timeout)
+        if raise_error and self._raised:
+            raise self._raised[0]
+
+
+def each_rank(fn: Callable[[int], None], ranks: int, *, timeout: float | None = 300, daemon: bool = False) -> None:
+    """``fn(rank)`` for every rank at once, a thread each; the first rank's error is raised here."""
+    RankThreads(fn, ranks, daemon=daemon).join(timeout)
+
+
+def train(planner: str, ranks: int, start: int, end: int, *, on_table: Callable = None,
+          **client_options) -> dict[int, list]:
+    """Every rank through a TrainerClient (retries, prefetch) from step ``start`` to ``end``; per rank, the
+    list of ``on_table(rank, client, table)`` (default: ``(step, step_digest(table))``)."""
+    from .client import TrainerClient
+    on_table = on_table or (lambda rank, client, table: (table.column("step")[0].as_py(), step_digest(table)))
+    client_options = {"as_tensors": False, "timeout": 120, **client_options}
+    streams: dict[int, list] = {r: [] for r in range(ranks)}
+
+    def rank_loop(rank: int) -> None:
+        with TrainerClient(planner, rank, num_steps=end - start, **client_options) as client:
+            client.load_state_dict({"rank": rank, "next_step": start})
+            for table in client:
+                streams[rank].append(on_table(rank, client, table))
+
+    each_rank(rank_loop, ranks)
+    return streams
+
+
+def fetch_steps(planner: str, ranks: int, start: int, end: int, *, timeout: float = 120,
+                keep: bool = True, credentials=None) -> dict[int, list[pa.Table]]:
+    """Steps ``[start, end)`` of every rank through StepFetchers, the ranks in lock-step as trainers go;
+    ``keep=False`` keeps no table (a drive to a step)."""
+    from .client import StepFetcher
+    options = {"credentials": credentials} if credentials is not None else {}
+    fetchers = [StepFetcher(planner, r, timeout=timeout, **options) for r in range(ranks)]
+    out: dict[int, list[pa.Table]] = {r: [] for r in range(ranks)}
+    try:
+        for step in range(start, end):
+            for r, f in enumerate(fetchers):
+                table = f.fetch(step)
+                if keep:
+                    out[r].append(table)
+    finally:
+        for f in fetchers:
+            f.close()
+    return out
+
+
+def stock_fetch(client_of: Callable[[str], fl.FlightClient], planner: str, step: int, rank: int) -> pa.Table:
+    """One ``(step, rank)`` as a stock Flight client reads it: the Planner's FlightInfo, then every
+    endpoint's ticket where it says (a server-side wait that times out is asked again)."""
+    descriptor = fl.FlightDescriptor.for_path("batch", str(step), str(rank))
+    info = ask_again(lambda: client_of(planner).get_flight_info(descriptor),
+                     deadline=time.monotonic() + PLAN_WAIT_SECONDS)
+    tables = []
+    for endpoint in info.endpoints:
+        location = endpoint.locations[0].uri.decode() if endpoint.locations else planner
+        tables.append(client_of(location).do_get(endpoint.ticket).read_all())
+    return pa.concat_tables(tables)

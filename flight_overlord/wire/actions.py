@@ -1,0 +1,86 @@
+"""The Planner's action bodies, typed like the tickets (``wire/tickets.py``): one frozen dataclass per
+request with ``to_wire()`` (the JSON object a stock client sends) and ``from_wire(raw)`` (checked,
+ValueError naming the field that is wrong), used by both ends.
+
+- ``PlanRequest`` constructor -> Planner (action ``plan``): its share of a step, with its streams' positions;
+- ``ResumePointRequest`` constructor -> Planner (action ``resume_point``): where a (re)started one begins;
+- ``Report`` trainer -> Planner (action ``report``): losses and/or measured seconds of one step;
+- ``StatsRequest`` anyone -> Planner (action ``stats``): per-step plan statistics of a step range.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import field
+
+
+def _optional(raw: dict, name: str, kind: type, what: str):
+    return field(raw, name, kind, what) if raw.get(name) is not None else None
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    step: int
+    constructor: int
+    positions: dict | None = None  # {rank: the next step its rank stream sends}; checked by the Planner
+
+    def to_wire(self) -> dict:
+        return {"step": self.step, "constructor": self.constructor,
+                **({"positions": self.positions} if self.positions is not None else {})}
+
+    @classmethod
+    def from_wire(cls, raw: dict) -> "PlanRequest":
+        return cls(field(raw, "step", int, "plan"), field(raw, "constructor", int, "plan"),
+                   _optional(raw, "positions", dict, "plan"))
+
+
+@dataclass(frozen=True)
+class ResumePointRequest:
+    constructor: int
+
+    def to_wire(self) -> dict:
+        return {"constructor": self.constructor}
+
+    @classmethod
+    def from_wire(cls, raw: dict) -> "ResumePointRequest":
+        return cls(field(raw, "constructor", int, "resume_point"))
+
+
+@dataclass(frozen=True)
+class Report:
+    """A trainer's feedback on one step: per-source losses, and/or its compute seconds (one number or
+    one per microbatch), the vision encoder's seconds, and the data waits its client measured."""
+    step: int
+    rank: int
+    losses: dict | None = None
+    compute_seconds: float | list | None = None
+    encoder_seconds: float | None = None
+    waits: dict | None = None
+
+    def to_wire(self) -> dict:
+        body = {"step": self.step, "rank": self.rank}
+        for name in ("waits", "losses", "compute_seconds", "encoder_seconds"):
+            if getattr(self, name) is not None:
+                body[name] = getattr(self, name)
+        return body
+
+    @classmethod
+    def from_wire(cls, raw: dict) -> "Report":
+        if not {"losses", "compute_seconds", "encoder_seconds"} & set(raw):
+            raise ValueError("malformed report: give 'losses' ({source: loss}), 'compute_seconds' or 'encoder_seconds'")
+        return cls(field(raw, "step", int, "report"), field(raw, "rank", int, "report"),
+                   _optional(raw, "losses", dict, "report"), raw.get("compute_seconds"), raw.get("encoder_seconds"),
+                   _optional(raw, "waits", dict, "report"))  # seconds: checked by the Planner's cost fit
+
+
+@dataclass(frozen=True)
+class StatsRequest:
+    first: int = 0
+    last: int | None = None  # None: every planned step from ``first``
+
+    def to_wire(self) -> dict:
+        return {"from": self.first, **({"to": self.last} if self.last is not None else {})}
+
+    @classmethod
+    def from_wire(cls, raw: dict) -> "StatsRequest":
+        return cls(field({"from": 0, **raw}, "from", int, "stats"), _optional(raw, "to", int, "stats"))

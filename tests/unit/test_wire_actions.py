@@ -1,0 +1,36 @@
+"""The Planner's action bodies, typed: what one end writes the other reads back unchanged, and a
+malformed body is a ValueError naming the action and the field."""
+from __future__ import annotations
+
+import pytest
+
+from flight_overlord import wire
+from flight_overlord.wire.actions import PlanRequest, Report, ResumePointRequest, StatsRequest
+
+
+@pytest.mark.parametrize("message", [
+    PlanRequest(3, 1, {"0": 3, "1": 4}), PlanRequest(0, 0), ResumePointRequest(2),
+    Report(5, 1, losses={"qa": 1.5}, waits={"data": 0.1}), Report(5, 0, compute_seconds=[0.1, 0.2]),
+    Report(2, 3, encoder_seconds=0.5), StatsRequest(4, 9), StatsRequest()])
+def test_what_one_end_writes_the_other_reads(message):
+    raw = wire.decode(wire.encode(message.to_wire()), "body")  # through JSON, as on the wire
+    assert type(message).from_wire(raw) == message
+
+
+def test_the_wire_format_stays_what_stock_clients_send():
+    assert StatsRequest(4, 9).to_wire() == {"from": 4, "to": 9} and StatsRequest().to_wire() == {"from": 0}
+    assert Report(5, 1, losses={"qa": 1.0}).to_wire() == {"step": 5, "rank": 1, "losses": {"qa": 1.0}}
+    assert StatsRequest.from_wire({}) == StatsRequest(0, None)
+
+
+@pytest.mark.parametrize("cls,raw,message", [
+    (PlanRequest, {"constructor": 0}, "malformed plan: missing field 'step'"),
+    (PlanRequest, {"step": 1, "constructor": True}, "malformed plan: field 'constructor' must be an integer"),
+    (PlanRequest, {"step": 1, "constructor": 0, "positions": [1]}, "malformed plan: field 'positions' must be dict"),
+    (ResumePointRequest, {"constructor": "0"}, "malformed resume_point: field 'constructor' must be an integer"),
+    (Report, {"step": 1, "rank": 0}, "malformed report: give 'losses'"),
+    (Report, {"step": 1, "rank": 0, "losses": [1.0]}, "malformed report: field 'losses' must be dict"),
+    (StatsRequest, {"from": "a"}, "malformed stats: field 'from' must be an integer")])
+def test_a_malformed_body_names_the_action_and_the_field(cls, raw, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        cls.from_wire(raw)
