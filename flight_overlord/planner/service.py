@@ -19,7 +19,8 @@ from ..journal import write_json_atomic
 from ..core.positions import TrainerPositions
 from ..core.starvation import TrainerWaits
 from ..wire.status import PlannerStatus
-from .planner import Planner, constructor_view, step_views
+from .planner import Planner
+from .views import constructor_view, step_views
 from .program import StepPlan
 
 log = logging.getLogger(__name__)
