@@ -37,6 +37,10 @@ from .deliveries import DeliveryJournal
 from .constructor import Constructor
 
 log = logging.getLogger(__name__)
+# A plan request brings this constructor's stream positions, which may be what planning waits for; a
+# stream that starts (or moves) while the request waits cannot say so until it is asked again: so
+# the Planner holds it at most this long, then it is asked again with fresh positions.
+PLAN_WAIT_SECONDS = 0.5
 
 
 class ConstructorServer(ActionServer):
@@ -73,7 +77,8 @@ class ConstructorServer(ActionServer):
                 if not constructor.paced(step):
                     return
                 asked = time.monotonic()
-                raw = self._call_planner("plan", lambda: PlanRequest(step, self.index, constructor.positions()).to_wire())
+                raw = self._call_planner("plan", lambda: PlanRequest(step, self.index, constructor.positions(),
+                                                                     PLAN_WAIT_SECONDS).to_wire())
                 if raw is None:
                     return
                 planned = time.monotonic()

@@ -182,9 +182,10 @@ class PlannerServer(ActionServer):
     # -- constructor-facing ------------------------------------------------------------
     @requires(CLUSTER)
     def action_plan(self, body):
-        """A constructor's share of one step's plan: {"step", "constructor", "positions": {rank: step}}."""
+        """A constructor's share of one step's plan: {"step", "constructor", "positions": {rank: step}, "wait": s}."""
         request = PlanRequest.from_wire(body)
-        return self.service.constructor_plan(request.step, request.constructor, self.strategy.broadcast, request.positions)
+        return self.service.constructor_plan(request.step, request.constructor, self.strategy.broadcast, request.positions,
+                                             request.wait)
 
     @requires(CLUSTER)
     def action_resume_point(self, body):

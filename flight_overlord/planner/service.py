@@ -241,18 +241,21 @@ class PlanService:
                 self.cond.notify_all()
 
     # -- constructors ------------------------------------------------------------------
-    def constructor_plan(self, step: int, constructor: int, broadcast, positions: dict | None = None) -> bytes:
+    def constructor_plan(self, step: int, constructor: int, broadcast, positions: dict | None = None,
+                         wait: float | None = None) -> bytes:
         """Constructor ``constructor``'s share of step ``step``'s plan, encoded for the wire. A step's
         views are dropped here once every constructor fetched its own; later asks are served from the journal.
         ``positions``: {rank: step} the next step each of its rank streams sends (how the Planner
-        paces itself without a per-step call from those trainers)."""
+        paces itself without a per-step call from those trainers). ``wait``: how long to hold the
+        request at most (then FlightTimedOutError): the positions it brought may be what planning
+        waits for once its streams moved on, so the constructor asks again with fresh ones."""
         self._check_constructor(constructor, "plan")
         positions = self._checked_positions(positions or {}, constructor)
         with self.cond:
             if self.positions.reported(positions):  # they only move forward
                 self.cond.notify_all()
             self._check_horizon(step)
-            self._wait_for_plan(step, WAIT_SECONDS)
+            self._wait_for_plan(step, min(WAIT_SECONDS, wait or WAIT_SECONDS))
             views = self._views.get(step)
             if views is not None:
                 self._fetched[step].add(constructor)
