@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from bench_delivery import run_ranks
-from bench_training import Result, Scenario, image_patches, sequence_lengths
+from training_cost import image_patches, sequence_lengths
+from training_scenarios import Result, Scenario
 from benchlib import cluster_roots, log, write_config
 from vlm_workload import LLM_12B, SCENARIOS, VISION, VIT_2B
 

@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from bench_training import FLOPS, MFU, REPO, TFLOPS, ModelCost
+from training_cost import FLOPS, MFU, TFLOPS, ModelCost
+from training_scenarios import REPO
 
 LLM_12B = ModelCost("Llama-12B backbone", 12e9, 45, 4608)
 VIT_2B = ModelCost("ViT-2B encoder", 2e9, 48, 1664)
