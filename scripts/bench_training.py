@@ -58,9 +58,10 @@ from typing import Callable
 import numpy as np
 import yaml
 
-from bench_delivery import colocated_loader, run_ranks
 from benchlib import (argument_parser, cluster_roots, log, plan_imbalance, print_header, pyplot, save_plot,
                       workspace, write_config)
+from colocated import colocated_loader
+from rank_processes import run_ranks
 from training_cost import CP_LINK_BYTES_PER_S, CP_PASSES, FLOPS, KV_BYTES_PER_TOKEN, LLM, MFU, TFLOPS, VIT
 from training_scenarios import CORPORA, DEFAULT_SCENARIOS, REPO, SCENARIOS, Result, Scenario
 

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_delivery import run_ranks
+from benchlib import cluster_roots, log, write_config
+from rank_processes import run_ranks
 from training_cost import image_patches, sequence_lengths
 from training_scenarios import Result, Scenario
-from benchlib import cluster_roots, log, write_config
 from vlm_workload import LLM_12B, SCENARIOS, VISION, VIT_2B
 
 REPO = Path(__file__).resolve().parent.parent
