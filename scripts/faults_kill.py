@@ -16,6 +16,7 @@ from flight_overlord.client import TrainerClient
 from flight_overlord.config import load_config
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.harness import step_digest
+from flight_overlord.journal import journal_size, read_journal
 
 SOURCES = {"captions": 0.15, "longdocs": 0.25, "code": 0.20, "docstrings": 0.15, "manuals": 0.15, "qa": 0.10}
 KINDS = ("loader", "loader+shadow", "planner", "planner+standby", "constructor")
@@ -77,6 +78,26 @@ class Run:
 
     def max_interval(self) -> float:
         return max(i for _, i, _ in self.intervals())
+
+
+def run_dir_bytes(run_dir: Path) -> dict:
+    """Bytes of the checkpoint files in run_dir, by kind (logs and the registry excluded)."""
+    out = {"plan journal": 0, "Planner snapshots": 0, "loader journals": 0, "loader snapshots": 0,
+           "planner_snapshot_files": 0, "loader_snapshot_files": 0, "journaled_steps": 0}
+    journal = run_dir / "plan-journal.jsonl"
+    if journal.exists():
+        out["plan journal"] = journal_size(journal)  # its archive too
+        out["journaled_steps"] = len({r["step"] for _, r in read_journal(journal) if "digest" in r or "bins" in r})
+    for path in (run_dir / "planner").glob("planner-*.json"):
+        out["Planner snapshots"] += path.stat().st_size
+        out["planner_snapshot_files"] += 1
+    for path in (run_dir / "loaders").glob("*"):
+        if path.suffix == ".jsonl":
+            out["loader journals"] += path.stat().st_size
+        elif path.suffix == ".json":
+            out["loader snapshots"] += path.stat().st_size
+            out["loader_snapshot_files"] += 1
+    return out
 
 
 def part1_config(tmp: Path, data_dir: Path, name: str, args, *, prefetch: int, shadows: int,

@@ -14,7 +14,7 @@ from flight_overlord.loader.state import LoaderState
 from flight_overlord.planner.planner import Planner
 from flight_overlord.planner.strategy import load_strategy
 from flight_overlord.journal import Snapshots, journal_size, read_journal
-from faults_kill import SEED, SOURCES, med
+from faults_kill import SEED, SOURCES, med, run_dir_bytes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,23 +175,3 @@ def report_part2(results: list[Resume], args, seconds_per_step: float) -> None:
               f"| {cell([r.startup for r in rs], seconds)} | {cell([r.planner_ready for r in rs], seconds)} "
               f"| {cell([r.first_batch for r in rs], seconds)} "
               f"| {cell([r.first_batch - r.startup for r in rs], seconds)} |")
-
-
-def run_dir_bytes(run_dir: Path) -> dict:
-    """Bytes of the checkpoint files in run_dir, by kind (logs and the registry excluded)."""
-    out = {"plan journal": 0, "Planner snapshots": 0, "loader journals": 0, "loader snapshots": 0,
-           "planner_snapshot_files": 0, "loader_snapshot_files": 0, "journaled_steps": 0}
-    journal = run_dir / "plan-journal.jsonl"
-    if journal.exists():
-        out["plan journal"] = journal_size(journal)  # its archive too
-        out["journaled_steps"] = len({r["step"] for _, r in read_journal(journal) if "digest" in r or "bins" in r})
-    for path in (run_dir / "planner").glob("planner-*.json"):
-        out["Planner snapshots"] += path.stat().st_size
-        out["planner_snapshot_files"] += 1
-    for path in (run_dir / "loaders").glob("*"):
-        if path.suffix == ".jsonl":
-            out["loader journals"] += path.stat().st_size
-        elif path.suffix == ".json":
-            out["loader snapshots"] += path.stat().st_size
-            out["loader_snapshot_files"] += 1
-    return out
