@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 
 import bench_delivery as bd
-import bench_memory as bm
 import colocated
+import memory_runs as bm  # bench_memory's runs
 from benchlib import MiB, add_run_args, argument_parser, log, print_header, workspace
 
 GiB = 1024 * MiB
