@@ -321,11 +321,20 @@ def parse_args(argv=None):
     return args
 
 
+def run_workload(args) -> None:
+    """``--workload``: the paper's VLM setting planned in-process, then (``--cluster-ranks``) end to end here."""
+    import vlm_cluster
+    import vlm_workload
+    print_header()
+    results = vlm_workload.run(args)
+    end_to_end = vlm_cluster.end_to_end(args) if args.cluster_ranks else None
+    vlm_workload.plot(results, args, args.workload_plot or REPO / "docs" / f"vlm_{args.workload}_speedup.png", end_to_end)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.workload:  # the paper's VLM setting: planned in-process, at any rank count
-        import vlm_workload
-        return vlm_workload.main(args, REPO)
+        return run_workload(args)
     print_header()
     print("simulated accelerator: "
           f"{TFLOPS / 1e12:.0f} TFLOP/s peak at {MFU:.0%} MFU = {FLOPS / 1e12:.0f} TFLOP/s; per microbatch "

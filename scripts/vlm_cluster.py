@@ -19,6 +19,7 @@ the wall-clock tokens/s of the scaled run with its data-wait share (whether the 
 """
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 
@@ -160,3 +161,13 @@ def report_cluster(results: dict, args) -> None:
     for context in args.contexts:
         ratio = simulated_tokens_per_s(results[(context, "hybrid")]) / simulated_tokens_per_s(results[(context, "vanilla")])
         print(f"speedup vs vanilla at {context // 1024}K: {ratio:.2f}x ({args.cluster_ranks} ranks, end to end)")
+
+
+def end_to_end(args) -> dict[int, float]:
+    """The scenarios on a LocalCluster per context (reported); per context, hybrid / vanilla simulated tokens/s."""
+    print()
+    with tempfile.TemporaryDirectory(prefix="vlm-cluster-") as tmp:
+        measured = run_cluster(args, Path(tmp), args.data or Path(tmp) / "data")
+    report_cluster(measured, args)
+    return {c: simulated_tokens_per_s(measured[(c, "hybrid")]) / simulated_tokens_per_s(measured[(c, "vanilla")])
+            for c in args.contexts}
