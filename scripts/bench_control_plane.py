@@ -19,6 +19,7 @@ call (for instance a scale harness).
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -122,6 +123,14 @@ def measure(cluster: LocalCluster, path: str, *, seconds: float, warmup: float, 
                         errors)
 
 
+def profile_planner(prefix: str) -> None:
+    """Role processes started from now on load ``scripts/profiling/sitecustomize.py``; the Planner's
+    samples its own stacks into ``prefix.PID``."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiling")
+    os.environ["PYTHONPATH"] = os.pathsep.join([here] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    os.environ["OVERLORD_BENCH_PROFILE"] = f"planner:{os.path.abspath(prefix)}"
+
+
 def main(argv=None) -> None:
     from benchlib import add_corpus_args, argument_parser, log, print_header, workspace, write_config
 
@@ -130,6 +139,8 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds before each timed phase (default 10)")
     parser.add_argument("--ranks", type=int, default=64, help="trainer clients = data-parallel ranks (default 64)")
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
+    parser.add_argument("--profile", metavar="PREFIX", help="sample the Planner's stacks (scripts/profiling): "
+                        "PREFIX-PATH.PID gets its busiest functions and its threads' CPU")
     add_corpus_args(parser, scale=0.1)
     args = parser.parse_args(argv)
     print_header()
@@ -142,6 +153,8 @@ def main(argv=None) -> None:
                                   microbatches=gb["microbatches"], tokens_per_step=gb["tokens_per_step"] * args.ranks // 64,
                                   seed=7, run_dir=tmp / f"run-{path}",
                                   **{k: v for k, v in CONFIG.items() if k not in ("mesh", "global_batch")})
+            if args.profile:
+                profile_planner(f"{args.profile}-{path}")
             with LocalCluster(config) as cluster:
                 results.append(measure(cluster, path, seconds=args.seconds, warmup=args.warmup, log=log))
         print(f"config: dp={args.ranks}, constructor.dp_per_constructor 16, 6 text sources x 1 loader, "

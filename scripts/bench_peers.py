@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 import bench_delivery as bd
-import bench_memory as bm
+import colocated
+import memory_runs as bm  # bench_memory's runs
 from benchlib import MiB, add_run_args, argument_parser, log, print_header, workspace
 
 GiB = 1024 * MiB
@@ -94,7 +95,7 @@ def streaming_rank(channel, mds_dirs: list[str], ranks: int, workers: int, conte
     streaming = _import_streaming()
     from torch.utils.data import IterableDataset
 
-    pack_into = bd._make_colocated_dataset([], "", 0, 1, context_length, 0, seed)._microbatch  # the same packing
+    pack_into = colocated._make_colocated_dataset([], "", 0, 1, context_length, 0, seed)._microbatch  # the same packing
 
     class Packed(IterableDataset):
         def __init__(self):
@@ -112,7 +113,7 @@ def streaming_rank(channel, mds_dirs: list[str], ranks: int, workers: int, conte
                 pending.append((sample["key"], tokens))
                 used += len(tokens)
 
-    bd.timed_microbatches(channel, bd.worker_loader(Packed(), workers), microbatches, warmup, steps)
+    colocated.timed_microbatches(channel, colocated.worker_loader(Packed(), workers), microbatches, warmup, steps)
 
 
 def free_port() -> int:

@@ -9,12 +9,13 @@ Two parts, each printed with what was measured and what is modelled:
              2 cores can drive N ranks: one sample of at most --context tokens per rank and step
              (``samples_per_step: N``, one microbatch). The N ranks are simulated by --clients client
              processes, each multiplexing N / clients ranks over a few threads that share one Flight
-             client per server: per step and rank, the per-step ``batch`` ticket from the Planner, then
-             the constructor's ``do_get``. After --warmup steps, --steps timed steps:
+             client per server, on rank streams (TrainerClient's path): per rank one ``("rank", R, 0,
+             END)`` ticket from the Planner, then one long-lived ``do_get`` at its constructor, read a
+             record batch (a step) at a time. After --warmup steps, --steps timed steps:
              - Planner CPU per step (and per rank-step): the Planner process's user+system CPU over
                the timed steps / steps; the Planner's sustainable steps/s = 1 / that (one core);
-             - p50 / p99 time to a step's first byte: per rank-step, from asking the Planner for the
-               ticket to the first record batch of the constructor's stream;
+             - p50 / p99 time to a step's batch: per rank-step, from the client asking its stream for
+               the step (``read_chunk``) to the record batch;
              - journal bytes per step: the plan journal's size / the steps it holds;
              - PSS of the Planner and of the constructors (psutil), at the end.
 2. planning  the pure ``plan_step`` at N x 72 samples per rank (bench_planner.py's synthetic long-document
@@ -26,7 +27,7 @@ Two parts, each printed with what was measured and what is modelled:
 Model beyond the live runs: Planner CPU per step = fixed + per-rank x N, fitted (least squares) on
 the live runs; with it, the CPU per step and the sustainable steps/s at 4,096 (when not run) and
 16,384 ranks, and for the paper's step shape the measured planning of part 2 plus the per-rank
-ticket cost. Figures are wall/CPU time on a shared 2-core machine (the header gives the load).
+per-rank cost (rank streams, views). Figures are wall/CPU time on a shared 2-core machine (the header gives the load).
 
     .venv/bin/python scripts/bench_scale.py                                   # N = 64 .. 1024, ~5 min
     .venv/bin/python scripts/bench_scale.py --ranks 64 256 1024 4096 --steps 4
@@ -60,8 +61,10 @@ MODEL_RANKS = (4096, 16384)
 # ---------------------------------------------------------------------------------------------
 
 def client_main(planner: str, first: int, last: int, steps: int, threads: int) -> None:
-    """Fetch steps 0..steps-1 for ranks first..last-1; print one JSON line per step:
-    {"step", "latency": [seconds to first byte per rank], "bytes"}."""
+    """Read steps 0..steps-1 of ranks first..last-1 on their rank streams (one Planner ticket per rank,
+    then one long-lived ``do_get`` at its constructor, read chunk by chunk: the TrainerClient's path);
+    print one JSON line per step: {"step", "latency": [seconds per rank from asking the stream for the
+    step to its record batch], "bytes"}."""
     clients: dict[str, fl.FlightClient] = {}
     lock = threading.Lock()
 
@@ -71,22 +74,26 @@ def client_main(planner: str, first: int, last: int, steps: int, threads: int) -
                 clients[location] = fl.FlightClient(location)
             return clients[location]
 
-    def fetch(step: int, rank: int) -> tuple[float, int]:
+    def open_stream(rank: int):
+        descriptor = fl.FlightDescriptor.for_path("rank", str(rank), "0", str(steps))
+        endpoint = client(planner).get_flight_info(descriptor).endpoints[0]
+        return client(endpoint.locations[0].uri.decode()).do_get(endpoint.ticket)
+
+    def next_step(step: int, reader) -> tuple[float, int]:
         started = time.perf_counter()
-        info = client(planner).get_flight_info(fl.FlightDescriptor.for_path("batch", str(step), str(rank)))
-        first_byte, size = None, 0
-        for endpoint in info.endpoints:
-            reader = client(endpoint.locations[0].uri.decode()).do_get(endpoint.ticket)
-            for chunk in reader:
-                first_byte = first_byte or time.perf_counter()
-                size += chunk.data.nbytes
-        return (first_byte or time.perf_counter()) - started, size
+        batch = reader.read_chunk().data
+        if batch.num_rows and batch.column("step")[0].as_py() != step:
+            raise RuntimeError(f"the rank stream sent step {batch.column('step')[0].as_py()}, expected {step}")
+        return time.perf_counter() - started, batch.nbytes
 
     with ThreadPoolExecutor(threads) as pool:
+        readers = list(pool.map(open_stream, range(first, last)))
         for step in range(steps):
-            results = list(pool.map(lambda rank: fetch(step, rank), range(first, last)))
+            results = list(pool.map(lambda reader: next_step(step, reader), readers))
             print(json.dumps({"step": step, "latency": [r[0] for r in results], "bytes": sum(r[1] for r in results)}),
                   flush=True)
+        for reader in readers:
+            reader.cancel()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,9 +209,9 @@ def fit(live: list[dict]) -> tuple[float, float]:
 
 
 def report(live: list[dict], planning: list[dict]) -> tuple[float, float]:
-    print("\nPart 1, live (measured): one sample per rank and step, per-step `batch` tickets\n")
+    print("\nPart 1, live (measured): one sample per rank and step, rank streams\n")
     print("| ranks | constructors | Planner CPU / step | per rank-step | Planner steps/s (1 core) | wall / step "
-          "| first byte p50 | p99 | journal / step | Planner PSS | constructor PSS (each) |")
+          "| step's batch p50 | p99 | journal / step | Planner PSS | constructor PSS (each) |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in live:
         print(f"| {r['ranks']} | {r['constructors']} | {1e3 * r['planner_cpu_step']:.1f} ms "
@@ -213,21 +220,24 @@ def report(live: list[dict], planning: list[dict]) -> tuple[float, float]:
               f"| {r['journal_step'] / 1024:.1f} KiB | {r['planner_pss'] / MiB:.0f} MiB | {r['constructor_pss'] / MiB:.0f} MiB |")
     a, b = fit(live)
     print(f"\nModel (fitted on the live rows): Planner CPU per step = {1e3 * a:.1f} ms + {1e6 * b:.0f} us x ranks\n")
-    print("| ranks | Planner CPU / step | Planner steps/s (1 core) | source |")
-    print("|---:|---:|---:|---|")
+    print("| ranks | Planner CPU / step | per rank-step | Planner steps/s (1 core) | source |")
+    print("|---:|---:|---:|---:|---|")
+    for r in live:
+        cpu = r["planner_cpu_step"]
+        print(f"| {r['ranks']} | {1e3 * cpu:.1f} ms | {1e6 * cpu / r['ranks']:.0f} us | {1 / cpu:.2f} | measured (live) |")
     measured = {r["ranks"] for r in live}
     for n in MODEL_RANKS:
         if n not in measured:
             cpu = a + b * n
-            print(f"| {n} | {1e3 * cpu:.0f} ms | {1 / cpu:.2f} | modelled |")
+            print(f"| {n} | {1e3 * cpu:.1f} ms | {1e6 * cpu / n:.0f} us | {1 / cpu:.2f} | modelled (fit above) |")
     if planning:
         print(f"\nPart 2, planning at the paper's step shape (measured, in process, CPU time): "
               f"{planning[0]['samples'] // planning[0]['ranks']} samples per rank, greedy\n")
-        print("| ranks | samples | plan_step CPU | journal record CPU | record bytes | + tickets (modelled) "
+        print("| ranks | samples | plan_step CPU | journal record CPU | record bytes | + per-rank serving (modelled) "
               "| Planner steps/s (modelled) |")
         print("|---:|---:|---:|---:|---:|---:|---:|")
         for r in planning:
-            tickets = b * r["ranks"]
+            tickets = b * r["ranks"]  # the fitted per-rank Planner cost of the live runs (views, streams)
             cpu = r["plan_cpu"] + r["record_cpu"] + tickets
             print(f"| {r['ranks']} | {r['samples']:,} | {1e3 * r['plan_cpu']:.0f} ms | {1e3 * r['record_cpu']:.0f} ms "
                   f"| {r['record_bytes'] / MiB:.1f} MiB | {1e3 * tickets:.0f} ms | {1 / cpu:.2f} |")

@@ -22,9 +22,9 @@ from pathlib import Path
 import psutil
 import pyarrow.flight as fl
 
-from bench_delivery import stop_processes
 from benchlib import (MiB, add_run_args, argument_parser, cluster_roots, log, print_header, pyplot, save_plot,
                       tree_usage, workspace, write_config)
+from rank_processes import stop_processes
 
 REPO = Path(__file__).resolve().parent.parent
 ROLES = ("planner", "loader", "constructor", "trainer")

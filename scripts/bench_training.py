@@ -52,188 +52,18 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
-from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import yaml
 
-from bench_delivery import colocated_loader, run_ranks
 from benchlib import (argument_parser, cluster_roots, log, plan_imbalance, print_header, pyplot, save_plot,
                       workspace, write_config)
-
-REPO = Path(__file__).resolve().parent.parent
-TFLOPS, MFU = 400e12, 0.40
-FLOPS = TFLOPS * MFU  # what the simulated accelerator sustains
-
-
-# ---------------------------------------------------------------------------------------------
-# The cost model: seconds of a real accelerator per microbatch
-# ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ModelCost:
-    """Training (forward + backward) time of a transformer on one accelerator: a * tokens + b * l^2
-    per sequence of l tokens, from 6 * params FLOPs per token and 12 * layers * hidden per token pair."""
-    name: str
-    params: float
-    layers: int
-    hidden: int
-
-    @property
-    def a(self) -> float:
-        return 6 * self.params / FLOPS
-
-    @property
-    def b(self) -> float:
-        return 12 * self.layers * self.hidden / FLOPS
-
-    def seconds(self, lengths: np.ndarray) -> float:
-        lengths = np.asarray(lengths, dtype=np.float64)
-        return float(self.a * lengths.sum() + self.b * (lengths ** 2).sum())
-
-    def describe(self) -> str:
-        return (f"{self.name}: a = 6*{self.params:.3g}/{FLOPS:.3g} = {self.a * 1e6:.1f} us/token, "
-                f"b = 12*{self.layers}*{self.hidden}/{FLOPS:.3g} = {self.b * 1e9:.2f} ns/token^2 "
-                f"(a 32K sequence: {self.seconds([32768]):.1f} s, {self.b * 32768**2 / self.seconds([32768]):.0%} attention)")
-
-
-LLM = ModelCost("Llama-2-7B backbone", 6.74e9, 32, 4096)
-VIT = ModelCost("Qwen2-VL ViT", 6.75e8, 32, 1280)
-KV_BYTES_PER_TOKEN = 2 * LLM.hidden * 2 * LLM.layers  # K and V, bf16, every layer (no GQA in Llama-2-7B)
-CP_LINK_BYTES_PER_S = 100e9  # per rank, ring neighbour to neighbour
-CP_PASSES = 3  # forward sends K,V around the ring; backward sends K,V and dK,dV
-
-
-def sequence_lengths(mb: dict) -> np.ndarray:
-    return np.diff(np.asarray(mb["cu_seqlens"], dtype=np.int64))
-
-
-def backbone(mbs: list[dict], encoder_inputs=None) -> list[float]:
-    """One entry per microbatch: the backbone over its packed sequences (image placeholders included)."""
-    return [LLM.seconds(sequence_lengths(mb)) for mb in mbs]
-
-
-def image_patches(grids) -> np.ndarray:
-    return np.array([int(np.prod(g)) for grid in grids for g in np.asarray(grid).reshape(-1, 3)], dtype=np.int64)
-
-
-def vlm_own_images(mbs: list[dict], encoder_inputs=None) -> list[float]:
-    """Backbone per microbatch, each microbatch's images through the ViT on this rank first."""
-    return [VIT.seconds(image_patches([mb["image_grid_thw"]])) + LLM.seconds(sequence_lengths(mb)) for mb in mbs]
-
-
-def vlm_hybrid(mbs: list[dict], encoder_inputs: list[dict]) -> list[float]:
-    """The ViT over the images the image graph gave this rank (one entry), then the backbone per
-    microbatch. The embeddings' all-to-all back to the sequences' owners is not charged."""
-    return [VIT.seconds(image_patches([e["image_grid_thw"] for e in encoder_inputs]))] + backbone(mbs)
-
-
-def context_parallel(cp: int, mbs: list[dict], encoder_inputs=None) -> list[float]:
-    """One CP rank's share of each microbatch: a * the real positions it holds, plus 2b * the causal
-    (query, key) pairs of those query positions (so the cp ranks' pairs add up to b * l^2 per
-    sequence), plus ring attention's exposed KV traffic: CP_PASSES * (cp - 1) * held tokens *
-    KV_BYTES_PER_TOKEN / CP_LINK_BYTES_PER_S. Sequence i's real tokens are the first
-    ``cu_seqlens[i+1] - cu_seqlens[i]`` positions of its slot in ``cu_seqlens_padded``; padding
-    (within a slot, or the buffer's tail: under THD a padding-only slot of its own, zero real
-    tokens) costs nothing, as for the other scenarios."""
-    out = []
-    for mb in mbs:
-        starts = np.asarray(mb["cu_seqlens_padded"], dtype=np.int64)[:-1]
-        ends = starts + sequence_lengths(mb)
-        ranges = np.asarray(mb["token_ranges"], dtype=np.int64).reshape(-1, 2)
-        held, pairs = 0, 0.0
-        for lo, hi in ranges:
-            for s in range(max(int(np.searchsorted(starts, lo, side="right")) - 1, 0), len(starts)):
-                if starts[s] >= hi:
-                    break
-                x, y = max(lo, starts[s]), min(hi, ends[s])
-                if y > x:  # positions x..y-1 of the sequence starting at starts[s]: each sees p - start + 1 keys
-                    held += y - x
-                    pairs += (y - x) * ((x + y - 1) / 2 - starts[s] + 1)
-        comm = CP_PASSES * (cp - 1) * held * KV_BYTES_PER_TOKEN / CP_LINK_BYTES_PER_S
-        out.append(LLM.a * held + 2 * LLM.b * pairs + comm)
-    return out
-
-
-def hdp_groups(mbs: list[dict], encoder_inputs=None) -> list[float]:
-    """``distribute("HDP")`` rows (schemas/hdp_microbatch.json): every sequence on its own CP group of
-    ``seq_cp_size`` ranks; per sequence, a * held positions + 2b * their causal pairs, plus ring
-    attention's KV traffic CP_PASSES * (g-1) * held * KV_BYTES_PER_TOKEN / CP_LINK_BYTES_PER_S when
-    g > 1. Optimistic: the step barrier is the only sync, while a real group also syncs its members
-    inside the microbatch (scripts/bench_hdp.py models that)."""
-    out = []
-    for mb in mbs:
-        ranges = np.asarray(mb["token_ranges"], dtype=np.int64).reshape(-1, 2, 2)  # per sequence, 2 chunks
-        seconds = 0.0
-        for g, chunks in zip(mb["seq_cp_size"], ranges):
-            held = int((chunks[:, 1] - chunks[:, 0]).sum())
-            pairs = float(((chunks[:, 1] - chunks[:, 0]) * ((chunks[:, 0] + chunks[:, 1] - 1) / 2 + 1)).sum())
-            seconds += LLM.a * held + 2 * LLM.b * pairs + CP_PASSES * (g - 1) * held * KV_BYTES_PER_TOKEN / CP_LINK_BYTES_PER_S
-        out.append(seconds)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Scenarios: a corpus, how to deploy over it, and what a rank computes
-# ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Corpus:
-    config: str            # the base config under configs/
-    time_scale: float      # default simulated -> wall seconds factor
-    images: bool = False   # needs the demo corpus (with images); else the long-tail source
-    overrides: dict = field(default_factory=dict)  # sections for every scenario of the corpus
-
-
-CORPORA = {
-    "text": Corpus("long_tail_32k.yaml", 0.02),
-    "vlm": Corpus("vlm.yaml", 0.5, images=True, overrides={"constructor": {"dp_per_constructor": 2}}),
-}
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """``config``: top-level sections merged over the corpus's config (``strategy: None`` drops it);
-    ``compute(microbatches, encoder_inputs) -> [simulated seconds]``, slept one entry at a time."""
-    corpus: str
-    side: str
-    compute: Callable
-    config: dict = field(default_factory=dict)
-    colocated: bool = False  # bench_delivery's colocated DataLoader instead of a cluster
-    equal_samples: bool = False  # colocated: each rank the same sample count per step, not the same microbatches
-    token_share: float = 1.0  # of a row's num_tokens this rank counts: 1/cp under static CP (rows carry the
-    # whole sequence's count on every CP rank), so tokens/s counts every token once
-    encoder: bool = False    # the strategy has an image graph: TrainerClient(encoder=True)
-
-
-def static_cp(cp: int, fmt: str) -> Scenario:
-    """Balanced DP over ranks / cp groups, each packed sequence split over the cp ranks of its group."""
-    split = {"bshd": "whole-buffer split (bshd)", "thd": "per-sequence split (thd)"}[fmt]
-    return Scenario("text", f"static CP={cp}, {split}", partial(context_parallel, cp),
-                    {"mesh": {"cp": cp, "cp_format": fmt}, "balance": {"method": "greedy"}}, token_share=1 / cp)
-
-
-SCENARIOS: dict[str, Scenario] = {
-    "text-balanced": Scenario("text", "flight_overlord balanced", backbone, {"balance": {"method": "greedy"}}),
-    "text-unbalanced": Scenario("text", "flight_overlord unbalanced", backbone, {"balance": {"method": "none"}}),
-    "text-colocated": Scenario("text", "colocated DataLoader", backbone, colocated=True),
-    "text-colocated-samples": Scenario("text", "colocated DataLoader, equal sample counts", backbone,
-                                       colocated=True, equal_samples=True),
-    "vlm-hybrid": Scenario("vlm", "flight_overlord hybrid (vlm.py)", vlm_hybrid, encoder=True),
-    "vlm-backbone": Scenario("vlm", "flight_overlord balanced backbone, images with their sequence",
-                             vlm_own_images, {"strategy": None, "balance": {"method": "greedy"}}),
-    "vlm-unbalanced": Scenario("vlm", "flight_overlord unbalanced", vlm_own_images,
-                               {"strategy": None, "balance": {"method": "none"}}),
-    **{f"text-cp{cp}-{fmt}": static_cp(cp, fmt) for cp in (2, 4) for fmt in ("bshd", "thd")},
-    "text-hdp": Scenario("text", "HDP: dynamic CP groups over dp4 x cp2, 16K per rank", hdp_groups,
-                         {"mesh": {"cp": 2}, "strategy": {"file": str(REPO / "configs" / "strategies" / "long_context_hdp.py"),
-                                                          "options": {"max_tokens_per_rank": 16384}}}),
-}
-DEFAULT_SCENARIOS = ("text-balanced,text-unbalanced,text-colocated,text-colocated-samples,"
-                     "vlm-hybrid,vlm-backbone,vlm-unbalanced")
+from colocated import colocated_loader
+from rank_processes import run_ranks
+from training_cost import CP_LINK_BYTES_PER_S, CP_PASSES, FLOPS, KV_BYTES_PER_TOKEN, LLM, MFU, TFLOPS, VIT
+from training_scenarios import CORPORA, DEFAULT_SCENARIOS, REPO, SCENARIOS, Result, Scenario
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,48 +152,6 @@ def samples_per_rank(raw: dict, data_dir: Path, ranks: int) -> int:
 # ---------------------------------------------------------------------------------------------
 # Running a scenario
 # ---------------------------------------------------------------------------------------------
-
-@dataclass
-class Result:
-    name: str
-    scenario: Scenario
-    records: list[np.ndarray]  # per rank: steps x 8 (see train())
-    scale: float
-    notes: list[str] = field(default_factory=list)
-
-    def column(self, i: int) -> np.ndarray:
-        return np.stack([r[:, i] for r in self.records])  # ranks x steps
-
-    @property
-    def step_times(self) -> np.ndarray:
-        """Per step, mean over ranks of (end - start); the ranks leave the barrier together."""
-        return (self.column(4) - self.column(0)).mean(axis=0)
-
-    @property
-    def elapsed(self) -> float:
-        return float(self.column(4).max() - self.column(0).min())
-
-    @property
-    def tokens_per_s(self) -> float:
-        return float(self.column(5).sum()) / self.elapsed
-
-    def share(self, i: int) -> float:
-        """Column i's time over all ranks' step time."""
-        return float(self.column(i).sum() / (self.column(4) - self.column(0)).sum())
-
-    @property
-    def stall(self) -> float:
-        """Step time beyond the slowest rank's compute, over step time: the critical path's data waits
-        (one rank's wait holds every rank at the barrier) and the barrier's own latency."""
-        steps = (self.column(4) - self.column(0)).mean(axis=0)
-        return float((steps - self.column(2).max(axis=0)).clip(min=0).sum() / steps.sum())
-
-    @property
-    def compute_imbalance(self) -> float:
-        """Simulated compute max/mean over ranks, averaged over steps: what the barrier waits for."""
-        sim = self.column(6)
-        return float(np.mean(sim.max(axis=0) / sim.mean(axis=0)))
-
 
 def overlord_config(args, tmp: Path, data_dir: Path, name: str, scenario: Scenario) -> Path:
     corpus = CORPORA[scenario.corpus]
@@ -533,11 +321,20 @@ def parse_args(argv=None):
     return args
 
 
+def run_workload(args) -> None:
+    """``--workload``: the paper's VLM setting planned in-process, then (``--cluster-ranks``) end to end here."""
+    import vlm_cluster
+    import vlm_workload
+    print_header()
+    results = vlm_workload.run(args)
+    end_to_end = vlm_cluster.end_to_end(args) if args.cluster_ranks else None
+    vlm_workload.plot(results, args, args.workload_plot or REPO / "docs" / f"vlm_{args.workload}_speedup.png", end_to_end)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.workload:  # the paper's VLM setting: planned in-process, at any rank count
-        import vlm_workload
-        return vlm_workload.main(args, REPO)
+        return run_workload(args)
     print_header()
     print("simulated accelerator: "
           f"{TFLOPS / 1e12:.0f} TFLOP/s peak at {MFU:.0%} MFU = {FLOPS / 1e12:.0f} TFLOP/s; per microbatch "

@@ -19,14 +19,16 @@ the wall-clock tokens/s of the scaled run with its data-wait share (whether the 
 """
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bench_delivery import run_ranks
-from bench_training import Result, Scenario, image_patches, sequence_lengths
 from benchlib import cluster_roots, log, write_config
+from rank_processes import run_ranks
+from training_cost import image_patches, sequence_lengths
+from training_scenarios import Result, Scenario
 from vlm_workload import LLM_12B, SCENARIOS, VISION, VIT_2B
 
 REPO = Path(__file__).resolve().parent.parent
@@ -159,3 +161,13 @@ def report_cluster(results: dict, args) -> None:
     for context in args.contexts:
         ratio = simulated_tokens_per_s(results[(context, "hybrid")]) / simulated_tokens_per_s(results[(context, "vanilla")])
         print(f"speedup vs vanilla at {context // 1024}K: {ratio:.2f}x ({args.cluster_ranks} ranks, end to end)")
+
+
+def end_to_end(args) -> dict[int, float]:
+    """The scenarios on a LocalCluster per context (reported); per context, hybrid / vanilla simulated tokens/s."""
+    print()
+    with tempfile.TemporaryDirectory(prefix="vlm-cluster-") as tmp:
+        measured = run_cluster(args, Path(tmp), args.data or Path(tmp) / "data")
+    report_cluster(measured, args)
+    return {c: simulated_tokens_per_s(measured[(c, "hybrid")]) / simulated_tokens_per_s(measured[(c, "vanilla")])
+            for c in args.contexts}

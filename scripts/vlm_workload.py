@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from bench_training import FLOPS, MFU, REPO, TFLOPS, ModelCost
+from training_cost import FLOPS, MFU, TFLOPS, ModelCost
+from training_scenarios import REPO
 
 LLM_12B = ModelCost("Llama-12B backbone", 12e9, 45, 4608)
 VIT_2B = ModelCost("ViT-2B encoder", 2e9, 48, 1664)
@@ -374,19 +375,3 @@ def check_arguments(p, args) -> None:
         p.error("--model-steps, --microbatches and --sources must be >= 1, --fill in (0, 1]")
     if args.cluster_ranks < 0 or args.cluster_rows < 8 or not args.cluster_step_seconds > 0:
         p.error("--cluster-ranks must be >= 0, --cluster-rows >= 8, --cluster-step-seconds > 0")
-
-
-def main(args, repo: Path) -> None:
-    from benchlib import print_header
-    print_header()
-    results = run(args)
-    end_to_end = None
-    if args.cluster_ranks:
-        import vlm_cluster
-        print()
-        with tempfile.TemporaryDirectory(prefix="vlm-cluster-") as tmp:
-            measured = vlm_cluster.run_cluster(args, Path(tmp), args.data or Path(tmp) / "data")
-        vlm_cluster.report_cluster(measured, args)
-        end_to_end = {c: vlm_cluster.simulated_tokens_per_s(measured[(c, "hybrid")])
-                      / vlm_cluster.simulated_tokens_per_s(measured[(c, "vanilla")]) for c in args.contexts}
-    plot(results, args, args.workload_plot or repo / "docs" / f"vlm_{args.workload}_speedup.png", end_to_end)

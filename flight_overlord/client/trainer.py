@@ -79,14 +79,15 @@ class StepFetcher:
                                      f"data of step {step}", "the constructor"))
         return pa.concat_tables(tables)
 
-    def stream(self, step: int, end: int | None = None) -> Iterator[tuple[int, pa.Table]]:
-        """(step, table) from ``step`` on (up to ``end``) over the rank stream: one ticket from the Planner,
+    def stream(self, step: int, end: int | None = None, kind: str = "rank") -> Iterator[tuple[int, pa.Table]]:
+        """(step, table) from ``step`` on (up to ``end``) over the rank stream (``kind`` "rank": its
+        batches; "encoder-rank": the images its vision encoder processes): one ticket from the Planner,
         one long-lived ``do_get`` at the constructor. When the stream breaks (the constructor died or
         moved) the Planner is asked again for where to resume, at the next step not yet received, so no
         step comes twice or is skipped; after ``timeout`` of failures the error names the constructor."""
         down_since = None
         while end is None or step < end:
-            descriptor = fl.FlightDescriptor.for_path("rank", str(self.rank), str(step),
+            descriptor = fl.FlightDescriptor.for_path(kind, str(self.rank), str(step),
                                                       *([] if end is None else [str(end)]))
             info = self.retry(lambda client: client.get_flight_info(descriptor), self.planner_location,
                               f"rank ticket from step {step}", "the planner")
@@ -190,6 +191,9 @@ class TrainerClient:
         self.prefetch = prefetch
         self.as_tensors = as_tensors
         self._fetcher = StepFetcher(planner, rank, timeout=timeout, token=token, credentials=credentials)
+        # the encoder inputs come on a second rank stream, read in step with the first
+        self._encoder_fetcher = (StepFetcher(planner, rank, timeout=timeout, token=token, credentials=credentials)
+                                 if encoder else None)
         self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -293,20 +297,17 @@ class TrainerClient:
 
     def _prefetch_loop(self, step: int, end: int | None) -> None:
         try:
-            if not self.encoder:  # the rank stream (encoder inputs come per step, beside it)
-                for step, table in self._fetcher.stream(step, end):
-                    self._put((step, table, None))
-                    if self._stop.is_set():
-                        return
-                return
-            while not self._stop.is_set() and (end is None or step < end):
-                started = time.monotonic()
-                table = self._fetcher.fetch(step)
-                self._waited(step, "fetch", time.monotonic() - started)
-                self._waited(step, "ticket", self._fetcher.last_ticket_seconds)
-                encoder = self._fetcher.fetch(step, "encoder") if self.encoder else None
+            batches = self._fetcher.stream(step, end)
+            encoders = self._encoder_fetcher.stream(step, end, "encoder-rank") if self.encoder else None
+            for step, table in batches:
+                encoder = None
+                if encoders is not None:
+                    encoder_step, encoder = next(encoders)
+                    if encoder_step != step:
+                        raise RuntimeError(f"rank {self.rank}: encoder stream at step {encoder_step}, batches at {step}")
                 self._put((step, table, encoder))
-                step += 1
+                if self._stop.is_set():
+                    return
         except BaseException as exc:  # hand the failure to the consumer instead of dying silently
             if not self._stop.is_set():
                 self._put(exc)
@@ -329,6 +330,8 @@ class TrainerClient:
         """Stop the prefetch thread and join it; the client yields nothing more."""
         self._stop.set()
         self._fetcher.close()  # a fetch in flight ends at its next retry
+        if self._encoder_fetcher is not None:
+            self._encoder_fetcher.close()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(self.CLOSE_JOIN_SECONDS)
 

@@ -196,19 +196,23 @@ class Constructor:
             self._wait_staged(kind, step, rank)
             if self.failure:
                 raise BackgroundFailure(str(self.failure), self.failure.cause)
-            if kind == "batch":
-                key = (step, self._deliveries[rank].key)
-            else:
-                key = (step, ("encoder", self.mesh.bucket_of(rank, self._encoder_axis or "WORLD")))
-            if key not in self.staging.tables:
-                if kind == "encoder" and self._encoder_axis is None:
-                    raise KeyError("no encoder stream: this run's plans have no image graph")
-                raise KeyError(f"{kind} of step {step} for rank {rank} was already served and released")
-            table = self.staging.tables[key]
-            self.staging.served(kind, rank, step)
-            if kind == "batch":
-                self._count_served(rank, step, table)
-            return table
+            return self._served_table(kind, step, rank)
+
+    def _served_table(self, kind: str, step: int, rank: int) -> pa.Table:
+        """(lock held, step assembled) The staged table, counted as served."""
+        if kind == "batch":
+            key = (step, self._deliveries[rank].key)
+        else:
+            key = (step, ("encoder", self.mesh.bucket_of(rank, self._encoder_axis or "WORLD")))
+        if key not in self.staging.tables:
+            if kind == "encoder" and self._encoder_axis is None:
+                raise KeyError("no encoder stream: this run's plans have no image graph")
+            raise KeyError(f"{kind} of step {step} for rank {rank} was already served and released")
+        table = self.staging.tables[key]
+        self.staging.served(kind, rank, step)
+        if kind == "batch":
+            self._count_served(rank, step, table)
+        return table
 
     def _wait_staged(self, kind: str, step: int, rank: int, stream: bool = False) -> None:
         """Wait (lock held) for the step to be assembled; a rank's wait for its batch is attributed. A
@@ -226,40 +230,39 @@ class Constructor:
                 self.timeline.waited(rank, since, time.monotonic())
 
     # -- rank streams ------------------------------------------------------------------
-    def rank_stream(self, rank: int, first: int, end: int | None) -> tuple[pa.Schema, Iterator[pa.Table]]:
-        """Rank ``rank``'s batches from ``first`` on, one table per step, each counted (and journaled)
-        as served when it is handed out; it ends at ``end`` or when this constructor stops."""
+    def rank_stream(self, rank: int, first: int, end: int | None,
+                    kind: str = "batch") -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+        """Rank ``rank``'s ``kind`` ("batch", or "encoder": the images its vision encoder processes)
+        tables from ``first`` on, one per step, each counted (and journaled) as served when it is handed
+        out; it ends at ``end`` or when this constructor stops. A batch stream's position paces planning."""
         self.check_rank(rank)
-        table = self._stream_take(rank, first, stream=False)  # the schema comes with the first step
+        table = self._stream_take(kind, rank, first, stream=False)  # the schema comes with the first step
         if table is None:
             raise RuntimeError(f"constructor {self.index} is stopping: ask the Planner for rank {rank}'s stream again")
 
-        def steps() -> Iterator[pa.Table]:
+        def steps() -> Iterator[pa.RecordBatch]:
             step, current = first, table
             while current is not None:
                 yield current
                 step += 1
-                current = self._stream_take(rank, step, stream=True) if end is None or step < end else None
+                current = self._stream_take(kind, rank, step, stream=True) if end is None or step < end else None
         return table.schema, steps()
 
-    def _stream_take(self, rank: int, step: int, stream: bool) -> pa.Table | None:
-        """The rank's table of ``step`` as one record batch once assembled; None once this constructor
-        stops (a stream then ends and its trainer asks the Planner again)."""
+    def _stream_take(self, kind: str, rank: int, step: int, stream: bool) -> pa.RecordBatch | None:
+        """The rank's ``kind`` table of ``step`` as one record batch once assembled; None once this
+        constructor stops (a stream then ends and its trainer asks the Planner again)."""
         with self.cond:
-            self._positions[rank] = step
-            self.cond.notify_all()
-            self._wait_staged("batch", step, rank, stream)
+            if kind == "batch":
+                self._positions[rank] = step
+                self.cond.notify_all()
+            self._wait_staged(kind, step, rank, stream)
             if self.failure:
                 raise BackgroundFailure(str(self.failure), self.failure.cause)
             if self.stopping:
                 return None
-            key = (step, self._deliveries[rank].key)
-            if key not in self.staging.tables:
-                raise KeyError(f"batch of step {step} for rank {rank} was already served and released")
-            table = self.staging.tables[key]
-            self.staging.served("batch", rank, step)
-            self._count_served(rank, step, table)
-        return table.combine_chunks()
+            table = self._served_table(kind, step, rank).combine_chunks()
+        batches = table.to_batches()  # one record batch per step, even an empty one (no images this step)
+        return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
 
     def paced(self, step: int) -> bool:
         """Wait until every rank stream here is within ``prefetch`` steps of ``step`` (so the positions a

@@ -7,7 +7,8 @@ table per distinct delivery: a bucket's full sequences, each context-parallel ra
 them, or metadata only (ClientPlaceTree rules, ``core/mesh.py``). Trainers redeem
 ``{"kind": "batch", "step", "rank", "exp", "sig"}`` tickets (signed by the Planner, checked here)
 with ``do_get``; the table streams from C++. A ``"rank"`` ticket (``"end"`` optional) streams the
-rank's steps from ``step`` on, one record batch each, on one long-lived ``do_get``. Redeeming is a trainer call, ``status`` an inspection
+rank's steps from ``step`` on, one record batch each, on one long-lived ``do_get``; an ``"encoder-rank"``
+ticket likewise streams the images its vision encoder processes (image graph). Redeeming is a trainer call, ``status`` an inspection
 call; the constructor's own calls to the Planner and loaders carry the cluster secret.
 """
 from __future__ import annotations
@@ -30,12 +31,16 @@ from ..wire.actions import PlanRequest, ResumePointRequest
 from ..wire.plan import ConstructorPlan, FetchGroup
 from ..wire.security import INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, ClientPool, ask_again, call_any, location_of, register, serve
-from ..wire.tickets import BatchTicket, Registration, SamplesPart, SamplesTicket
+from ..wire.tickets import STREAM_KINDS, BatchTicket, Registration, SamplesPart, SamplesTicket
 from .assembly import Sample
 from .deliveries import DeliveryJournal
 from .constructor import Constructor
 
 log = logging.getLogger(__name__)
+# A plan request brings this constructor's stream positions, which may be what planning waits for; a
+# stream that starts (or moves) while the request waits cannot say so until it is asked again: so
+# the Planner holds it at most this long, then it is asked again with fresh positions.
+PLAN_WAIT_SECONDS = 0.5
 
 
 class ConstructorServer(ActionServer):
@@ -72,7 +77,8 @@ class ConstructorServer(ActionServer):
                 if not constructor.paced(step):
                     return
                 asked = time.monotonic()
-                raw = self._call_planner("plan", lambda: PlanRequest(step, self.index, constructor.positions()).to_wire())
+                raw = self._call_planner("plan", lambda: PlanRequest(step, self.index, constructor.positions(),
+                                                                     PLAN_WAIT_SECONDS).to_wire())
                 if raw is None:
                     return
                 planned = time.monotonic()
@@ -131,8 +137,9 @@ class ConstructorServer(ActionServer):
         self.authorize(context, TRAINER, f"do_get of a {kind!r} ticket", rank=batch.rank)
         self.constructor.check_rank(batch.rank)
         self.security.verify_ticket(request)  # forged, altered or expired: FlightUnauthorizedError
-        if batch.kind == "rank":  # one record batch per step, flow-controlled by gRPC
-            return fl.GeneratorStream(*self.constructor.rank_stream(batch.rank, batch.step, batch.end))
+        if batch.kind in STREAM_KINDS:  # one record batch per step, flow-controlled by gRPC
+            return fl.GeneratorStream(*self.constructor.rank_stream(batch.rank, batch.step, batch.end,
+                                                                    STREAM_KINDS[batch.kind]))
         return fl.RecordBatchStream(self.constructor.take(batch.kind, batch.step, batch.rank))
 
     @requires(INSPECT)

@@ -17,6 +17,7 @@ Where the data goes follows from the tree and the strategy (``distribute`` and `
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 AXES = ("pp", "dp", "cp", "tp")
@@ -110,9 +111,16 @@ class Mesh:
             return bucket // self.cp
         return self.coord(bucket).dp
 
-    def buckets_of_constructor(self, constructor: int, axis: str) -> list[int]:
+    @functools.cache  # asked per step and constructor; a mesh is immutable
+    def buckets_of_constructor(self, constructor: int, axis: str) -> tuple[int, ...]:
         dps = set(self.dp_ranks_of(constructor))
-        return [b for b in range(self.num_buckets(axis)) if self.dp_of_bucket(b, axis) in dps]
+        return tuple(b for b in range(self.num_buckets(axis)) if self.dp_of_bucket(b, axis) in dps)
+
+    @functools.cache
+    def ranks_of_constructor(self, constructor: int) -> tuple[int, ...]:
+        """Every rank (all of pp, cp, tp) whose data-parallel group constructor ``constructor`` serves."""
+        dps = set(self.dp_ranks_of(constructor))
+        return tuple(r for r in range(self.world_size) if self.coord(r).dp in dps)
 
     def delivery(self, rank: int, axis: str = "DP", broadcast: frozenset[str] = frozenset()) -> Delivery:
         """The ClientPlaceTree's rule for one rank."""

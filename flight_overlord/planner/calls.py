@@ -7,6 +7,7 @@ import threading
 from typing import Callable
 
 import numpy as np
+import pyarrow.compute as pc
 import pyarrow.flight as fl
 
 from .. import wire
@@ -79,7 +80,9 @@ class PlannerCalls:
                 meta[name] = np.zeros(rg.num_rows, dtype=np.int64)
                 meta[name][rows] = table.column(name).to_numpy()
             meta["image_sizes"] = [()] * rg.num_rows
-            for row, sizes in zip(rows, table.column("image_sizes").to_pylist()):
-                meta["image_sizes"][row] = tuple(sizes)
+            images = table.column("image_sizes")
+            if pc.sum(pc.list_value_length(images)).as_py():  # a text row group has none: no list per row
+                for row, sizes in zip(rows.tolist(), images.to_pylist()):
+                    meta["image_sizes"][row] = tuple(sizes)
             return meta
         return fetch

@@ -20,10 +20,8 @@ from ..core.mesh import Mesh
 from ..core.mixing import Mixer
 from ..core.schedules import FeedbackLog, weights_at
 from ..journal import Journal, Snapshots, read_journal
-from ..wire.plan import ConstructorPlan, FetchGroup
 from .edits import MixOverrides, describe_edit, mixture_of
 from .feed import FetchMeta, SourceFeed
-from .hdp import hdp_groups
 from .program import StepPlan, plan_step
 from .replay import Replayer, is_plan, state_before, step_record
 from . import costing
@@ -31,7 +29,7 @@ from .costing import PlannedCost
 from .registry import Registry
 from .scaling import SourceScaling
 from .strategy import Strategy
-from .table_view import keys_unique, table_view
+from .views import constructor_view, step_views  # noqa: F401 - their old import path
 
 log = logging.getLogger(__name__)
 
@@ -330,59 +328,6 @@ class Planner:
     def close(self) -> None:
         if self._journal is not None:
             self._journal.close()
-
-
-def constructor_view(plan: StepPlan, constructor: int, mesh: Mesh, registry: Registry,
-                     broadcast: frozenset[str]) -> ConstructorPlan:
-    """What one constructor assembles: its buckets' microbatches (and, with an image graph, the
-    samples its ranks encode) as indices into ``keys``, the planned length of each sample, and
-    where to fetch each one, with how many constructors fetch it in all."""
-    if plan.table is not None and plan.encoder is None and plan.axis != "HDP" and keys_unique(plan):
-        return table_view(plan, constructor, mesh, registry, broadcast)
-    consumers = _consumers(plan, mesh)
-    index: dict[str, int] = {}
-    keys, lengths, fetch = [], [], {}
-
-    def item(pick) -> int:
-        ref = pick.ref
-        if ref.key not in index:
-            index[ref.key] = len(keys)
-            actor = registry.owner(ref.source, ref.file, ref.row_group, ref.epoch)
-            group = fetch.setdefault(actor, FetchGroup(*actor, registry.locations(actor), [], []))
-            group.items.append(len(keys))
-            group.samples.append([ref.epoch, ref.file, ref.row_group, ref.row, consumers[ref.key]])
-            keys.append(ref.key)
-            lengths.append(pick.tokens)
-        return index[ref.key]
-
-    microbatches = {b: [[item(p) for p in bin_] for bin_ in plan.bucket_bins(b)]
-                    for b in mesh.buckets_of_constructor(constructor, plan.axis)}
-    encoder = None
-    if plan.encoder is not None:  # [item, image index, owner bucket, owner microbatch] per image a rank encodes
-        owner = {p.ref.key: divmod(i, plan.microbatches) for i, bin_ in enumerate(plan.bins) for p in bin_}
-        encoder = {b: [[item(p), image, *owner[p.ref.key]] for p, image in plan.encoder[b]]
-                   for b in mesh.buckets_of_constructor(constructor, plan.encoder_axis)}
-    extra = {"hdp": hdp_groups(plan, microbatches)} if plan.axis == "HDP" else {}
-    return ConstructorPlan(plan.step, plan.axis, sorted(broadcast), plan.capacity, keys, lengths, microbatches,
-                           list(fetch.values()), plan.encoder_axis, encoder, extra)
-
-
-def _consumers(plan: StepPlan, mesh: Mesh) -> dict[str, int]:
-    """Per sample, how many constructors fetch it: 2 when an image graph sends its images to a
-    rank of another constructor than its sequence's. The loader keeps it until both have."""
-    if plan.consumers is None:
-        needs: dict[str, set[int]] = {}
-        for bucket in range(plan.num_buckets):
-            c = mesh.constructor_of(mesh.dp_of_bucket(bucket, plan.axis))
-            for bin_ in plan.bucket_bins(bucket):
-                for pick in bin_:
-                    needs.setdefault(pick.ref.key, set()).add(c)
-        for bucket, picks in enumerate(plan.encoder or []):
-            c = mesh.constructor_of(mesh.dp_of_bucket(bucket, plan.encoder_axis))
-            for pick, _ in picks:
-                needs.setdefault(pick.ref.key, set()).add(c)
-        plan.consumers = {k: len(v) for k, v in needs.items()}
-    return plan.consumers
 
 
 def _mixer_state(state: dict, saved_sources: list[str] | None, sources: list[str]) -> dict:

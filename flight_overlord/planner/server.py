@@ -9,7 +9,8 @@ other roles are in :class:`~.calls.PlannerCalls`:
   every plan is journaled, and any journaled step can be served again (to a restarted
   constructor, or after ``--resume``).
 - Trainers call ``get_flight_info`` of ``("batch", STEP, RANK)`` (or once of ``("rank", RANK[, FIRST[, END]])``,
-  one long-lived stream) for the serving constructor's location and a ticket signed with the run's secret.
+  one long-lived stream; ``("encoder-rank", ...)`` for the images its vision encoder processes) for the
+  serving constructor's location and a ticket signed with the run's secret.
 
 Who may call what (``wire/security.py``): ``register``, ``plan``, ``resume_point`` need the cluster
 secret; batch/encoder tickets and ``report`` are trainer calls; ``list_flights``, ``get_schema``,
@@ -27,7 +28,7 @@ from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_MET
 from ..wire.actions import PlanRequest, Report, ResumePointRequest, StatsRequest
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, location_of, serve
-from ..wire.tickets import BatchTicket, BufferTicket, RankStream, Registration
+from ..wire.tickets import STREAM_KINDS, BatchTicket, BufferTicket, RankStream, Registration
 from .audit import audit_run, mark_run_start
 from .calls import PlannerCalls
 from .edits import checked_weights
@@ -81,20 +82,26 @@ class PlannerServer(ActionServer):
         if batch:
             step, rank = self._parse_batch(parts)
             self.authorize(context, TRAINER, f"get_flight_info of {parts[0]!r}", rank=rank)
-            if parts[0] == "encoder" and self.strategy.image_graph is None:
-                raise KeyError("no encoder streams: this run's strategy has no image graph "
-                               "(images travel with their sequences in ('batch', STEP, RANK))")
+            self._check_encoder(parts[0])
             self.service.trainer_asks(step, rank)
             return self._batch_info(descriptor, step, rank, parts[0])
-        if parts and parts[0] == "rank":
-            self.authorize(context, TRAINER, "get_flight_info of 'rank'")
+        if parts and parts[0] in STREAM_KINDS:
+            self.authorize(context, TRAINER, f"get_flight_info of {parts[0]!r}")
             stream = RankStream.from_path(parts, self.mesh)
-            self.authorize(context, TRAINER, "get_flight_info of 'rank'", rank=stream.rank)
-            return self._rank_info(descriptor, stream)
+            self.authorize(context, TRAINER, f"get_flight_info of {parts[0]!r}", rank=stream.rank)
+            self._check_encoder(stream.kind)
+            first, location = self.service.stream_asked(stream.rank, stream.first)
+            return self._rank_info(descriptor, stream, first, location)
         if len(parts) == 2 and parts[0] == "source":
             return self._source_info(descriptor, parts[1])
         raise KeyError(f"unknown descriptor {parts or descriptor.command!r}: this Planner serves ('batch', STEP, "
-                       f"RANK), ('encoder', STEP, RANK), ('rank', RANK[, FIRST[, END]]) and ('source', NAME)")
+                       f"RANK), ('encoder', STEP, RANK), ('rank', RANK[, FIRST[, END]]), ('encoder-rank', RANK[, "
+                       f"FIRST[, END]]) and ('source', NAME)")
+
+    def _check_encoder(self, kind: str) -> None:
+        if kind in ("encoder", "encoder-rank") and self.strategy.image_graph is None:
+            raise KeyError(f"no encoder streams ({kind!r}): this run's strategy has no image graph "
+                           f"(images travel with their sequences in ('batch', STEP, RANK) and ('rank', RANK))")
 
     def get_schema(self, context, descriptor):
         self.authorize(context, INSPECT, "get_schema")
@@ -102,9 +109,9 @@ class PlannerServer(ActionServer):
         if len(parts) == 3 and parts[0] in ("batch", "encoder"):
             self._parse_batch(parts)
             return fl.SchemaResult(load_schema(self._batch_schema() if parts[0] == "batch" else ENCODER_BATCH))
-        if parts and parts[0] == "rank":
-            RankStream.from_path(parts, self.mesh)
-            return fl.SchemaResult(load_schema(self._batch_schema()))
+        if parts and parts[0] in STREAM_KINDS:
+            stream = RankStream.from_path(parts, self.mesh)
+            return fl.SchemaResult(load_schema(self._batch_schema() if stream.kind == "rank" else ENCODER_BATCH))
         if len(parts) == 2 and parts[0] == "source":
             self.cfg.source(parts[1])
             return fl.SchemaResult(load_schema(SAMPLE_METADATA))
@@ -120,12 +127,14 @@ class PlannerServer(ActionServer):
         self.mesh.coord(rank)  # ValueError naming the rank if outside the mesh
         return step, rank
 
-    def _rank_info(self, descriptor, stream: RankStream) -> fl.FlightInfo:
-        """One endpoint at the rank's constructor whose ticket streams the rank's steps."""
-        first, location = self.service.stream_asked(stream.rank, stream.first)
-        ticket = BatchTicket("rank", first, stream.rank, self.security.sign_ticket("rank", first, stream.rank), stream.end)
+    def _rank_info(self, descriptor, stream: RankStream, first: int, location: str) -> fl.FlightInfo:
+        """One endpoint at the rank's constructor (``location``) whose ticket streams the rank's steps
+        (or its encoder inputs) from ``first`` on."""
+        signed = self.security.sign_ticket(stream.kind, first, stream.rank)
+        ticket = BatchTicket(stream.kind, first, stream.rank, signed, stream.end)
         endpoint = fl.FlightEndpoint(wire.ticket(ticket.to_wire()), [location])
-        return fl.FlightInfo(load_schema(self._batch_schema()), descriptor, [endpoint], -1, -1)
+        schema = self._batch_schema() if stream.kind == "rank" else ENCODER_BATCH
+        return fl.FlightInfo(load_schema(schema), descriptor, [endpoint], -1, -1)
 
     def _batch_info(self, descriptor, step: int, rank: int, kind: str = "batch") -> fl.FlightInfo:
         coord = self.mesh.coord(rank)
@@ -151,7 +160,15 @@ class PlannerServer(ActionServer):
         return fl.FlightInfo(load_schema(SAMPLE_METADATA), descriptor, endpoints, rows, -1)
 
     def list_flights(self, context, criteria):
+        """The upcoming planned steps of every rank, every rank's stream (from where it is; listing moves
+        no position) and the sources."""
         self.authorize(context, INSPECT, "list_flights")
+        kinds = ("rank", "encoder-rank") if self.strategy.image_graph is not None else ("rank",)
+        for rank, first, location in self.service.stream_starts():
+            for kind in kinds:
+                stream = RankStream(rank, kind=kind)
+                descriptor = fl.FlightDescriptor.for_path(*stream.descriptor_path())
+                yield self._rank_info(descriptor, stream, first, location)
         for step in self.service.upcoming_steps():
             for rank in range(self.mesh.world_size):
                 descriptor = fl.FlightDescriptor.for_path("batch", str(step), str(rank))
@@ -165,9 +182,10 @@ class PlannerServer(ActionServer):
     # -- constructor-facing ------------------------------------------------------------
     @requires(CLUSTER)
     def action_plan(self, body):
-        """A constructor's share of one step's plan: {"step", "constructor", "positions": {rank: step}}."""
+        """A constructor's share of one step's plan: {"step", "constructor", "positions": {rank: step}, "wait": s}."""
         request = PlanRequest.from_wire(body)
-        return self.service.constructor_plan(request.step, request.constructor, self.strategy.broadcast, request.positions)
+        return self.service.constructor_plan(request.step, request.constructor, self.strategy.broadcast, request.positions,
+                                             request.wait)
 
     @requires(CLUSTER)
     def action_resume_point(self, body):

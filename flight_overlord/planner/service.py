@@ -19,7 +19,8 @@ from ..journal import write_json_atomic
 from ..core.positions import TrainerPositions
 from ..core.starvation import TrainerWaits
 from ..wire.status import PlannerStatus
-from .planner import Planner, constructor_view
+from .planner import Planner
+from .views import constructor_view, step_views
 from .program import StepPlan
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,10 @@ class PlanService:
         layout = planner.journal_layout
         # a new layout, or an edited mixture: re-plan from the step the trainers resume at
         self.rewind_pending = (layout is not None and layout != planner.layout()) or planner.mixture_changed
-        self._plans: dict[int, StepPlan] = {}      # planned, not yet fetched by every constructor
+        self._views: dict[int, list[bytes]] = {}   # planned steps' views, encoded, not yet fetched by every constructor
         self._fetched: dict[int, set[int]] = {}
+        self._registrations = 0  # bumped by every registration: encoded views name the loaders' locations
+        self._publishing: int | None = None  # the step planned whose views are being made (not served yet)
         self.stats: dict[int, dict] = {}
         self.positions = TrainerPositions()        # where each rank is (asked, or reported by its constructor)
         self._planned = {"samples": {}, "tokens": {}}  # per source, by this process (metrics)
@@ -73,6 +76,9 @@ class PlanService:
                              f"moves only when its address no longer answers (restart it on the same address)")
         with self.cond:
             add()
+            self._registrations += 1
+            self._views.clear()  # they may name a moved role's old location: serve those steps from the journal
+            self._fetched.clear()
             if current is not None:
                 self._reregistrations[role] += 1
             if current is not None and current != location:
@@ -101,9 +107,8 @@ class PlanService:
                 self.positions.constructor_restarted(self.ranks_of(index))
         self.register("constructor", location, f"constructor {index}", current, add)
 
-    def ranks_of(self, constructor: int) -> list[int]:
-        dps = set(self.mesh.dp_ranks_of(constructor))
-        return [r for r in range(self.mesh.world_size) if self.mesh.coord(r).dp in dps]
+    def ranks_of(self, constructor: int) -> tuple[int, ...]:
+        return self.mesh.ranks_of_constructor(constructor)
 
     def _start_planning(self) -> None:
         if not self._started:
@@ -119,12 +124,17 @@ class PlanService:
                     self.cond.wait_for(lambda: self.stopping or self._may_plan(self.planner.next_step))
                     if self.stopping:
                         return
+                    self._publishing = self.planner.next_step
+                registrations = self._registrations
                 plan = self.planner.plan_next()
                 if self.planner.scaled:
                     self._on_scaled(self.planner.scaled)
+                views = self._encoded_views(plan)
                 with self.cond:
-                    self._plans[plan.step] = plan
-                    self._fetched[plan.step] = set()
+                    self._publishing = None
+                    if registrations == self._registrations:
+                        self._views[plan.step] = views
+                        self._fetched[plan.step] = set()
                     self.stats[plan.step] = plan.stats
                     self.stats.pop(plan.step - STATS_KEPT, None)  # bounded in steps (a rewind may leave a few)
                     for key in ("samples", "tokens"):
@@ -136,6 +146,11 @@ class PlanService:
             with self.cond:
                 self.failure = BackgroundFailure.of("planning failed", exc)
                 self.cond.notify_all()
+
+    def _encoded_views(self, plan: StepPlan) -> list[bytes]:
+        """Every constructor's view of a new step, made in one pass and encoded once, before any asks."""
+        return [wire.encode(view.to_wire()) for view in
+                step_views(plan, self.mesh, self.planner.registry, self.planner.strategy.broadcast)]
 
     def _may_plan(self, step: int) -> bool:
         """Plan up to ``prefetch`` steps past the slowest trainer that has asked for data, once the
@@ -154,8 +169,10 @@ class PlanService:
                              f"{self.planner.next_step - 1}, trainers may ask at most {horizon}")
 
     def _wait_for_plan(self, step: int, timeout: float) -> None:
+        """Until ``step`` is planned, and its views made (a constructor's ask then finds them)."""
         wire.wait_until(self.cond, lambda: self.failure is not None or self.stopping
-                        or step < self.planner.next_step, timeout, f"the plan of step {step}")
+                        or (step < self.planner.next_step and step != self._publishing), timeout,
+                        f"the plan of step {step}")
         if self.failure:
             raise BackgroundFailure(str(self.failure), self.failure.cause)
 
@@ -175,6 +192,15 @@ class PlanService:
             first = self.requested.get(rank, 0) if first is None else first
             self._trainer_at(first, lambda: self.positions.asked_stream(rank, first))
             return first, self.planner.registry.constructors[self.mesh.constructor_of(self.mesh.coord(rank).dp)]
+
+    def stream_starts(self) -> list[tuple[int, int, str]]:
+        """(rank, the step it waits for, its constructor's location) of every rank whose constructor is
+        registered: where a rank stream listed for inspection starts. Records nothing."""
+        with self.cond:
+            constructors = self.planner.registry.constructors
+            located = ((r, constructors.get(self.mesh.constructor_of(self.mesh.coord(r).dp)))
+                       for r in range(self.mesh.world_size))
+            return [(r, self.requested.get(r, 0), where) for r, where in located if where is not None]
 
     def _trainer_at(self, step: int, record: Callable[[], None]) -> None:
         """A trainer said it waits for ``step`` (held lock): ``record()`` it; the first word of a trainer
@@ -215,28 +241,31 @@ class PlanService:
                 self.cond.notify_all()
 
     # -- constructors ------------------------------------------------------------------
-    def constructor_plan(self, step: int, constructor: int, broadcast, positions: dict | None = None) -> dict:
-        """Constructor ``constructor``'s share of step ``step``'s plan, on the wire. A plan is
-        dropped here once every constructor fetched it; later asks are served from the journal.
+    def constructor_plan(self, step: int, constructor: int, broadcast, positions: dict | None = None,
+                         wait: float | None = None) -> bytes:
+        """Constructor ``constructor``'s share of step ``step``'s plan, encoded for the wire. A step's
+        views are dropped here once every constructor fetched its own; later asks are served from the journal.
         ``positions``: {rank: step} the next step each of its rank streams sends (how the Planner
-        paces itself without a per-step call from those trainers)."""
+        paces itself without a per-step call from those trainers). ``wait``: how long to hold the
+        request at most (then FlightTimedOutError): the positions it brought may be what planning
+        waits for once its streams moved on, so the constructor asks again with fresh ones."""
         self._check_constructor(constructor, "plan")
         positions = self._checked_positions(positions or {}, constructor)
         with self.cond:
             if self.positions.reported(positions):  # they only move forward
                 self.cond.notify_all()
             self._check_horizon(step)
-            self._wait_for_plan(step, WAIT_SECONDS)
-            plan = self._plans.get(step)
-            if plan is not None:
+            self._wait_for_plan(step, min(WAIT_SECONDS, wait or WAIT_SECONDS))
+            views = self._views.get(step)
+            if views is not None:
                 self._fetched[step].add(constructor)
                 if len(self._fetched[step]) == self.mesh.num_constructors:
-                    del self._plans[step], self._fetched[step]
-        if plan is None:  # fetched by everyone before, or planned by an earlier Planner process
-            plan = self.planner.journaled(step)
-            if plan is None:
-                raise KeyError(f"plan of step {step} is in no journal of this run")
-        return constructor_view(plan, constructor, self.mesh, self.planner.registry, broadcast).to_wire()
+                    del self._views[step], self._fetched[step]
+                return views[constructor]
+        plan = self.planner.journaled(step)  # fetched by everyone before, or planned by an earlier Planner process
+        if plan is None:
+            raise KeyError(f"plan of step {step} is in no journal of this run")
+        return wire.encode(constructor_view(plan, constructor, self.mesh, self.planner.registry, broadcast).to_wire())
 
     def resume_point(self, constructor: int) -> int:
         """Where a (re)started constructor begins: the earliest step its ranks are waiting for."""
@@ -258,7 +287,7 @@ class PlanService:
             positions = {int(r): int(s) for r, s in raw.items()}
         except (TypeError, ValueError):
             raise ValueError("malformed plan request: 'positions' maps rank numbers to step numbers") from None
-        if not set(positions) <= set(self.ranks_of(constructor)):
+        if not positions.keys() <= set(self.ranks_of(constructor)):
             raise ValueError(f"plan: positions name ranks {sorted(set(positions) - set(self.ranks_of(constructor)))} "
                              f"that constructor {constructor} does not serve")
         return positions

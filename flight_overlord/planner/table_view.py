@@ -1,5 +1,9 @@
 """``constructor_view`` from a plan's columns (``PickTable``), without a ``Pick`` per sample: the
-fast path at thousands of ranks, taken when every sample sits in one bin and once in the step."""
+fast path at thousands of ranks, taken when every sample sits in one bin and once in the step.
+
+Every constructor's view of a step is made in one pass (``table_views``): a few numpy calls for the
+whole step rather than per constructor, which is what a view cost when the samples per constructor
+are few (the Planner's CPU per step at dp 64 was mostly fixed per-call costs)."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,30 +23,77 @@ def keys_unique(plan: StepPlan) -> bool:
 
 
 def table_view(plan: StepPlan, constructor: int, mesh: Mesh, registry: Registry,
-                broadcast: frozenset[str]) -> ConstructorPlan:
-    """``constructor_view`` from the plan's columns, without a Pick per sample: every sample sits in
-    one bin (no image graph, no HDP) and once in the step, so this constructor alone fetches it."""
+               broadcast: frozenset[str]) -> ConstructorPlan:
+    """One constructor's view (``table_views`` of the step, that constructor's)."""
+    return table_views(plan, mesh, registry, broadcast, [constructor])[0]
+
+
+def table_views(plan: StepPlan, mesh: Mesh, registry: Registry, broadcast: frozenset[str],
+                constructors: list[int] | None = None) -> list[ConstructorPlan]:
+    """``constructor_view`` of each of ``constructors`` (default: all) from the plan's columns,
+    without a Pick per sample: every sample sits in one bin (no image graph, no HDP) and once in the
+    step, so one constructor alone fetches it. A view numbers its samples in the order of its
+    buckets' microbatches; its fetch groups are the loader actors in order of their first sample."""
     t, m = plan.table, plan.microbatches
-    buckets = mesh.buckets_of_constructor(constructor, plan.axis)
-    bins = [plan.bin_indices[b * m + i] for b in buckets for i in range(m)]
+    constructors = list(range(mesh.num_constructors)) if constructors is None else constructors
+    buckets = [mesh.buckets_of_constructor(c, plan.axis) for c in constructors]
+    bins = [plan.bin_indices[b * m + i] for own in buckets for b in own for i in range(m)]
+    sizes = np.array([len(x) for x in bins], dtype=np.int64)
     rows = np.concatenate(bins) if bins else np.zeros(0, dtype=np.int64)
-    ends = np.cumsum([len(x) for x in bins]).tolist()
-    positions = list(range(rows.size))
-    flat = [positions[a:b] for a, b in zip([0] + ends[:-1], ends)]
-    keys = t.keys()
-    epoch, file, group, row = (t.epoch[rows], t.file[rows], t.row_group[rows], t.row[rows])
-    # the owning loader actor, asked once per distinct (source, file, row group, epoch)
-    distinct, which = np.unique(np.stack([t.source[rows], file, group, epoch], axis=1), axis=0, return_inverse=True)
-    owners = [registry.owner(t.sources[s], t.files[f], g, e) for s, f, g, e in distinct.tolist()]
+    bins_per_view = [len(own) * m for own in buckets]
+    per_view = np.bincount(np.repeat(np.arange(len(buckets)), bins_per_view), weights=sizes,
+                           minlength=len(buckets)).astype(np.int64)
+    view_of = np.repeat(np.arange(len(buckets)), per_view)
+    starts = np.concatenate([[0], np.cumsum(per_view)])
+    actor_of, actors = _actors(t, rows, registry)
+    # A view's fetch groups: (view, actor) pairs in order of their first sample, each its samples in order.
+    pair = view_of * max(len(actors), 1) + actor_of
+    _, first, which = np.unique(pair, return_index=True, return_inverse=True)
+    order = np.lexsort((np.arange(rows.size), first[which.reshape(-1)]))
+    bounds = np.flatnonzero(np.diff(pair[order])) + 1
+    groups = np.split(order, bounds) if rows.size else []
+    keys, epochs, files, row_groups, in_group = _sample_fields(t, rows)
+    tokens = t.tokens[rows].tolist()
+    fetch: list[list[FetchGroup]] = [[] for _ in buckets]
+    for members in groups:
+        j = int(view_of[members[0]])
+        actor = actors[int(actor_of[members[0]])]
+        local = (members - starts[j]).tolist()
+        fetch[j].append(FetchGroup(*actor, registry.locations(actor), local,
+                                   [[epochs[i], files[i], row_groups[i], in_group[i], 1] for i in members.tolist()]))
+    views, offset = [], 0
+    bin_ends = np.cumsum(sizes).tolist()
+    for j, own in enumerate(buckets):
+        first_bin = offset
+        offset += len(own) * m
+        base = int(starts[j])
+        flat = [list(range((bin_ends[k - 1] if k else 0) - base, bin_ends[k] - base)) for k in range(first_bin, offset)]
+        a, b = base, int(starts[j + 1])
+        views.append(ConstructorPlan(plan.step, plan.axis, sorted(broadcast), plan.capacity, keys[a:b], tokens[a:b],
+                                     {bucket: flat[i * m:(i + 1) * m] for i, bucket in enumerate(own)},
+                                     fetch[j], plan.encoder_axis, None, {}))
+    return views
+
+
+def _actors(t, rows: np.ndarray, registry: Registry) -> tuple[np.ndarray, list[tuple[str, int]]]:
+    """Per row, the index of its owning loader actor in the returned list; the registry is asked once
+    per distinct (source, file, row group, epoch)."""
+    if not rows.size:
+        return rows, []
+    source, file, group, epoch = t.source[rows], t.file[rows], t.row_group[rows], t.epoch[rows]
+    # one int64 per row group: file codes, row groups and epochs are small non-negative ints
+    code = ((source * (int(file.max()) + 1) + file) * (int(group.max()) + 1) + group) * (int(epoch.max()) + 1) + epoch
+    distinct, first, which = np.unique(code, return_index=True, return_inverse=True)
+    owners = [registry.owner(t.sources[s], t.files[f], g, e) for s, f, g, e in
+              zip(source[first].tolist(), file[first].tolist(), group[first].tolist(), epoch[first].tolist())]
     actors = list(dict.fromkeys(owners))
-    actor_of = np.array([actors.index(o) for o in owners], dtype=np.int64)[which.reshape(-1)] if rows.size else rows
-    present, first = np.unique(actor_of, return_index=True)
-    fetch = []
-    files = np.array(t.files + [""], dtype=object)[file].tolist()
-    samples = [[e, f, g, r, 1] for e, f, g, r in zip(epoch.tolist(), files, group.tolist(), row.tolist())]
-    for a in present[np.argsort(first)].tolist():  # loaders in order of their first sample
-        items = np.flatnonzero(actor_of == a).tolist()
-        fetch.append(FetchGroup(*actors[a], registry.locations(actors[a]), items, [samples[i] for i in items]))
-    return ConstructorPlan(plan.step, plan.axis, sorted(broadcast), plan.capacity, [keys[i] for i in rows.tolist()],
-                           t.tokens[rows].tolist(), {b: flat[j * m:(j + 1) * m] for j, b in enumerate(buckets)},
-                           fetch, plan.encoder_axis, None, {})
+    index = {a: i for i, a in enumerate(actors)}
+    return np.array([index[o] for o in owners], dtype=np.int64)[which.reshape(-1)], actors
+
+
+def _sample_fields(t, rows: np.ndarray) -> tuple[list[str], list, list, list, list]:
+    """Per row as Python lists: key, epoch, file name, row group, row."""
+    all_keys = t.keys()
+    keys = [all_keys[i] for i in rows.tolist()]
+    files = np.array(t.files + [""], dtype=object)[t.file[rows]].tolist()
+    return keys, t.epoch[rows].tolist(), files, t.row_group[rows].tolist(), t.row[rows].tolist()

@@ -23,15 +23,22 @@ class PlanRequest:
     step: int
     constructor: int
     positions: dict | None = None  # {rank: the next step its rank stream sends}; checked by the Planner
+    # seconds the Planner may hold the request before answering "not yet" (a time-out): the constructor
+    # then asks again with fresh positions (None: the Planner's own limit)
+    wait: float | None = None
 
     def to_wire(self) -> dict:
         return {"step": self.step, "constructor": self.constructor,
-                **({"positions": self.positions} if self.positions is not None else {})}
+                **({"positions": self.positions} if self.positions is not None else {}),
+                **({"wait": self.wait} if self.wait is not None else {})}
 
     @classmethod
     def from_wire(cls, raw: dict) -> "PlanRequest":
+        wait = raw.get("wait")
+        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait > 0):
+            raise ValueError(f"malformed plan: field 'wait' must be a positive number of seconds, got {wait!r}")
         return cls(field(raw, "step", int, "plan"), field(raw, "constructor", int, "plan"),
-                   _optional(raw, "positions", dict, "plan"))
+                   _optional(raw, "positions", dict, "plan"), wait)
 
 
 @dataclass(frozen=True)

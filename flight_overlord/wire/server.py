@@ -110,8 +110,8 @@ class ActionServer(fl.FlightServerBase):
         rank_field = getattr(handler, "rank_field", None)
         if rank_field and isinstance(body, dict) and isinstance(body.get(rank_field), int):
             self.authorize(context, handler.role, what, rank=body[rank_field])
-        result = handler(body)
-        return [] if result is None else [fl.Result(encode(result))]
+        result = handler(body)  # JSON-able, or bytes already encoded (a result made once, served many times)
+        return [] if result is None else [fl.Result(result if isinstance(result, bytes) else encode(result))]
 
     def do_put(self, context, descriptor, reader, writer):
         raise fl.FlightServerError("not supported: no role of flight_overlord accepts do_put")

@@ -135,6 +135,9 @@ class BufferTicket:
         return cls(*_actor_of(raw, "ticket"))
 
 
+STREAM_KINDS = {"rank": "batch", "encoder-rank": "encoder"}  # a stream ticket's kind -> what it streams
+
+
 @dataclass(frozen=True)
 class BatchTicket:
     """A rank's ``batch`` or ``encoder`` table of one step, or (``rank``) its stream of batches from
@@ -146,7 +149,7 @@ class BatchTicket:
     raw: dict = dataclass_field(default_factory=dict, compare=False, repr=False)
     end: int | None = None
 
-    KINDS = ("batch", "encoder", "rank")
+    KINDS = ("batch", "encoder", "rank", "encoder-rank")
 
     def to_wire(self) -> dict:
         return {**self.raw, "kind": self.kind, "step": self.step, "rank": self.rank,
@@ -157,15 +160,15 @@ class BatchTicket:
         """The ticket's kind, checked before anything else (even before who is asking)."""
         kind = raw.get("kind")
         if kind not in cls.KINDS:
-            raise ValueError(f"malformed ticket: kind {kind!r}, a constructor serves 'batch', 'encoder' and "
-                             f"'rank' tickets")
+            raise ValueError(f"malformed ticket: kind {kind!r}, a constructor serves 'batch', 'encoder', "
+                             f"'rank' and 'encoder-rank' tickets")
         return kind
 
     @classmethod
     def from_wire(cls, raw: dict) -> "BatchTicket":
         kind = cls.checked_kind(raw)
         step, rank = field(raw, "step", int, "batch ticket"), field(raw, "rank", int, "batch ticket")
-        end = _optional_int(raw, "end", "batch ticket", None) if kind == "rank" else None
+        end = _optional_int(raw, "end", "batch ticket", None) if kind in STREAM_KINDS else None
         if end is not None and end <= step:
             raise ValueError(f"malformed ticket: 'end' must be an integer after step {step}, got {end!r}")
         return cls(kind, step, rank, raw, end)
@@ -173,17 +176,25 @@ class BatchTicket:
 
 @dataclass(frozen=True)
 class RankStream:
-    """The descriptor of a rank's stream: ``('rank', RANK[, FIRST[, END]])``; FIRST default: where the
-    rank is (the Planner knows), END default: no end."""
+    """The descriptor of a rank's stream: ``('rank', RANK[, FIRST[, END]])`` (its batches) or
+    ``('encoder-rank', RANK[, FIRST[, END]])`` (the images its vision encoder processes, under an image
+    graph); FIRST default: where the rank is (the Planner knows), END default: no end. ``kind`` is the
+    descriptor's first part, which is also the kind of the ticket it gets."""
     rank: int
     first: int | None = None
     end: int | None = None
+    kind: str = "rank"
+
+    def descriptor_path(self) -> list[str]:
+        return [self.kind, str(self.rank), *([] if self.first is None else [str(self.first)]),
+                *([] if self.end is None else [str(self.end)])]
 
     @classmethod
     def from_path(cls, parts: list, mesh) -> "RankStream":
         """The descriptor's parts, checked (``mesh.coord`` names a rank outside the mesh)."""
-        if len(parts) not in (2, 3, 4) or parts[0] != "rank":
-            raise ValueError(f"malformed descriptor {parts!r}: a rank stream is ('rank', RANK[, FIRST_STEP[, END_STEP]])")
+        if len(parts) not in (2, 3, 4) or parts[0] not in STREAM_KINDS:
+            raise ValueError(f"malformed descriptor {parts!r}: a rank stream is ('rank', RANK[, FIRST_STEP[, END_STEP]]) "
+                             f"or ('encoder-rank', RANK[, FIRST_STEP[, END_STEP]])")
         try:
             rank, first, end = [int(p) for p in parts[1:]] + [None] * (4 - len(parts))
         except ValueError:
@@ -191,7 +202,7 @@ class RankStream:
         if first is not None and (first < 0 or (end is not None and end <= first)):
             raise ValueError(f"malformed descriptor {parts!r}: first step must be >= 0 and before the end step")
         mesh.coord(rank)
-        return cls(rank, first, end)
+        return cls(rank, first, end, parts[0])
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import collections
 import io
 import pathlib
+import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -13,11 +15,12 @@ import pytest
 from PIL import Image
 
 from flight_overlord import wire
-from flight_overlord.client import StepFetcher
+from flight_overlord.client import StepFetcher, TrainerClient
 from flight_overlord.client.trainer import table_to_encoder_inputs, table_to_microbatches
 from flight_overlord.config import load_config
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.core.vision import VisionSpec, unpatchify
+from flight_overlord.wire.schemas import ENCODER_BATCH, MICROBATCH, load_schema
 
 from ..helpers import qwen2_vl_convert_to_rgb, write_config
 
@@ -175,20 +178,30 @@ def test_bad_images_follow_the_policy(corpus, tmp_path, policy):
         assert f"sample {truncated_key}: truncated JPEG" in logs
 
 
-def test_image_graph_encodes_every_image_once_where_planned(corpus, tmp_path):
-    """Strategy.images(): the images are balanced over every rank for the encoder; each image of
-    each delivered sample reaches exactly one rank's encoder stream, with its owner's position,
-    and its pixels are the source image's."""
-    (tmp_path / "vlm.py").write_text(
+def image_graph_config(directory: pathlib.Path, corpus) -> pathlib.Path:
+    (directory / "vlm.py").write_text(
         "def build(s):\n"
         "    s.cost('attention').distribute('DP').balance('greedy')\n"
         "    s.images().cost('patches').distribute('WORLD').balance('karmarkar_karp')\n"
         "    return s\n")
-    path = write_config(tmp_path, corpus, sources=SOURCES, global_batch=BATCH, strategy="vlm.py",
+    return write_config(directory, corpus, sources=SOURCES, global_batch=BATCH, strategy="vlm.py",
                         mesh={"dp": 2, "tp": 2}, vision={"max_pixels": 200704})
+
+
+@pytest.fixture(scope="module")
+def graph_run(corpus, tmp_path_factory):
+    """An image-graph run read per step, ``("batch" | "encoder", STEP, RANK)``, in lock-step."""
+    path = image_graph_config(tmp_path_factory.mktemp("graph"), corpus)
+    return path, *run(path, encoder=True)
+
+
+def test_image_graph_encodes_every_image_once_where_planned(graph_run, corpus):
+    """Strategy.images(): the images are balanced over every rank for the encoder; each image of
+    each delivered sample reaches exactly one rank's encoder stream, with its owner's position,
+    and its pixels are the source image's."""
+    path, batches, encoders = graph_run
     cfg = load_config(path)
     spec = VisionSpec(max_pixels=200704)
-    batches, encoders = run(path, encoder=True)
     for step in range(STEPS):
         expected, owners = collections.Counter(), {}
         for rank in (0, 2):  # the first rank of each data-parallel bucket (tp 0)
@@ -209,6 +222,61 @@ def test_image_graph_encodes_every_image_once_where_planned(corpus, tmp_path):
                 assert np.array_equal(unpatchify(image["pixel_values"].numpy(), grid, spec),
                                       direct_decode(data, grid, spec))
         assert encoded == expected and len(expected) > 4
+
+
+def test_encoder_rank_streams_for_stock_clients_and_trainer_clients(graph_run, corpus, tmp_path):
+    """Under an image graph, ``list_flights`` names every rank's two streams, ``('rank', RANK)`` and
+    ``('encoder-rank', RANK)``; a stock client reading them chunk by chunk (one record batch per step,
+    an empty one when the rank encodes no image) and ``TrainerClient(encoder=True)`` (both streams)
+    get exactly the tables of the per-step tickets of the same config and seed."""
+    _, batches, encoders = graph_run
+    path = image_graph_config(tmp_path, corpus)
+    got = {r: {"batch": [], "encoder": []} for r in range(4)}
+    errors: list[BaseException] = []
+
+    def stock(rank: int, planner: str) -> None:
+        client = fl.connect(planner)
+        for kind, schema in (("rank", MICROBATCH), ("encoder-rank", ENCODER_BATCH)):
+            info = client.get_flight_info(fl.FlightDescriptor.for_path(kind, str(rank), "0", str(STEPS)))
+            assert info.schema.equals(load_schema(schema))
+            endpoint = info.endpoints[0]
+            reader = fl.connect(endpoint.locations[0].uri.decode()).do_get(endpoint.ticket)
+            got[rank]["batch" if kind == "rank" else "encoder"] = [pa.Table.from_batches([c.data]) for c in reader]
+        client.close()
+
+    def trainer(rank: int, planner: str) -> None:
+        with TrainerClient(planner, rank, num_steps=STEPS, as_tensors=False, encoder=True, timeout=60) as client:
+            for table, encoder in client:
+                got[rank]["batch"].append(table)
+                got[rank]["encoder"].append(encoder)
+
+    def guarded(fn, *args) -> None:
+        try:
+            fn(*args)
+        except BaseException as exc:  # surfaced in the test's thread
+            errors.append(exc)
+
+    with LocalCluster(path) as cluster:
+        deadline = time.monotonic() + 60
+        while not (listed := [f.descriptor.path for f in fl.connect(cluster.planner).list_flights()
+                              if f.descriptor.path[0] in (b"rank", b"encoder-rank")]):
+            assert time.monotonic() < deadline, "list_flights never named the rank streams"
+            time.sleep(0.2)
+        assert sorted(listed) == sorted([kind, str(r).encode()] for r in range(4)
+                                        for kind in (b"rank", b"encoder-rank"))
+        threads = [threading.Thread(target=guarded, args=(stock if rank < 2 else trainer, rank, cluster.planner))
+                   for rank in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not errors, errors[0]
+    for rank in range(4):
+        assert len(got[rank]["batch"]) == len(got[rank]["encoder"]) == STEPS
+        for step in range(STEPS):
+            assert got[rank]["batch"][step].equals(batches[rank][step].combine_chunks()), (rank, step)
+            assert got[rank]["encoder"][step].equals(encoders[rank][step].combine_chunks()), (rank, step)
+    assert sum(t.num_rows for r in got for t in got[r]["encoder"]) > 4
 
 
 def test_cutting_a_sample_drops_whole_images():

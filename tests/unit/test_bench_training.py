@@ -27,6 +27,12 @@ def bt():
         sys.path.remove(str(SCRIPTS))
 
 
+@pytest.fixture(scope="module")
+def cost(bt):
+    """scripts/training_cost.py, the cost model bench_training imports."""
+    return sys.modules["training_cost"]
+
+
 def _packs(seed: int, context: int = 32768, count: int = 12) -> list[list[int]]:
     packs, current = [], []
     for n in long_tail_lengths(4000, context, seed=seed).tolist():
@@ -37,20 +43,20 @@ def _packs(seed: int, context: int = 32768, count: int = 12) -> list[list[int]]:
     return packs[:count]
 
 
-def test_backbone_is_a_per_sequence_cost(bt):
+def test_backbone_is_a_per_sequence_cost(cost):
     mb = {"cu_seqlens": np.array([0, 100, 4196])}
-    assert bt.backbone([mb]) == [pytest.approx(bt.LLM.a * 4196 + bt.LLM.b * (100**2 + 4096**2))]
-    assert bt.LLM.b / bt.LLM.a == pytest.approx(12 * 32 * 4096 / (6 * 6.74e9))
+    assert cost.backbone([mb]) == [pytest.approx(cost.LLM.a * 4196 + cost.LLM.b * (100**2 + 4096**2))]
+    assert cost.LLM.b / cost.LLM.a == pytest.approx(12 * 32 * 4096 / (6 * 6.74e9))
 
 
 @pytest.mark.parametrize("cp", [2, 4])
-def test_cp_shares_add_up_to_the_whole_sequence_cost(bt, cp):
+def test_cp_shares_add_up_to_the_whole_sequence_cost(cost, cp):
     """Each CP layout's shares add up to the unsplit cost plus ring traffic; THD's split of every
     sequence gives equal attention per rank, the whole-buffer split does not."""
     spread = {"bshd": [], "thd": []}
     for seed, lengths in enumerate(_packs(cp)):
         tokens = [np.ones(n, np.int32) for n in lengths]
-        whole = bt.LLM.seconds(lengths)
+        whole = cost.LLM.seconds(lengths)
         for fmt in spread:
             packed = pack(tokens, 32768, seq_multiple=2 * cp if fmt == "thd" else 1)
             shares = []
@@ -59,10 +65,10 @@ def test_cp_shares_add_up_to_the_whole_sequence_cost(bt, cp):
                           else token_ranges(32768, cp, rank, "load_balanced"))
                 mb = {"cu_seqlens": packed.cu_seqlens, "cu_seqlens_padded": packed.cu_seqlens_padded,
                       "token_ranges": ranges}
-                shares.append(bt.context_parallel(cp, [mb])[0])
-            comm = bt.CP_PASSES * (cp - 1) * sum(lengths) * bt.KV_BYTES_PER_TOKEN / bt.CP_LINK_BYTES_PER_S
+                shares.append(cost.context_parallel(cp, [mb])[0])
+            comm = cost.CP_PASSES * (cp - 1) * sum(lengths) * cost.KV_BYTES_PER_TOKEN / cost.CP_LINK_BYTES_PER_S
             # causal pairs l(l+1)/2 times 2b: b*l^2 plus b*l per sequence
-            assert sum(shares) == pytest.approx(whole + comm + bt.LLM.b * sum(lengths), rel=1e-9)
+            assert sum(shares) == pytest.approx(whole + comm + cost.LLM.b * sum(lengths), rel=1e-9)
             spread[fmt].append(max(shares) / np.mean(shares))
     assert np.mean(spread["bshd"]) > np.mean(spread["thd"])
 

@@ -9,7 +9,7 @@ from flight_overlord.wire.actions import PlanRequest, Report, ResumePointRequest
 
 
 @pytest.mark.parametrize("message", [
-    PlanRequest(3, 1, {"0": 3, "1": 4}), PlanRequest(0, 0), ResumePointRequest(2),
+    PlanRequest(3, 1, {"0": 3, "1": 4}), PlanRequest(0, 0), PlanRequest(2, 1, {}, 1.0), ResumePointRequest(2),
     Report(5, 1, losses={"qa": 1.5}, waits={"data": 0.1}), Report(5, 0, compute_seconds=[0.1, 0.2]),
     Report(2, 3, encoder_seconds=0.5), StatsRequest(4, 9), StatsRequest()])
 def test_what_one_end_writes_the_other_reads(message):
@@ -27,6 +27,8 @@ def test_the_wire_format_stays_what_stock_clients_send():
     (PlanRequest, {"constructor": 0}, "malformed plan: missing field 'step'"),
     (PlanRequest, {"step": 1, "constructor": True}, "malformed plan: field 'constructor' must be an integer"),
     (PlanRequest, {"step": 1, "constructor": 0, "positions": [1]}, "malformed plan: field 'positions' must be dict"),
+    (PlanRequest, {"step": 1, "constructor": 0, "wait": 0}, "malformed plan: field 'wait' must be a positive number"),
+    (PlanRequest, {"step": 1, "constructor": 0, "wait": "1"}, "malformed plan: field 'wait' must be a positive number"),
     (ResumePointRequest, {"constructor": "0"}, "malformed resume_point: field 'constructor' must be an integer"),
     (Report, {"step": 1, "rank": 0}, "malformed report: give 'losses'"),
     (Report, {"step": 1, "rank": 0, "losses": [1.0]}, "malformed report: field 'losses' must be dict"),
