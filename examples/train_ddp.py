@@ -81,6 +81,10 @@ def main() -> None:
     if rank == 0:
         digest = hashlib.sha256(b"".join(t.detach().numpy().tobytes() for t in model.state_dict().values()))
         print(f"weights {digest.hexdigest()}", flush=True)
+    # DDP's reducer holds the process group: free it first, or its destructor, run after
+    # destroy_process_group() at the function's exit, can wait for ever on gloo's lock
+    del ddp
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -243,11 +243,6 @@ class Config:
     path: Path | None = None  # the YAML file this came from, so child processes can reload it
 
     @property
-    def trainer_mesh(self) -> Mesh:
-        """``mesh`` (the package uses that): the old name, kept while other branches still read it."""
-        return self.mesh
-
-    @property
     def num_constructors(self) -> int:
         return self.mesh.num_constructors
 

@@ -16,6 +16,7 @@ from .. import wire
 from ..config import Config
 from ..errors import BackgroundFailure
 from ..journal import write_json_atomic
+from ..waiting import wait_until
 from ..core.positions import TrainerPositions
 from ..core.starvation import TrainerWaits
 from ..wire.status import PlannerStatus
@@ -170,7 +171,7 @@ class PlanService:
 
     def _wait_for_plan(self, step: int, timeout: float) -> None:
         """Until ``step`` is planned, and its views made (a constructor's ask then finds them)."""
-        wire.wait_until(self.cond, lambda: self.failure is not None or self.stopping
+        wait_until(self.cond, lambda: self.failure is not None or self.stopping
                         or (step < self.planner.next_step and step != self._publishing), timeout,
                         f"the plan of step {step}")
         if self.failure:
@@ -272,11 +273,11 @@ class PlanService:
         self._check_constructor(constructor, "resume_point")
         ranks = self.ranks_of(constructor)
         with self.cond:  # a stream rank's reported position may be ahead of what reached its trainer
-            wire.wait_until(self.cond, lambda: self.positions.settled(ranks), WAIT_SECONDS,
+            wait_until(self.cond, lambda: self.positions.settled(ranks), WAIT_SECONDS,
                             f"the stream ranks of constructor {constructor} to say where they resume")
             if not self.resumed and not all(r in self.requested for r in ranks):
                 return min([self.requested.get(r, 0) for r in ranks])
-            wire.wait_until(self.cond, lambda: all(r in self.requested for r in ranks), WAIT_SECONDS,
+            wait_until(self.cond, lambda: all(r in self.requested for r in ranks), WAIT_SECONDS,
                             f"the ranks of constructor {constructor} to say where they resume")
             return min(self.requested[r] for r in ranks)
 

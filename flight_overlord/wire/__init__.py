@@ -57,6 +57,3 @@ def call(client: fl.FlightClient, name: str, body: Any = None, *, timeout: float
     results = list(client.do_action(fl.Action(name, encode(body if body is not None else {})), options))
     return json.loads(results[0].body.to_pybytes()) if results else None
 
-
-# The logic classes' bounded wait (no Flight in it); here too for callers that know it as wire's.
-from ..waiting import MAX_WAITERS, wait_until  # noqa: E402,F401
