@@ -161,6 +161,7 @@ def _inspect(args) -> None:
 
 def _mix(args) -> None:
     from .. import wire
+    from ..wire.actions import MixRequest
     from ..wire.server import connect
     weights: dict[str, float] = {}
     for item in filter(None, (part.strip() for part in args.set.split(","))):
@@ -171,7 +172,7 @@ def _mix(args) -> None:
             raise SystemExit(f"error: mix --set: {item!r} is not NAME=WEIGHT (a number)") from None
     client = connect(args.address, _credentials(args))
     try:
-        answer = wire.call(client, "mix", {"weights": weights, **({"step": args.at} if args.at is not None else {})})
+        answer = wire.call(client, "mix", MixRequest(weights, args.at).to_wire())
     except Exception as exc:  # noqa: BLE001 - refused or invalid: the server's message, no traceback
         raise SystemExit(f"error: mix: {str(exc).split('. Detail:')[0]}") from None
     finally:

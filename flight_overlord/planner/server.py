@@ -25,7 +25,7 @@ from .. import wire
 from ..config import Config, load_config
 from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
-from ..wire.actions import PlanRequest, Report, ResumePointRequest, StatsRequest
+from ..wire.actions import MixRequest, PlanRequest, Report, ResumePointRequest, StatsRequest
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, location_of, serve
 from ..wire.tickets import STREAM_KINDS, BatchTicket, BufferTicket, RankStream, Registration
@@ -139,8 +139,7 @@ class PlannerServer(ActionServer):
     def _batch_info(self, descriptor, step: int, rank: int, kind: str = "batch") -> fl.FlightInfo:
         coord = self.mesh.coord(rank)
         location = self.planner.registry.constructors[self.mesh.constructor_of(coord.dp)]
-        ticket = wire.ticket(self.security.sign_ticket(kind, step, rank))
-        endpoint = fl.FlightEndpoint(ticket, [location])
+        endpoint = fl.FlightEndpoint(wire.ticket(self.security.sign_ticket(kind, step, rank)), [location])
         if kind == "encoder":
             return fl.FlightInfo(load_schema(ENCODER_BATCH), descriptor, [endpoint], -1, -1)
         return fl.FlightInfo(load_schema(self._batch_schema()), descriptor, [endpoint],
@@ -163,19 +162,15 @@ class PlannerServer(ActionServer):
         """The upcoming planned steps of every rank, every rank's stream (from where it is; listing moves
         no position) and the sources."""
         self.authorize(context, INSPECT, "list_flights")
-        kinds = ("rank", "encoder-rank") if self.strategy.image_graph is not None else ("rank",)
+        kinds = 2 if self.strategy.image_graph is not None else 1  # the encoder's streams too, or not
         for rank, first, location in self.service.stream_starts():
-            for kind in kinds:
+            for kind in ("rank", "encoder-rank")[:kinds]:
                 stream = RankStream(rank, kind=kind)
-                descriptor = fl.FlightDescriptor.for_path(*stream.descriptor_path())
-                yield self._rank_info(descriptor, stream, first, location)
+                yield self._rank_info(fl.FlightDescriptor.for_path(*stream.descriptor_path()), stream, first, location)
         for step in self.service.upcoming_steps():
             for rank in range(self.mesh.world_size):
-                descriptor = fl.FlightDescriptor.for_path("batch", str(step), str(rank))
-                yield self._batch_info(descriptor, step, rank)
-                if self.strategy.image_graph is not None:
-                    descriptor = fl.FlightDescriptor.for_path("encoder", str(step), str(rank))
-                    yield self._batch_info(descriptor, step, rank, "encoder")
+                for kind in ("batch", "encoder")[:kinds]:
+                    yield self._batch_info(fl.FlightDescriptor.for_path(kind, str(step), str(rank)), step, rank, kind)
         for source in self.cfg.sources:
             yield self._source_info(fl.FlightDescriptor.for_path("source", source.name), source.name)
 
@@ -206,11 +201,8 @@ class PlannerServer(ActionServer):
     def action_mix(self, body):
         """Live reweighting: {"weights": {source: w}, "step": first step (optional, default the first
         one not planned)}. Journaled; a resume replays it."""
-        weights = checked_weights(wire.field(body, "weights", dict, "mix"), [s.name for s in self.cfg.sources])
-        at = body.get("step")
-        if at is not None and (isinstance(at, bool) or not isinstance(at, int)):
-            raise ValueError(f"malformed mix: field 'step' must be an integer, got {at!r}")
-        return self.planner.mix(weights, at)
+        request = MixRequest.from_wire(body)
+        return self.planner.mix(checked_weights(request.weights, [s.name for s in self.cfg.sources]), request.step)
 
     @requires(INSPECT)
     def action_audit(self, body):

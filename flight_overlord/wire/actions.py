@@ -5,7 +5,8 @@ ValueError naming the field that is wrong), used by both ends.
 - ``PlanRequest`` constructor -> Planner (action ``plan``): its share of a step, with its streams' positions;
 - ``ResumePointRequest`` constructor -> Planner (action ``resume_point``): where a (re)started one begins;
 - ``Report`` trainer -> Planner (action ``report``): losses and/or measured seconds of one step;
-- ``StatsRequest`` anyone -> Planner (action ``stats``): per-step plan statistics of a step range.
+- ``StatsRequest`` anyone -> Planner (action ``stats``): per-step plan statistics of a step range;
+- ``MixRequest`` operator -> Planner (action ``mix``): live reweighting from a future step on.
 """
 from __future__ import annotations
 
@@ -91,3 +92,17 @@ class StatsRequest:
     @classmethod
     def from_wire(cls, raw: dict) -> "StatsRequest":
         return cls(field({"from": 0, **raw}, "from", int, "stats"), _optional(raw, "to", int, "stats"))
+
+
+@dataclass(frozen=True)
+class MixRequest:
+    """Live reweighting (action ``mix``): new weights from ``step`` on (None: the first step not planned)."""
+    weights: dict
+    step: int | None = None
+
+    def to_wire(self) -> dict:
+        return {"weights": self.weights, **({"step": self.step} if self.step is not None else {})}
+
+    @classmethod
+    def from_wire(cls, raw: dict) -> "MixRequest":
+        return cls(field(raw, "weights", dict, "mix"), _optional(raw, "step", int, "mix"))
