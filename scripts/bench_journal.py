@@ -30,6 +30,7 @@ from pathlib import Path
 
 from benchlib import argument_parser, log, print_header
 from bench_planner import synthetic_planner
+from flight_overlord.journal import journal_size
 from flight_overlord.planner.planner import Planner
 from flight_overlord.planner.replay import step_record
 
@@ -52,11 +53,11 @@ def measure(dp: int, steps: int, workdir: Path) -> dict:
     out = {"dp": dp, "samples": 0, "before": 0, "now": 0, "before_cpu": 0.0, "now_cpu": 0.0, "plan_cpu": 0.0,
            "metadata": 0}
     for _ in range(steps):
-        size = journal.stat().st_size if journal.exists() else 0
+        size = journal_size(journal)
         t = time.process_time()
         plan = live.plan_next()
         out["plan_cpu"] += time.process_time() - t
-        out["now"] += journal.stat().st_size - size
+        out["now"] += journal_size(journal) - size
         state = live._planning_state()
         t = time.process_time()
         before = json.dumps({**plan.to_record(), "state": state}, separators=(",", ":"))

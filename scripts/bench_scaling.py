@@ -22,7 +22,6 @@ Timings are wall-clock on a possibly shared machine (the header gives the load a
 """
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 
@@ -33,6 +32,7 @@ from flight_overlord.core.order import RowGroupRef
 from flight_overlord.core.scaling import Ownership
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.deploy.status import cluster_status
+from flight_overlord.harness import step_digest
 
 WEIGHTS = {"captions": 0.15, "longdocs": 0.25, "code": 0.20, "docstrings": 0.15, "manuals": 0.15, "qa": 0.10}
 
@@ -59,10 +59,7 @@ def drive(planner: str, ranks: int, steps: int, on_step=None) -> tuple[list, flo
     digests, start = [], time.perf_counter()
     for step in range(steps):
         for f in fetchers:
-            table = f.fetch(step)
-            ids = table.column("input_ids").combine_chunks()
-            digests.append((tuple(map(tuple, table.column("sample_keys").to_pylist())),
-                            hashlib.blake2b(ids.values.to_numpy().tobytes(), digest_size=8).hexdigest()))
+            digests.append(step_digest(f.fetch(step)))
         if on_step:
             on_step(step)
     elapsed = time.perf_counter() - start

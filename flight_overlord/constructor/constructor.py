@@ -260,8 +260,8 @@ class Constructor:
                 raise BackgroundFailure(str(self.failure), self.failure.cause)
             if self.stopping:
                 return None
-            table = self._served_table(kind, step, rank).combine_chunks()
-        batches = table.to_batches()  # one record batch per step, even an empty one (no images this step)
+            table = self._served_table(kind, step, rank)
+        batches = table.combine_chunks().to_batches()  # the copy outside the lock assembly and streams share  # one record batch per step, even an empty one (no images this step)
         return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
 
     def paced(self, step: int) -> bool:

@@ -9,9 +9,9 @@ import threading
 from pathlib import Path
 
 from .. import allocator
+from ..errors import ConfigError
 
 allocator.system_pool_for_this_process_tree()  # before pyarrow loads: every role process and its children
-from ..config import ConfigError  # noqa: E402 - after the allocator's setting
 
 # Relative to the current directory (an installed package has no repository to default into);
 # from the repository's top they are the folders configs/*.yaml read (../data/demo, ../runs/demo).

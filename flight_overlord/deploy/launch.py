@@ -30,8 +30,6 @@ from .cluster import Cluster
 from .topology import NODE, STANDBY, RoleSpec
 
 log = logging.getLogger(__name__)
-# Loader processes use the system allocator (docs/methods/memory.md): set before pyarrow loads.
-LOADER_POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
 
 
 @dataclass
@@ -95,8 +93,6 @@ class Processes:
         cmd = [sys.executable, "-m", "flight_overlord.deploy.cli", "serve", *args, *extra,
                "--config", str(cluster.config_path), "--ready-file", str(ready_file)]
         env = {**os.environ, SECRET_ENV: cluster.secret}  # never on the command line
-        if args[0] in ("loader", NODE):  # mimalloc keeps each read-ahead thread's freed pages: ~2x a host's PSS
-            env.setdefault(LOADER_POOL_ENV, "system")
         with open(log_path, "a") as log_file:  # a restart appends: the crashed process's log stays
             process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        env=env)

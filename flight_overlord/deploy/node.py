@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 from pathlib import Path
 
 from .. import allocator
 from ..config import Config, load_config
+from ..journal import write_json_atomic
 from ..wire.server import serve
-from .topology import roles
+from .topology import hosts_every_role, roles
 
 PORTS_FILE = "node-ports.json"
 
@@ -34,6 +34,9 @@ def main(argv=None) -> None:
                         "role on the port it had")
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
+    if not hosts_every_role(cfg):  # a standby or shadow inside the process it stands in for would die with it
+        raise SystemExit(f"error: overlord serve node: {args.config} needs 'deployment: single_node' without "
+                         "planner.standbys or loader.shadows; serve its roles one by one instead")
     allocator.tame()  # before any role's threads make malloc arenas (the loader's own call would come too late)
     ports = previous_ports(cfg) if args.recover else {}
     if args.port is not None:
@@ -63,7 +66,4 @@ def previous_ports(cfg: Config) -> dict[str, int]:
 
 
 def _write_ports(cfg: Config, ports: dict[str, int]) -> None:
-    path = Path(cfg.run_dir) / PORTS_FILE
-    tmp = path.with_name(f"{PORTS_FILE}.tmp.{os.getpid()}")
-    tmp.write_text(json.dumps(ports))
-    tmp.replace(path)
+    write_json_atomic(Path(cfg.run_dir) / PORTS_FILE, ports)

@@ -86,9 +86,6 @@ class SampleKeys:
             raise IndexError(f"row {row} of a row group of {self.rows}")
         return f"{self.prefix}{row}"
 
-    def __iter__(self):
-        return (f"{self.prefix}{row}" for row in range(self.rows))
-
     def array(self, rows: pa.Array | None = None) -> pa.StringArray:
         """The keys of ``rows`` (default: every row), as Arrow strings."""
         rows = pa.array(np.arange(self.rows, dtype=np.int32)) if rows is None else rows
@@ -201,7 +198,7 @@ class SourceShare:
         """The tokens of rows ``indices`` of a text row group, as ``read`` makes them (the transform is
         per row): its text column read again, only those rows transformed (the sample-level path)."""
         table = self._file(rg.file).read_row_group(rg.row_group, columns=[self.source.text_column])
-        return self._tokenize(table.column(0).combine_chunks().take(indices), self.max_tokens)
+        return self._tokenize(table.column(0).take(indices).combine_chunks(), self.max_tokens)
 
     def _read_image_text(self, rg: RowGroupRef, keys: SampleKeys) -> RowGroupSamples:
         """Sample transform of an image-text row group: tokens with image placeholder runs, patch

@@ -7,7 +7,6 @@ import threading
 from typing import Callable
 
 import numpy as np
-import pyarrow.compute as pc
 import pyarrow.flight as fl
 
 from .. import wire
@@ -15,6 +14,7 @@ from ..core.order import RowGroupRef
 from ..wire.security import Credentials
 from ..wire.server import ClientPool, call_any, connect
 from ..wire.tickets import MetadataTicket, Reshard
+from .feed import row_group_metadata
 from .planner import Planner
 
 log = logging.getLogger(__name__)
@@ -74,15 +74,5 @@ class PlannerCalls:
             table = call_any(self.clients, self.planner.registry.locations(actor),
                              lambda c: c.do_get(wire.ticket(request.to_wire())).read_all(),
                              what=f"loader {source}[{actor[1]}]", stop=self.stopping)
-            rows = table.column("row").to_numpy()
-            meta = {}
-            for name in ("num_tokens", "image_patches"):
-                meta[name] = np.zeros(rg.num_rows, dtype=np.int64)
-                meta[name][rows] = table.column(name).to_numpy()
-            meta["image_sizes"] = [()] * rg.num_rows
-            images = table.column("image_sizes")
-            if pc.sum(pc.list_value_length(images)).as_py():  # a text row group has none: no list per row
-                for row, sizes in zip(rows.tolist(), images.to_pylist()):
-                    meta["image_sizes"][row] = tuple(sizes)
-            return meta
+            return row_group_metadata(table, rg.num_rows)
         return fetch

@@ -11,6 +11,7 @@ import collections
 from typing import Callable
 
 import numpy as np
+import pyarrow.compute as pc
 
 from ..core.order import RowGroupRef, SampleRef, Window, epoch_order, row_permutation, window_permutation, windows
 from .picks import Pick, PickTable
@@ -20,6 +21,23 @@ __all__ = ["FeedStream", "Pick", "SourceFeed"]
 
 # (epoch, row group) -> {"num_tokens": per row, optional "image_patches": per row, "image_sizes": list per row}
 FetchMeta = Callable[[int, RowGroupRef], dict[str, np.ndarray]]
+
+
+def row_group_metadata(table, num_rows: int) -> dict:
+    """A loader's metadata table of one row group (``sample_metadata`` rows, by their ``row``) as the
+    feeds read it: per row its tokens, patches and image sizes (rows absent count zero). The same for
+    metadata fetched from a loader and read from the files offline, so a re-derived plan matches."""
+    rows = table.column("row").to_numpy()
+    meta = {}
+    for name in ("num_tokens", "image_patches"):
+        meta[name] = np.zeros(num_rows, dtype=np.int64)
+        meta[name][rows] = table.column(name).to_numpy()
+    meta["image_sizes"] = [()] * num_rows
+    images = table.column("image_sizes")
+    if pc.sum(pc.list_value_length(images)).as_py():  # a text row group has none: no list per row
+        for row, sizes in zip(rows.tolist(), images.to_pylist()):
+            meta["image_sizes"][row] = tuple(sizes)
+    return meta
 
 
 class SourceFeed:

@@ -29,7 +29,6 @@ from .costing import PlannedCost
 from .registry import Registry
 from .scaling import SourceScaling
 from .strategy import Strategy
-from .views import constructor_view, step_views  # noqa: F401 - their old import path
 
 log = logging.getLogger(__name__)
 

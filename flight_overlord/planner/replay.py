@@ -32,7 +32,7 @@ from ..core.cost import attention_cost, patches_cost
 from ..core.mixing import Mixer
 from ..core.order import RowGroupRef
 from ..journal import read_journal, write_json_atomic
-from .feed import FetchMeta, SourceFeed
+from .feed import FetchMeta, SourceFeed, row_group_metadata
 from .run_inputs import ConfigHistory, Unreadable
 from .program import plan_step
 from .step_plan import StepPlan
@@ -156,10 +156,7 @@ def files_metadata(cfg: Config, name: str) -> tuple[list[RowGroupRef], FetchMeta
         except Exception as exc:  # noqa: BLE001 - as the loader: a row group it cannot read is skipped
             log.warning("source %s: cannot read %s row group %d (%s): replayed as skipped", name, file, row_group, exc)
             samples = RowGroupSamples.failed_read(name, rg)
-        batch = samples.metadata()
-        return {"num_tokens": batch.column("num_tokens").to_numpy().astype(np.int64),
-                "image_patches": batch.column("image_patches").to_numpy().astype(np.int64),
-                "image_sizes": [tuple(s) for s in batch.column("image_sizes").to_pylist()]}
+        return row_group_metadata(samples.metadata(), rows)
     return share.catalog, lambda epoch, rg: read(rg.file, rg.row_group, rg.num_rows)
 
 

@@ -51,7 +51,7 @@ class PlanService:
         self.rewind_pending = (layout is not None and layout != planner.layout()) or planner.mixture_changed
         self._views: dict[int, list[bytes]] = {}   # planned steps' views, encoded, not yet fetched by every constructor
         self._fetched: dict[int, set[int]] = {}
-        self._registrations = 0  # bumped by every registration: encoded views name the loaders' locations
+        self._registrations = 0  # bumped by every registration at a new location: encoded views name the loaders' locations
         self._publishing: int | None = None  # the step planned whose views are being made (not served yet)
         self.stats: dict[int, dict] = {}
         self.positions = TrainerPositions()        # where each rank is (asked, or reported by its constructor)
@@ -77,9 +77,10 @@ class PlanService:
                              f"moves only when its address no longer answers (restart it on the same address)")
         with self.cond:
             add()
-            self._registrations += 1
-            self._views.clear()  # they may name a moved role's old location: serve those steps from the journal
-            self._fetched.clear()
+            if current != location:  # a new or moved role: encoded views may name an old location, so
+                self._registrations += 1  # those steps are served from the journal (a restart on its own
+                self._views.clear()  # address, the recovery path, keeps them)
+                self._fetched.clear()
             if current is not None:
                 self._reregistrations[role] += 1
             if current is not None and current != location:

@@ -88,3 +88,12 @@ def test_single_node_is_one_process_where_the_backend_can_run_it_and_no_replica_
         assert NODE not in [s.name for s in roles(cfg(next(iter(replicas)), **replicas), one_process=True)]
     default = load_config(write_config(tmp_path / "default", corpus))
     assert NODE not in [s.name for s in roles(default, one_process=True)]
+
+
+def test_serve_node_refuses_a_config_whose_replicas_need_their_own_processes(corpus, tmp_path):
+    """``overlord serve node`` by hand on a config with a standby Planner: a clear error before any
+    role starts (a standby inside the process it stands in for would die with it)."""
+    from flight_overlord.deploy import node
+    path = write_config(tmp_path, corpus, deployment="single_node", planner={"standbys": 1})
+    with pytest.raises(SystemExit, match="needs 'deployment: single_node' without planner.standbys"):
+        node.main(["--config", str(path)])

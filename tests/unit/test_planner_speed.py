@@ -213,7 +213,7 @@ def test_a_constructor_view_from_columns_equals_the_view_from_picks(tmp_path, co
     field by field, as the view built from Pick objects (loaders by first sample, keys, lengths)."""
     import dataclasses
 
-    from flight_overlord.planner.planner import constructor_view
+    from flight_overlord.planner.views import constructor_view
     from flight_overlord.planner.registry import Registry
     batch = {"context_length": 2048, "microbatches": 3, "samples_per_step": 12 * 6}
     cfg = load_config(write_config(tmp_path, corpus, global_batch=batch, mesh={"dp": 6},
