@@ -125,7 +125,7 @@ def run_overlord(args, tmp: Path, data_dir: Path, names: list[str], ranks: int, 
         roles = cluster_roots(cluster)
         log(f"[overlord S={len(names)} R={ranks} hosts={hosts} {variant}] {len(roles)} role processes up in {run.start_s:.1f}s")
         tallies, sampler = rank_processes.run_ranks(
-            "flight_overlord", overlord_trainer,
+            rank_processes.TRAINER_SIDE, overlord_trainer,
             [(planner, args.warmup, args.steps, str(capture)) for _ in range(ranks)],
             label="trainer", extra_roots=lambda: roles, timeout=args.timeout)
     finally:
