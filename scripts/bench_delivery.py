@@ -61,7 +61,9 @@ CAPTURED_PER_RANK = 4  # real step tables per rank kept for the ceiling side
 # Side 2: flight_overlord
 # ---------------------------------------------------------------------------------------------
 
-def overlord_trainer(channel: RankChannel, planner: str, warmup: int, steps: int, capture_dir: str) -> None:
+def overlord_trainer(channel: RankChannel, planner: str, warmup: int, steps: int, capture_dir: str | None) -> None:
+    """One rank's TrainerClient; ``capture_dir``: where to write a few of its step tables for the ceiling
+    side (None: keep none, as the memory benchmarks do: the tables held would count as the trainer's)."""
     from flight_overlord.client.trainer import TrainerClient, table_to_microbatches
 
     # as_tensors=False plus table_to_microbatches() is exactly what as_tensors=True does (in the
@@ -75,7 +77,7 @@ def overlord_trainer(channel: RankChannel, planner: str, warmup: int, steps: int
         tally.t0 = time.monotonic()
         for table in tables:
             tally.add_step(table_to_microbatches(table), table.nbytes)
-            if len(captured) < CAPTURED_PER_RANK:
+            if capture_dir and len(captured) < CAPTURED_PER_RANK:
                 captured.append(table)
         tally.t1 = time.monotonic()
     for i, table in enumerate(captured):  # after timing: for the ceiling side
