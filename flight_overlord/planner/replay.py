@@ -9,7 +9,7 @@ the number of sources, not of samples (a whole plan is ~12 KB per step at dp 64 
 Serving step s again reads the state before it (step s - 1's record, or the snapshot or rewind just
 before s), plans s once more and compares the digest; a mismatch is an error naming the step, never
 another plan. Replay cost is one step's planning plus a journal read bounded by the snapshot
-interval. The metadata comes from the loaders (a live Planner) or from the source files themselves
+interval; what needs every step (an audit) replays the journal once, start to end (``in_force``). The metadata comes from the loaders (a live Planner) or from the source files themselves
 (offline: an audit), read once per row group; the files are fingerprinted, so a changed file is
 an error at resume already. A run's config is kept per start (``ConfigHistory``), so a step planned
 before a resume on an edited config or another layout is re-derived with the config it was planned with.
