@@ -1,0 +1,322 @@
+"""Karmarkar-Karp for many small independent problems at once: every rank's microbatches of a step.
+
+``karmarkar_karp._kk`` on one group of ~72 items over 3 bins is mostly Python overhead (~0.4 ms), and
+the microbatch level runs it once per rank: 4,096 calls at 4,096 ranks. Here every group takes one
+differencing step per round, in lockstep, each round a few numpy operations over all groups, so the
+Python work is O(items per group) rounds instead of O(groups x items).
+
+It follows ``_kk`` step for step, so the plans are the same: the same choice each step (two
+composites, the best composite and the next singleton, or the next two singletons, by spread with the
+heap's ties: the unit pushed first wins), the same merge of two composites (heaviest subset with
+lightest, stable sorts over the same array order) and the same subset orders ``_kk`` keeps (a sparse
+unit lists its items by position, then empty subsets; a full one by ascending cost, a singleton's new
+subset after equal costs; after a run of ``_SHORT_RUN`` singletons into one unit, a heap of (cost, id)
+pairs in heapq's array order).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .karmarkar_karp import _SHORT_RUN
+
+_NONE = -np.inf
+_LAST = np.iinfo(np.int64).max
+
+
+class _Pool:
+    """Every group's composite units: subset costs and subset ids (positions, -1 = empty) per slot.
+
+    A slot is live while its spread is finite. ``seq`` is when the unit was last pushed (the heap's
+    tie-break); ``sparse`` marks units that are still a plain list of items (fewer than k subsets used),
+    ``heap`` units whose subsets are kept as a heapq heap (after a long run of singletons).
+    """
+
+    def __init__(self, groups: int, k: int):
+        self.k = k
+        self.vals = np.zeros((groups, 1, k))
+        self.parts = np.full((groups, 1, k), -1, dtype=np.int64)
+        self.spread = np.full((groups, 1), _NONE)
+        self.seq = np.zeros((groups, 1), dtype=np.int64)
+        self.sparse = np.zeros((groups, 1), dtype=bool)
+        self.count = np.zeros((groups, 1), dtype=np.int64)
+        self.heap = np.zeros((groups, 1), dtype=bool)
+
+    def grow(self) -> None:
+        """One more slot for every group (a group may need a fresh one for a new unit)."""
+        g, k = self.spread.shape[0], self.k
+        self.vals = np.concatenate((self.vals, np.zeros((g, 1, k))), axis=1)
+        self.parts = np.concatenate((self.parts, np.full((g, 1, k), -1, dtype=np.int64)), axis=1)
+        self.spread = np.concatenate((self.spread, np.full((g, 1), _NONE)), axis=1)
+        self.seq = np.concatenate((self.seq, np.zeros((g, 1), dtype=np.int64)), axis=1)
+        self.sparse = np.concatenate((self.sparse, np.zeros((g, 1), dtype=bool)), axis=1)
+        self.count = np.concatenate((self.count, np.zeros((g, 1), dtype=np.int64)), axis=1)
+        self.heap = np.concatenate((self.heap, np.zeros((g, 1), dtype=bool)), axis=1)
+
+    def store(self, rows, slots, vals, parts, sparse, count, seq: int, heap=False) -> None:
+        self.vals[rows, slots], self.parts[rows, slots], self.heap[rows, slots] = vals, parts, heap
+        self.sparse[rows, slots], self.count[rows, slots] = sparse, count
+        self.spread[rows, slots] = vals.max(axis=1) - vals.min(axis=1)  # a sparse unit's min is an empty 0
+        self.seq[rows, slots] = seq
+
+
+def kk_columns(cs: np.ndarray, lengths: np.ndarray, k: int) -> np.ndarray:
+    """``_kk`` of every row of ``cs`` (groups x width, each row's first ``lengths[g]`` costs descending).
+
+    Returns the bin per position, groups x width (-1 past a row's length).
+    """
+    groups, width = cs.shape
+    if k == 1 or groups == 0:
+        return np.where(np.arange(width) < lengths[:, None], 0, -1)
+    padded = np.concatenate((cs, np.full((groups, 2), _NONE)), axis=1)  # x and y past the end
+    padded[np.arange(width + 2) >= lengths[:, None]] = _NONE
+    link = np.arange(groups * width, dtype=np.int64)
+    pool, state, run = _Pool(groups, k), _State(groups), _Run(groups, k)
+    step = 0
+    while True:
+        active = state.live + lengths - state.j > 1
+        if not active.any():
+            break
+        step += 1
+        deciding = np.flatnonzero(active & ~run.on)
+        if deciding.size:
+            if (state.live[deciding] >= pool.spread.shape[1]).any():
+                pool.grow()
+            _decide(pool, state, run, padded, link, deciding, width, step)
+        running = np.flatnonzero(run.on)
+        if running.size:
+            _run_step(pool, state, run, padded, link, running, width, step)
+    return _bins_from_links(link, groups, width, lengths)
+
+
+class _State:
+    """Per group: the singleton cursor and the number of live composite units."""
+
+    def __init__(self, groups: int):
+        self.j = np.zeros(groups, dtype=np.int64)
+        self.live = np.zeros(groups, dtype=np.int64)
+
+
+class _Run:
+    """Per group, the full unit taking a run of singletons (``_absorb_run``), held out of the pool.
+
+    ``bar`` is the largest spread among the group's other units; ``length`` the singletons taken so
+    far in this run (``_kk`` heapifies the unit once it passes ``_SHORT_RUN``)."""
+
+    def __init__(self, groups: int, k: int):
+        self.on = np.zeros(groups, dtype=bool)
+        self.vals = np.zeros((groups, k))
+        self.parts = np.zeros((groups, k), dtype=np.int64)
+        self.slot = np.zeros(groups, dtype=np.int64)
+        self.bar = np.zeros(groups)
+        self.length = np.zeros(groups, dtype=np.int64)
+        self.heap = np.zeros(groups, dtype=bool)
+
+
+def _top_two(spread: np.ndarray, seq: np.ndarray):
+    """Per row the two leading units by (spread desc, seq asc): (slot, spread) of each."""
+    rows = np.arange(spread.shape[0])
+    first = spread.max(axis=1)
+    a = np.where(spread == first[:, None], seq, _LAST).argmin(axis=1)
+    spread[rows, a] = _NONE  # a copy (fancy-indexed by the caller)
+    second = spread.max(axis=1)
+    b = np.where(spread == second[:, None], seq, _LAST).argmin(axis=1)
+    return a, first, b, second
+
+
+def _decide(pool: _Pool, state: _State, run: _Run, padded, link, rows, width: int, step: int) -> None:
+    """One step of ``_kk``'s main loop in every group not in a run: which two tuples lead, and merge them."""
+    a, best, b, second = _top_two(pool.spread[rows], pool.seq[rows])
+    j = state.j[rows]
+    x, y = padded[rows, j], padded[rows, j + 1]
+    two_units = second >= x  # composites win ties
+    unit_single = ~two_units & (best >= y) & (best > _NONE)
+    two_singles = ~two_units & ~unit_single
+    if two_units.any():
+        _merge_units(pool, state, padded, link, rows[two_units], a[two_units], b[two_units], width, step)
+    if unit_single.any():
+        sparse = unit_single & pool.sparse[rows, a]
+        if sparse.any():
+            _add_item(pool, state, rows[sparse], a[sparse], j[sparse], x[sparse], step)
+        starts = unit_single & ~sparse
+        if starts.any():  # a full unit leaves the pool for its run; _run_step takes the first singleton
+            r, s = rows[starts], a[starts]
+            run.on[r], run.slot[r], run.bar[r], run.length[r] = True, s, second[starts], 0
+            run.vals[r], run.parts[r], run.heap[r] = pool.vals[r, s], pool.parts[r, s], pool.heap[r, s]
+    if two_singles.any():
+        _pair_singles(pool, state, rows[two_singles], j[two_singles], x[two_singles], y[two_singles], step)
+
+
+def _run_step(pool: _Pool, state: _State, run: _Run, padded, link, rows, width: int, step: int) -> None:
+    """Singleton j onto the lightest subset of every running unit; runs that stop go back to the pool.
+
+    In a list (ascending costs) the lightest is the first subset and its new cost goes after the
+    subsets of equal cost (``_absorb_short_run_lists``); in a heap it is heapq's root
+    (``heapreplace``). A run stops when the next singleton or the unit no longer leads."""
+    j = state.j[rows]
+    x = padded[rows, j]
+    vals, parts, heap = run.vals[rows], run.parts[rows], run.heap[rows]
+    lightest = parts[:, 0].copy()
+    if not heap.any() and (run.length[rows] < _SHORT_RUN).all():
+        vals, parts = _insert_after_equals(vals, parts, vals[:, 0] + x, lightest)
+        spread = vals[:, -1] - vals[:, 0]
+    else:
+        heapify = ~heap & (run.length[rows] == _SHORT_RUN)
+        heap |= heapify
+        listed = ~heap
+        if listed.any():
+            vals[listed], parts[listed] = _insert_after_equals(vals[listed], parts[listed],
+                                                               vals[listed, 0] + x[listed], lightest[listed])
+        hv, hp = vals[heap], parts[heap]
+        if heapify.any():
+            _heapify(hv, hp, heapify[heap])
+            lightest[heap] = hp[:, 0]
+        hv[:, 0] += x[heap]
+        _sift_up(hv, hp, np.zeros(hv.shape[0], dtype=np.int64))
+        vals[heap], parts[heap] = hv, hp
+        spread = vals.max(axis=1) - vals.min(axis=1)
+    base = rows * width
+    link[base + j] = base + lightest
+    j += 1
+    state.j[rows] = j
+    bar = run.bar[rows]
+    going = (padded[rows, j] > bar) & (spread > bar) & (spread >= padded[rows, j + 1])
+    run.vals[rows], run.parts[rows], run.heap[rows] = vals, parts, heap
+    run.length[rows] += 1
+    if not going.all():
+        done = ~going
+        r = rows[done]
+        pool.store(r, run.slot[r], vals[done], parts[done], False, pool.k, step, heap[done])
+        run.on[r] = False
+
+
+def _add_item(pool: _Pool, state: _State, rows, a, j, x, step: int) -> None:
+    """Singleton j as a new subset of a sparse unit; once it holds k items it is listed by ascending cost."""
+    k = pool.k
+    vals, parts, count = pool.vals[rows, a], pool.parts[rows, a], pool.count[rows, a]
+    r = np.arange(rows.size)
+    vals[r, count], parts[r, count] = x, j
+    count += 1
+    now_full = count == k
+    vals[now_full], parts[now_full] = vals[now_full, ::-1], parts[now_full, ::-1]
+    pool.store(rows, a, vals, parts, ~now_full, count, step)
+    state.j[rows] += 1
+
+
+def _merge_units(pool: _Pool, state: _State, padded, link, rows, a, b, width: int, step: int) -> None:
+    """The two leading composites merged into the first one's slot (``_merge_units``)."""
+    k = pool.k
+    av, ap, bv, bp = pool.vals[rows, a], pool.parts[rows, a], pool.vals[rows, b], pool.parts[rows, b]
+    pooled = pool.sparse[rows, a] & pool.sparse[rows, b] & (pool.count[rows, a] + pool.count[rows, b] < k)
+    ia = np.argsort(-av, axis=1, kind="stable")
+    ib = np.argsort(bv, axis=1, kind="stable")
+    pa, pb = np.take_along_axis(ap, ia, axis=1), np.take_along_axis(bp, ib, axis=1)
+    vals = np.take_along_axis(av, ia, axis=1) + np.take_along_axis(bv, ib, axis=1)
+    parts = np.where(pa >= 0, pa, pb)
+    both = (pa >= 0) & (pb >= 0) & ~pooled[:, None]
+    base = (rows * width)[:, None]
+    link[(base + pb)[both]] = (base + pa)[both]
+    order = np.argsort(vals, axis=1, kind="stable")
+    vals, parts = np.take_along_axis(vals, order, axis=1), np.take_along_axis(parts, order, axis=1)
+    if pooled.any():  # two short item lists: their items by position, then empty subsets
+        items = np.concatenate((ap[pooled], bp[pooled]), axis=1)
+        items = np.sort(np.where(items >= 0, items, _LAST), axis=1)[:, :k]
+        empty = items == _LAST
+        items[empty] = -1
+        vals[pooled] = np.where(empty, 0.0, padded[rows[pooled][:, None], items])
+        parts[pooled] = items
+    count = pool.count[rows, a] + pool.count[rows, b]
+    pool.store(rows, a, vals, parts, pooled, np.where(pooled, count, k), step)
+    pool.spread[rows, b] = _NONE
+    state.live[rows] -= 1
+
+
+def _insert_after_equals(vals, parts, load, part):
+    """Sorted (costs, ids) without their first subset, and (load, part) inserted after every equal cost."""
+    rows, k = vals.shape
+    at = (vals[:, 1:] <= load[:, None]).sum(axis=1)[:, None]
+    slot = np.arange(k)[None, :]
+    src = (np.arange(rows) * k)[:, None] + slot + (slot < at)  # the subset that ends up in each slot
+    here = slot == at
+    src[here] = 0
+    return (np.where(here, load[:, None], vals.ravel()[src]), np.where(here, part[:, None], parts.ravel()[src]))
+
+
+def _less(v1, p1, v2, p2):
+    """(cost, id) tuples compared as Python compares them."""
+    return (v1 < v2) | ((v1 == v2) & (p1 < p2))
+
+
+def _heapify(hv, hp, rows_mask) -> None:
+    """``heapq.heapify`` of the rows in ``rows_mask`` (in place)."""
+    k = hv.shape[1]
+    for i in reversed(range(k // 2)):
+        _sift_up(hv, hp, np.where(rows_mask, i, k))
+
+
+def _sift_up(hv, hp, pos) -> None:
+    """``heapq._siftup(heap, pos)`` on every row (in place); rows with ``pos >= k`` are left alone.
+
+    The smaller child moves up until a leaf, then the item sifts back down towards ``pos``."""
+    k = hv.shape[1]
+    r = np.arange(hv.shape[0])
+    start = pos.copy()
+    at = np.minimum(pos, k - 1)
+    item_v, item_p = hv[r, at], hp[r, at]
+    while True:
+        child = 2 * pos + 1
+        go = child < k
+        if not go.any():
+            break
+        right = np.minimum(child + 1, k - 1)
+        left = np.minimum(child, k - 1)
+        child = np.where((child + 1 < k) & ~_less(hv[r, left], hp[r, left], hv[r, right], hp[r, right]),
+                         right, left)
+        child = np.where(go, child, pos)
+        hv[r, pos.clip(max=k - 1)] = np.where(go, hv[r, child.clip(max=k - 1)], hv[r, pos.clip(max=k - 1)])
+        hp[r, pos.clip(max=k - 1)] = np.where(go, hp[r, child.clip(max=k - 1)], hp[r, pos.clip(max=k - 1)])
+        pos = child
+    while True:
+        parent = np.maximum((pos - 1) >> 1, 0)
+        up = (pos > start) & (pos < k) & _less(item_v, item_p, hv[r, parent], hp[r, parent])
+        if not up.any():
+            break
+        at = np.minimum(pos, k - 1)
+        hv[r, at] = np.where(up, hv[r, parent], hv[r, at])
+        hp[r, at] = np.where(up, hp[r, parent], hp[r, at])
+        pos = np.where(up, parent, pos)
+    keep = pos < k
+    hv[r[keep], pos[keep]], hp[r[keep], pos[keep]] = item_v[keep], item_p[keep]
+
+
+def _pair_singles(pool: _Pool, state: _State, rows, j, x, y, step: int) -> None:
+    """Singletons j and j+1 start a new unit in a free slot (a sparse list of two items)."""
+    k = pool.k
+    free = (pool.spread[rows] == _NONE).argmax(axis=1)
+    vals = np.zeros((rows.size, k))
+    parts = np.full((rows.size, k), -1, dtype=np.int64)
+    vals[:, 0], vals[:, 1], parts[:, 0], parts[:, 1] = x, y, j, j + 1
+    if k == 2:  # already full: listed by ascending cost
+        vals, parts = vals[:, ::-1], parts[:, ::-1]
+    pool.store(rows, free, vals, parts, k > 2, np.full(rows.size, 2), step)
+    state.j[rows] += 2
+    state.live[rows] += 1
+
+
+def _bins_from_links(link: np.ndarray, groups: int, width: int, lengths: np.ndarray) -> np.ndarray:
+    """``karmarkar_karp._bins_from_links`` for every group at once: bins numbered by first position."""
+    while True:
+        nxt = link[link]
+        if np.array_equal(nxt, link):
+            break
+        link = nxt
+    real = (np.arange(width)[None, :] < lengths[:, None]).ravel()
+    first = np.full(link.size, link.size)
+    np.minimum.at(first, link[real], np.flatnonzero(real))
+    used = np.flatnonzero(first < link.size)
+    used = used[np.argsort(first[used], kind="stable")]
+    owner = used // width
+    starts = np.searchsorted(owner, np.arange(groups))
+    rank = np.empty(link.size, dtype=np.int64)
+    rank[used] = np.arange(used.size) - starts[owner]
+    return np.where(real, rank[link], -1).reshape(groups, width)
