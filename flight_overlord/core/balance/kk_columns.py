@@ -43,15 +43,15 @@ class _Pool:
         self.heap = np.zeros((groups, 1), dtype=bool)
 
     def grow(self) -> None:
-        """One more slot for every group (a group may need a fresh one for a new unit)."""
-        g, k = self.spread.shape[0], self.k
-        self.vals = np.concatenate((self.vals, np.zeros((g, 1, k))), axis=1)
-        self.parts = np.concatenate((self.parts, np.full((g, 1, k), -1, dtype=np.int64)), axis=1)
-        self.spread = np.concatenate((self.spread, np.full((g, 1), _NONE)), axis=1)
-        self.seq = np.concatenate((self.seq, np.zeros((g, 1), dtype=np.int64)), axis=1)
-        self.sparse = np.concatenate((self.sparse, np.zeros((g, 1), dtype=bool)), axis=1)
-        self.count = np.concatenate((self.count, np.zeros((g, 1), dtype=np.int64)), axis=1)
-        self.heap = np.concatenate((self.heap, np.zeros((g, 1), dtype=bool)), axis=1)
+        """More slots for every group (a group may need a fresh one for a new unit): half as many again."""
+        g, k, more = self.spread.shape[0], self.k, max(2, self.spread.shape[1] // 2)
+        self.vals = np.concatenate((self.vals, np.zeros((g, more, k))), axis=1)
+        self.parts = np.concatenate((self.parts, np.full((g, more, k), -1, dtype=np.int64)), axis=1)
+        self.spread = np.concatenate((self.spread, np.full((g, more), _NONE)), axis=1)
+        self.seq = np.concatenate((self.seq, np.zeros((g, more), dtype=np.int64)), axis=1)
+        self.sparse = np.concatenate((self.sparse, np.zeros((g, more), dtype=bool)), axis=1)
+        self.count = np.concatenate((self.count, np.zeros((g, more), dtype=np.int64)), axis=1)
+        self.heap = np.concatenate((self.heap, np.zeros((g, more), dtype=bool)), axis=1)
 
     def store(self, rows, slots, vals, parts, sparse, count, seq: int, heap=False) -> None:
         self.vals[rows, slots], self.parts[rows, slots], self.heap[rows, slots] = vals, parts, heap
@@ -70,7 +70,7 @@ def kk_columns(cs: np.ndarray, lengths: np.ndarray, k: int) -> np.ndarray:
         return np.where(np.arange(width) < lengths[:, None], 0, -1)
     padded = np.concatenate((cs, np.full((groups, 2), _NONE)), axis=1)  # x and y past the end
     padded[np.arange(width + 2) >= lengths[:, None]] = _NONE
-    link = np.arange(groups * width, dtype=np.int64)
+    link = np.arange(groups * width + 1, dtype=np.int64)  # the last: a sink for writes of groups not running
     pool, state, run = _Pool(groups, k), _State(groups), _Run(groups, k)
     step = 0
     while True:
@@ -83,10 +83,9 @@ def kk_columns(cs: np.ndarray, lengths: np.ndarray, k: int) -> np.ndarray:
             if (state.live[deciding] >= pool.spread.shape[1]).any():
                 pool.grow()
             _decide(pool, state, run, padded, link, deciding, width, step)
-        running = np.flatnonzero(run.on)
-        if running.size:
-            _run_step(pool, state, run, padded, link, running, width, step)
-    return _bins_from_links(link, groups, width, lengths)
+        if run.on.any():
+            _run_step(pool, state, run, padded, link, width, step)
+    return _bins_from_links(link[:-1], groups, width, lengths)
 
 
 class _State:
@@ -101,12 +100,14 @@ class _Run:
     """Per group, the full unit taking a run of singletons (``_absorb_run``), held out of the pool.
 
     ``bar`` is the largest spread among the group's other units; ``length`` the singletons taken so
-    far in this run (``_kk`` heapifies the unit once it passes ``_SHORT_RUN``)."""
+    far in this run (``_kk`` heapifies the unit once it passes ``_SHORT_RUN``). Subsets are rows of
+    ``vals``/``parts`` (k x groups): numpy is several times faster along a long row than over many
+    rows of k."""
 
     def __init__(self, groups: int, k: int):
         self.on = np.zeros(groups, dtype=bool)
-        self.vals = np.zeros((groups, k))
-        self.parts = np.zeros((groups, k), dtype=np.int64)
+        self.vals = np.zeros((k, groups))
+        self.parts = np.zeros((k, groups), dtype=np.int64)
         self.slot = np.zeros(groups, dtype=np.int64)
         self.bar = np.zeros(groups)
         self.length = np.zeros(groups, dtype=np.int64)
@@ -142,52 +143,55 @@ def _decide(pool: _Pool, state: _State, run: _Run, padded, link, rows, width: in
         if starts.any():  # a full unit leaves the pool for its run; _run_step takes the first singleton
             r, s = rows[starts], a[starts]
             run.on[r], run.slot[r], run.bar[r], run.length[r] = True, s, second[starts], 0
-            run.vals[r], run.parts[r], run.heap[r] = pool.vals[r, s], pool.parts[r, s], pool.heap[r, s]
+            run.vals[:, r], run.parts[:, r], run.heap[r] = pool.vals[r, s].T, pool.parts[r, s].T, pool.heap[r, s]
     if two_singles.any():
         _pair_singles(pool, state, rows[two_singles], j[two_singles], x[two_singles], y[two_singles], step)
 
 
-def _run_step(pool: _Pool, state: _State, run: _Run, padded, link, rows, width: int, step: int) -> None:
+def _run_step(pool: _Pool, state: _State, run: _Run, padded, link, width: int, step: int) -> None:
     """Singleton j onto the lightest subset of every running unit; runs that stop go back to the pool.
 
     In a list (ascending costs) the lightest is the first subset and its new cost goes after the
     subsets of equal cost (``_absorb_short_run_lists``); in a heap it is heapq's root
-    (``heapreplace``). A run stops when the next singleton or the unit no longer leads."""
-    j = state.j[rows]
-    x = padded[rows, j]
-    vals, parts, heap = run.vals[rows], run.parts[rows], run.heap[rows]
-    lightest = parts[:, 0].copy()
-    if not heap.any() and (run.length[rows] < _SHORT_RUN).all():
-        vals, parts = _insert_after_equals(vals, parts, vals[:, 0] + x, lightest)
-        spread = vals[:, -1] - vals[:, 0]
+    (``heapreplace``). A run stops when the next singleton or the unit no longer leads. Most groups
+    run at any time, so this works on every group's row (what it computes for the others is never
+    read: a run starts from the pool) rather than gathering the running ones."""
+    on, j, vals, parts = run.on, state.j, run.vals, run.parts
+    groups = on.size
+    at = np.arange(groups) * (width + 2) + j
+    x = padded.ravel()[at]
+    lightest = parts[0].copy()
+    heap = run.heap & on
+    heapify = on & ~heap & (run.length == _SHORT_RUN)
+    if not (heap.any() or heapify.any()):
+        vals, parts = _insert_after_equals(vals, parts, vals[0] + x, lightest)
+        spread = vals[-1] - vals[0]
     else:
-        heapify = ~heap & (run.length[rows] == _SHORT_RUN)
         heap |= heapify
         listed = ~heap
-        if listed.any():
-            vals[listed], parts[listed] = _insert_after_equals(vals[listed], parts[listed],
-                                                               vals[listed, 0] + x[listed], lightest[listed])
-        hv, hp = vals[heap], parts[heap]
+        vals[:, listed], parts[:, listed] = _insert_after_equals(vals[:, listed], parts[:, listed],
+                                                                 vals[0, listed] + x[listed], lightest[listed])
+        hv, hp = vals[:, heap].T.copy(), parts[:, heap].T.copy()
         if heapify.any():
             _heapify(hv, hp, heapify[heap])
             lightest[heap] = hp[:, 0]
         hv[:, 0] += x[heap]
         _sift_up(hv, hp, np.zeros(hv.shape[0], dtype=np.int64))
-        vals[heap], parts[heap] = hv, hp
-        spread = vals.max(axis=1) - vals.min(axis=1)
-    base = rows * width
-    link[base + j] = base + lightest
-    j += 1
-    state.j[rows] = j
-    bar = run.bar[rows]
-    going = (padded[rows, j] > bar) & (spread > bar) & (spread >= padded[rows, j + 1])
-    run.vals[rows], run.parts[rows], run.heap[rows] = vals, parts, heap
-    run.length[rows] += 1
-    if not going.all():
-        done = ~going
-        r = rows[done]
-        pool.store(r, run.slot[r], vals[done], parts[done], False, pool.k, step, heap[done])
-        run.on[r] = False
+        vals[:, heap], parts[:, heap] = hv.T, hp.T
+        spread = vals.max(axis=0) - vals.min(axis=0)
+        run.heap = heap
+    base = np.arange(groups) * width
+    link[np.where(on, base + j, link.size - 1)] = base + lightest
+    j += on
+    bar = run.bar
+    going = (padded.ravel()[at + 1] > bar) & (spread > bar) & (spread >= padded.ravel()[at + 2])
+    run.vals, run.parts = vals, parts
+    run.length += 1
+    done = on & ~going
+    if done.any():
+        r = np.flatnonzero(done)
+        pool.store(r, run.slot[r], vals[:, r].T, parts[:, r].T, False, pool.k, step, run.heap[r])
+        on[r] = False
 
 
 def _add_item(pool: _Pool, state: _State, rows, a, j, x, step: int) -> None:
@@ -232,14 +236,15 @@ def _merge_units(pool: _Pool, state: _State, padded, link, rows, a, b, width: in
 
 
 def _insert_after_equals(vals, parts, load, part):
-    """Sorted (costs, ids) without their first subset, and (load, part) inserted after every equal cost."""
-    rows, k = vals.shape
-    at = (vals[:, 1:] <= load[:, None]).sum(axis=1)[:, None]
-    slot = np.arange(k)[None, :]
-    src = (np.arange(rows) * k)[:, None] + slot + (slot < at)  # the subset that ends up in each slot
-    here = slot == at
-    src[here] = 0
-    return (np.where(here, load[:, None], vals.ravel()[src]), np.where(here, part[:, None], parts.ravel()[src]))
+    """Subsets as rows (k x groups), ascending: without the first, and (load, part) inserted after
+    every subset of equal cost."""
+    k = vals.shape[0]
+    at = (vals[1:] <= load).sum(axis=0)
+    slot = np.arange(k)[:, None]
+    before, here = slot < at, slot == at  # slots before the new one take the next subset's place
+    new_v = np.where(before, np.concatenate((vals[1:], vals[:1])), vals)
+    new_p = np.where(before, np.concatenate((parts[1:], parts[:1])), parts)
+    return np.where(here, load, new_v), np.where(here, part, new_p)
 
 
 def _less(v1, p1, v2, p2):
