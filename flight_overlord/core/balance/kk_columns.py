@@ -29,35 +29,42 @@ class _Pool:
 
     A slot is live while its spread is finite. ``seq`` is when the unit was last pushed (the heap's
     tie-break); ``sparse`` marks units that are still a plain list of items (fewer than k subsets used),
-    ``heap`` units whose subsets are kept as a heapq heap (after a long run of singletons).
+    ``heap`` units whose subsets are kept as a heapq heap (after a long run of singletons). Laid out
+    slot x group (``vals``/``parts``: subset x slot x group), so a unit gathered for many groups is a
+    k x groups array whose rows are long.
     """
 
     def __init__(self, groups: int, k: int):
         self.k = k
-        self.vals = np.zeros((groups, 1, k))
-        self.parts = np.full((groups, 1, k), -1, dtype=np.int64)
-        self.spread = np.full((groups, 1), _NONE)
-        self.seq = np.zeros((groups, 1), dtype=np.int64)
-        self.sparse = np.zeros((groups, 1), dtype=bool)
-        self.count = np.zeros((groups, 1), dtype=np.int64)
-        self.heap = np.zeros((groups, 1), dtype=bool)
+        self.vals = np.zeros((k, 1, groups))
+        self.parts = np.full((k, 1, groups), -1, dtype=np.int64)
+        self.spread = np.full((1, groups), _NONE)
+        self.seq = np.zeros((1, groups), dtype=np.int64)
+        self.sparse = np.zeros((1, groups), dtype=bool)
+        self.count = np.zeros((1, groups), dtype=np.int64)
+        self.heap = np.zeros((1, groups), dtype=bool)
+        self.used = 1  # slots that any group has used (or slot 0): the rest are dead everywhere
 
     def grow(self) -> None:
         """More slots for every group (a group may need a fresh one for a new unit): half as many again."""
-        g, k, more = self.spread.shape[0], self.k, max(2, self.spread.shape[1] // 2)
-        self.vals = np.concatenate((self.vals, np.zeros((g, more, k))), axis=1)
-        self.parts = np.concatenate((self.parts, np.full((g, more, k), -1, dtype=np.int64)), axis=1)
-        self.spread = np.concatenate((self.spread, np.full((g, more), _NONE)), axis=1)
-        self.seq = np.concatenate((self.seq, np.zeros((g, more), dtype=np.int64)), axis=1)
-        self.sparse = np.concatenate((self.sparse, np.zeros((g, more), dtype=bool)), axis=1)
-        self.count = np.concatenate((self.count, np.zeros((g, more), dtype=np.int64)), axis=1)
-        self.heap = np.concatenate((self.heap, np.zeros((g, more), dtype=bool)), axis=1)
+        g, k, more = self.spread.shape[1], self.k, max(2, self.spread.shape[0] // 2)
+        self.vals = np.concatenate((self.vals, np.zeros((k, more, g))), axis=1)
+        self.parts = np.concatenate((self.parts, np.full((k, more, g), -1, dtype=np.int64)), axis=1)
+        self.spread = np.concatenate((self.spread, np.full((more, g), _NONE)))
+        self.seq = np.concatenate((self.seq, np.zeros((more, g), dtype=np.int64)))
+        self.sparse = np.concatenate((self.sparse, np.zeros((more, g), dtype=bool)))
+        self.count = np.concatenate((self.count, np.zeros((more, g), dtype=np.int64)))
+        self.heap = np.concatenate((self.heap, np.zeros((more, g), dtype=bool)))
+
+    def unit(self, slots, rows):
+        """(costs, ids) of one unit per group, k x len(rows)."""
+        return self.vals[:, slots, rows], self.parts[:, slots, rows]
 
     def store(self, rows, slots, vals, parts, sparse, count, seq: int, heap=False) -> None:
-        self.vals[rows, slots], self.parts[rows, slots], self.heap[rows, slots] = vals, parts, heap
-        self.sparse[rows, slots], self.count[rows, slots] = sparse, count
-        self.spread[rows, slots] = vals.max(axis=1) - vals.min(axis=1)  # a sparse unit's min is an empty 0
-        self.seq[rows, slots] = seq
+        self.vals[:, slots, rows], self.parts[:, slots, rows], self.heap[slots, rows] = vals, parts, heap
+        self.sparse[slots, rows], self.count[slots, rows] = sparse, count
+        self.spread[slots, rows] = vals.max(axis=0) - vals.min(axis=0)  # a sparse unit's min is an empty 0
+        self.seq[slots, rows] = seq
 
 
 def kk_columns(cs: np.ndarray, lengths: np.ndarray, k: int) -> np.ndarray:
@@ -80,7 +87,7 @@ def kk_columns(cs: np.ndarray, lengths: np.ndarray, k: int) -> np.ndarray:
         step += 1
         deciding = np.flatnonzero(active & ~run.on)
         if deciding.size:
-            if (state.live[deciding] >= pool.spread.shape[1]).any():
+            if (state.live[deciding] >= pool.spread.shape[0]).any():
                 pool.grow()
             _decide(pool, state, run, padded, link, deciding, width, step)
         if run.on.any():
@@ -115,35 +122,35 @@ class _Run:
 
 
 def _top_two(spread: np.ndarray, seq: np.ndarray):
-    """Per row the two leading units by (spread desc, seq asc): (slot, spread) of each."""
-    rows = np.arange(spread.shape[0])
-    first = spread.max(axis=1)
-    a = np.where(spread == first[:, None], seq, _LAST).argmin(axis=1)
-    spread[rows, a] = _NONE  # a copy (fancy-indexed by the caller)
-    second = spread.max(axis=1)
-    b = np.where(spread == second[:, None], seq, _LAST).argmin(axis=1)
+    """Per column (group) the two leading units by (spread desc, seq asc): (slot, spread) of each."""
+    first = spread.max(axis=0)
+    a = np.where(spread == first, seq, _LAST).argmin(axis=0)
+    spread[a, np.arange(spread.shape[1])] = _NONE  # a copy (fancy-indexed by the caller)
+    second = spread.max(axis=0)
+    b = np.where(spread == second, seq, _LAST).argmin(axis=0)
     return a, first, b, second
 
 
 def _decide(pool: _Pool, state: _State, run: _Run, padded, link, rows, width: int, step: int) -> None:
     """One step of ``_kk``'s main loop in every group not in a run: which two tuples lead, and merge them."""
-    a, best, b, second = _top_two(pool.spread[rows], pool.seq[rows])
+    a, best, b, second = _top_two(pool.spread[: pool.used, rows], pool.seq[: pool.used, rows])
     j = state.j[rows]
-    x, y = padded[rows, j], padded[rows, j + 1]
+    at = rows * (width + 2) + j
+    x, y = padded.ravel()[at], padded.ravel()[at + 1]
     two_units = second >= x  # composites win ties
     unit_single = ~two_units & (best >= y) & (best > _NONE)
     two_singles = ~two_units & ~unit_single
     if two_units.any():
         _merge_units(pool, state, padded, link, rows[two_units], a[two_units], b[two_units], width, step)
     if unit_single.any():
-        sparse = unit_single & pool.sparse[rows, a]
+        sparse = unit_single & pool.sparse[a, rows]
         if sparse.any():
             _add_item(pool, state, rows[sparse], a[sparse], j[sparse], x[sparse], step)
         starts = unit_single & ~sparse
         if starts.any():  # a full unit leaves the pool for its run; _run_step takes the first singleton
             r, s = rows[starts], a[starts]
             run.on[r], run.slot[r], run.bar[r], run.length[r] = True, s, second[starts], 0
-            run.vals[:, r], run.parts[:, r], run.heap[r] = pool.vals[r, s].T, pool.parts[r, s].T, pool.heap[r, s]
+            (run.vals[:, r], run.parts[:, r]), run.heap[r] = pool.unit(s, r), pool.heap[s, r]
     if two_singles.any():
         _pair_singles(pool, state, rows[two_singles], j[two_singles], x[two_singles], y[two_singles], step)
 
@@ -190,19 +197,19 @@ def _run_step(pool: _Pool, state: _State, run: _Run, padded, link, width: int, s
     done = on & ~going
     if done.any():
         r = np.flatnonzero(done)
-        pool.store(r, run.slot[r], vals[:, r].T, parts[:, r].T, False, pool.k, step, run.heap[r])
+        pool.store(r, run.slot[r], vals[:, r], parts[:, r], False, pool.k, step, run.heap[r])
         on[r] = False
 
 
 def _add_item(pool: _Pool, state: _State, rows, a, j, x, step: int) -> None:
     """Singleton j as a new subset of a sparse unit; once it holds k items it is listed by ascending cost."""
     k = pool.k
-    vals, parts, count = pool.vals[rows, a], pool.parts[rows, a], pool.count[rows, a]
+    (vals, parts), count = pool.unit(a, rows), pool.count[a, rows]
     r = np.arange(rows.size)
-    vals[r, count], parts[r, count] = x, j
+    vals[count, r], parts[count, r] = x, j
     count += 1
     now_full = count == k
-    vals[now_full], parts[now_full] = vals[now_full, ::-1], parts[now_full, ::-1]
+    vals[:, now_full], parts[:, now_full] = vals[::-1, now_full], parts[::-1, now_full]
     pool.store(rows, a, vals, parts, ~now_full, count, step)
     state.j[rows] += 1
 
@@ -210,28 +217,28 @@ def _add_item(pool: _Pool, state: _State, rows, a, j, x, step: int) -> None:
 def _merge_units(pool: _Pool, state: _State, padded, link, rows, a, b, width: int, step: int) -> None:
     """The two leading composites merged into the first one's slot (``_merge_units``)."""
     k = pool.k
-    av, ap, bv, bp = pool.vals[rows, a], pool.parts[rows, a], pool.vals[rows, b], pool.parts[rows, b]
-    pooled = pool.sparse[rows, a] & pool.sparse[rows, b] & (pool.count[rows, a] + pool.count[rows, b] < k)
-    ia = np.argsort(-av, axis=1, kind="stable")
-    ib = np.argsort(bv, axis=1, kind="stable")
-    pa, pb = np.take_along_axis(ap, ia, axis=1), np.take_along_axis(bp, ib, axis=1)
-    vals = np.take_along_axis(av, ia, axis=1) + np.take_along_axis(bv, ib, axis=1)
+    (av, ap), (bv, bp) = pool.unit(a, rows), pool.unit(b, rows)
+    count = pool.count[a, rows] + pool.count[b, rows]
+    pooled = pool.sparse[a, rows] & pool.sparse[b, rows] & (count < k)
+    ia = np.argsort(-av, axis=0, kind="stable")
+    ib = np.argsort(bv, axis=0, kind="stable")
+    pa, pb = np.take_along_axis(ap, ia, axis=0), np.take_along_axis(bp, ib, axis=0)
+    vals = np.take_along_axis(av, ia, axis=0) + np.take_along_axis(bv, ib, axis=0)
     parts = np.where(pa >= 0, pa, pb)
-    both = (pa >= 0) & (pb >= 0) & ~pooled[:, None]
-    base = (rows * width)[:, None]
+    both = (pa >= 0) & (pb >= 0) & ~pooled
+    base = rows * width
     link[(base + pb)[both]] = (base + pa)[both]
-    order = np.argsort(vals, axis=1, kind="stable")
-    vals, parts = np.take_along_axis(vals, order, axis=1), np.take_along_axis(parts, order, axis=1)
+    order = np.argsort(vals, axis=0, kind="stable")
+    vals, parts = np.take_along_axis(vals, order, axis=0), np.take_along_axis(parts, order, axis=0)
     if pooled.any():  # two short item lists: their items by position, then empty subsets
-        items = np.concatenate((ap[pooled], bp[pooled]), axis=1)
-        items = np.sort(np.where(items >= 0, items, _LAST), axis=1)[:, :k]
+        items = np.concatenate((ap[:, pooled], bp[:, pooled]))
+        items = np.sort(np.where(items >= 0, items, _LAST), axis=0)[:k]
         empty = items == _LAST
         items[empty] = -1
-        vals[pooled] = np.where(empty, 0.0, padded[rows[pooled][:, None], items])
-        parts[pooled] = items
-    count = pool.count[rows, a] + pool.count[rows, b]
+        vals[:, pooled] = np.where(empty, 0.0, padded.ravel()[rows[pooled] * (width + 2) + items])
+        parts[:, pooled] = items
     pool.store(rows, a, vals, parts, pooled, np.where(pooled, count, k), step)
-    pool.spread[rows, b] = _NONE
+    pool.spread[b, rows] = _NONE
     state.live[rows] -= 1
 
 
@@ -297,13 +304,14 @@ def _sift_up(hv, hp, pos) -> None:
 def _pair_singles(pool: _Pool, state: _State, rows, j, x, y, step: int) -> None:
     """Singletons j and j+1 start a new unit in a free slot (a sparse list of two items)."""
     k = pool.k
-    free = (pool.spread[rows] == _NONE).argmax(axis=1)
-    vals = np.zeros((rows.size, k))
-    parts = np.full((rows.size, k), -1, dtype=np.int64)
-    vals[:, 0], vals[:, 1], parts[:, 0], parts[:, 1] = x, y, j, j + 1
+    free = (pool.spread[: pool.used + 1, rows] == _NONE).argmax(axis=0)
+    pool.used = max(pool.used, int(free.max()) + 1)
+    vals = np.zeros((k, rows.size))
+    parts = np.full((k, rows.size), -1, dtype=np.int64)
+    vals[0], vals[1], parts[0], parts[1] = x, y, j, j + 1
     if k == 2:  # already full: listed by ascending cost
-        vals, parts = vals[:, ::-1], parts[:, ::-1]
-    pool.store(rows, free, vals, parts, k > 2, np.full(rows.size, 2), step)
+        vals, parts = vals[::-1], parts[::-1]
+    pool.store(rows, free, vals, parts, k > 2, 2, step)
     state.j[rows] += 2
     state.live[rows] += 1
 
@@ -317,7 +325,8 @@ def _bins_from_links(link: np.ndarray, groups: int, width: int, lengths: np.ndar
         link = nxt
     real = (np.arange(width)[None, :] < lengths[:, None]).ravel()
     first = np.full(link.size, link.size)
-    np.minimum.at(first, link[real], np.flatnonzero(real))
+    positions = np.flatnonzero(real)
+    first[link[positions[::-1]]] = positions[::-1]  # of repeated indices the last write stays: the first position
     used = np.flatnonzero(first < link.size)
     used = used[np.argsort(first[used], kind="stable")]
     owner = used // width
