@@ -16,6 +16,7 @@ from flight_overlord.client import TrainerClient
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.deploy.node import previous_ports
+from flight_overlord.journal import archive_path
 from flight_overlord.harness import step_digest
 from flight_overlord.planner.audit import offline_audit
 
@@ -59,18 +60,30 @@ def config(directory, corpus, **overrides):
 def run(path, *, kill: str | None = None, at: int = 0, report: bool = False, check=None) -> dict[int, list]:
     """An undisturbed run, or one where role ``kill`` gets SIGKILL when rank 0 reaches step ``at``;
     ``check(cluster)`` runs before the cluster stops."""
+    def drive(planner, on_step):
+        return train(planner, 0, STEPS, report=report, on_step=on_step)
+    return run_killing(path, {at: kill} if kill else {}, drive, check=check)
+
+
+def run_killing(path, kills: dict[int, str], drive, *, check=None, before_kill=None):
+    """``drive(planner, on_step)`` on a fresh cluster, its trainers calling ``on_step(rank, step)``; role
+    ``kills[step]`` gets SIGKILL when rank 0 reaches that step (``before_kill(cluster, role)`` first).
+    Waits for every killed role to be back; ``check(cluster)`` runs before the cluster stops."""
     with LocalCluster(path) as cluster:
-        fired = threading.Event()
+        fired = set()
 
         def on_step(rank: int, step: int) -> None:
-            if kill and rank == 0 and step == at and not fired.is_set():
-                fired.set()
-                cluster.kill(kill)
-        streams = train(cluster.planner, 0, STEPS, report=report, on_step=on_step)
-        if kill:
-            cluster.wait_restarted(kill)  # a shadowed loader's run need not wait for its restart
+            if rank == 0 and step in kills and step not in fired:
+                fired.add(step)
+                if before_kill is not None:
+                    before_kill(cluster, kills[step])
+                cluster.kill(kills[step])
+        streams = drive(cluster.planner, on_step)
+        for role in kills.values():
+            cluster.wait_restarted(role)  # a shadowed loader's run need not wait for its restart
         if check is not None:
             check(cluster)
+    assert fired == set(kills), f"the run never reached the steps of kills {sorted(set(kills) - fired)}"
     return streams
 
 
@@ -233,3 +246,21 @@ def test_single_node_is_one_process_and_its_kill_9_changes_no_rank_stream(refere
     assert run(path, kill="node", at=17, check=lambda c: processes.extend(c.children)) == reference
     assert [(c.name, len(c.restarts)) for c in processes] == [("node", 1)]
     assert sorted(previous_ports(load_config(path))) == ["constructor-0", "loader-host0", "loader-host1", "planner"]
+
+
+@pytest.mark.parametrize("role", ["planner", "constructor-1"])
+def test_kill_9_after_the_plan_journal_was_compacted_changes_no_rank_stream(reference, corpus, tmp_path, role):
+    """checkpoint.every: 2 snapshots the Planner every second step, so the plan journal is compacted
+    into its archive early (step ~12: older records go once they outweigh the newest four snapshots').
+    A kill -9 after that restarts from a snapshot and the compacted file's tail: same streams."""
+    path = config(tmp_path, corpus, checkpoint={"every": 2})
+    archive = archive_path(load_config(path).run_dir / "plan-journal.jsonl")
+    archived_at_kill = []
+
+    def drive(planner, on_step):
+        return train(planner, 0, STEPS, on_step=on_step)
+    streams = run_killing(path, {31: role}, drive,
+                          before_kill=lambda cluster, _: archived_at_kill.append(
+                              archive.exists() and archive.stat().st_size))
+    assert archived_at_kill[0], "the journal was not compacted before the kill"
+    assert streams == reference
