@@ -21,6 +21,7 @@ from flight_overlord.harness import step_digest
 from flight_overlord.planner.audit import offline_audit
 
 from ..helpers import journal, write_config
+from .test_multimodal import image_graph_config
 
 STEPS = 60  # a 60-step run, killed at a random step
 RANKS = 2
@@ -264,3 +265,37 @@ def test_kill_9_after_the_plan_journal_was_compacted_changes_no_rank_stream(refe
                               archive.exists() and archive.stat().st_size))
     assert archived_at_kill[0], "the journal was not compacted before the kill"
     assert streams == reference
+
+
+ENCODER_STEPS = 14
+
+
+def encoder_streams(planner: str, on_step=None) -> dict[int, list]:
+    """Every rank of the image-graph config through ``TrainerClient(encoder=True)``: per rank and step,
+    (step, digest of its microbatches, digest of its encoder inputs: keys, images, pixels)."""
+    def on_table(rank, client, tables):
+        batch, encoder = tables
+        step = batch.column("step")[0].as_py()
+        if on_step is not None:
+            on_step(rank, step)
+        pixels = encoder.column("pixel_values").combine_chunks().values.to_numpy(zero_copy_only=False)
+        return step, step_digest(batch), (tuple(encoder.column("sample_key").to_pylist()),
+                                          tuple(encoder.column("image_index").to_pylist()),
+                                          harness.blake(pixels.tobytes()))
+    return harness.train(planner, 4, 0, ENCODER_STEPS, on_table=on_table, encoder=True)
+
+
+@pytest.fixture(scope="module")
+def encoder_reference(corpus, tmp_path_factory):
+    return run_killing(image_graph_config(tmp_path_factory.mktemp("vlm-reference"), corpus), {},
+                       lambda planner, on_step: encoder_streams(planner))
+
+
+def test_kill_9_with_encoder_rank_streams_changes_neither_stream_of_any_rank(encoder_reference, corpus, tmp_path):
+    """Image graph, every rank on both rank streams (batch and encoder-rank): kill -9 of a constructor
+    mid-run, then of the Planner (a hot standby takes over); both streams of every rank equal the
+    undisturbed run's."""
+    path = image_graph_config(tmp_path, corpus, planner={"standbys": 1})
+    streams = run_killing(path, {4: "constructor-0", 9: "planner"}, encoder_streams)
+    assert sum(len(keys) for stream in encoder_reference.values() for _, _, (keys, _, _) in stream) > 4
+    assert streams == encoder_reference
