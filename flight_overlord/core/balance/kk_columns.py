@@ -220,16 +220,17 @@ def _merge_units(pool: _Pool, state: _State, padded, link, rows, a, b, width: in
     (av, ap), (bv, bp) = pool.unit(a, rows), pool.unit(b, rows)
     count = pool.count[a, rows] + pool.count[b, rows]
     pooled = pool.sparse[a, rows] & pool.sparse[b, rows] & (count < k)
+    cols = np.arange(rows.size)
     ia = np.argsort(-av, axis=0, kind="stable")
     ib = np.argsort(bv, axis=0, kind="stable")
-    pa, pb = np.take_along_axis(ap, ia, axis=0), np.take_along_axis(bp, ib, axis=0)
-    vals = np.take_along_axis(av, ia, axis=0) + np.take_along_axis(bv, ib, axis=0)
+    pa, pb = ap[ia, cols], bp[ib, cols]
+    vals = av[ia, cols] + bv[ib, cols]
     parts = np.where(pa >= 0, pa, pb)
     both = (pa >= 0) & (pb >= 0) & ~pooled
     base = rows * width
     link[(base + pb)[both]] = (base + pa)[both]
     order = np.argsort(vals, axis=0, kind="stable")
-    vals, parts = np.take_along_axis(vals, order, axis=0), np.take_along_axis(parts, order, axis=0)
+    vals, parts = vals[order, cols], parts[order, cols]
     if pooled.any():  # two short item lists: their items by position, then empty subsets
         items = np.concatenate((ap[:, pooled], bp[:, pooled]))
         items = np.sort(np.where(items >= 0, items, _LAST), axis=0)[:k]
