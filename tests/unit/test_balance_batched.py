@@ -14,7 +14,7 @@ def _rows(rng, groups: int, width: int, kind: str) -> tuple[np.ndarray, np.ndarr
     """Each row's costs descending: continuous, rounded (many ties, zeros) or a few giants first (one
     unit then takes a run of more than _SHORT_RUN singletons, where _kk switches to a heap)."""
     lengths = rng.integers(0, width + 1, groups)
-    lengths[0] = width
+    lengths[0] = lengths[-1] = width  # the first and the last row full: no reads past the matrix
     cs = np.zeros((groups, width))
     for g, n in enumerate(lengths):
         if kind == "continuous":

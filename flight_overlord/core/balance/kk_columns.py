@@ -22,6 +22,7 @@ from .karmarkar_karp import _SHORT_RUN
 
 _NONE = -np.inf
 _LAST = np.iinfo(np.int64).max
+_PAD = 3
 
 
 class _Pool:
@@ -75,8 +76,9 @@ def kk_columns(cs: np.ndarray, lengths: np.ndarray, k: int) -> np.ndarray:
     groups, width = cs.shape
     if k == 1 or groups == 0:
         return np.where(np.arange(width) < lengths[:, None], 0, -1)
-    padded = np.concatenate((cs, np.full((groups, 2), _NONE)), axis=1)  # x and y past the end
-    padded[np.arange(width + 2) >= lengths[:, None]] = _NONE
+    # past each row's end: -inf for x and y, and one more for the run's look-ahead of a finished group
+    padded = np.concatenate((cs, np.full((groups, _PAD), _NONE)), axis=1)
+    padded[np.arange(width + _PAD) >= lengths[:, None]] = _NONE
     link = np.arange(groups * width + 1, dtype=np.int64)  # the last: a sink for writes of groups not running
     pool, state, run = _Pool(groups, k), _State(groups), _Run(groups, k)
     step = 0
@@ -135,7 +137,7 @@ def _decide(pool: _Pool, state: _State, run: _Run, padded, link, rows, width: in
     """One step of ``_kk``'s main loop in every group not in a run: which two tuples lead, and merge them."""
     a, best, b, second = _top_two(pool.spread[: pool.used, rows], pool.seq[: pool.used, rows])
     j = state.j[rows]
-    at = rows * (width + 2) + j
+    at = rows * (width + _PAD) + j
     x, y = padded.ravel()[at], padded.ravel()[at + 1]
     two_units = second >= x  # composites win ties
     unit_single = ~two_units & (best >= y) & (best > _NONE)
@@ -165,7 +167,7 @@ def _run_step(pool: _Pool, state: _State, run: _Run, padded, link, width: int, s
     read: a run starts from the pool) rather than gathering the running ones."""
     on, j, vals, parts = run.on, state.j, run.vals, run.parts
     groups = on.size
-    at = np.arange(groups) * (width + 2) + j
+    at = np.arange(groups) * (width + _PAD) + j
     x = padded.ravel()[at]
     lightest = parts[0].copy()
     heap = run.heap & on
@@ -236,7 +238,7 @@ def _merge_units(pool: _Pool, state: _State, padded, link, rows, a, b, width: in
         items = np.sort(np.where(items >= 0, items, _LAST), axis=0)[:k]
         empty = items == _LAST
         items[empty] = -1
-        vals[:, pooled] = np.where(empty, 0.0, padded.ravel()[rows[pooled] * (width + 2) + items])
+        vals[:, pooled] = np.where(empty, 0.0, padded.ravel()[rows[pooled] * (width + _PAD) + items])
         parts[:, pooled] = items
     pool.store(rows, a, vals, parts, pooled, np.where(pooled, count, k), step)
     pool.spread[b, rows] = _NONE
