@@ -179,8 +179,7 @@ class PlannerServer(ActionServer):
     def action_plan(self, body):
         """A constructor's share of one step's plan: {"step", "constructor", "positions": {rank: step}, "wait": s}."""
         request = PlanRequest.from_wire(body)
-        return self.service.constructor_plan(request.step, request.constructor, self.strategy.broadcast, request.positions,
-                                             request.wait)
+        return self.service.constructor_plan(request.step, request.constructor, request.positions, request.wait)
 
     @requires(CLUSTER)
     def action_resume_point(self, body):
