@@ -1,6 +1,6 @@
 """Karmarkar-Karp for many small independent problems at once: every rank's microbatches of a step.
 
-``karmarkar_karp._kk`` on one group of ~72 items over 3 bins is mostly Python overhead (~0.4 ms), and
+``karmarkar_karp._kk`` on one group of ~72 items over 3 bins is mostly Python overhead (0.1-0.3 ms), and
 the microbatch level runs it once per rank: 4,096 calls at 4,096 ranks. Here every group takes one
 differencing step per round, in lockstep, each round a few numpy operations over all groups, so the
 Python work is O(items per group) rounds instead of O(groups x items).
@@ -80,7 +80,7 @@ def kk_columns(cs: np.ndarray, lengths: np.ndarray, k: int) -> np.ndarray:
     padded = np.concatenate((cs, np.full((groups, _PAD), _NONE)), axis=1)
     padded[np.arange(width + _PAD) >= lengths[:, None]] = _NONE
     link = np.arange(groups * width + 1, dtype=np.int64)  # the last: a sink for writes of groups not running
-    pool, state, run = _Pool(groups, k), _State(groups), _Run(groups, k)
+    pool, state, run = _Pool(groups, k), _State(groups, width), _Run(groups, k)
     step = 0
     while True:
         active = state.live + lengths - state.j > 1
@@ -98,11 +98,14 @@ def kk_columns(cs: np.ndarray, lengths: np.ndarray, k: int) -> np.ndarray:
 
 
 class _State:
-    """Per group: the singleton cursor and the number of live composite units."""
+    """Per group: the singleton cursor and the number of live composite units; where its row starts
+    in the padded costs (``row_start``) and in the links (``row_base``)."""
 
-    def __init__(self, groups: int):
+    def __init__(self, groups: int, width: int):
         self.j = np.zeros(groups, dtype=np.int64)
         self.live = np.zeros(groups, dtype=np.int64)
+        self.row_start = np.arange(groups) * (width + _PAD)
+        self.row_base = np.arange(groups) * width
 
 
 class _Run:
@@ -124,26 +127,28 @@ class _Run:
 
 
 def _top_two(spread: np.ndarray, seq: np.ndarray):
-    """Per column (group) the two leading units by (spread desc, seq asc): (slot, spread) of each."""
+    """Per column (group) the leading unit by (spread desc, seq asc), its spread, and the second
+    spread; ``spread`` is left with the leader's slot dead (a copy, fancy-indexed by the caller)."""
     first = spread.max(axis=0)
     a = np.where(spread == first, seq, _LAST).argmin(axis=0)
-    spread[a, np.arange(spread.shape[1])] = _NONE  # a copy (fancy-indexed by the caller)
-    second = spread.max(axis=0)
-    b = np.where(spread == second, seq, _LAST).argmin(axis=0)
-    return a, first, b, second
+    spread[a, np.arange(spread.shape[1])] = _NONE
+    return a, first, spread.max(axis=0)
 
 
 def _decide(pool: _Pool, state: _State, run: _Run, padded, link, rows, width: int, step: int) -> None:
     """One step of ``_kk``'s main loop in every group not in a run: which two tuples lead, and merge them."""
-    a, best, b, second = _top_two(pool.spread[: pool.used, rows], pool.seq[: pool.used, rows])
+    spread, seq = pool.spread[: pool.used, rows], pool.seq[: pool.used, rows]
+    a, best, second = _top_two(spread, seq)
     j = state.j[rows]
-    at = rows * (width + _PAD) + j
+    at = state.row_start[rows] + j
     x, y = padded.ravel()[at], padded.ravel()[at + 1]
     two_units = second >= x  # composites win ties
     unit_single = ~two_units & (best >= y) & (best > _NONE)
     two_singles = ~two_units & ~unit_single
-    if two_units.any():
-        _merge_units(pool, state, padded, link, rows[two_units], a[two_units], b[two_units], width, step)
+    if two_units.any():  # the second unit, by (spread desc, seq asc), only where two units merge
+        rest = spread[:, two_units]
+        b = np.where(rest == second[two_units], seq[:, two_units], _LAST).argmin(axis=0)
+        _merge_units(pool, state, padded, link, rows[two_units], a[two_units], b, width, step)
     if unit_single.any():
         sparse = unit_single & pool.sparse[a, rows]
         if sparse.any():
@@ -165,17 +170,16 @@ def _run_step(pool: _Pool, state: _State, run: _Run, padded, link, width: int, s
     (``heapreplace``). A run stops when the next singleton or the unit no longer leads. Most groups
     run at any time, so this works on every group's row (what it computes for the others is never
     read: a run starts from the pool) rather than gathering the running ones."""
-    on, j, vals, parts = run.on, state.j, run.vals, run.parts
-    groups = on.size
-    at = np.arange(groups) * (width + _PAD) + j
-    x = padded.ravel()[at]
+    on, j, vals, parts, flat = run.on, state.j, run.vals, run.parts, padded.ravel()
+    at = state.row_start + j
+    x = flat[at]
     lightest = parts[0].copy()
-    heap = run.heap & on
-    heapify = on & ~heap & (run.length == _SHORT_RUN)
-    if not (heap.any() or heapify.any()):
+    if not ((run.heap | (run.length == _SHORT_RUN)) & on).any():
         vals, parts = _insert_after_equals(vals, parts, vals[0] + x, lightest)
         spread = vals[-1] - vals[0]
     else:
+        heap = run.heap & on
+        heapify = on & ~heap & (run.length == _SHORT_RUN)
         heap |= heapify
         listed = ~heap
         vals[:, listed], parts[:, listed] = _insert_after_equals(vals[:, listed], parts[:, listed],
@@ -189,11 +193,11 @@ def _run_step(pool: _Pool, state: _State, run: _Run, padded, link, width: int, s
         vals[:, heap], parts[:, heap] = hv.T, hp.T
         spread = vals.max(axis=0) - vals.min(axis=0)
         run.heap = heap
-    base = np.arange(groups) * width
+    base = state.row_base
     link[np.where(on, base + j, link.size - 1)] = base + lightest
     j += on
     bar = run.bar
-    going = (padded.ravel()[at + 1] > bar) & (spread > bar) & (spread >= padded.ravel()[at + 2])
+    going = (flat[at + 1] > bar) & (spread > bar) & (spread >= flat[at + 2])
     run.vals, run.parts = vals, parts
     run.length += 1
     done = on & ~going
