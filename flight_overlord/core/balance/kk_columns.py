@@ -332,8 +332,7 @@ def _bins_from_links(link: np.ndarray, groups: int, width: int, lengths: np.ndar
         link = nxt
     real = (np.arange(width)[None, :] < lengths[:, None]).ravel()
     first = np.full(link.size, link.size)
-    positions = np.flatnonzero(real)
-    first[link[positions[::-1]]] = positions[::-1]  # of repeated indices the last write stays: the first position
+    np.minimum.at(first, link[real], np.flatnonzero(real))
     used = np.flatnonzero(first < link.size)
     used = used[np.argsort(first[used], kind="stable")]
     owner = used // width
