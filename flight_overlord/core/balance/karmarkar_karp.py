@@ -323,7 +323,8 @@ def _evict_overflow(problem: _Problem, bin_of: np.ndarray) -> np.ndarray:
     Per bin, evict the smallest item that alone cures the excess, else the largest and
     repeat: few evictions, and small ones are easy to re-place.
     """
-    _, used, _ = problem.totals(bin_of)
+    placed = bin_of >= 0
+    used = np.bincount(bin_of[placed], weights=problem.sizes[placed], minlength=problem.k)  # as totals() sums
     over = np.append(used > problem.capacity, False)  # extra slot: bin -1 is "unplaced"
     crowded = np.flatnonzero(over[bin_of])
     crowded = crowded[np.argsort(bin_of[crowded], kind="stable")]
@@ -346,6 +347,8 @@ def _evict_overflow(problem: _Problem, bin_of: np.ndarray) -> np.ndarray:
 def _kk_with_capacity(problem: _Problem, bin_of: np.ndarray, items: np.ndarray) -> np.ndarray:
     """Repair a KK plan to respect capacity; never places fewer items than greedy would."""
     evicted = _evict_overflow(problem, bin_of)
+    if not evicted.size:  # the plan fits (usual at the rank level): nothing to re-place
+        return evicted
     leftovers = _lpt(problem, bin_of, problem.by_cost(evicted))
     if leftovers.size:
         alt = np.full_like(bin_of, -1)
