@@ -1,8 +1,10 @@
 """One loader actor's share of a source: its row groups, their file handles, reading and transforming."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -20,6 +22,11 @@ from ..transforms.image_text import transform_rows
 from ..wire.schemas import list_array
 
 log = logging.getLogger(__name__)
+# Parquet files an actor keeps open (the most recently read): an open file holds its footer and reader
+# state, ~24 KiB for a small demo file and more for a wide one, so keeping every file open grows a loader
+# host's memory until the last file has come up (docs/methods/memory-peers.md). A row group is read in
+# one call, so reopening a file that fell out costs one footer read per row group.
+OPEN_FILES_KEPT = 2
 
 
 def read_catalog(source: SourceConfig) -> list[RowGroupRef]:
@@ -182,7 +189,8 @@ class SourceShare:
         self.catalog = read_catalog(source)
         self.row_groups = owned_row_groups(self.catalog, actor, source.loaders) if actor < source.loaders else []
         self._paths = dict(zip(source.file_ids, source.files))
-        self._open: dict[str, pq.ParquetFile] = {}
+        self._open: collections.OrderedDict[str, pq.ParquetFile] = collections.OrderedDict()  # most recent last
+        self._open_lock = threading.Lock()  # the read-ahead thread and request threads read at once
         self._tokenize = make_transform(source.transform.name, source.transform.options)
 
     def read(self, rg: RowGroupRef) -> RowGroupSamples:
@@ -221,13 +229,23 @@ class SourceShare:
             patches=rows.patches, bad=bad)
 
     def _file(self, file_id: str) -> pq.ParquetFile:
-        # One handle per owned file, opened on first use: the footer stays in this process only.
-        if file_id not in self._open:
-            self._open[file_id] = source_files.parquet_file(self._paths[file_id], pre_buffer=False,
-                                                       page_checksum_verification=True)  # where the file has CRCs
-        return self._open[file_id]
+        # The newest OPEN_FILES_KEPT files stay open: the footer stays in this process only. One that falls
+        # out is not closed here (another thread may be reading through it): it closes with its last reference.
+        with self._open_lock:
+            opened = self._open.get(file_id)
+            if opened is not None:
+                self._open.move_to_end(file_id)
+                return opened
+        opened = source_files.parquet_file(self._paths[file_id], pre_buffer=False,
+                                           page_checksum_verification=True)  # where the file has CRCs
+        with self._open_lock:
+            self._open[file_id] = opened
+            while len(self._open) > OPEN_FILES_KEPT:
+                self._open.popitem(last=False)
+        return opened
 
     def close(self) -> None:
-        for f in self._open.values():
+        with self._open_lock:
+            opened, self._open = list(self._open.values()), collections.OrderedDict()
+        for f in opened:
             f.close()
-        self._open.clear()
