@@ -26,6 +26,7 @@ from ..config import Config, load_config
 from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
 from ..wire.actions import MixRequest, PlanRequest, Report, ResumePointRequest, StatsRequest
+from ..wire.plan_channel import OK, check_descriptor, serve_plans
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, location_of, serve
 from ..wire.tickets import STREAM_KINDS, BatchTicket, BufferTicket, RankStream, Registration
@@ -181,6 +182,18 @@ class PlannerServer(ActionServer):
         request = PlanRequest.from_wire(body)
         return self.service.constructor_plan(request.step, request.constructor, self.strategy.broadcast, request.positions,
                                              request.wait)
+
+    def do_exchange(self, context, descriptor, reader, writer):
+        """A constructor's plans stream (``wire/plan_channel.py``): ``action_plan`` as one message each."""
+        self.authorize(context, CLUSTER, "do_exchange")
+        check_descriptor(descriptor)
+        serve_plans(reader, writer, self._plans_answer, lambda: self.service.stopping)
+
+    def _plans_answer(self, body: dict) -> bytes:
+        if "step" in body:
+            return self.action_plan(body)
+        self.service.constructor_positions(wire.field(body, "constructor", int, "positions report"), body.get("positions"))
+        return OK
 
     @requires(CLUSTER)
     def action_resume_point(self, body):

@@ -251,11 +251,8 @@ class PlanService:
         paces itself without a per-step call from those trainers). ``wait``: how long to hold the
         request at most (then FlightTimedOutError): the positions it brought may be what planning
         waits for once its streams moved on, so the constructor asks again with fresh ones."""
-        self._check_constructor(constructor, "plan")
-        positions = self._checked_positions(positions or {}, constructor)
+        self.constructor_positions(constructor, positions or {})
         with self.cond:
-            if self.positions.reported(positions):  # they only move forward
-                self.cond.notify_all()
             self._check_horizon(step)
             self._wait_for_plan(step, min(WAIT_SECONDS, wait or WAIT_SECONDS))
             views = self._views.get(step)
@@ -268,6 +265,15 @@ class PlanService:
         if plan is None:
             raise KeyError(f"plan of step {step} is in no journal of this run")
         return wire.encode(constructor_view(plan, constructor, self.mesh, self.planner.registry, broadcast).to_wire())
+
+    def constructor_positions(self, constructor: int, positions) -> None:
+        """{rank: step}: the next step each rank stream of ``constructor`` sends (with a plan request, or
+        reported alone while it waits for its trainers)."""
+        self._check_constructor(constructor, "plan")
+        positions = self._checked_positions(positions, constructor)
+        with self.cond:
+            if self.positions.reported(positions):  # they only move forward
+                self.cond.notify_all()
 
     def resume_point(self, constructor: int) -> int:
         """Where a (re)started constructor begins: the earliest step its ranks are waiting for."""
