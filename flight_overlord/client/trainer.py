@@ -113,7 +113,7 @@ class StepFetcher:
                 down_since = down_since or time.time()
                 self._pool.forget(location)
                 if time.time() - down_since > self.timeout:
-                    raise TimeoutError(f"rank {self.rank}: the rank stream from the constructor at {location} broke "
+                    raise TimeoutError(f"rank {self.rank}: the {kind} stream from the constructor at {location} broke "
                                        f"at step {step} and has not come back since "
                                        f"{time.strftime('%H:%M:%S', time.localtime(down_since))}: {exc}") from None
                 time.sleep(RETRY_SECONDS)
@@ -152,6 +152,23 @@ class StepFetcher:
         if reader is not None:  # a stream waiting for its next step ends now
             reader.cancel()
         self._pool.close()
+
+
+def in_step(rank: int, batches: Iterator[tuple[int, pa.Table]],
+            encoders: Iterator[tuple[int, pa.Table]]) -> Iterator[tuple[int, pa.Table, pa.Table]]:
+    """(step, batch table, encoder table): a rank's two streams read in step. A stream that ends
+    before the other, or sends another step, is an error naming the rank and the step: never a silent
+    end of iteration (a ``StopIteration`` handed to the consumer would be one)."""
+    for step, table in batches:
+        encoder = next(encoders, None)
+        if encoder is None:
+            raise RuntimeError(f"rank {rank}: the encoder stream ended before step {step}; the batch stream goes on")
+        if encoder[0] != step:
+            raise RuntimeError(f"rank {rank}: encoder stream at step {encoder[0]}, batches at {step}")
+        yield step, table, encoder[1]
+    extra = next(encoders, None)
+    if extra is not None:
+        raise RuntimeError(f"rank {rank}: the batch stream ended before step {extra[0]}; the encoder stream goes on")
 
 
 class TrainerClient:
@@ -298,16 +315,16 @@ class TrainerClient:
     def _prefetch_loop(self, step: int, end: int | None) -> None:
         try:
             batches = self._fetcher.stream(step, end)
-            encoders = self._encoder_fetcher.stream(step, end, "encoder-rank") if self.encoder else None
-            for step, table in batches:
-                encoder = None
-                if encoders is not None:
-                    encoder_step, encoder = next(encoders)
-                    if encoder_step != step:
-                        raise RuntimeError(f"rank {self.rank}: encoder stream at step {encoder_step}, batches at {step}")
-                self._put((step, table, encoder))
+            items = (in_step(self.rank, batches, self._encoder_fetcher.stream(step, end, "encoder-rank"))
+                     if self.encoder else ((s, table, None) for s, table in batches))
+            for item in items:
+                self._put(item)
+                step = item[0] + 1
                 if self._stop.is_set():
                     return
+            if end is None or step < end:  # the consumer would wait for a step that never comes
+                raise RuntimeError(f"rank {self.rank}: the rank stream ended at step {step}"
+                                   + ("" if end is None else f", before step {end}"))
         except BaseException as exc:  # hand the failure to the consumer instead of dying silently
             if not self._stop.is_set():
                 self._put(exc)

@@ -151,7 +151,7 @@ class Cluster:
         """The loader process hosting actor ``source[actor]`` (its shadow ``replica``), whatever
         ``loader.hosts`` grouped it with."""
         for c in self.children:
-            if f"{source}:{actor}" in c.spec.actors() and c.spec.replica() == replica:
+            if (source, actor) in c.spec.actors and c.spec.replica == replica:
                 return c
         raise KeyError(f"no loader process hosts {source}[{actor}] replica {replica}")
 

@@ -34,14 +34,17 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Child:
-    name: str
-    args: list[str]  # the role, then its flags (``overlord serve`` takes them)
-    process: subprocess.Popen
-    ready_file: Path
-    log_path: Path
     spec: RoleSpec
+    args: list[str]  # the role, then its flags (``overlord serve`` takes them)
+    log_path: Path
+    process: subprocess.Popen | None = None  # set by ``Processes._spawn``, again at every restart
+    ready_file: Path | None = None
     location: str | None = None
     restarts: list[float] = field(default_factory=list)  # when it was restarted (time.time())
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
 
 class LocalCluster(Cluster):
@@ -73,36 +76,35 @@ class Processes:
         return None
 
     def start_role(self, spec: RoleSpec, argv: list[str]) -> Child:
-        return self._spawn(spec.name, [spec.role, *argv], spec)
+        child = Child(spec, [spec.role, *argv], self._cluster.cfg.run_dir / "logs" / f"{spec.name}.log")
+        self._spawn(child)
+        self.children.append(child)
+        return child
 
     def started(self) -> None:
         if self.supervise:
             threading.Thread(target=self._supervise, name="supervisor", daemon=True).start()
 
-    def _spawn(self, name: str, args: list[str], spec: RoleSpec, *, restart_of: Child | None = None) -> Child:
+    def _spawn(self, child: Child, *, restart: bool = False) -> None:
+        """Start ``child``'s process (``restart``: again, on its own address; its log is appended to)."""
         cluster = self._cluster
-        logs = cluster.cfg.run_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
+        name = child.name
         # a standby's ready file becomes the Planner's when it takes over: each standby has its own
         ready_file = self._tmp / (f"{name}.ready" if name != STANDBY else f"{name}-{time.monotonic_ns()}.ready")
-        log_path = logs / f"{name}.log"
         extra = []
-        if restart_of is not None and name != STANDBY:  # same address; the Planner keeps the others' registrations
+        if restart and name != STANDBY:  # same address; the Planner keeps the others' registrations
             ready_file.unlink(missing_ok=True)
-            extra = ["--port", restart_of.location.rsplit(":", 1)[1]] + (["--recover"] if spec.role in ("planner", NODE) else [])
-        cmd = [sys.executable, "-m", "flight_overlord.deploy.cli", "serve", *args, *extra,
+            extra = ["--port", child.location.rsplit(":", 1)[1]] + (["--recover"] if child.spec.role in ("planner", NODE) else [])
+        cmd = [sys.executable, "-m", "flight_overlord.deploy.cli", "serve", *child.args, *extra,
                "--config", str(cluster.config_path), "--ready-file", str(ready_file)]
         env = {**os.environ, SECRET_ENV: cluster.secret}  # never on the command line
-        with open(log_path, "a") as log_file:  # a restart appends: the crashed process's log stays
-            process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=env)
-        if restart_of is not None:
-            restart_of.process, restart_of.restarts = process, restart_of.restarts + [time.time()]
-            restart_of.ready_file = ready_file
-            return restart_of
-        child = Child(name, args, process, ready_file, log_path, spec)
-        self.children.append(child)
-        return child
+        child.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(child.log_path, "a") as log_file:  # a restart appends: the crashed process's log stays
+            child.process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             env=env)
+        child.ready_file = ready_file
+        if restart:
+            child.restarts = child.restarts + [time.time()]
 
     def _supervise(self) -> None:
         """Restart every child that exits without being asked, on its own address."""
@@ -114,7 +116,7 @@ class Processes:
                             continue
                         log.warning("%s exited with code %s; restarting it at %s", child.name,
                                     child.process.returncode, child.location)
-                        self._spawn(child.name, child.args, child.spec, restart_of=child)
+                        self._spawn(child, restart=True)
 
     def _promote_standby(self, planner: Child) -> bool:
         """The Planner died and a live standby takes its address over: the standby's process is the
@@ -126,7 +128,7 @@ class Processes:
                     planner.location)
         planner.process, planner.ready_file = standby.process, standby.ready_file
         planner.restarts = planner.restarts + [time.time()]
-        self._spawn(STANDBY, standby.args, standby.spec, restart_of=standby)
+        self._spawn(standby, restart=True)
         return True
 
     def kill(self, child: Child, sig: int = signal.SIGKILL) -> int:

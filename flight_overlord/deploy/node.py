@@ -10,7 +10,6 @@ and rebuilds its state from the run's journals and snapshots as a restarted role
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 from .. import allocator
 from ..config import Config, load_config
 from ..journal import write_json_atomic
+from ..role_process import advertised_host, role_parser
 from ..wire.server import serve
 from .topology import hosts_every_role, roles
 
@@ -25,10 +25,7 @@ PORTS_FILE = "node-ports.json"
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="overlord serve node")
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--port", type=int, help="the Planner's port (default: network.planner_port of the config)")
-    parser.add_argument("--ready-file")
+    parser = role_parser("node", planner=False)  # --port, --advertise, --metrics-port: the Planner's
     parser.add_argument("--resume", action="store_true", help="continue the run in run_dir from its journal")
     parser.add_argument("--recover", action="store_true", help="a restart of this process: --resume, every "
                         "role on the port it had")
@@ -37,11 +34,13 @@ def main(argv=None) -> None:
     if not hosts_every_role(cfg):  # a standby or shadow inside the process it stands in for would die with it
         raise SystemExit(f"error: overlord serve node: {args.config} needs 'deployment: single_node' without "
                          "planner.standbys or loader.shadows; serve its roles one by one instead")
+    advertised_host(cfg, args)  # a wrong --advertise is an error before any role starts
     allocator.tame()  # before any role's threads make malloc arenas (the loader's own call would come too late)
     ports = previous_ports(cfg) if args.recover else {}
     if args.port is not None:
         ports["planner"] = args.port
-    planner, location, _ = _start("planner", [*_flags(args, ports, "planner"),
+    metrics = [] if args.metrics_port is None else ["--metrics-port", str(args.metrics_port)]
+    planner, location, _ = _start("planner", [*_flags(args, ports, "planner"), *metrics,
                                               *(["--recover"] if args.recover else ["--resume"] if args.resume else [])])
     hosted = {}
     for spec in roles(cfg)[1:]:
@@ -56,7 +55,9 @@ def _start(role: str, argv: list[str]):
 
 
 def _flags(args, ports: dict[str, int], name: str) -> list[str]:
-    return ["--config", args.config, *(["--port", str(ports[name])] if name in ports else [])]
+    """Every hosted role's: the config, the port it had (a restart), the host it is reached at."""
+    return ["--config", args.config, *(["--port", str(ports[name])] if name in ports else []),
+            *(["--advertise", args.advertise] if args.advertise is not None else [])]
 
 
 def previous_ports(cfg: Config) -> dict[str, int]:

@@ -22,20 +22,23 @@ ACTORS_PER_HOST = 4
 
 @dataclass(frozen=True)
 class RoleSpec:
-    """One role process: ``args`` are its role's own flags (no ``--config``, ``--planner``, port or
-    ready file: those say where it runs, which the backend decides)."""
+    """One role process, as data; ``args`` are its role's own flags made from it (no ``--config``,
+    ``--planner``, port or ready file: those say where it runs, which the backend decides)."""
     name: str
     role: str  # planner | loader | constructor | node (all of them in one process)
-    args: tuple[str, ...] = ()
+    resume: bool = False  # the Planner (or node) continues the run in run_dir
+    actors: tuple[tuple[str, int], ...] = ()  # a loader process's hosted actors (source, actor)
+    replica: int = 0  # a loader process: 0 the active actors, 1.. their shadows
     index: int | None = None  # a constructor's index (its placement follows the ranks it serves)
     standby: bool = False  # a hot standby Planner: follows the Planner instead of registering with it
 
-    def actors(self) -> list[str]:
-        """A loader process's hosted actors (``SOURCE:ACTOR``); [] for other roles."""
-        return self.args[self.args.index("--actors") + 1].split(",") if "--actors" in self.args else []
-
-    def replica(self) -> int:
-        return int(self.args[self.args.index("--replica") + 1]) if "--replica" in self.args else 0
+    @property
+    def args(self) -> tuple[str, ...]:
+        if self.role == "loader":
+            return "--actors", ",".join(f"{s}:{a}" for s, a in self.actors), "--replica", str(self.replica)
+        if self.role == "constructor":
+            return "--index", str(self.index)
+        return ("--resume",) if self.resume else ()
 
 
 def roles(cfg: Config, *, cpus: int | None = None, resume: bool = False, standbys: bool = True,
@@ -47,14 +50,13 @@ def roles(cfg: Config, *, cpus: int | None = None, resume: bool = False, standby
     (``overlord serve node``, :mod:`.node`), which it then does unless the run has a standby Planner or
     loader shadows (a replica in the process it stands in for would die with it)."""
     if one_process and hosts_every_role(cfg):
-        return [RoleSpec(NODE, NODE, ("--resume",) if resume else ())]
-    specs = [RoleSpec("planner", "planner", ("--resume",) if resume else ())]
+        return [RoleSpec(NODE, NODE, resume=resume)]
+    specs = [RoleSpec("planner", "planner", resume=resume)]
     if standbys and cfg.planner.standbys:
         specs.append(RoleSpec(STANDBY, "planner", standby=True))
-    specs += [RoleSpec(name + (f"-shadow{r}" if r else ""), "loader",
-                       ("--actors", ",".join(f"{s}:{a}" for s, a in actors), "--replica", str(r)))
+    specs += [RoleSpec(name + (f"-shadow{r}" if r else ""), "loader", actors=tuple(actors), replica=r)
               for name, actors in loader_hosts(cfg, cpus) for r in range(1 + cfg.loader.shadows)]
-    specs += [RoleSpec(f"constructor-{c}", "constructor", ("--index", str(c)), index=c)
+    specs += [RoleSpec(f"constructor-{c}", "constructor", index=c)
               for c in range(cfg.num_constructors)]
     return specs
 

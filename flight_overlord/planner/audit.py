@@ -1,9 +1,10 @@
 """``overlord audit``: what a run delivered, across every resume, dp change and mixture edit.
 
 Computed from what was recorded as delivered (the constructors' delivery journals: per step and
-rank, the plan's bucket and a digest of the keys served), joined with the plan of each delivered
-step as the Planner reads it back (``Planner.journaled``). A sample is (key, epoch): the same key in
-another epoch is a new sample. Duplicates are samples delivered in two steps; missing are samples
+rank, the plan's bucket and a digest of the keys served), joined with the plan of each step as the
+Planner reads it back: its journal replayed once, start to end (``Replayer.in_force``), each step
+re-derived from the state the step before left and checked against its digest. A sample is (key,
+epoch): the same key in another epoch is a new sample. Duplicates are samples delivered in two steps; missing are samples
 planned for a step up to the last one every rank of the latest segment has, but never delivered.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 from collections import Counter, defaultdict
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Iterable
 
 from ..constructor.deliveries import in_force, keys_digest, read_deliveries
 from ..journal import read_journal
@@ -22,34 +23,21 @@ CONFIG_PATH = Path("planner") / "config-path"  # the config a run was started fr
 
 
 def audit_run(run_dir: Path, planner, mesh=None) -> dict:
-    """The audit of the run in ``run_dir``; ``planner`` reads journaled plans (``journaled(step)``)."""
+    """The audit of the run in ``run_dir``; ``planner`` reads the journaled plans back, each step's plan in
+    force once, in one pass over its journal (``planner.replayer.in_force()``)."""
     starts, records = read_deliveries(run_dir)
     edits = [r.get("edit") or {"kind": "mix", **r["mix"]} for _, r in read_journal(run_dir / "plan-journal.jsonl")
              if "edit" in r or "mix" in r]
-    return compute_audit(starts, records, planner.journaled, edits)
+    return compute_audit(starts, records, planner.replayer.in_force(), edits)
 
 
-def compute_audit(starts: list[float], records: list[dict], plan_of: Callable[[int], StepPlan | None],
-                  edits: list[dict]) -> dict:
-    """Pure: the delivery records, a plan lookup and the journaled edits -> the audit."""
+def compute_audit(starts: list[float], records: list[dict], plans: Iterable[StepPlan], edits: list[dict]) -> dict:
+    """Pure: the delivery records, the plan in force of every planned step (any order, each step once:
+    read as they come, none kept) and the journaled edits -> the audit."""
     delivered = list(in_force(starts, records))
-    plans: dict[int, StepPlan | None] = {}
-
-    def plan(step: int) -> StepPlan | None:
-        if step not in plans:
-            plans[step] = plan_of(step)
-        return plans[step]
-
-    buckets: dict[tuple[int, int], bool] = {}  # (step, bucket) served -> every digest matched the plan
-    unplanned = set()
+    served: dict[int, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))  # step -> bucket -> digests
     for record in delivered:
-        p = plan(record["step"])
-        if p is None:
-            unplanned.add(record["step"])
-            continue
-        keys = _bucket_keys(p, record["bucket"])
-        ok = record["digest"] == keys_digest(k for k, _ in keys)
-        buckets[(record["step"], record["bucket"])] = buckets.get((record["step"], record["bucket"]), True) and ok
+        served[record["step"]][record["bucket"]].append(record["digest"])
     last_segment = max((r["segment"] for r in delivered), default=0)
     reached = defaultdict(lambda: -1)
     for record in delivered:
@@ -60,34 +48,37 @@ def compute_audit(starts: list[float], records: list[dict], plan_of: Callable[[i
     seen: Counter = Counter()
     per_source: dict[str, dict] = defaultdict(lambda: {"samples": 0, "duplicates": 0, "missing": 0, "epochs": set()})
     step_samples: dict[int, Counter] = defaultdict(Counter)
-    for (step, bucket) in sorted(buckets):
-        for key, epoch in _bucket_keys(plan(step), bucket):
-            source = key.split(":", 1)[0]
-            seen[(key, epoch)] += 1
-            entry = per_source[source]
-            entry["samples"] += 1
-            entry["epochs"].add(epoch)
-            if seen[(key, epoch)] > 1:
-                entry["duplicates"] += 1
-            step_samples[step][source] += 1
-    missing = 0
-    for step in range(through + 1):
-        p = plan(step)
-        if p is None:
-            unplanned.add(step)
-            continue
-        for bucket in range(p.num_buckets):
-            if (step, bucket) not in buckets:
-                for key, _ in _bucket_keys(p, bucket):
-                    per_source[key.split(":", 1)[0]]["missing"] += 1
-                    missing += 1
+    planned, unverified, missing = set(), set(), 0
+    for plan in plans:
+        step = plan.step
+        planned.add(step)
+        buckets = served.get(step, {})
+        for bucket, digests in buckets.items():  # served: its keys count, and must be the plan's
+            keys = _bucket_keys(plan, bucket)
+            if any(d != keys_digest(k for k, _ in keys) for d in digests):
+                unverified.add(step)
+            for key, epoch in keys:
+                source = key.split(":", 1)[0]
+                seen[(key, epoch)] += 1
+                entry = per_source[source]
+                entry["samples"] += 1
+                entry["epochs"].add(epoch)
+                if seen[(key, epoch)] > 1:
+                    entry["duplicates"] += 1
+                step_samples[step][source] += 1
+        if step <= through:  # every rank got past it: what no one was served is missing
+            for bucket in range(plan.num_buckets):
+                if bucket not in buckets:
+                    for key, _ in _bucket_keys(plan, bucket):
+                        per_source[key.split(":", 1)[0]]["missing"] += 1
+                        missing += 1
     samples = sum(seen.values())
     return {
         "samples": samples, "unique": len(seen), "duplicates": samples - len(seen), "missing": missing,
-        "steps": len({s for s, _ in buckets}), "through_step": through,
+        "steps": len(planned & set(served)), "through_step": through,
         "segments": last_segment + 1 if delivered else 0,
-        "unverified": sorted({s for (s, _), ok in buckets.items() if not ok}),
-        "unplanned_steps": sorted(unplanned),
+        "unverified": sorted(unverified),
+        "unplanned_steps": sorted((set(served) | set(range(through + 1))) - planned),
         "per_source": {s: {**v, "epochs": sorted(v["epochs"])} for s, v in sorted(per_source.items())},
         "phases": _phases(step_samples, edits),
     }

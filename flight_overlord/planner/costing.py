@@ -22,15 +22,22 @@ from ..core.costfit import CostFit, Fitted
 from .program import StepPlan
 
 SHAPES_KEPT = 64  # steps whose microbatch sums stay in memory; older reports read their plan from the journal
+# a fitted model's name (in ``cost_fit`` records and a step's journaled inputs) -> its cost function of (a, b)
+COST_MODELS: dict[str, Callable[[float, float], CostFn]] = {"backbone": attention_cost, "encoder": patches_cost}
+
+
+def cost_fns(params: dict[str, list[float]]) -> dict[str, CostFn]:
+    """The cost functions of the models in force, from their journaled ``{name: [a, b]}``."""
+    return {name: COST_MODELS[name](*ab) for name, ab in params.items()}
 
 
 class PlannedCost:
-    """One fitted model: ``name`` in its records, ``shapes_of(plan)`` the per-bucket rows its reports are
-    read against, ``make_cost(a, b)`` the cost function the Planner plans with."""
+    """One fitted model: ``name`` in its records (``COST_MODELS`` gives the cost function the Planner
+    plans with), ``shapes_of(plan)`` the per-bucket rows its reports are read against."""
 
     def __init__(self, name: str, prior_a: float, prior_b: float, *, lag: int, window: int, buckets: int,
-                 shapes_of: Callable[[StepPlan], list], make_cost: Callable[[float, float], CostFn]):
-        self.name, self.shapes_of, self.make_cost = name, shapes_of, make_cost
+                 shapes_of: Callable[[StepPlan], list]):
+        self.name, self.shapes_of, self.make_cost = name, shapes_of, COST_MODELS[name]
         self.fit = CostFit(prior_a, prior_b, lag=lag, window=window, buckets=buckets)
         self.in_force: Fitted = self.fit.prior
         self.in_force_from = 0  # the first step planned with ``in_force``
@@ -101,13 +108,13 @@ class PlannedCost:
 def backbone(cfg, strategy, lag: int, window: int) -> PlannedCost:
     params = strategy.cost_params
     return PlannedCost("backbone", params["a"], params["b"], lag=lag, window=window, buckets=strategy.num_buckets,
-                       shapes_of=sequence_shapes, make_cost=attention_cost)
+                       shapes_of=sequence_shapes)
 
 
 def encoder(cfg, strategy, lag: int, window: int) -> PlannedCost:
     graph = strategy.image_graph
     return PlannedCost("encoder", graph.cost_params["a"], graph.cost_params["b"], lag=lag, window=window,
-                       buckets=strategy.mesh.num_buckets(graph.axis), shapes_of=image_shapes, make_cost=patches_cost)
+                       buckets=strategy.mesh.num_buckets(graph.axis), shapes_of=image_shapes)
 
 
 def sequence_shapes(plan: StepPlan) -> list[list[list[float]]]:

@@ -9,7 +9,7 @@ the number of sources, not of samples (a whole plan is ~12 KB per step at dp 64 
 Serving step s again reads the state before it (step s - 1's record, or the snapshot or rewind just
 before s), plans s once more and compares the digest; a mismatch is an error naming the step, never
 another plan. Replay cost is one step's planning plus a journal read bounded by the snapshot
-interval. The metadata comes from the loaders (a live Planner) or from the source files themselves
+interval; what needs every step (an audit) replays the journal once, start to end (``in_force``). The metadata comes from the loaders (a live Planner) or from the source files themselves
 (offline: an audit), read once per row group; the files are fingerprinted, so a changed file is
 an error at resume already. A run's config is kept per start (``ConfigHistory``), so a step planned
 before a resume on an edited config or another layout is re-derived with the config it was planned with.
@@ -23,17 +23,17 @@ import threading
 from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
 from ..config import Config
-from ..core.cost import attention_cost, patches_cost
 from ..core.mixing import Mixer
 from ..core.order import RowGroupRef
-from ..journal import read_journal, write_json_atomic
+from ..journal import read_journal
+from .costing import cost_fns
 from .feed import FetchMeta, SourceFeed, row_group_metadata
-from .run_inputs import ConfigHistory, Unreadable
+from .run_inputs import ConfigHistory, JsonFile, Unreadable
 from .program import plan_step
 from .step_plan import StepPlan
 
@@ -174,10 +174,9 @@ def derive(record: dict, before: dict, strategy, reader: SourceReader) -> StepPl
     inputs = record.get("inputs", {})
     if inputs.get("reset_credit"):
         mixer.reset_credit()
-    cost = inputs.get("cost", {})
+    cost = cost_fns(inputs.get("cost", {}))
     plan = plan_step(step, feeds, mixer, strategy, inputs.get("weights", record["weights"]), record.get("feedback"),
-                     cost_fn=attention_cost(*cost["backbone"]) if "backbone" in cost else None,
-                     encoder_cost_fn=patches_cost(*cost["encoder"]) if "encoder" in cost else None)
+                     cost_fn=cost.get("backbone"), encoder_cost_fn=cost.get("encoder"))
     if plan_digest(plan) != record["digest"]:
         raise PlanMismatch(f"step {step}: planned again from the journal, its plan differs from the one served "
                            f"(digest {record['digest']}): a source file or the strategy changed since; "
@@ -212,7 +211,7 @@ class Replayer:
                  row_groups: Callable[[str], list[RowGroupRef]]):
         self.cfg, self.strategy = cfg, strategy
         self.journal_path, self.snapshots = journal_path, snapshots
-        self._rewinds = journal_path.parent / "planner" / "rewinds.json"
+        self._rewinds = JsonFile(journal_path.parent / "planner" / "rewinds.json", [])
         self.recent = RecentPlans(max(4, cfg.prefetch + 2))
         self.configs = ConfigHistory(journal_path.parent / "planner" / "configs.json")
         self.unreadable = Unreadable(journal_path.parent / "planner" / "unreadable.json")
@@ -222,10 +221,10 @@ class Replayer:
     def rewinds(self) -> list[list[int]]:
         """[step, journal offset] of every rewind: a step's plan in force is the first one journaled
         after the last rewind at or before it (plans journaled before were made on the old layout or mixture)."""
-        return json.loads(self._rewinds.read_text()) if self._rewinds.exists() else []
+        return self._rewinds.read()
 
     def add_rewind(self, step: int, offset: int) -> None:
-        write_json_atomic(self._rewinds, self.rewinds() + [[step, offset]])
+        self._rewinds.write(self.rewinds() + [[step, offset]])
 
     def compact(self, journal) -> None:
         """Bound the journal file to what a restart or a live rank reads: the records from the oldest
@@ -256,9 +255,29 @@ class Replayer:
         self.recent.put(plan)
         return plan
 
-    def records(self):
+    def records(self) -> Iterator[dict]:
         """Every step record of the journal in its order (steps planned again after a rewind appear
         again), each with its plan's ``bins`` and ``samples`` re-derived: what a journal held before."""
+        for record, plan in self._replay(lambda offset, record: True):
+            yield {**record, **plan.to_record()}
+
+    def in_force(self) -> Iterator[StepPlan]:
+        """The plan in force of every journaled step (what ``plan(step)`` serves), in journal order, in
+        one pass: a plan a later rewind at or before its step superseded is neither derived nor given."""
+        rewinds, given = self.rewinds(), set()
+
+        def wanted(offset: int, record: dict) -> bool:
+            step = record["step"]
+            if step in given or any(r <= step and o > offset for r, o in rewinds):
+                return False
+            given.add(step)
+            return True
+        for _, plan in self._replay(wanted):
+            yield plan
+
+    def _replay(self, wanted: Callable[[int, dict], bool]) -> Iterator[tuple[dict, StepPlan]]:
+        """(record, plan) of the step records ``wanted(offset, record)`` picks, in one pass over the
+        journal: each plan from the state the record before it left (the first: from a snapshot)."""
         before, begin = None, 0
         for end, record in read_journal(self.journal_path):
             if "rewind" in record:
@@ -267,7 +286,8 @@ class Replayer:
                 if before is None and "bins" not in record:
                     snapshot = self.snapshots.latest(at_most=record["step"])
                     before = snapshot[1] if snapshot is not None else None
-                yield {**record, **self.replayed(before, record, begin).to_record()}
+                if wanted(begin, record):
+                    yield record, self.replayed(before, record, begin)
                 before = record.get("state")
             begin = end
 

@@ -15,6 +15,30 @@ from ..journal import write_json_atomic
 from .feed import FetchMeta
 
 
+class JsonFile:
+    """A small JSON file of the run (written atomically: a new file each time), parsed again only when
+    it changed: replaying a journal asks for it once per step, which must not read it once per step."""
+
+    def __init__(self, path: Path, default):
+        self.path, self.default = path, default
+        self._seen: tuple | None = None  # (inode, mtime, size) of the file parsed last
+        self._value = default
+
+    def read(self):
+        """The file's value (``default`` while there is none); treat it as read-only."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return self.default
+        seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if seen != self._seen:
+            self._value, self._seen = json.loads(self.path.read_text()), seen
+        return self._value
+
+    def write(self, value) -> None:
+        write_json_atomic(self.path, value)
+
+
 class Unreadable:
     """Row groups whose loader could not read them when they were planned (``planner/unreadable.json``):
     an input no file gives afterwards (a read may fail one day and not the next), so a replay plans
@@ -52,11 +76,12 @@ class ConfigHistory:
 
     def __init__(self, path: Path):
         self.path = path
+        self._file = JsonFile(path, [])
         self._built: dict[int, tuple[Config, object]] = {}
         self._current: tuple[str, object] | None = None
 
     def entries(self) -> list[dict]:
-        return json.loads(self.path.read_text()) if self.path.exists() else []
+        return self._file.read()
 
     def note(self, cfg: Config, offset: int) -> None:
         """The config ``cfg`` plans from journal offset ``offset`` on (kept when it differs from the last)."""
@@ -66,7 +91,7 @@ class ConfigHistory:
         entries = self.entries()
         if entries and (entries[-1]["base_dir"], entries[-1]["raw"]) == (entry["base_dir"], entry["raw"]):
             return
-        write_json_atomic(self.path, entries + [entry])
+        self._file.write(entries + [entry])
 
     def note_row_groups(self, row_groups: dict[str, list[RowGroupRef]]) -> None:
         """Every source's row groups as its loaders registered them, with the latest start's config: a
@@ -74,8 +99,7 @@ class ConfigHistory:
         entries = self.entries()
         listed = {name: [[rg.file, rg.row_group, rg.num_rows] for rg in rgs] for name, rgs in row_groups.items()}
         if entries and entries[-1].get("row_groups") != listed:
-            entries[-1]["row_groups"] = listed
-            write_json_atomic(self.path, entries)
+            self._file.write([*entries[:-1], {**entries[-1], "row_groups": listed}])
 
     def entry_at(self, offset: int) -> tuple[int, dict | None]:
         """(index, entry) of the start whose config planned the record at ``offset``; (-1, None): none known."""

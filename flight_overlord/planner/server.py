@@ -180,8 +180,7 @@ class PlannerServer(ActionServer):
     def action_plan(self, body):
         """A constructor's share of one step's plan: {"step", "constructor", "positions": {rank: step}, "wait": s}."""
         request = PlanRequest.from_wire(body)
-        return self.service.constructor_plan(request.step, request.constructor, self.strategy.broadcast, request.positions,
-                                             request.wait)
+        return self.service.constructor_plan(request.step, request.constructor, request.positions, request.wait)
 
     def do_exchange(self, context, descriptor, reader, writer):
         """A constructor's plans stream (``wire/plan_channel.py``): ``action_plan`` as one message each."""

@@ -243,7 +243,7 @@ class PlanService:
                 self.cond.notify_all()
 
     # -- constructors ------------------------------------------------------------------
-    def constructor_plan(self, step: int, constructor: int, broadcast, positions: dict | None = None,
+    def constructor_plan(self, step: int, constructor: int, positions: dict | None = None,
                          wait: float | None = None) -> bytes:
         """Constructor ``constructor``'s share of step ``step``'s plan, encoded for the wire. A step's
         views are dropped here once every constructor fetched its own; later asks are served from the journal.
@@ -264,7 +264,8 @@ class PlanService:
         plan = self.planner.journaled(step)  # fetched by everyone before, or planned by an earlier Planner process
         if plan is None:
             raise KeyError(f"plan of step {step} is in no journal of this run")
-        return wire.encode(constructor_view(plan, constructor, self.mesh, self.planner.registry, broadcast).to_wire())
+        return wire.encode(constructor_view(plan, constructor, self.mesh, self.planner.registry,
+                                            self.planner.strategy.broadcast).to_wire())
 
     def constructor_positions(self, constructor: int, positions) -> None:
         """{rank: step}: the next step each rank stream of ``constructor`` sends (with a plan request, or

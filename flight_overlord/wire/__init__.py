@@ -47,6 +47,11 @@ def field(obj: dict, name: str, kind: type, what: str) -> Any:
     return value
 
 
+def optional_field(obj: dict, name: str, kind: type, what: str, default: Any = None) -> Any:
+    """``obj[name]`` checked as ``field`` does, or ``default`` when it is absent or null."""
+    return field(obj, name, kind, what) if obj.get(name) is not None else default
+
+
 def ticket(obj: dict) -> fl.Ticket:
     return fl.Ticket(encode(obj))
 

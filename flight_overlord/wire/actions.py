@@ -12,11 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import field
-
-
-def _optional(raw: dict, name: str, kind: type, what: str):
-    return field(raw, name, kind, what) if raw.get(name) is not None else None
+from . import field, optional_field
 
 
 @dataclass(frozen=True)
@@ -39,7 +35,7 @@ class PlanRequest:
         if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait > 0):
             raise ValueError(f"malformed plan: field 'wait' must be a positive number of seconds, got {wait!r}")
         return cls(field(raw, "step", int, "plan"), field(raw, "constructor", int, "plan"),
-                   _optional(raw, "positions", dict, "plan"), wait)
+                   optional_field(raw, "positions", dict, "plan"), wait)
 
 
 @dataclass(frozen=True)
@@ -77,8 +73,8 @@ class Report:
         if not {"losses", "compute_seconds", "encoder_seconds"} & set(raw):
             raise ValueError("malformed report: give 'losses' ({source: loss}), 'compute_seconds' or 'encoder_seconds'")
         return cls(field(raw, "step", int, "report"), field(raw, "rank", int, "report"),
-                   _optional(raw, "losses", dict, "report"), raw.get("compute_seconds"), raw.get("encoder_seconds"),
-                   _optional(raw, "waits", dict, "report"))  # seconds: checked by the Planner's cost fit
+                   optional_field(raw, "losses", dict, "report"), raw.get("compute_seconds"), raw.get("encoder_seconds"),
+                   optional_field(raw, "waits", dict, "report"))  # seconds: checked by the Planner's cost fit
 
 
 @dataclass(frozen=True)
@@ -91,7 +87,7 @@ class StatsRequest:
 
     @classmethod
     def from_wire(cls, raw: dict) -> "StatsRequest":
-        return cls(field({"from": 0, **raw}, "from", int, "stats"), _optional(raw, "to", int, "stats"))
+        return cls(field({"from": 0, **raw}, "from", int, "stats"), optional_field(raw, "to", int, "stats"))
 
 
 @dataclass(frozen=True)
@@ -105,4 +101,4 @@ class MixRequest:
 
     @classmethod
     def from_wire(cls, raw: dict) -> "MixRequest":
-        return cls(field(raw, "weights", dict, "mix"), _optional(raw, "step", int, "mix"))
+        return cls(field(raw, "weights", dict, "mix"), optional_field(raw, "step", int, "mix"))

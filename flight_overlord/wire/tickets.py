@@ -15,13 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field as dataclass_field
 
-from . import field
-
-
-def _optional_int(raw: dict, name: str, what: str, default: int | None) -> int | None:
-    if name not in raw:
-        return default
-    return field(raw, name, int, what)
+from . import field, optional_field
 
 
 def _actor_of(raw: dict, what: str) -> tuple[str | None, int | None]:
@@ -168,7 +162,7 @@ class BatchTicket:
     def from_wire(cls, raw: dict) -> "BatchTicket":
         kind = cls.checked_kind(raw)
         step, rank = field(raw, "step", int, "batch ticket"), field(raw, "rank", int, "batch ticket")
-        end = _optional_int(raw, "end", "batch ticket", None) if kind in STREAM_KINDS else None
+        end = optional_field(raw, "end", int, "batch ticket") if kind in STREAM_KINDS else None
         if end is not None and end <= step:
             raise ValueError(f"malformed ticket: 'end' must be an integer after step {step}, got {end!r}")
         return cls(kind, step, rank, raw, end)
@@ -231,7 +225,7 @@ class Registration:
         location = field(raw, "location", str, "register")
         if role == "loader":
             return cls(role, location, field(raw, "source", str, "register"), field(raw, "actor", int, "register"),
-                       _optional_int(raw, "replica", "register", 0),
+                       optional_field(raw, "replica", int, "register", 0),
                        tuple(tuple(rg) for rg in field(raw, "row_groups", list, "register")))
         if role == "constructor":
             return cls(role, location, index=field(raw, "index", int, "register"))

@@ -36,9 +36,9 @@ def test_roles_register_and_ticket_the_advertised_name(corpus, tmp_path):
         assert_every_planned_sample_once(cluster.planner, path, steps=3)
 
 
-def _serve_planner(config, *flags, timeout=60):
+def _serve_planner(config, *flags, timeout=60, role="planner"):
     ready = config.parent / f"ready-{len(flags)}"
-    process = subprocess.Popen([sys.executable, "-m", "flight_overlord.deploy.cli", "serve", "planner", "--config",
+    process = subprocess.Popen([sys.executable, "-m", "flight_overlord.deploy.cli", "serve", role, "--config",
                                 str(config), "--ready-file", str(ready), *flags],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env={**os.environ, SECRET_ENV: "advertise-test-secret-0123456789"})
@@ -71,6 +71,25 @@ def test_a_wildcard_bind_needs_an_advertised_address(corpus, tmp_path):
         assert metrics.startswith("http://127.0.0.1:")  # the page is named at the advertised host
         page = urllib.request.urlopen(metrics, timeout=10).read().decode()
         assert f'overlord_role_up{{address="{location}",role="planner"}} 1.0' in page
+    finally:
+        process.terminate()
+        process.communicate(timeout=30)
+
+
+def test_serve_node_hands_its_advertised_name_to_every_role_it_hosts(corpus, tmp_path):
+    """``overlord serve node --advertise HOST`` (the flags every ``overlord serve ROLE`` has): the
+    Planner, loaders and constructor it hosts all register, and are ticketed, at HOST."""
+    config = write_config(tmp_path, corpus, deployment="single_node")
+    process, ready = _serve_planner(config, "--advertise", "localhost", role="node")
+    try:
+        assert ready.exists(), process.communicate(timeout=5)[0] if process.poll() is not None else "not ready"
+        location = ready.read_text()
+        assert location.startswith("grpc://localhost:")
+        client = fl.connect(location)
+        status = json.loads(client.do_action(fl.Action("status", b"{}")).__next__().body.to_pybytes())
+        client.close()
+        locations = [loc for *_, loc, _ in status["loaders"]] + list(status["constructors"].values())
+        assert len(locations) >= 2 and all(loc.startswith("grpc://localhost:") for loc in locations), locations
     finally:
         process.terminate()
         process.communicate(timeout=30)

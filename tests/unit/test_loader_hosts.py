@@ -68,8 +68,9 @@ def test_roles_is_the_one_role_list_planner_first(corpus, tmp_path):
     assert specs[0].args == ("--resume",) and specs[1].standby and not specs[0].standby
     loaders = [s for s in specs if s.role == "loader"]
     assert [s.name for s in loaders] == ["loader-host0", "loader-host0-shadow1", "loader-host1", "loader-host1-shadow1"]
-    assert [s.replica() for s in loaders] == [0, 1, 0, 1]
-    assert sorted({a for s in loaders for a in s.actors()}) == sorted(f"{s}:{a}" for s, a in ACTORS)
+    assert [s.replica for s in loaders] == [0, 1, 0, 1]
+    assert sorted({a for s in loaders for a in s.actors}) == sorted(ACTORS)
+    assert loaders[1].args == ("--actors", ",".join(f"{s}:{a}" for s, a in loaders[1].actors), "--replica", "1")
     constructors = [s for s in specs if s.role == "constructor"]
     assert [(s.name, s.index) for s in constructors] == [(f"constructor-{c}", c) for c in range(cfg.num_constructors)]
     assert STANDBY not in [s.name for s in roles(cfg, standbys=False)]  # Ray restarts the Planner in place
@@ -97,3 +98,12 @@ def test_serve_node_refuses_a_config_whose_replicas_need_their_own_processes(cor
     path = write_config(tmp_path, corpus, deployment="single_node", planner={"standbys": 1})
     with pytest.raises(SystemExit, match="needs 'deployment: single_node' without planner.standbys"):
         node.main(["--config", str(path)])
+
+
+def test_serve_node_takes_the_shared_role_flags(corpus, tmp_path):
+    """``overlord serve node`` parses the flags every ``overlord serve ROLE`` has (``role_parser``): a
+    wrong ``--advertise`` is an error naming the flag before any of its roles starts."""
+    from flight_overlord.deploy import node
+    path = write_config(tmp_path, corpus, deployment="single_node")
+    with pytest.raises(SystemExit, match="--advertise: 'grpc://x:1' is not a host name"):
+        node.main(["--config", str(path), "--advertise", "grpc://x:1"])

@@ -119,3 +119,32 @@ def test_a_compacted_journal_keeps_its_offsets_and_survives_a_crash_midway(tmp_p
     again.compact(ends[8])  # cuts the archive back to where the file starts before appending to it
     assert [r["n"] for _, r in read_journal(path)] == list(range(11))
     again.close()
+
+
+def test_one_pass_over_the_journal_gives_every_step_s_plan_in_force_and_names_a_mismatch(tmp_path):
+    """``Replayer.in_force`` (what an audit reads): every journaled step's plan, as ``journaled(step)``
+    serves it, from one pass over the journal across its snapshots and archive; a changed input is
+    still an error naming the step."""
+    first = _planner(_config(tmp_path, every=5), resume=False)
+    plans = [first.plan_next().to_record() for _ in range(23)]
+    first.close()
+    second = _planner(_config(tmp_path, every=5), resume=True)
+    assert [p.to_record() for p in second.replayer.in_force()] == plans
+    assert [r["step"] for r in second.replayer.records()] == list(range(23))
+    second.close()
+    changed = _planner(_config(tmp_path, every=5), resume=True, shift=1)
+    with pytest.raises(PlanMismatch, match="step 0"):
+        next(changed.replayer.in_force())
+    changed.close()
+
+
+def test_a_run_input_file_is_parsed_again_only_when_it_was_rewritten(tmp_path):
+    from flight_overlord.planner.run_inputs import JsonFile
+    path = tmp_path / "inputs.json"
+    inputs = JsonFile(path, [])
+    assert inputs.read() == []
+    inputs.write([[3, 10]])
+    first = inputs.read()
+    assert first == [[3, 10]] and inputs.read() is first  # not parsed again
+    inputs.write([[3, 10], [7, 99]])  # a new file (written atomically)
+    assert inputs.read() == [[3, 10], [7, 99]]
