@@ -8,9 +8,12 @@ sources, one process with every actor (docs/methods/memory-peers.md): PSS +11% w
 flat with these settings. So: a fixed mmap threshold, two arenas, and a periodic ``malloc_trim``.
 
 Every role process and the trainer's client also move Arrow's default memory pool from mimalloc (or
-jemalloc) to the system allocator (``use_system_pool``): those keep freed pages per thread, which
-at 96 sources and 8 ranks was ~4 MiB per trainer, ~10 MiB in a constructor and ~5 MiB in the
-Planner, for no speed that shows at these sizes (docs/methods/memory-peers.md).
+jemalloc) to the system allocator: those keep freed pages per thread, which at 96 sources and 8
+ranks was ~4 MiB per trainer, ~10 MiB in a constructor and ~5 MiB in the Planner, for no speed that
+shows at these sizes (docs/methods/memory-peers.md). Arrow reads the choice once, as pyarrow loads:
+the ``overlord`` command sets it for its process tree, the client when it is the first to load
+pyarrow (``system_pool_if_first_to_load_pyarrow``), else only the Python-level pool moves
+(``use_system_pool``).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import sys
 import threading
 import time
 
@@ -75,6 +79,24 @@ def system_pool_for_this_process_tree() -> None:
     and its C++ parts (Flight's reads, Parquet, compute) use that pool whatever Python sets later:
     so this must run before ``import pyarrow`` (the ``overlord`` command does it first thing)."""
     os.environ.setdefault(POOL_ENV, "system")
+
+
+def system_pool_if_first_to_load_pyarrow() -> bool:
+    """Load pyarrow with Arrow's default pool on the system allocator, its C++ parts (Flight's reads)
+    included, when pyarrow is not loaded yet and ``$ARROW_DEFAULT_MEMORY_POOL`` names no pool: what the
+    trainer's client does at import (a training script imports torch and the client; torch does not
+    load pyarrow). mimalloc keeps ~4 MiB of freed pages per trainer (docs/methods/memory-peers.md).
+    The variable is set only while pyarrow loads (Arrow reads it then, once), so the trainer's own
+    child processes are left as they were. False where pyarrow was loaded before (its C++ pool is
+    fixed: set the variable in the trainer's environment to choose it) or the variable is set."""
+    if "pyarrow" in sys.modules or os.environ.get(POOL_ENV):
+        return False
+    os.environ[POOL_ENV] = "system"
+    try:
+        import pyarrow  # noqa: F401 - Arrow reads the variable here
+    finally:
+        os.environ.pop(POOL_ENV, None)
+    return True
 
 
 def use_system_pool() -> bool:

@@ -37,13 +37,16 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+# first: in a trainer process it loads our client before pyarrow, as a training script does
+from rank_processes import (TRAINER_SIDE, RankChannel, SideResult, Tally, microbatch_nbytes, run_ranks,  # noqa: I001
+                            stop_processes)
 import pyarrow as pa
 import yaml
 
 from benchlib import (MiB, add_corpus_args, add_mesh_args, argument_parser, cluster_roots, log, plan_imbalance,
                       print_header, workspace, write_config)
 from colocated import baseline_rank
-from rank_processes import RankChannel, SideResult, Tally, microbatch_nbytes, run_ranks, stop_processes
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_CONFIG = REPO / "configs" / "demo.yaml"
@@ -58,7 +61,9 @@ CAPTURED_PER_RANK = 4  # real step tables per rank kept for the ceiling side
 # Side 2: flight_overlord
 # ---------------------------------------------------------------------------------------------
 
-def overlord_trainer(channel: RankChannel, planner: str, warmup: int, steps: int, capture_dir: str) -> None:
+def overlord_trainer(channel: RankChannel, planner: str, warmup: int, steps: int, capture_dir: str | None) -> None:
+    """One rank's TrainerClient; ``capture_dir``: where to write a few of its step tables for the ceiling
+    side (None: keep none, as the memory benchmarks do: the tables held would count as the trainer's)."""
     from flight_overlord.client.trainer import TrainerClient, table_to_microbatches
 
     # as_tensors=False plus table_to_microbatches() is exactly what as_tensors=True does (in the
@@ -72,7 +77,7 @@ def overlord_trainer(channel: RankChannel, planner: str, warmup: int, steps: int
         tally.t0 = time.monotonic()
         for table in tables:
             tally.add_step(table_to_microbatches(table), table.nbytes)
-            if len(captured) < CAPTURED_PER_RANK:
+            if capture_dir and len(captured) < CAPTURED_PER_RANK:
                 captured.append(table)
         tally.t1 = time.monotonic()
     for i, table in enumerate(captured):  # after timing: for the ceiling side
@@ -93,7 +98,7 @@ def run_overlord(args, config_path: Path, capture_dir: Path) -> SideResult:
         cluster_pids = [pid for pid, _, _ in roles]
         log(f"[flight_overlord] {len(roles)} role processes up in {time.monotonic() - started:.1f}s")
         tallies, sampler = run_ranks(
-            "flight_overlord", overlord_trainer,
+            TRAINER_SIDE, overlord_trainer,
             [(planner, args.warmup, args.steps, str(capture_dir)) for _ in range(args.ranks)],
             label="trainer", extra_roots=lambda: roles, timeout=args.timeout)
         imbalance = plan_imbalance(planner, args.warmup, args.warmup + args.steps - 1)

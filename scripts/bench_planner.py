@@ -162,6 +162,7 @@ def ratio_rows(dp: int, reps: int) -> None:
     print("| method | heapq LPT ms | plan_step ms | plan_step / heapq |")
     print("|---|---:|---:|---:|")
     costs = cost(sample_lengths(np.random.default_rng([1, dp]), dp * PER_RANK, CONTEXT))
+    plans, heaps = {}, []
     for method in ("greedy", "karmarkar_karp"):
         feeds, mixer, strategy, weights = synthetic_planner(dp, method=method)
         plan_step(0, feeds, mixer, strategy, weights)
@@ -170,9 +171,17 @@ def ratio_rows(dp: int, reps: int) -> None:
             start = time.process_time()
             heapq_lpt(costs, dp)
             middle = time.process_time()
-            plan_step(step, feeds, mixer, strategy, weights)
+            plan = plan_step(step, feeds, mixer, strategy, weights)
             best_heap, best_plan = min(best_heap, middle - start), min(best_plan, time.process_time() - middle)
+        plans[method], heaps = (best_plan, plan.stats), heaps + [best_heap]
         print(f"| {method} | {1000 * best_heap:.0f} | {1000 * best_plan:.0f} | {best_plan / best_heap:.2f} |")
+    # the baseline's own noise on a shared machine: the least disturbed heapq LPT of the whole run
+    print(f"\nagainst the run's best heapq LPT ({1000 * min(heaps):.0f} ms), and the plans' quality (last step):\n")
+    print("| method | plan_step / best heapq | rank max/mean | rank max/lower bound | microbatch max/mean |")
+    print("|---|---:|---:|---:|---:|")
+    for method, (best_plan, stats) in plans.items():
+        print(f"| {method} | {best_plan / min(heaps):.2f} | {stats['imbalance']:.6f} | "
+              f"{stats['max_rank_cost'] / stats['lower_bound']:.6f} | {stats['microbatch_imbalance']:.4f} |")
 
 
 def prefetch_needed(step_s: float, plan_s: float) -> int:

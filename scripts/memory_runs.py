@@ -114,8 +114,6 @@ def run_overlord(args, tmp: Path, data_dir: Path, names: list[str], ranks: int, 
                           seed=args.seed, run_dir=tmp / f"run-{tag}", balance={"method": "greedy"},
                           **{"loader": {**({} if hosts is None else {"hosts": hosts}), **loader_settings(variant)},
                              **(sections or {})})
-    capture = tmp / f"cap-{tag}"
-    capture.mkdir()
     run = Run("overlord", len(names), ranks, hosts, variant)
     cluster = LocalCluster(config)
     try:
@@ -125,8 +123,8 @@ def run_overlord(args, tmp: Path, data_dir: Path, names: list[str], ranks: int, 
         roles = cluster_roots(cluster)
         log(f"[overlord S={len(names)} R={ranks} hosts={hosts} {variant}] {len(roles)} role processes up in {run.start_s:.1f}s")
         tallies, sampler = rank_processes.run_ranks(
-            "flight_overlord", overlord_trainer,
-            [(planner, args.warmup, args.steps, str(capture)) for _ in range(ranks)],
+            rank_processes.TRAINER_SIDE, overlord_trainer,
+            [(planner, args.warmup, args.steps, None) for _ in range(ranks)],
             label="trainer", extra_roots=lambda: roles, timeout=args.timeout)
     finally:
         cluster.stop()

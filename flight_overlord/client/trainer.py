@@ -195,7 +195,9 @@ class TrainerClient:
         are placed (default: left on the CPU as zero-copy views of the Arrow buffers).
         ``system_allocator``: this process's default Arrow memory pool becomes the system allocator
         (mimalloc keeps ~4 MiB of freed pages per trainer; ``$ARROW_DEFAULT_MEMORY_POOL``, where
-        set, wins; False leaves the pool alone)."""
+        set, wins; False leaves the pool alone). Flight's own reads use the pool chosen as pyarrow
+        loaded: the system allocator when the client loaded it (importing ``flight_overlord.client``
+        before anything else loads pyarrow), unless the variable says otherwise."""
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch!r}")
         if system_allocator:

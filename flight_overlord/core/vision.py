@@ -17,6 +17,7 @@ whatever colour the encoder left under them. Opaque images are converted to RGB 
 """
 from __future__ import annotations
 
+import functools
 import io
 import math
 import struct
@@ -29,11 +30,16 @@ from ..errors import OverlordError
 
 MAX_ASPECT_RATIO = 200          # Qwen2-VL's processor refuses images longer than this to one side
 
-# Image.open only tries these formats. The data is untrusted, and some of Pillow's other plugins
-# should not see it (EPS, for one, runs Ghostscript). Formats this Pillow build lacks are dropped.
-Image.init()
-FORMATS: tuple[str, ...] = tuple(f for f in ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "AVIF")
-                                 if f in Image.OPEN)
+
+@functools.cache
+def open_formats() -> tuple[str, ...]:
+    """What Image.open tries. The data is untrusted, and some of Pillow's other plugins should not see
+    it (EPS, for one, runs Ghostscript); formats this Pillow build lacks are dropped. Registering the
+    plugins (``Image.init``) costs a process ~3 MiB: done at the first image, not in every role that
+    imports this module for a text-only run."""
+    Image.init()
+    return tuple(f for f in ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "AVIF") if f in Image.OPEN)
+
 
 # What Pillow raises for bad data, besides its own UnidentifiedImageError (an OSError).
 _PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error,
@@ -89,7 +95,7 @@ class VisionSpec:
 def _open(data: bytes) -> ImageFile.ImageFile:
     """Pillow's lazy open: it parses the header, and no pixels are decoded until ``load()``."""
     try:
-        return Image.open(io.BytesIO(data), formats=FORMATS)
+        return Image.open(io.BytesIO(data), formats=open_formats())
     except Image.UnidentifiedImageError:
         raise ImageError(f"not an image (unrecognised header, {len(data)} bytes)") from None
     except Image.DecompressionBombError as e:

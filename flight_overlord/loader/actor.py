@@ -32,6 +32,7 @@ FOLLOW_SECONDS = 0.2  # how often a replica folds in what the others journaled
 # Served tables kept for a retried fetch (answered from the cache, else rebuilt: the same rows either
 # way): the newest few, bounded in count and bytes per actor so 100s of actors stay small.
 SERVED_KEPT, SERVED_BYTES = 8, 2 * 1024 * 1024
+READ_AHEAD_AT = 0.5  # read ahead once this share of the asked-for row groups' rows is served (_draining)
 
 
 class LoaderActor:
@@ -175,7 +176,7 @@ class LoaderActor:
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._stopping or (position <= self.state.demanded + self.read_ahead
-                                                               and self._under_byte_bound()))
+                                                               and self._under_byte_bound() and self._draining()))
                 if self._stopping:
                     return
                 # read ahead of the furthest demand only: what lies behind it is read when asked for,
@@ -188,6 +189,19 @@ class LoaderActor:
             if not skip:
                 self._ensure(position)
             position += 1
+
+    def _draining(self) -> bool:
+        """Read ahead once ``READ_AHEAD_AT`` of the rows of the row groups the Planner has asked for are
+        served, not as soon as it asks: a row group lasts many steps where a step takes a few rows of
+        each of many sources (~40 steps for a 0.1 MiB one of 96 sources), and the row groups read ahead
+        were half of such a loader's buffer (docs/methods/memory-peers.md); from half-served on they
+        are still read long before they are asked for. Nothing asked for yet (start-up): at once."""
+        rows = served = 0
+        for position, buffered in self._buffer.items():
+            if position <= self.state.demanded:
+                rows += len(buffered.remaining)
+                served += len(buffered.remaining) - int(np.count_nonzero(buffered.remaining))
+        return served >= READ_AHEAD_AT * rows
 
     def _under_byte_bound(self) -> bool:
         """``loader.read_ahead_bytes``: read ahead only while what is buffered is below it (a row group

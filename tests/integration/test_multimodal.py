@@ -178,14 +178,14 @@ def test_bad_images_follow_the_policy(corpus, tmp_path, policy):
         assert f"sample {truncated_key}: truncated JPEG" in logs
 
 
-def image_graph_config(directory: pathlib.Path, corpus) -> pathlib.Path:
+def image_graph_config(directory: pathlib.Path, corpus, **overrides) -> pathlib.Path:
     (directory / "vlm.py").write_text(
         "def build(s):\n"
         "    s.cost('attention').distribute('DP').balance('greedy')\n"
         "    s.images().cost('patches').distribute('WORLD').balance('karmarkar_karp')\n"
         "    return s\n")
     return write_config(directory, corpus, sources=SOURCES, global_batch=BATCH, strategy="vlm.py",
-                        mesh={"dp": 2, "tp": 2}, vision={"max_pixels": 200704})
+                        mesh={"dp": 2, "tp": 2}, vision={"max_pixels": 200704}, **overrides)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """`overlord partition` and `loader.partition: auto` on the real demo corpus: the profile is journaled
 and reused, the plan applied by every role; a cluster run with it delivers the same streams as the
-config as written, every planned sample once. And `loader.read_ahead_bytes` bounds the read-ahead."""
+config as written, every planned sample once. And `loader.read_ahead_bytes` bounds the read-ahead, which
+starts once the row groups asked for are half served."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ from flight_overlord.config import ConfigError, load_config
 from flight_overlord.core.partition_plan import GiB
 from flight_overlord.deploy.cli import main
 from flight_overlord.deploy.topology import loader_hosts
-from flight_overlord.loader.actor import SERVED_KEPT, LoaderActor
+from flight_overlord.loader.actor import READ_AHEAD_AT, SERVED_KEPT, LoaderActor
 from flight_overlord.loader.row_groups import SourceShare
 
 from ..helpers import delivered_keys, fetch_run, journal, write_config
@@ -114,6 +115,40 @@ def test_read_ahead_bytes_bounds_the_buffer_and_changes_no_sample(corpus, tmp_pa
     finally:
         free.close()
         bounded.close()
+
+
+def _wait_for(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not condition():
+        time.sleep(0.05)
+    return condition()
+
+
+def test_read_ahead_starts_once_the_row_groups_asked_for_are_half_served(corpus, tmp_path):
+    """The row groups the Planner asked for (a shuffle window: rows drawn interleaved) hold the next
+    steps' rows: the ones after them are read once half of those rows are served, not at once, and
+    still before they are asked for."""
+    cfg = load_config(write_config(tmp_path, corpus))
+    actor = LoaderActor(SourceShare(cfg.source("longdocs"), 0, cfg.global_batch.context_length, cfg.vision),
+                        seed=cfg.seed, read_ahead=2, run_dir=tmp_path / "run")
+    try:
+        assert _wait_for(lambda: sorted(actor._buffer) == [0, 1])  # start-up: nothing asked yet, read ahead at once
+        window = [actor._at(0), actor._at(1)]
+        for rg in window:
+            actor.metadata(0, rg.file, rg.row_group)
+        interleaved = [[0, rg.file, rg.row_group, row] for row in range(max(rg.num_rows for rg in window))
+                       for rg in window if row < rg.num_rows]
+        half = -(-int(READ_AHEAD_AT * 1000) * len(interleaved) // 1000)  # rows to serve before reading ahead
+        assert 1 < half < len(interleaved)
+        for step, wanted in enumerate(interleaved[:half - 1]):
+            actor.samples(step, 0, [wanted])
+        time.sleep(0.6)  # the read-ahead thread looks again at least every FOLLOW_SECONDS
+        assert sorted(actor._buffer) == [0, 1]
+        actor.samples(half, 0, [interleaved[half - 1]])
+        assert _wait_for(lambda: sorted(actor._buffer) == [0, 1, 2, 3])
+        assert actor.state.demanded == 1  # read before the Planner asked for them
+    finally:
+        actor.close()
 
 
 def test_served_tables_kept_are_bounded_and_a_retry_past_them_gets_the_same_samples(corpus, tmp_path):

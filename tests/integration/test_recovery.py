@@ -16,10 +16,12 @@ from flight_overlord.client import TrainerClient
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.deploy.node import previous_ports
+from flight_overlord.journal import archive_path
 from flight_overlord.harness import step_digest
 from flight_overlord.planner.audit import offline_audit
 
 from ..helpers import journal, write_config
+from .test_multimodal import image_graph_config
 
 STEPS = 60  # a 60-step run, killed at a random step
 RANKS = 2
@@ -59,18 +61,30 @@ def config(directory, corpus, **overrides):
 def run(path, *, kill: str | None = None, at: int = 0, report: bool = False, check=None) -> dict[int, list]:
     """An undisturbed run, or one where role ``kill`` gets SIGKILL when rank 0 reaches step ``at``;
     ``check(cluster)`` runs before the cluster stops."""
+    def drive(planner, on_step):
+        return train(planner, 0, STEPS, report=report, on_step=on_step)
+    return run_killing(path, {at: kill} if kill else {}, drive, check=check)
+
+
+def run_killing(path, kills: dict[int, str], drive, *, check=None, before_kill=None):
+    """``drive(planner, on_step)`` on a fresh cluster, its trainers calling ``on_step(rank, step)``; role
+    ``kills[step]`` gets SIGKILL when rank 0 reaches that step (``before_kill(cluster, role)`` first).
+    Waits for every killed role to be back; ``check(cluster)`` runs before the cluster stops."""
     with LocalCluster(path) as cluster:
-        fired = threading.Event()
+        fired = set()
 
         def on_step(rank: int, step: int) -> None:
-            if kill and rank == 0 and step == at and not fired.is_set():
-                fired.set()
-                cluster.kill(kill)
-        streams = train(cluster.planner, 0, STEPS, report=report, on_step=on_step)
-        if kill:
-            cluster.wait_restarted(kill)  # a shadowed loader's run need not wait for its restart
+            if rank == 0 and step in kills and step not in fired:
+                fired.add(step)
+                if before_kill is not None:
+                    before_kill(cluster, kills[step])
+                cluster.kill(kills[step])
+        streams = drive(cluster.planner, on_step)
+        for role in kills.values():
+            cluster.wait_restarted(role)  # a shadowed loader's run need not wait for its restart
         if check is not None:
             check(cluster)
+    assert fired == set(kills), f"the run never reached the steps of kills {sorted(set(kills) - fired)}"
     return streams
 
 
@@ -157,10 +171,15 @@ def test_resume_on_a_larger_data_parallel_mesh_delivers_each_sample_once(corpus,
     cut = 15
     with LocalCluster(path) as cluster:
         before = train(cluster.planner, 0, cut)
+        # Plan past the checkpoint for sure (prefetch may not have got there yet): a stock client
+        # takes step `cut`'s ticket, which plans and journals it, and never redeems it.
+        stock = fl.connect(cluster.planner)
+        stock.get_flight_info(fl.FlightDescriptor.for_path("batch", str(cut), "0"))
+        stock.close()
         for child in cluster.children:
             child.process.kill()
     planned_ahead = [k for r in _plans(path) if r["step"] >= cut for b in r["bins"] for k in b]
-    assert planned_ahead, "the Planner had planned past the checkpoint (prefetch)"
+    assert planned_ahead, "the Planner had planned past the checkpoint"
     # dp 2 -> 4, the same global batch: a new layout, so plans from the checkpoint on are made again
     config(tmp_path, corpus, mesh={"dp": 4})
     with LocalCluster(path, mode="resume") as cluster:
@@ -233,3 +252,55 @@ def test_single_node_is_one_process_and_its_kill_9_changes_no_rank_stream(refere
     assert run(path, kill="node", at=17, check=lambda c: processes.extend(c.children)) == reference
     assert [(c.name, len(c.restarts)) for c in processes] == [("node", 1)]
     assert sorted(previous_ports(load_config(path))) == ["constructor-0", "loader-host0", "loader-host1", "planner"]
+
+
+@pytest.mark.parametrize("role", ["planner", "constructor-1"])
+def test_kill_9_after_the_plan_journal_was_compacted_changes_no_rank_stream(reference, corpus, tmp_path, role):
+    """checkpoint.every: 2 snapshots the Planner every second step, so the plan journal is compacted
+    into its archive early (step ~12: older records go once they outweigh the newest four snapshots').
+    A kill -9 after that restarts from a snapshot and the compacted file's tail: same streams."""
+    path = config(tmp_path, corpus, checkpoint={"every": 2})
+    archive = archive_path(load_config(path).run_dir / "plan-journal.jsonl")
+    archived_at_kill = []
+
+    def drive(planner, on_step):
+        return train(planner, 0, STEPS, on_step=on_step)
+    streams = run_killing(path, {31: role}, drive,
+                          before_kill=lambda cluster, _: archived_at_kill.append(
+                              archive.exists() and archive.stat().st_size))
+    assert archived_at_kill[0], "the journal was not compacted before the kill"
+    assert streams == reference
+
+
+ENCODER_STEPS = 14
+
+
+def encoder_streams(planner: str, on_step=None) -> dict[int, list]:
+    """Every rank of the image-graph config through ``TrainerClient(encoder=True)``: per rank and step,
+    (step, digest of its microbatches, digest of its encoder inputs: keys, images, pixels)."""
+    def on_table(rank, client, tables):
+        batch, encoder = tables
+        step = batch.column("step")[0].as_py()
+        if on_step is not None:
+            on_step(rank, step)
+        pixels = encoder.column("pixel_values").combine_chunks().values.to_numpy(zero_copy_only=False)
+        return step, step_digest(batch), (tuple(encoder.column("sample_key").to_pylist()),
+                                          tuple(encoder.column("image_index").to_pylist()),
+                                          harness.blake(pixels.tobytes()))
+    return harness.train(planner, 4, 0, ENCODER_STEPS, on_table=on_table, encoder=True)
+
+
+@pytest.fixture(scope="module")
+def encoder_reference(corpus, tmp_path_factory):
+    return run_killing(image_graph_config(tmp_path_factory.mktemp("vlm-reference"), corpus), {},
+                       lambda planner, on_step: encoder_streams(planner))
+
+
+def test_kill_9_with_encoder_rank_streams_changes_neither_stream_of_any_rank(encoder_reference, corpus, tmp_path):
+    """Image graph, every rank on both rank streams (batch and encoder-rank): kill -9 of a constructor
+    mid-run, then of the Planner (a hot standby takes over); both streams of every rank equal the
+    undisturbed run's."""
+    path = image_graph_config(tmp_path, corpus, planner={"standbys": 1})
+    streams = run_killing(path, {4: "constructor-0", 9: "planner"}, encoder_streams)
+    assert sum(len(keys) for stream in encoder_reference.values() for _, _, (keys, _, _) in stream) > 4
+    assert streams == encoder_reference

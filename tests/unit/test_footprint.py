@@ -36,3 +36,20 @@ def test_role_processes_use_the_system_allocator_in_arrows_own_code_unless_told_
     code = ("import os, flight_overlord.deploy.cli, pyarrow as pa; "
             "print(pa.default_memory_pool().backend_name, os.environ['ARROW_DEFAULT_MEMORY_POOL'])")
     assert _run(code, env) == f"{chosen or 'system'} {chosen or 'system'}"
+
+
+@pytest.mark.parametrize("chosen", [None, "jemalloc"])
+def test_the_client_loads_pyarrow_with_the_system_allocator_for_flights_reads_and_leaves_the_environment(chosen):
+    """A training script imports torch and the client; the client is the first to load pyarrow, so Arrow's
+    C++ pool (what Flight's reads allocate from) is the system allocator, unless the variable chooses;
+    the variable is not left behind for the trainer's own child processes."""
+    env = {"ARROW_DEFAULT_MEMORY_POOL": chosen} if chosen else {}
+    code = ("import os, flight_overlord.client, pyarrow as pa; "
+            "print(pa.default_memory_pool().backend_name, os.environ.get('ARROW_DEFAULT_MEMORY_POOL'))")
+    assert _run(code, env) == f"{chosen or 'system'} {chosen}"
+
+
+def test_the_client_leaves_arrows_own_pool_alone_where_pyarrow_was_loaded_first():
+    """(Arrow's pool is fixed once pyarrow has loaded; the client cannot change it then.)"""
+    code = "import pyarrow as pa, flight_overlord.client; print(pa.default_memory_pool().backend_name)"
+    assert _run(code) != "system"

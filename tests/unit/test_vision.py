@@ -10,8 +10,8 @@ from PIL import Image, ImageDraw, ImageFile, features
 
 from flight_overlord.config import ConfigError, VisionConfig
 from flight_overlord.config.parse import _parse_vision
-from flight_overlord.core.vision import (FORMATS, ImageError, VisionSpec, check_image, decode_patches,
-                                    image_patch_counts, image_size, patch_grid, placeholder_tokens, smart_resize,
+from flight_overlord.core.vision import (ImageError, VisionSpec, check_image, decode_patches,
+                                    image_patch_counts, open_formats, image_size, patch_grid, placeholder_tokens, smart_resize,
                                     unpatchify)
 from flight_overlord.demo.images import _gen_imagecaps
 
@@ -218,7 +218,7 @@ def test_refuses_to_decode_when_truncated_images_are_allowed(monkeypatch):
 
 
 def test_restricted_formats():
-    assert {"JPEG", "PNG"} <= set(FORMATS) and "EPS" not in FORMATS
+    assert {"JPEG", "PNG"} <= set(open_formats()) and "EPS" not in open_formats()
     eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n"
     with pytest.raises(ImageError, match="not an image"):
         image_size(eps)

@@ -154,7 +154,7 @@ def _absorb_rounds(unit, j, bar, cs_arr, k, link) -> int:
     vals, parts = unit.arrays(cs_arr, k)
     vals, maxv = vals.copy(), float(vals.max())
     while True:
-        order = np.lexsort((parts, vals))
+        order = np.argsort(vals + 1j * parts, kind="stable")  # by (cost, id) as lexsort, ~4x faster
         lv, lp = vals[order], parts[order]
         m = min(k, n - j)
         cand = lv[:m] + cs_arr[j : j + m]
@@ -323,7 +323,8 @@ def _evict_overflow(problem: _Problem, bin_of: np.ndarray) -> np.ndarray:
     Per bin, evict the smallest item that alone cures the excess, else the largest and
     repeat: few evictions, and small ones are easy to re-place.
     """
-    _, used, _ = problem.totals(bin_of)
+    placed = bin_of >= 0
+    used = np.bincount(bin_of[placed], weights=problem.sizes[placed], minlength=problem.k)  # as totals() sums
     over = np.append(used > problem.capacity, False)  # extra slot: bin -1 is "unplaced"
     crowded = np.flatnonzero(over[bin_of])
     crowded = crowded[np.argsort(bin_of[crowded], kind="stable")]
@@ -346,6 +347,8 @@ def _evict_overflow(problem: _Problem, bin_of: np.ndarray) -> np.ndarray:
 def _kk_with_capacity(problem: _Problem, bin_of: np.ndarray, items: np.ndarray) -> np.ndarray:
     """Repair a KK plan to respect capacity; never places fewer items than greedy would."""
     evicted = _evict_overflow(problem, bin_of)
+    if not evicted.size:  # the plan fits (usual at the rank level): nothing to re-place
+        return evicted
     leftovers = _lpt(problem, bin_of, problem.by_cost(evicted))
     if leftovers.size:
         alt = np.full_like(bin_of, -1)
