@@ -1,7 +1,8 @@
 """Data Constructor: assembles the microbatches of its data-parallel ranks, step by step.
 
 An assembly thread asks the Planner where its ranks are (``resume_point``: 0 on a fresh run, the
-trainers' position after a restart), then for its share of each step's plan, fetches the samples
+trainers' position after a restart), then for its share of each step's plan (on its plans stream,
+``wire/plan_channel.py``), fetches the samples
 from every loader concurrently (riding out a loader's restart, or failing over to its shadow), packs each microbatch to the plan's capacity, and stages one
 table per distinct delivery: a bucket's full sequences, each context-parallel rank's share of
 them, or metadata only (ClientPlaceTree rules, ``core/mesh.py``). Trainers redeem

@@ -12,7 +12,10 @@ other roles are in :class:`~.calls.PlannerCalls`:
   one long-lived stream; ``("encoder-rank", ...)`` for the images its vision encoder processes) for the
   serving constructor's location and a ticket signed with the run's secret.
 
-Who may call what (``wire/security.py``): ``register``, ``plan``, ``resume_point`` need the cluster
+- Constructors ask for their share of each step on one long-lived ``do_exchange`` each, their plans
+  stream (``wire/plan_channel.py``: the ``plan`` action's body and answer as one message each).
+
+Who may call what (``wire/security.py``): ``register``, ``plan`` (and the plans stream), ``resume_point`` need the cluster
 secret; batch/encoder tickets and ``report`` are trainer calls; ``list_flights``, ``get_schema``,
 source infos, ``status``, ``stats`` and ``list_actions`` are inspection calls.
 """
