@@ -169,6 +169,7 @@ class ConstructorServer(ActionServer):
 
     def shutdown(self):
         self.constructor.stop()
+        self._plans.close(final=True)  # else the Planner's handler of it holds the Planner's shutdown
         super().shutdown()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._clients.close()

@@ -77,18 +77,22 @@ class PlanChannel:
     def __init__(self):
         self._client: fl.FlightClient | None = None
         self._writer = self._reader = None
+        self._closed = False  # for good: this constructor stops
 
     def ask(self, client: fl.FlightClient, body: dict) -> dict:
         """Send ``body`` on ``client``'s plans stream (opened on first use) and return the answer, decoded.
         Raises ``FlightTimedOutError`` for "again" (``ask_again`` asks again), ``FlightServerError`` for an
         error answer, and ``FlightUnavailableError`` when the stream broke (``call_any`` reconnects)."""
+        if self._closed:
+            raise fl.FlightUnavailableError("the plans stream is closed: this constructor stops")
         if client is not self._client:
             self.close()
             self._writer, self._reader = client.do_exchange(fl.FlightDescriptor.for_path(PLANS))
             self._client = client
+        writer, reader = self._writer, self._reader  # ``close(final=True)`` may come from another thread
         try:
-            self._writer.write_metadata(encode(body))
-            chunk = self._reader.read_chunk()
+            writer.write_metadata(encode(body))
+            chunk = reader.read_chunk()
         except _ANSWERS:
             self.close()
             raise
@@ -102,10 +106,16 @@ class PlanChannel:
             raise fl.FlightServerError(str(reply["error"]))
         return reply
 
-    def close(self) -> None:
-        if self._writer is not None:
+    def close(self, final: bool = False) -> None:
+        """End the stream: the Planner's handler ends once it answered what it holds (closing the client
+        would not end it). ``final`` (a stopping constructor, from any thread): never open another, and
+        do not wait for the Planner's last answer."""
+        self._closed = self._closed or final
+        writer, self._client, self._writer, self._reader = self._writer, None, None, None
+        if writer is not None:
             try:
-                self._writer.close()
+                writer.done_writing()
+                if not final:
+                    writer.close()
             except Exception:  # noqa: BLE001 - a broken stream: nothing left to close cleanly
                 pass
-        self._client = self._writer = self._reader = None
