@@ -264,12 +264,14 @@ class Constructor:
         batches = table.combine_chunks().to_batches()  # the copy outside the lock assembly and streams share  # one record batch per step, even an empty one (no images this step)
         return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
 
-    def paced(self, step: int) -> bool:
+    def paced(self, step: int, timeout: float | None = None) -> bool | None:
         """Wait until every rank stream here is within ``prefetch`` steps of ``step`` (so the positions a
-        plan request reports let the Planner plan it); False once this constructor stops."""
+        plan request reports let the Planner plan it); False once this constructor stops, None when
+        ``timeout`` seconds passed first."""
         with self.cond:
-            self.cond.wait_for(lambda: self.stopping or not self._positions
-                               or step <= min(self._positions.values()) + self.cfg.prefetch)
+            if not self.cond.wait_for(lambda: self.stopping or not self._positions
+                                      or step <= min(self._positions.values()) + self.cfg.prefetch, timeout):
+                return None
             return not self.stopping
 
     def positions(self) -> dict[str, int]:

@@ -1,7 +1,8 @@
 """Data Constructor: assembles the microbatches of its data-parallel ranks, step by step.
 
 An assembly thread asks the Planner where its ranks are (``resume_point``: 0 on a fresh run, the
-trainers' position after a restart), then for its share of each step's plan, fetches the samples
+trainers' position after a restart), then for its share of each step's plan (on its plans stream,
+``wire/plan_channel.py``), fetches the samples
 from every loader concurrently (riding out a loader's restart, or failing over to its shadow), packs each microbatch to the plan's capacity, and stages one
 table per distinct delivery: a bucket's full sequences, each context-parallel rank's share of
 them, or metadata only (ClientPlaceTree rules, ``core/mesh.py``). Trainers redeem
@@ -29,6 +30,7 @@ from ..planner.strategy import load_strategy
 from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.actions import PlanRequest, ResumePointRequest
 from ..wire.plan import ConstructorPlan, FetchGroup
+from ..wire.plan_channel import KEEPALIVE_SECONDS, PlanChannel
 from ..wire.security import INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, ClientPool, ask_again, call_any, location_of, register, serve
 from ..wire.tickets import STREAM_KINDS, BatchTicket, Registration, SamplesPart, SamplesTicket
@@ -57,6 +59,7 @@ class ConstructorServer(ActionServer):
         self.ranks = self.constructor.ranks
         self._planner_location = planner
         self._clients = ClientPool(security.credentials)
+        self._plans = PlanChannel()  # plan requests as messages on one stream, not one call each
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="fetch")
         super().__init__(cfg.network.host, port, security)
 
@@ -74,11 +77,11 @@ class ConstructorServer(ActionServer):
             log.info("constructor %d assembles from step %d", self.index, start["step"])
             while True:
                 step = constructor.staging.next_step
-                if not constructor.paced(step):
+                if not self._paced(step):
                     return
                 asked = time.monotonic()
-                raw = self._call_planner("plan", lambda: PlanRequest(step, self.index, constructor.positions(),
-                                                                     PLAN_WAIT_SECONDS).to_wire())
+                raw = self._ask_plans(lambda: PlanRequest(step, self.index, constructor.positions(),
+                                                          PLAN_WAIT_SECONDS).to_wire())
                 if raw is None:
                     return
                 planned = time.monotonic()
@@ -92,15 +95,32 @@ class ConstructorServer(ActionServer):
             log.exception("assembly failed")
             constructor.fail(exc)
 
-    def _call_planner(self, action: str, body) -> dict | None:
-        """A blocking Planner action: again while it times out (trainers have not moved on yet), and
-        through a Planner restart; None once this server stops. ``body``: a dict, or a callable making
-        it afresh for each try."""
+    def _paced(self, step: int) -> bool:
+        """``Constructor.paced``, reporting the streams' positions on the plans stream while it waits:
+        the Planner's handler then never waits long for a message (its shutdown waits for it)."""
+        while True:
+            paced = self.constructor.paced(step, timeout=KEEPALIVE_SECONDS)
+            if paced is not None:
+                return paced
+            if self._ask_plans(lambda: {"constructor": self.index, "positions": self.constructor.positions()}) is None:
+                return False
+
+    def _ask_plans(self, body) -> dict | None:
+        """A message on the plans stream (``wire/plan_channel.py``) and its answer, as ``_call_planner``."""
+        return self._call_planner(None, body)
+
+    def _call_planner(self, action: str | None, body) -> dict | None:
+        """A blocking Planner action (None: a message on the plans stream): again while it times out
+        (trainers have not moved on yet), and through a Planner restart; None once this server stops.
+        ``body``: a dict, or a callable making it afresh for each try."""
         stopping = lambda: self.constructor.stopping  # noqa: E731
+
+        def one(client):
+            message = body() if callable(body) else body
+            return self._plans.ask(client, message) if action is None else wire.call(client, action, message)
         try:
-            return ask_again(lambda: call_any(self._clients, [self._planner_location],
-                                              lambda c: wire.call(c, action, body() if callable(body) else body),
-                                              what="planner", stop=stopping), stop=stopping)
+            return ask_again(lambda: call_any(self._clients, [self._planner_location], one, what="planner",
+                                              stop=stopping), stop=stopping)
         except Exception:
             if stopping():
                 return None
@@ -149,6 +169,7 @@ class ConstructorServer(ActionServer):
 
     def shutdown(self):
         self.constructor.stop()
+        self._plans.close(final=True)  # else the Planner's handler of it holds the Planner's shutdown
         super().shutdown()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._clients.close()

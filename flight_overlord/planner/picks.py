@@ -104,6 +104,8 @@ class PickTable:
     def concat(cls, sources: list[str], tables: list["PickTable"]) -> "PickTable":
         if not tables:
             return cls.empty(sources)
+        if len(tables) == 1 and tables[0].sources == sources:  # most of a step's per-source tables: one part
+            return tables[0]
         columns = {name: np.concatenate([t.columns[name] for t in tables]) for name in _COLUMNS}
         offsets = np.cumsum([0] + [len(t.files) for t in tables[:-1]])  # each table's file codes, moved up
         columns["file"] += np.repeat(offsets, [len(t) for t in tables])

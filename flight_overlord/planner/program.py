@@ -127,15 +127,23 @@ def place(ctx: PlanContext, strategy: Strategy) -> tuple[list[np.ndarray], np.nd
         buckets, unplaced = _split(costs[members], sizes[members], n_buckets, m * cap, b.method, inter, b.equal_size)
         left.append(members[unplaced])
         ranks = [members[idx] for idx in buckets]
-        if intra:  # every bucket's microbatches in one call: the same as one partition per bucket
+        if m == 1:  # a bucket is one microbatch, which holds it: partition's answer for k=1, by descending
+            # cost, ties by index (as partition's buckets already are: only unbalanced ones need the sort)
+            splits = [(_by_cost(costs, idx) if intra and not inter else [idx], idx[:0]) for idx in ranks]
+        elif intra:  # every bucket's microbatches in one call: the same as one partition per bucket
             splits = balance.partition_each(costs, ranks, m, method=b.method, sizes=sizes, capacity=cap,
                                             equal_size=b.equal_size)
         else:
             splits = [fill_in_order(sizes[idx], m, cap) for idx in ranks]
         for idx, (mbs, mb_unplaced) in zip(ranks, splits):
-            bins.extend(idx[x] for x in mbs)
+            bins.extend(mbs if m == 1 else (idx[x] for x in mbs))
             left.append(idx[mb_unplaced])
     return bins, np.sort(np.concatenate(left)).astype(np.int64)
+
+
+def _by_cost(costs: np.ndarray, idx: np.ndarray) -> list[np.ndarray]:
+    """``idx`` as the one bin of ``balance.partition(costs[idx], 1)``: by descending cost, ties in order."""
+    return [idx[np.argsort(-costs[idx], kind="stable")]]
 
 
 def _groups(ctx: PlanContext, strategy: Strategy) -> tuple[list[tuple[np.ndarray, int]], list[np.ndarray]]:

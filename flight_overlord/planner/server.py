@@ -12,7 +12,10 @@ other roles are in :class:`~.calls.PlannerCalls`:
   one long-lived stream; ``("encoder-rank", ...)`` for the images its vision encoder processes) for the
   serving constructor's location and a ticket signed with the run's secret.
 
-Who may call what (``wire/security.py``): ``register``, ``plan``, ``resume_point`` need the cluster
+- Constructors ask for their share of each step on one long-lived ``do_exchange`` each, their plans
+  stream (``wire/plan_channel.py``: the ``plan`` action's body and answer as one message each).
+
+Who may call what (``wire/security.py``): ``register``, ``plan`` (and the plans stream), ``resume_point`` need the cluster
 secret; batch/encoder tickets and ``report`` are trainer calls; ``list_flights``, ``get_schema``,
 source infos, ``status``, ``stats`` and ``list_actions`` are inspection calls.
 """
@@ -26,6 +29,7 @@ from ..config import Config, load_config
 from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
 from ..wire.actions import MixRequest, PlanRequest, Report, ResumePointRequest, StatsRequest
+from ..wire.plan_channel import OK, check_descriptor, serve_plans
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, location_of, serve
 from ..wire.tickets import STREAM_KINDS, BatchTicket, BufferTicket, RankStream, Registration
@@ -180,6 +184,18 @@ class PlannerServer(ActionServer):
         """A constructor's share of one step's plan: {"step", "constructor", "positions": {rank: step}, "wait": s}."""
         request = PlanRequest.from_wire(body)
         return self.service.constructor_plan(request.step, request.constructor, request.positions, request.wait)
+
+    def do_exchange(self, context, descriptor, reader, writer):
+        """A constructor's plans stream (``wire/plan_channel.py``): ``action_plan`` as one message each."""
+        self.authorize(context, CLUSTER, "do_exchange")
+        check_descriptor(descriptor)
+        serve_plans(reader, writer, self._plans_answer, lambda: self.service.stopping)
+
+    def _plans_answer(self, body: dict) -> bytes:
+        if "step" in body:
+            return self.action_plan(body)
+        self.service.constructor_positions(wire.field(body, "constructor", int, "positions report"), body.get("positions"))
+        return OK
 
     @requires(CLUSTER)
     def action_resume_point(self, body):

@@ -40,6 +40,9 @@ class PlanService:
         self.planner = planner
         self.mesh = planner.mesh
         self.cond = threading.Condition()
+        # on the same lock: what a request waiting for a plan wakes on (a plan published, a failure, the
+        # stop), not every position report, each of which wakes the planning thread
+        self._published = threading.Condition(self.cond)
         self._answers = answers
         self._on_scaled = on_scaled
         self._registry_file = cfg.run_dir / "planner" / "registry.json"
@@ -142,12 +145,13 @@ class PlanService:
                     for key in ("samples", "tokens"):
                         for source, n in plan.stats.get(key, {}).items():
                             self._planned[key][source] = self._planned[key].get(source, 0) + n
-                    self.cond.notify_all()
+                    self._published.notify_all()
         except Exception as exc:  # surface to every waiting client instead of hanging them
             log.exception("planning failed")
             with self.cond:
                 self.failure = BackgroundFailure.of("planning failed", exc)
                 self.cond.notify_all()
+                self._published.notify_all()
 
     def _encoded_views(self, plan: StepPlan) -> list[bytes]:
         """Every constructor's view of a new step, made in one pass and encoded once, before any asks."""
@@ -172,7 +176,7 @@ class PlanService:
 
     def _wait_for_plan(self, step: int, timeout: float) -> None:
         """Until ``step`` is planned, and its views made (a constructor's ask then finds them)."""
-        wait_until(self.cond, lambda: self.failure is not None or self.stopping
+        wait_until(self._published, lambda: self.failure is not None or self.stopping
                         or (step < self.planner.next_step and step != self._publishing), timeout,
                         f"the plan of step {step}")
         if self.failure:
@@ -251,11 +255,8 @@ class PlanService:
         paces itself without a per-step call from those trainers). ``wait``: how long to hold the
         request at most (then FlightTimedOutError): the positions it brought may be what planning
         waits for once its streams moved on, so the constructor asks again with fresh ones."""
-        self._check_constructor(constructor, "plan")
-        positions = self._checked_positions(positions or {}, constructor)
+        self.constructor_positions(constructor, positions or {})
         with self.cond:
-            if self.positions.reported(positions):  # they only move forward
-                self.cond.notify_all()
             self._check_horizon(step)
             self._wait_for_plan(step, min(WAIT_SECONDS, wait or WAIT_SECONDS))
             views = self._views.get(step)
@@ -269,6 +270,15 @@ class PlanService:
             raise KeyError(f"plan of step {step} is in no journal of this run")
         return wire.encode(constructor_view(plan, constructor, self.mesh, self.planner.registry,
                                             self.planner.strategy.broadcast).to_wire())
+
+    def constructor_positions(self, constructor: int, positions) -> None:
+        """{rank: step}: the next step each rank stream of ``constructor`` sends (with a plan request, or
+        reported alone while it waits for its trainers)."""
+        self._check_constructor(constructor, "plan")
+        positions = self._checked_positions(positions, constructor)
+        with self.cond:
+            if self.positions.reported(positions):  # they only move forward
+                self.cond.notify_all()
 
     def resume_point(self, constructor: int) -> int:
         """Where a (re)started constructor begins: the earliest step its ranks are waiting for."""
@@ -347,6 +357,7 @@ class PlanService:
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
+            self._published.notify_all()
 
 
 def _shares(counts: dict[str, int]) -> dict[str, float]:

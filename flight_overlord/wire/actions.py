@@ -2,7 +2,7 @@
 request with ``to_wire()`` (the JSON object a stock client sends) and ``from_wire(raw)`` (checked,
 ValueError naming the field that is wrong), used by both ends.
 
-- ``PlanRequest`` constructor -> Planner (action ``plan``): its share of a step, with its streams' positions;
+- ``PlanRequest`` constructor -> Planner (action ``plan``, or a message on its plans stream): its share of a step, with its streams' positions;
 - ``ResumePointRequest`` constructor -> Planner (action ``resume_point``): where a (re)started one begins;
 - ``Report`` trainer -> Planner (action ``report``): losses and/or measured seconds of one step;
 - ``StatsRequest`` anyone -> Planner (action ``stats``): per-step plan statistics of a step range;

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -168,14 +169,18 @@ def location_of(server: fl.FlightServerBase, host: str) -> str:
 
 def serve(server: fl.FlightServerBase, location: str, ready_file: str | None, *,
           hosted: tuple[fl.FlightServerBase, ...] = ()) -> None:
-    """Announce ``location`` (atomically, in ``ready_file``) and block until SIGINT/SIGTERM or shutdown.
-    ``hosted``: further servers of this process, shut down first (in reverse order), ``server`` last."""
+    """Announce ``location`` (atomically, in ``ready_file``) and block until SIGINT (SIGTERM ends the
+    process). ``hosted``: further servers of this process, shut down first (in reverse order), ``server`` last."""
     log.info("serving at %s", location)
     if ready_file:
         tmp = Path(f"{ready_file}.tmp.{os.getpid()}")
         tmp.write_text(location)
         tmp.replace(ready_file)
-    server.serve()  # returns on SIGINT/SIGTERM
+    # Not FlightServerBase.serve(): on SIGINT it shuts the server down itself, waiting for every handler
+    # before ours can tell a long-lived one to end (the Planner's plans streams, wire/plan_channel.py).
+    interrupted = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    interrupted.wait()
     log.info("shutting down %s", location)
     for other in reversed(hosted):
         other.shutdown()

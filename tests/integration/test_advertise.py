@@ -2,8 +2,10 @@
 127.0.0.1 (or every interface) and register, and put in tickets, the name they are reached at."""
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,6 +14,8 @@ import urllib.request
 import pyarrow.flight as fl
 
 from flight_overlord import wire
+from flight_overlord.client import TrainerClient
+from flight_overlord.config import load_config
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.wire.security import SECRET_ENV
 from flight_overlord.wire.server import connect
@@ -93,3 +97,27 @@ def test_serve_node_hands_its_advertised_name_to_every_role_it_hosts(corpus, tmp
     finally:
         process.terminate()
         process.communicate(timeout=30)
+
+
+def test_serve_node_stops_on_sigint_with_its_plans_streams_open(corpus, tmp_path):
+    """SIGINT to ``overlord serve node`` once its trainers read a step and stopped: the constructors it
+    hosts end their plans streams as they stop, so the Planner stops too (a Flight server's shutdown
+    waits for every handler, and a plans stream's handler waits for the constructor's next message)."""
+    config = write_config(tmp_path, corpus, deployment="single_node")
+    process, ready = _serve_planner(config, role="node")
+    try:
+        assert ready.exists(), process.communicate(timeout=5)[0] if process.poll() is not None else "not ready"
+        location = ready.read_text()
+        clients = [TrainerClient(location, rank, as_tensors=False) for rank in range(load_config(config).mesh.world_size)]
+        with concurrent.futures.ThreadPoolExecutor(len(clients)) as pool:
+            list(pool.map(next, clients))
+        for client in clients:
+            client.close()
+        time.sleep(1)  # the constructors assembled their prefetch and wait for the trainers
+        process.send_signal(signal.SIGINT)
+        output = process.communicate(timeout=20)[0]
+        assert "Traceback" not in output, output[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()

@@ -2,13 +2,18 @@
 traceback to any client, no thread held by an absurd request, and the run unharmed."""
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import signal
 import time
 
 import pyarrow.flight as fl
 import pytest
 
+from flight_overlord import wire
+from flight_overlord.client import TrainerClient
 from flight_overlord.deploy.launch import LocalCluster
+from flight_overlord.wire.plan_channel import PLANS, PlanChannel
 from flight_overlord.wire.server import connect
 
 from ..helpers import assert_every_planned_sample_once, write_config
@@ -71,7 +76,51 @@ def test_oversized_action_body_is_refused(cluster):
     assert "over the" in message and "limit" in message
 
 
+def test_the_plans_stream_answers_bad_messages_and_stays_open(cluster):
+    """A constructor's plans stream (do_exchange): the cluster secret, its one descriptor, and every bad
+    message answered with a clear error on the same stream, which keeps serving."""
+    running, _ = cluster
+    assert "needs the run's cluster secret" in _error(lambda: PlanChannel().ask(fl.connect(running.planner), {}))
+    planner = connect(running.planner, running.credentials)
+    assert "unknown do_exchange descriptor" in _error(
+        lambda: planner.do_exchange(fl.FlightDescriptor.for_path("nope"))[1].read_chunk())
+    writer, reader = planner.do_exchange(fl.FlightDescriptor.for_path(PLANS))
+    writer.write_metadata(b"[1, 2")
+    assert "malformed plans message" in json.loads(reader.read_chunk().app_metadata.to_pybytes())["error"]
+    channel = PlanChannel()
+    for body, expected in (({"constructor": 0}, "'positions' must be an object"),
+                           ({"constructor": 0, "positions": {"999": 1}}, "does not serve"),
+                           ({"constructor": 99, "positions": {}}, "constructor 99 out of range"),
+                           ({"step": 10 ** 9, "constructor": 0}, "beyond the planning horizon")):
+        assert expected in _error(lambda: channel.ask(planner, body)), body
+    assert channel.ask(planner, {"constructor": 0, "positions": {}}) == {"ok": True}
+    view = channel.ask(planner, {"step": 0, "constructor": 0})  # the same stream still serves
+    assert view["step"] == 0 and view["keys"]
+    assert view == json.loads(list(planner.do_action(fl.Action("plan", json.dumps(
+        {"step": 0, "constructor": 0}).encode())))[0].body.to_pybytes())  # as the plan action answers
+    channel.close()
+    writer.close()
+
+
 def test_the_run_is_unharmed_after_the_abuse(cluster):
     """After every bad request above, the run still delivers each planned sample exactly once."""
     running, path = cluster
     assert_every_planned_sample_once(running.planner, path)
+
+
+def test_waiting_constructors_do_not_hold_the_planner_s_shutdown(cluster):
+    """Constructors idle with their plans streams open (no trainer reads): the Planner still stops at
+    once on SIGINT (a Flight server's shutdown waits for its handlers: the constructors' position
+    reports let the plans streams' handlers see it stopping)."""
+    running, _ = cluster
+    first = wire.call(connect(running.planner, running.credentials), "status")["planned"] + 1  # none served yet
+    clients = [TrainerClient(running.planner, rank, start_step=first, as_tensors=False)
+               for rank in range(running.cfg.mesh.world_size)]
+    with concurrent.futures.ThreadPoolExecutor(len(clients)) as pool:  # every rank stream reads a step, then stops
+        list(pool.map(next, clients))
+    for client in clients:
+        client.close()
+    time.sleep(2)  # the constructors assembled their prefetch and wait for the trainers
+    process = running.child("planner").process
+    running.kill("planner", signal.SIGINT)
+    assert process.wait(timeout=8) is not None

@@ -2,10 +2,12 @@
 malformed body is a ValueError naming the action and the field."""
 from __future__ import annotations
 
+import pyarrow.flight as fl
 import pytest
 
 from flight_overlord import wire
 from flight_overlord.wire.actions import PlanRequest, Report, ResumePointRequest, StatsRequest
+from flight_overlord.wire.plan_channel import PLANS, check_descriptor
 
 
 @pytest.mark.parametrize("message", [
@@ -36,3 +38,11 @@ def test_the_wire_format_stays_what_stock_clients_send():
 def test_a_malformed_body_names_the_action_and_the_field(cls, raw, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         cls.from_wire(raw)
+
+
+def test_the_plans_stream_has_one_descriptor_and_names_what_is_wrong():
+    check_descriptor(fl.FlightDescriptor.for_path(PLANS))
+    for bad in (fl.FlightDescriptor.for_path("plan"), fl.FlightDescriptor.for_path(PLANS, "0"),
+                fl.FlightDescriptor.for_command(b"plans")):
+        with pytest.raises(KeyError, match="unknown do_exchange descriptor"):
+            check_descriptor(bad)

@@ -1,0 +1,121 @@
+"""A constructor's plan requests on one long-lived ``do_exchange`` with the Planner (its "plans stream").
+
+A ``plan`` action costs the Planner a whole Flight call per constructor and step (gRPC call set-up,
+the auth middleware, the handler's dispatch: ~300 us of its CPU); a message on an open stream costs
+a fraction of that. The protocol is lock-step, app_metadata only (JSON objects), on the descriptor
+``("plans",)`` with the cluster secret:
+
+- constructor -> Planner: a plan request (``PlanRequest``, action ``plan``'s body), or a positions
+  report ``{"constructor", "positions"}`` (no ``step``);
+- Planner -> constructor, one answer each: the constructor's view of the step (as action ``plan``
+  answers), ``{"again": true}`` when it is not planned within the request's ``wait`` (ask again with
+  fresh positions), ``{"ok": true}`` to a report, or ``{"error": MESSAGE}`` (a bad request: the
+  stream stays open).
+
+The Planner's handler blocks reading the next message, and a Flight server's shutdown waits for its
+handlers: so a constructor that waits for its trainers reports its positions at least every
+``KEEPALIVE_SECONDS`` (``PlanChannel.ask`` with a report), and the handler ends as soon as the Planner stops.
+The ``plan`` action stays, for stock clients and inspection.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from ..errors import WaitTimedOut
+from . import decode, encode
+from .server import MAX_ACTION_BODY, client_error
+
+PLANS = "plans"
+KEEPALIVE_SECONDS = 0.5  # a waiting constructor reports its positions this often (bounds the Planner's shutdown)
+AGAIN, OK = encode({"again": True}), encode({"ok": True})
+# errors that are the Planner's answer, not a broken stream: the constructor does not reconnect on them
+_ANSWERS = (fl.FlightServerError, fl.FlightUnauthenticatedError, fl.FlightUnauthorizedError)
+
+
+def check_descriptor(descriptor: fl.FlightDescriptor) -> None:
+    parts = [p.decode() if isinstance(p, bytes) else p for p in (descriptor.path or [])]
+    if parts != [PLANS]:
+        raise KeyError(f"unknown do_exchange descriptor {parts or descriptor.command!r}: this Planner exchanges "
+                       f"only ({PLANS!r},), a constructor's plans stream")
+
+
+def serve_plans(reader, writer, answer: Callable[[dict], bytes], stopping: Callable[[], bool]) -> None:
+    """The Planner's side: one answer per message until the constructor closes the stream or the Planner
+    stops. ``answer(body)``: the encoded answer; its ``WaitTimedOut`` is ``{"again": true}``, any other
+    error ``{"error": ...}`` (said as a handler's error would be)."""
+    while not stopping():
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            return
+        try:
+            reply = answer(_message(chunk))
+        except WaitTimedOut:
+            reply = AGAIN
+        except Exception as exc:  # noqa: BLE001 - a bad request is answered; the stream stays up
+            if stopping():  # failed because the Planner stops: the constructor asks again (it, or its successor)
+                return
+            reply = encode({"error": str(client_error(exc, "the plans stream"))})
+        writer.write_metadata(reply)
+
+
+def _message(chunk) -> dict:
+    if chunk.data is not None or chunk.app_metadata is None:
+        raise ValueError("malformed plans message: send a JSON object as app_metadata only (no record batch)")
+    raw = chunk.app_metadata.to_pybytes()
+    if len(raw) > MAX_ACTION_BODY:
+        raise ValueError(f"plans message of {len(raw):,} bytes, over the {MAX_ACTION_BODY:,} limit")
+    return decode(raw, "plans message")
+
+
+class PlanChannel:
+    """The constructor's side: one open plans stream, reopened on the next ask after it broke."""
+
+    def __init__(self):
+        self._client: fl.FlightClient | None = None
+        self._writer = self._reader = None
+        self._closed = False  # for good: this constructor stops
+
+    def ask(self, client: fl.FlightClient, body: dict) -> dict:
+        """Send ``body`` on ``client``'s plans stream (opened on first use) and return the answer, decoded.
+        Raises ``FlightTimedOutError`` for "again" (``ask_again`` asks again), ``FlightServerError`` for an
+        error answer, and ``FlightUnavailableError`` when the stream broke (``call_any`` reconnects)."""
+        if self._closed:
+            raise fl.FlightUnavailableError("the plans stream is closed: this constructor stops")
+        if client is not self._client:
+            self.close()
+            self._writer, self._reader = client.do_exchange(fl.FlightDescriptor.for_path(PLANS))
+            self._client = client
+        writer, reader = self._writer, self._reader  # ``close(final=True)`` may come from another thread
+        try:
+            writer.write_metadata(encode(body))
+            chunk = reader.read_chunk()
+        except _ANSWERS:
+            self.close()
+            raise
+        except (StopIteration, fl.FlightError, pa.ArrowException, OSError) as exc:
+            self.close()
+            raise fl.FlightUnavailableError(f"the Planner's plans stream ended ({exc or 'closed'})") from None
+        reply = decode(chunk.app_metadata.to_pybytes(), "the Planner's answer on the plans stream")
+        if reply.get("again") is True:
+            raise fl.FlightTimedOutError("not planned yet: ask again with fresh positions")
+        if "error" in reply:
+            raise fl.FlightServerError(str(reply["error"]))
+        return reply
+
+    def close(self, final: bool = False) -> None:
+        """End the stream: the Planner's handler ends once it answered what it holds (closing the client
+        would not end it). ``final`` (a stopping constructor, from any thread): never open another, and
+        do not wait for the Planner's last answer."""
+        self._closed = self._closed or final
+        writer, self._client, self._writer, self._reader = self._writer, None, None, None
+        if writer is not None:
+            try:
+                writer.done_writing()
+                if not final:
+                    writer.close()
+            except Exception:  # noqa: BLE001 - a broken stream: nothing left to close cleanly
+                pass
