@@ -45,7 +45,7 @@ def test_kk_columns_plans_what_kk_plans_for_every_group(kind, k):
 def test_batched_karmarkar_karp_places_every_item_once_within_capacity_and_balances(seed):
     """Random ranks of long-tailed samples over k microbatches: every sample in one bin or unplaced,
     no bin over capacity, never more unplaced than greedy, and where capacity does not bind the sum of
-    the groups' heaviest bins no worse than greedy's; the same call gives the same plan."""
+    the groups' heaviest bins no worse than greedy's."""
     rng = np.random.default_rng(seed)
     n, n_groups, k = int(rng.integers(500, 3000)), int(rng.integers(5, 60)), int(rng.integers(2, 9))
     lengths = np.minimum(rng.lognormal(6, 1.1, n), 8000).round()
@@ -55,14 +55,12 @@ def test_batched_karmarkar_karp_places_every_item_once_within_capacity_and_balan
                               (float(lengths.max() * 2 + lengths.sum() / n_groups / k), False)):
         kk = partition_each(costs, groups, k, method="karmarkar_karp", sizes=sizes, capacity=capacity)
         greedy = partition_each(costs, groups, k, method="greedy", sizes=sizes, capacity=capacity)
-        again = partition_each(costs, groups, k, method="karmarkar_karp", sizes=sizes, capacity=capacity)
         heaviest = {"kk": 0.0, "greedy": 0.0}
-        for g, (bins, left), (g_bins, g_left), (a_bins, a_left) in zip(groups, kk, greedy, again):
+        for g, (bins, left), (g_bins, g_left) in zip(groups, kk, greedy):
             assert len(bins) == k
             assert sorted(np.concatenate(bins + [left]).tolist()) == list(range(g.size))
             assert all(sizes[g[b]].sum() <= capacity for b in bins)
             assert left.size <= g_left.size
-            assert [b.tolist() for b in bins] == [b.tolist() for b in a_bins] and left.tolist() == a_left.tolist()
             heaviest["kk"] += max(costs[g[b]].sum() for b in bins)
             heaviest["greedy"] += max(costs[g[b]].sum() for b in g_bins)
             if not binding:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .karmarkar_karp import _SHORT_RUN
+from .karmarkar_karp import _SHORT_RUN, _roots
 
 _NONE = -np.inf
 _LAST = np.iinfo(np.int64).max
@@ -93,7 +93,7 @@ def kk_columns(cs: np.ndarray, lengths: np.ndarray, k: int) -> np.ndarray:
                 pool.grow()
             _decide(pool, state, run, padded, link, deciding, width, step)
         if run.on.any():
-            _run_step(pool, state, run, padded, link, width, step)
+            _run_step(pool, state, run, padded, link, step)
     return _bins_from_links(link[:-1], groups, width, lengths)
 
 
@@ -162,7 +162,7 @@ def _decide(pool: _Pool, state: _State, run: _Run, padded, link, rows, width: in
         _pair_singles(pool, state, rows[two_singles], j[two_singles], x[two_singles], y[two_singles], step)
 
 
-def _run_step(pool: _Pool, state: _State, run: _Run, padded, link, width: int, step: int) -> None:
+def _run_step(pool: _Pool, state: _State, run: _Run, padded, link, step: int) -> None:
     """Singleton j onto the lightest subset of every running unit; runs that stop go back to the pool.
 
     In a list (ascending costs) the lightest is the first subset and its new cost goes after the
@@ -325,11 +325,7 @@ def _pair_singles(pool: _Pool, state: _State, rows, j, x, y, step: int) -> None:
 
 def _bins_from_links(link: np.ndarray, groups: int, width: int, lengths: np.ndarray) -> np.ndarray:
     """``karmarkar_karp._bins_from_links`` for every group at once: bins numbered by first position."""
-    while True:
-        nxt = link[link]
-        if np.array_equal(nxt, link):
-            break
-        link = nxt
+    link = _roots(link)
     real = (np.arange(width)[None, :] < lengths[:, None]).ravel()
     first = np.full(link.size, link.size)
     np.minimum.at(first, link[real], np.flatnonzero(real))
