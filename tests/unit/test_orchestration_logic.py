@@ -287,3 +287,22 @@ def test_balance_equal_size_gives_every_bucket_the_same_count(tmp_path, corpus):
     plan = plan_step(0, feeds, Mixer(["captions", "longdocs"]), strategy, {"captions": 0.5, "longdocs": 0.5})
     assert plan.stats["deferred"] == 0
     assert [len(b) for b in plan.bins] == [8] * 8  # 64 samples over 4 ranks x 2 microbatches
+
+
+@pytest.mark.parametrize("level", ["both", "intra", "inter"])
+def test_one_microbatch_per_rank_keeps_what_each_level_promises(tmp_path, corpus, level):
+    """One microbatch per rank (the bucket is its microbatch, no second split): every sample once, no
+    microbatch over capacity; where the intra level balances, each microbatch is what partition(k=1)
+    gives (by descending cost, ties by index); where it does not, the bucket is left in its order."""
+    batch = {"context_length": 2048, "microbatches": 1, "tokens_per_step": 12000}
+    strategy = _strategy(tmp_path, corpus, mesh={"dp": 8}, global_batch=batch).balance("greedy", level=level)
+    plan = plan_step(0, _feeds({"captions": 64, "longdocs": 900}), Mixer(["captions", "longdocs"]), strategy,
+                     {"captions": 0.5, "longdocs": 0.5})
+    costs = np.asarray(strategy.cost_fn(sample_meta(plan.table)))
+    placed = np.concatenate(plan.bin_indices)
+    assert len(plan.bin_indices) == 8 and len(placed) == len(set(placed.tolist()))
+    lengths = np.asarray(sample_meta(plan.table)["num_tokens"])
+    assert all(lengths[b].sum() <= 2048 for b in plan.bin_indices)
+    if level != "inter":
+        for b in plan.bin_indices:
+            assert b.tolist() == b[balance.partition(costs[b], 1, method="greedy")[0]].tolist()
