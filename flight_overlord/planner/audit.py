@@ -24,7 +24,8 @@ CONFIG_PATH = Path("planner") / "config-path"  # the config a run was started fr
 
 def audit_run(run_dir: Path, planner, mesh=None) -> dict:
     """The audit of the run in ``run_dir``; ``planner`` reads the journaled plans back, each step's plan in
-    force once, in one pass over its journal (``planner.replayer.in_force()``)."""
+    force once, re-derived in one pass over its journal (``planner.replayer.in_force()``); the edits are a
+    second, parse-only read of it."""
     starts, records = read_deliveries(run_dir)
     edits = [r.get("edit") or {"kind": "mix", **r["mix"]} for _, r in read_journal(run_dir / "plan-journal.jsonl")
              if "edit" in r or "mix" in r]

@@ -23,21 +23,21 @@ from .program import StepPlan
 
 SHAPES_KEPT = 64  # steps whose microbatch sums stay in memory; older reports read their plan from the journal
 # a fitted model's name (in ``cost_fit`` records and a step's journaled inputs) -> its cost function of (a, b)
-COST_MODELS: dict[str, Callable[[float, float], CostFn]] = {"backbone": attention_cost, "encoder": patches_cost}
+FITTED_COST_FNS: dict[str, Callable[[float, float], CostFn]] = {"backbone": attention_cost, "encoder": patches_cost}
 
 
 def cost_fns(params: dict[str, list[float]]) -> dict[str, CostFn]:
     """The cost functions of the models in force, from their journaled ``{name: [a, b]}``."""
-    return {name: COST_MODELS[name](*ab) for name, ab in params.items()}
+    return {name: FITTED_COST_FNS[name](*ab) for name, ab in params.items()}
 
 
 class PlannedCost:
-    """One fitted model: ``name`` in its records (``COST_MODELS`` gives the cost function the Planner
+    """One fitted model: ``name`` in its records (``FITTED_COST_FNS`` gives the cost function the Planner
     plans with), ``shapes_of(plan)`` the per-bucket rows its reports are read against."""
 
     def __init__(self, name: str, prior_a: float, prior_b: float, *, lag: int, window: int, buckets: int,
                  shapes_of: Callable[[StepPlan], list]):
-        self.name, self.shapes_of, self.make_cost = name, shapes_of, COST_MODELS[name]
+        self.name, self.shapes_of, self.make_cost = name, shapes_of, FITTED_COST_FNS[name]
         self.fit = CostFit(prior_a, prior_b, lag=lag, window=window, buckets=buckets)
         self.in_force: Fitted = self.fit.prior
         self.in_force_from = 0  # the first step planned with ``in_force``

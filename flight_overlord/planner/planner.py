@@ -57,7 +57,6 @@ class Planner:
         self._journal: Journal | None = None
         self.replayer = Replayer(cfg, strategy, self._journal_path, self._snapshots, fetch_meta,
                                  self.registry.source_row_groups)  # journaled steps, served again
-        self.rewound_at: int | None = None  # a resume on a new layout re-plans from this step
         self.journal_layout: dict | None = None  # the layout of the run restored from, if any
         self.scaling = SourceScaling(cfg) if cfg.loader.scaling.enabled else None  # live resharding
         self.scaled: list[dict] = []  # the scaling events of the step planned last
@@ -281,7 +280,6 @@ class Planner:
         if edit is not None:
             self._journal.append({"edit": edit})
         self.replayer.recent.forget_from(step)
-        self.rewound_at = step
         log.info("rewound to step %d for a new layout %s", step, self.layout())
 
     def _state_before(self, step: int) -> dict:

@@ -177,14 +177,6 @@ def test_served_tables_kept_are_bounded_and_a_retry_past_them_gets_the_same_samp
         actor.close()
 
 
-def test_loader_processes_run_with_the_system_allocator(idle_cluster):
-    """mimalloc (pyarrow's default) kept each read-ahead thread's freed pages: loader processes get
-    ARROW_DEFAULT_MEMORY_POOL=system from LocalCluster (docs/methods/memory.md)."""
-    loader = next(c for c in idle_cluster.children if c.name.startswith("loader"))
-    environ = Path(f"/proc/{loader.process.pid}/environ").read_bytes().split(b"\0")
-    assert b"ARROW_DEFAULT_MEMORY_POOL=system" in environ
-
-
 def test_sample_level_rows_are_the_row_group_paths_and_the_buffer_keeps_only_counts(corpus, tmp_path):
     """``loader.sample_level_bytes``: a row group over the bound is buffered as its token counts; the
     Planner's metadata and every served sample are those of the whole-row-group path."""
