@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from benchlib import MiB, add_run_args, argument_parser, log, print_header, pyplot, save_plot, workspace
-from memory_runs import (GiB, Run, _patch_sampler, bare_trainers_pss, ensure_many, fitted_colocated, run_colocated,
+from memory_runs import (GiB, Run, bare_trainers_pss, ensure_many, fitted_colocated, run_colocated,
                          run_overlord, sized_corpus)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -270,7 +270,6 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    _patch_sampler()
     print_header()
     s_min, r_min = min(args.sources), min(args.ranks)
     if args.grid == "full":

@@ -212,7 +212,6 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    bm._patch_sampler()
     print_header()
     runs: list[bm.Run] = []
     with workspace("bench-peers-", args.data, [], 1.0) as (tmp, data_dir):

@@ -245,7 +245,7 @@ def busy_cpu_seconds() -> float:
 class PssSampler:
     """Samples ``tree_usage(roots())`` now and every ``interval`` seconds until ``stop()``.
 
-    Keeps the max of the summed PSS (with its per-label split) and, from the first and last
+    Keeps the max and the last of the summed PSS (the max with its per-label split) and, from the first and last
     samples, the CPU seconds each label used in between.
     """
 
@@ -253,6 +253,7 @@ class PssSampler:
         self.roots = roots
         self.interval = interval
         self.max_pss = 0
+        self.end_pss = 0  # the last sample's total (``stop()`` takes one with every process still up)
         self.processes = 0
         self.samples = 0
         self.pss_by_label: dict[str, tuple[int, int]] = {}  # label -> (processes, PSS) at the max
@@ -274,7 +275,7 @@ class PssSampler:
         if self._first is None:
             self._first, self._window, self._busy = usage, (now, now), (busy, busy)
         self._window, self._busy = (self._window[0], now), (self._busy[0], busy)
-        total = sum(pss for _, pss, _ in usage.values())
+        total = self.end_pss = sum(pss for _, pss, _ in usage.values())
         if total > self.max_pss:
             self.max_pss, self.processes = total, len(usage)
             self.pss_by_label = {}

@@ -12,36 +12,13 @@ import numpy as np
 
 import rank_processes
 from bench_delivery import overlord_trainer
-from benchlib import MiB, PssSampler, cluster_roots, log, write_config
+from benchlib import MiB, cluster_roots, log, write_config
 from colocated import baseline_rank
 
 GiB = 1024 * MiB
 FILL = 0.85  # tokens_per_step over the slots
 # The measured fit of a colocated set's PSS (per rank, per worker, per source), to skip colocated runs that cannot fit in RAM.
 FIT_RANK, FIT_WORKER, FIT_SOURCE = 80 * MiB, 40 * MiB, 9.9 * MiB
-
-
-def _patch_sampler() -> None:
-    """rank_processes.run_ranks builds a ``PssSampler``; give it one that also keeps the total of its
-    last sample (the one ``stop()`` takes, every process still up), via benchlib's ``tree_usage``."""
-    import benchlib
-    original, last = benchlib.tree_usage, [0]
-
-    def tree_usage(roots):
-        usage = original(roots)
-        last[0] = sum(pss for _, pss, _ in usage.values())
-        return usage
-    benchlib.tree_usage = tree_usage
-
-    class Sampler(PssSampler):
-        def __init__(self, roots, interval: float = 0.5):
-            super().__init__(roots, interval)
-            self.end_pss = 0
-
-        def sample(self) -> None:
-            super().sample()
-            self.end_pss = last[0]
-    rank_processes.PssSampler = Sampler
 
 
 @dataclass
