@@ -261,7 +261,8 @@ class Constructor:
             if self.stopping:
                 return None
             table = self._served_table(kind, step, rank)
-        batches = table.combine_chunks().to_batches()  # the copy outside the lock assembly and streams share  # one record batch per step, even an empty one (no images this step)
+        # combine_chunks (a copy) outside the lock that assembly and the streams share
+        batches = table.combine_chunks().to_batches()  # one record batch per step, even an empty one (no images)
         return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
 
     def paced(self, step: int, timeout: float | None = None) -> bool | None:

@@ -19,6 +19,7 @@ The ``plan`` action stays, for stock clients and inspection.
 """
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 import pyarrow as pa
@@ -78,18 +79,22 @@ class PlanChannel:
         self._client: fl.FlightClient | None = None
         self._writer = self._reader = None
         self._closed = False  # for good: this constructor stops
+        # opening a stream and a final close (another thread) exclude each other: a stream opened after
+        # the final close would hold the Planner's shutdown
+        self._lock = threading.Lock()
 
     def ask(self, client: fl.FlightClient, body: dict) -> dict:
         """Send ``body`` on ``client``'s plans stream (opened on first use) and return the answer, decoded.
         Raises ``FlightTimedOutError`` for "again" (``ask_again`` asks again), ``FlightServerError`` for an
         error answer, and ``FlightUnavailableError`` when the stream broke (``call_any`` reconnects)."""
-        if self._closed:
-            raise fl.FlightUnavailableError("the plans stream is closed: this constructor stops")
-        if client is not self._client:
-            self.close()
-            self._writer, self._reader = client.do_exchange(fl.FlightDescriptor.for_path(PLANS))
-            self._client = client
-        writer, reader = self._writer, self._reader  # ``close(final=True)`` may come from another thread
+        with self._lock:
+            if self._closed:
+                raise fl.FlightUnavailableError("the plans stream is closed: this constructor stops")
+            if client is not self._client:
+                _end(self._swap(), final=False)
+                self._writer, self._reader = client.do_exchange(fl.FlightDescriptor.for_path(PLANS))
+                self._client = client
+            writer, reader = self._writer, self._reader  # ``close(final=True)`` may come from another thread
         try:
             writer.write_metadata(encode(body))
             chunk = reader.read_chunk()
@@ -110,12 +115,22 @@ class PlanChannel:
         """End the stream: the Planner's handler ends once it answered what it holds (closing the client
         would not end it). ``final`` (a stopping constructor, from any thread): never open another, and
         do not wait for the Planner's last answer."""
-        self._closed = self._closed or final
+        with self._lock:
+            self._closed = self._closed or final
+            writer = self._swap()
+        _end(writer, final)
+
+    def _swap(self):
+        """Forget the open stream (under the lock); its writer, to end."""
         writer, self._client, self._writer, self._reader = self._writer, None, None, None
-        if writer is not None:
-            try:
-                writer.done_writing()
-                if not final:
-                    writer.close()
-            except Exception:  # noqa: BLE001 - a broken stream: nothing left to close cleanly
-                pass
+        return writer
+
+
+def _end(writer, final: bool) -> None:
+    if writer is not None:
+        try:
+            writer.done_writing()
+            if not final:
+                writer.close()
+        except Exception:  # noqa: BLE001 - a broken stream: nothing left to close cleanly
+            pass
