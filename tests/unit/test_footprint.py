@@ -31,11 +31,21 @@ def test_the_trainer_client_moves_pyarrows_pool_to_the_system_allocator_unless_t
 @pytest.mark.parametrize("chosen", [None, "jemalloc"])
 def test_role_processes_use_the_system_allocator_in_arrows_own_code_unless_told_otherwise(chosen):
     """Arrow's C++ parts (Flight reads, Parquet) take the pool set before pyarrow loads: the ``overlord``
-    command sets it first thing, for every role it serves or starts."""
+    command's ``main`` sets it first thing, for every role it serves or starts. Run here as a role process
+    runs (``overlord serve planner``, which loads pyarrow with the role's module), stopped by ``--help``."""
     env = {"ARROW_DEFAULT_MEMORY_POOL": chosen} if chosen else {}
-    code = ("import os, flight_overlord.deploy.cli, pyarrow as pa; "
-            "print(pa.default_memory_pool().backend_name, os.environ['ARROW_DEFAULT_MEMORY_POOL'])")
-    assert _run(code, env) == f"{chosen or 'system'} {chosen or 'system'}"
+    code = ("import os, sys, flight_overlord.deploy.cli as cli\n"
+            "try:\n    cli.main(['serve', 'planner', '--help'])\nexcept SystemExit:\n    pass\n"
+            "assert 'flight_overlord.planner.server' in sys.modules\n"
+            "import pyarrow as pa; print(pa.default_memory_pool().backend_name, os.environ.get('ARROW_DEFAULT_MEMORY_POOL'))")
+    assert _run(code, env).splitlines()[-1] == f"{chosen or 'system'} {chosen or 'system'}"
+
+
+def test_importing_the_command_leaves_the_environment_alone():
+    """Only running ``overlord`` chooses the pool for its process tree: a process that imports the module
+    (a test, a script calling one of its functions) passes its own environment on to what it starts."""
+    code = "import os, flight_overlord.deploy.cli; print(os.environ.get('ARROW_DEFAULT_MEMORY_POOL'))"
+    assert _run(code) == "None"
 
 
 @pytest.mark.parametrize("chosen", [None, "jemalloc"])
