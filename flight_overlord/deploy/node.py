@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 from pathlib import Path
 
 from .. import allocator
 from ..config import Config, load_config
 from ..journal import write_json_atomic
+from ..planner.registry import REGISTRY_FILE, Registry
 from ..role_process import advertised_host, role_parser
 from ..wire.server import serve
 from .topology import hosts_every_role, roles
 
 PORTS_FILE = "node-ports.json"
+log = logging.getLogger(__name__)
 
 
 def main(argv=None) -> None:
@@ -61,9 +64,41 @@ def _flags(args, ports: dict[str, int], name: str) -> list[str]:
 
 
 def previous_ports(cfg: Config) -> dict[str, int]:
-    """The port of every role of the process this one restarts ({} if none was written)."""
+    """The port of every role of the process this one restarts ({} if none was written). Where
+    ``node-ports.json`` does not parse (edited by hand, a disk fault), the hosted roles' ports come
+    from the Planner's registrations instead (the Planner's own: the restart's ``--port``): a role on a
+    new port would leave the recovered Planner planning with its old address."""
     path = Path(cfg.run_dir) / PORTS_FILE
-    return {name: int(port) for name, port in json.loads(path.read_text()).items()} if path.exists() else {}
+    if not path.exists():
+        return {}
+    try:
+        return _checked(json.loads(path.read_text()))
+    except (ValueError, TypeError, AttributeError) as exc:  # not JSON, not an object, not port numbers
+        log.warning("%s is unreadable (%s); the roles take the ports the Planner registered them at (%s)",
+                    path, exc, REGISTRY_FILE)
+        return registered_ports(cfg, why=f"{path} is unreadable ({exc})")
+
+
+def registered_ports(cfg: Config, *, why: str) -> dict[str, int]:
+    """The port of every hosted role, from the Planner's registrations in ``run_dir`` (``why``: why they are asked)."""
+    path = Path(cfg.run_dir) / REGISTRY_FILE
+    registry = Registry(cfg, cfg.num_constructors)
+    try:
+        registry.load_state_dict(json.loads(path.read_text()))
+        return _checked({spec.name: (registry.locations(spec.actors[0])[spec.replica] if spec.role == "loader"
+                                     else registry.constructors[spec.index]).rsplit(":", 1)[1]
+                         for spec in roles(cfg)[1:]})
+    except (OSError, ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
+        raise SystemExit(f"error: overlord serve node --recover: {why}, and the roles' ports are not in {path} "
+                         f"either ({type(exc).__name__}: {exc}); continue the run with --resume instead "
+                         f"(its roles on new ports)") from None
+
+
+def _checked(ports: dict) -> dict[str, int]:
+    ports = {str(name): int(port) for name, port in ports.items()}
+    if not all(0 < port <= 65535 for port in ports.values()):
+        raise ValueError(f"a port out of 1..65535 in {ports}")
+    return ports
 
 
 def _write_ports(cfg: Config, ports: dict[str, int]) -> None:
