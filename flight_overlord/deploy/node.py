@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 def main(argv=None) -> None:
-    parser = role_parser("node", planner=False)  # --port, --advertise, --metrics-port: the Planner's
+    parser = role_parser("node", planner=False)  # --port, --advertise: the Planner's; --metrics-port: metrics_ports
     parser.add_argument("--resume", action="store_true", help="continue the run in run_dir from its journal")
     parser.add_argument("--recover", action="store_true", help="a restart of this process: --resume, every "
                         "role on the port it had")
@@ -39,15 +39,18 @@ def main(argv=None) -> None:
                          "planner.standbys or loader.shadows; serve its roles one by one instead")
     advertised_host(cfg, args)  # a wrong --advertise is an error before any role starts
     allocator.tame()  # before any role's threads make malloc arenas (the loader's own call would come too late)
+    specs = roles(cfg)[1:]
+    metrics = metrics_ports(args.metrics_port if args.metrics_port is not None else cfg.metrics.port,
+                            ["planner", *(spec.name for spec in specs)])
     ports = previous_ports(cfg) if args.recover else {}
     if args.port is not None:
         ports["planner"] = args.port
-    metrics = [] if args.metrics_port is None else ["--metrics-port", str(args.metrics_port)]
-    planner, location, _ = _start("planner", [*_flags(args, ports, "planner"), *metrics,
+    planner, location, _ = _start("planner", [*_flags(args, ports, "planner"), *metrics["planner"],
                                               *(["--recover"] if args.recover else ["--resume"] if args.resume else [])])
     hosted = {}
-    for spec in roles(cfg)[1:]:
-        hosted[spec.name] = _start(spec.role, [*spec.args, *_flags(args, ports, spec.name), "--planner", location])[0]
+    for spec in specs:
+        hosted[spec.name] = _start(spec.role, [*spec.args, *_flags(args, ports, spec.name), *metrics[spec.name],
+                                               "--planner", location])[0]
     _write_ports(cfg, {"planner": planner.port, **{name: server.port for name, server in hosted.items()}})
     serve(planner, location, args.ready_file, hosted=tuple(hosted.values()))
 
@@ -55,6 +58,19 @@ def main(argv=None) -> None:
 def _start(role: str, argv: list[str]):
     """A role's ``start``: its server up (and registered with the Planner): (server, location, ready file)."""
     return importlib.import_module(f"flight_overlord.{role}.server").start(argv)
+
+
+def metrics_ports(port: int | None, names: list[str]) -> dict[str, list[str]]:
+    """Each hosted role's ``--metrics-port``: ``port`` (``--metrics-port``, else ``metrics.port``) for the
+    first, the Planner, and the next ones for the others, in ``roles`` order, so that each role serves the
+    page it would serve in its own process (the ``process_*`` metrics are then the node's on each); 0:
+    each any free port (its ``status`` names it); None: no metrics."""
+    if port is None:
+        return {name: [] for name in names}
+    if port and port + len(names) - 1 > 65535:
+        raise SystemExit(f"error: overlord serve node: metrics port {port}: its {len(names)} roles need ports "
+                         f"{port}..{port + len(names) - 1}, beyond 65535")
+    return {name: ["--metrics-port", str(port + i if port else 0)] for i, name in enumerate(names)}
 
 
 def _flags(args, ports: dict[str, int], name: str) -> list[str]:
