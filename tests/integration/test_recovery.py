@@ -20,8 +20,7 @@ from flight_overlord.journal import archive_path
 from flight_overlord.harness import step_digest
 from flight_overlord.planner.audit import offline_audit
 
-from ..helpers import journal, write_config
-from .test_multimodal import image_graph_config
+from ..helpers import image_graph_config, journal, write_config
 
 STEPS = 60  # a 60-step run, killed at a random step
 RANKS = 2
