@@ -169,7 +169,7 @@ def location_of(server: fl.FlightServerBase, host: str) -> str:
 
 # After SIGINT, a role's handlers get this long to end; then the process exits without them. A handler
 # may wait much longer: a Planner's plans stream on a constructor blocked in a loader fetch (call_any
-# retries for 120 s), a stuck client's stream. Nothing journaled is lost: journals are written and
+# retries for ROLE_DOWN_SECONDS), a stuck client's stream. Nothing journaled is lost: journals are written and
 # flushed record by record (journal.py), as a kill -9 needs; only the calls in flight are cut.
 SHUTDOWN_GRACE_SECONDS = 5.0
 FORCED_EXIT_STATUS = 130  # the shell's status of a process ended by SIGINT
@@ -213,27 +213,48 @@ def serve(server: fl.FlightServerBase, location: str, ready_file: str | None, *,
 
 RETRY_SECONDS = 0.05  # between tries of an unreachable role: a local connect costs ~1 ms
 REGISTER_SECONDS = 20.0  # a starting role waits this long for the Planner to come up
+ROLE_DOWN_ENV = "OVERLORD_ROLE_DOWN_SECONDS"  # overrides the default below (a test of a failure bounds its wait)
+
+
+def _role_down_seconds() -> float:
+    """call_any's default bound: 120 s, or ``ROLE_DOWN_ENV``'s positive number of seconds."""
+    text = os.environ.get(ROLE_DOWN_ENV, "120")
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"{ROLE_DOWN_ENV}={text!r}: must be a positive number of seconds")
+    return seconds
+
+
+ROLE_DOWN_SECONDS = _role_down_seconds()
 
 
 class RoleDown(OverlordError, ConnectionError):
     """Every replica of a role stayed unreachable for the whole retry window."""
 
 
-def call_any(pool: "ClientPool", locations: list[str], fn: Callable[[fl.FlightClient], Any], *, what: str,
-             timeout: float = 120.0, stop: Callable[[], bool] = lambda: False) -> Any:
+def call_any(pool: "ClientPool", locations: list[str] | Callable[[], list[str]], fn: Callable[[fl.FlightClient], Any],
+             *, what: str, timeout: float | None = None, stop: Callable[[], bool] = lambda: False) -> Any:
     """``fn(client)`` on the first location that answers, the others in order on
     ``FlightUnavailableError``; all of them again every ``RETRY_SECONDS`` (on fresh connections) until
-    ``timeout``. This is how a role rides out a peer's restart (same address: a restart takes a
-    fraction of a second, so the retry polls rather than backs off) or fails over to a shadow."""
+    ``timeout`` (default ``ROLE_DOWN_SECONDS``). This is how a role rides out a peer's restart (same address:
+    a restart takes a fraction of a second, so the retry polls rather than backs off) or fails over to a
+    shadow. ``locations`` may be a function giving the current addresses: it is asked again before each
+    round, so a peer that came back on a new address (and re-registered) is found within a retry."""
+    timeout = ROLE_DOWN_SECONDS if timeout is None else timeout
+    resolve = locations if callable(locations) else lambda: locations
     deadline, since = time.monotonic() + timeout, time.time()
     while True:
-        for location in locations:
+        tried = resolve()
+        for location in tried:
             try:
                 return fn(pool.get(location))
             except fl.FlightUnavailableError:
                 pool.forget(location)
         if time.monotonic() > deadline or stop():
-            raise RoleDown(f"{what}: unreachable at {', '.join(locations)} since "
+            raise RoleDown(f"{what}: unreachable at {', '.join(tried)} since "
                            f"{time.strftime('%H:%M:%S', time.localtime(since))} ({timeout:.0f}s)")
         time.sleep(RETRY_SECONDS)
 
