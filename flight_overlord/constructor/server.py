@@ -36,6 +36,7 @@ from ..wire.server import ActionServer, ClientPool, ask_again, call_any, locatio
 from ..wire.tickets import STREAM_KINDS, BatchTicket, Registration, SamplesPart, SamplesTicket
 from .assembly import Sample
 from .deliveries import DeliveryJournal
+from .loader_addresses import LoaderAddresses
 from .constructor import Constructor
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class ConstructorServer(ActionServer):
         self.ranks = self.constructor.ranks
         self._planner_location = planner
         self._clients = ClientPool(security.credentials)
+        self._loaders = LoaderAddresses(self._clients, planner)  # a loader that moved: where it is now
         self._plans = PlanChannel()  # plan requests as messages on one stream, not one call each
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="fetch")
         super().__init__(cfg.network.host, port, security)
@@ -136,7 +138,7 @@ class ConstructorServer(ActionServer):
             parts = tuple(SamplesPart(g.source, g.actor, tuple(map(tuple, g.samples))) for g in groups)
             request = wire.ticket(SamplesTicket(step, self.index, parts).to_wire())
             start = time.monotonic()
-            table = call_any(self._clients, groups[0].locations, lambda c: c.do_get(request).read_all(),
+            table = call_any(self._clients, self._loaders.of(groups[0]), lambda c: c.do_get(request).read_all(),
                              what=f"the loader of {', '.join(sorted({g.source for g in groups}))}",
                              stop=lambda: self.constructor.stopping)
             served = json.loads((table.schema.metadata or {}).get(b"serve_seconds", b"{}"))

@@ -71,7 +71,7 @@ class PlannerCalls:
             # a resharded source: its actors learn (and journal) the ownership from the ticket
             request = MetadataTicket(source, actor[1], epoch, rg.file, rg.row_group,
                                      tuple(map(tuple, segments)) if segments else None)
-            table = call_any(self.clients, self.planner.registry.locations(actor),
+            table = call_any(self.clients, lambda: self.planner.registry.locations(actor),  # a moved loader too
                              lambda c: c.do_get(wire.ticket(request.to_wire())).read_all(),
                              what=f"loader {source}[{actor[1]}]", stop=self.stopping)
             return row_group_metadata(table, rg.num_rows)

@@ -19,6 +19,7 @@ from flight_overlord.deploy.node import PORTS_FILE, previous_ports
 from flight_overlord.journal import archive_path
 from flight_overlord.harness import step_digest
 from flight_overlord.planner.audit import offline_audit
+from flight_overlord.wire.server import ROLE_DOWN_ENV
 
 from ..helpers import image_graph_config, journal, write_config
 
@@ -240,6 +241,33 @@ def test_loader_hosts_serve_the_same_streams_from_fewer_processes(reference, cor
 
 def test_kill_9_of_a_loader_host_brings_all_its_sources_back(reference, corpus, tmp_path):
     assert run(config(tmp_path, corpus, loader={"hosts": 2}), kill="loader-host0", at=13) == reference
+
+
+def test_kill_9_of_a_loader_host_and_the_planner_with_the_host_back_on_a_new_address(reference, corpus, tmp_path,
+                                                                                   monkeypatch):
+    """A loader host and the Planner get kill -9 together; the host comes back on a NEW port (as a
+    rescheduled pod does), the Planner with --recover and the host's old registration. The recovered
+    Planner's metadata fetches and the constructors' sample fetches find the host where it re-registered:
+    every rank's stream is the undisturbed run's. An unreachable role counts as down after 30 s here
+    (not 120 s), so a fetch that keeps to the old address fails the run in bounded time."""
+    monkeypatch.setenv(ROLE_DOWN_ENV, "30")  # the roles' processes inherit it
+    path = config(tmp_path, corpus, loader={"hosts": 2})
+    addresses = {}
+
+    def before_kill(cluster, role):
+        host = cluster.child("loader-host0")
+        addresses["before"] = host.location
+        host.location = host.location.rsplit(":", 1)[0] + ":0"  # its restart: --port 0, a port from the OS
+        cluster.kill("loader-host0")
+
+    def moved(cluster):
+        cluster.wait_restarted("loader-host0")
+        addresses["after"] = cluster.child("loader-host0").ready_file.read_text()
+
+    def drive(planner, on_step):
+        return train(planner, 0, STEPS, on_step=on_step)
+    assert run_killing(path, {13: "planner"}, drive, before_kill=before_kill, check=moved) == reference
+    assert addresses["after"] != addresses["before"]
 
 
 @pytest.mark.parametrize("ports_file", ["kept", "unreadable"])
