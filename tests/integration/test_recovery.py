@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -246,19 +248,30 @@ def test_kill_9_of_a_loader_host_brings_all_its_sources_back(reference, corpus, 
 def test_kill_9_of_a_loader_host_and_the_planner_with_the_host_back_on_a_new_address(reference, corpus, tmp_path,
                                                                                    monkeypatch):
     """A loader host and the Planner get kill -9 together; the host comes back on a NEW port (as a
-    rescheduled pod does), the Planner with --recover and the host's old registration. The recovered
-    Planner's metadata fetches and the constructors' sample fetches find the host where it re-registered:
-    every rank's stream is the undisturbed run's. An unreachable role counts as down after 30 s here
-    (not 120 s), so a fetch that keeps to the old address fails the run in bounded time."""
+    rescheduled pod does) only after the Planner is back with --recover and the host's old registration,
+    so the recovered Planner's metadata fetches and the constructors' plans start at the old address.
+    They find the host where it re-registered: every rank's stream is the undisturbed run's. An
+    unreachable role counts as down after 30 s here (not 120 s): a fetch that keeps to the old address
+    fails the run in bounded time."""
     monkeypatch.setenv(ROLE_DOWN_ENV, "30")  # the roles' processes inherit it
     path = config(tmp_path, corpus, loader={"hosts": 2})
+    new_port = socket.socket()  # held (bound, no SO_REUSEPORT): the host's restarts fail to bind it until
+    new_port.bind(("127.0.0.1", 0))  # it is let go, after the Planner is back (the pod is being rescheduled)
     addresses = {}
 
     def before_kill(cluster, role):
         host = cluster.child("loader-host0")
         addresses["before"] = host.location
-        host.location = host.location.rsplit(":", 1)[0] + ":0"  # its restart: --port 0, a port from the OS
+        host.location = addresses["new"] = f"{host.location.rsplit(':', 1)[0]}:{new_port.getsockname()[1]}"
         cluster.kill("loader-host0")
+
+        def let_go():
+            try:
+                cluster.wait_restarted("planner")
+                time.sleep(1.0)  # the Planner plans, constructors fetch: at the host's old address
+            finally:
+                new_port.close()
+        threading.Thread(target=let_go, name="reschedule", daemon=True).start()
 
     def moved(cluster):
         cluster.wait_restarted("loader-host0")
@@ -266,8 +279,9 @@ def test_kill_9_of_a_loader_host_and_the_planner_with_the_host_back_on_a_new_add
 
     def drive(planner, on_step):
         return train(planner, 0, STEPS, on_step=on_step)
-    assert run_killing(path, {13: "planner"}, drive, before_kill=before_kill, check=moved) == reference
-    assert addresses["after"] != addresses["before"]
+    with new_port:  # closed (if the kill never came) whatever happens
+        assert run_killing(path, {13: "planner"}, drive, before_kill=before_kill, check=moved) == reference
+    assert addresses["after"] == addresses["new"] != addresses["before"]
 
 
 @pytest.mark.parametrize("ports_file", ["kept", "unreadable"])
