@@ -1,6 +1,7 @@
 """Helpers shared by the test modules: configs over the test corpus, and reading runs back."""
 from __future__ import annotations
 
+import math
 import pathlib
 
 import numpy as np
@@ -11,6 +12,7 @@ from PIL import Image
 from flight_overlord import harness
 from flight_overlord.config import load_config
 from flight_overlord.deploy.launch import LocalCluster
+from flight_overlord.harness import step_digest
 from flight_overlord.journal import read_journal
 from flight_overlord.planner.audit import plan_records
 
@@ -117,3 +119,26 @@ def assert_every_planned_sample_once(planner: str, config_path, steps: int = 6, 
     delivered = [k for tables in run.values() for k in delivered_keys(tables)]
     planned = [k for record in journal(config_path)[:steps] for b in record["bins"] for k in b]
     assert sorted(delivered) == sorted(planned) and len(set(delivered)) == len(delivered)
+
+
+def losses(table: pa.Table) -> dict[str, float]:
+    """A deterministic stand-in for a model's per-source loss (for dynamic mixing)."""
+    out: dict[str, list[float]] = {}
+    for keys, cu in zip(table.column("sample_keys").to_pylist(), table.column("cu_seqlens").to_pylist()):
+        for key, n in zip(keys, np.diff(cu)):
+            out.setdefault(key.split(":", 1)[0], []).append(math.log1p(int(n)))
+    return {s: sum(v) / len(v) for s, v in out.items()}
+
+
+def train(planner: str, start: int, end: int, *, ranks: int = 2, report: bool = False,
+          on_step=None) -> dict[int, list]:
+    """One trainer thread per rank, each through TrainerClient (retries, prefetch), steps [start, end):
+    per rank, (step, its digest) of each step; ``report``: per-source losses sent back (dynamic mixing)."""
+    def on_table(rank, client, table):
+        step = table.column("step")[0].as_py()
+        if report:
+            client.report(step, losses(table))
+        if on_step is not None:
+            on_step(rank, step)
+        return step, step_digest(table)
+    return harness.train(planner, ranks, start, end, on_table=on_table)

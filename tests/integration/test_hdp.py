@@ -18,8 +18,7 @@ from flight_overlord.core.context_parallel import reassemble
 from flight_overlord.demo.long_tail import make_long_tail
 from flight_overlord.deploy.launch import LocalCluster
 
-from ..helpers import journal, write_config
-from .test_recovery import train
+from ..helpers import journal, train, write_config
 
 STEPS, PER_RANK = 4, 2048
 STRATEGY = f"""

@@ -3,13 +3,11 @@ rank's stream must equal the stream of an undisturbed run with the same config a
 from __future__ import annotations
 
 import json
-import math
 import socket
 import threading
 import time
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
@@ -23,33 +21,9 @@ from flight_overlord.harness import step_digest
 from flight_overlord.planner.audit import offline_audit
 from flight_overlord.wire.server import ROLE_DOWN_ENV
 
-from ..helpers import image_graph_config, journal, write_config
+from ..helpers import image_graph_config, journal, train, write_config
 
 STEPS = 60  # a 60-step run, killed at a random step
-RANKS = 2
-
-
-def losses(table: pa.Table) -> dict[str, float]:
-    """A deterministic stand-in for a model's per-source loss (for dynamic mixing)."""
-    out: dict[str, list[float]] = {}
-    for keys, cu in zip(table.column("sample_keys").to_pylist(), table.column("cu_seqlens").to_pylist()):
-        for key, n in zip(keys, np.diff(cu)):
-            out.setdefault(key.split(":", 1)[0], []).append(math.log1p(int(n)))
-    return {s: sum(v) / len(v) for s, v in out.items()}
-
-
-def train(planner: str, start: int, end: int, *, ranks: int = RANKS, report: bool = False,
-          on_step=None) -> dict[int, list]:
-    """One trainer thread per rank, each through TrainerClient (retries, prefetch), steps [start, end):
-    per rank, (step, its digest) of each step; ``report``: per-source losses sent back (dynamic mixing)."""
-    def on_table(rank, client, table):
-        step = table.column("step")[0].as_py()
-        if report:
-            client.report(step, losses(table))
-        if on_step is not None:
-            on_step(rank, step)
-        return step, step_digest(table)
-    return harness.train(planner, ranks, start, end, on_table=on_table)
 
 
 def config(directory, corpus, **overrides):

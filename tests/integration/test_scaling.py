@@ -14,8 +14,7 @@ from flight_overlord.deploy.status import cluster_status, render
 from flight_overlord.journal import read_journal
 from flight_overlord.wire.server import connect
 
-from ..helpers import WEIGHTS, journal, journal_records, write_config
-from .test_recovery import train
+from ..helpers import WEIGHTS, journal, journal_records, train, write_config
 
 STEPS = 40
 HEAVY = {name: (0.8 if name == "code" else 0.04) for name in WEIGHTS}  # code: 0.2 -> 0.8 -> 0.2
