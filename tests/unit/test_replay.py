@@ -14,13 +14,16 @@ from flight_overlord.planner.replay import PlanMismatch
 from flight_overlord.planner.strategy import load_strategy
 
 
-def _config(tmp_path, *, dp: int = 2, run: str = "run", every: int = 5):
-    raw = {"seed": 3, "run_dir": str(tmp_path / run), "data_root": str(tmp_path),
-           "sources": [{"name": "a", "paths": "f.parquet", "weight": 0.7}, {"name": "b", "paths": "f.parquet", "weight": 0.3}],
-           "mesh": {"dp": dp}, "checkpoint": {"every": every},
-           "global_batch": {"context_length": 512, "microbatches": 2, "samples_per_step": 6 * dp}}
+def _config_raw(tmp_path, *, dp: int = 2, run: str = "run", every: int = 5) -> dict:
     (tmp_path / "f.parquet").write_bytes(b"")  # the config only checks that the file exists
-    return parse_config(raw, base_dir=tmp_path)
+    return {"seed": 3, "run_dir": str(tmp_path / run), "data_root": str(tmp_path),
+            "sources": [{"name": "a", "paths": "f.parquet", "weight": 0.7}, {"name": "b", "paths": "f.parquet", "weight": 0.3}],
+            "mesh": {"dp": dp}, "checkpoint": {"every": every},
+            "global_batch": {"context_length": 512, "microbatches": 2, "samples_per_step": 6 * dp}}
+
+
+def _config(tmp_path, **options):
+    return parse_config(_config_raw(tmp_path, **options), base_dir=tmp_path)
 
 
 def _lengths(shift: int = 0):
@@ -260,3 +263,23 @@ def test_an_unreadable_note_holds_from_the_failed_read_to_the_next_good_one(tmp_
         assert notes.applied("a", read, 150)(1, rg)["num_tokens"][0] == 1  # another epoch: its own reads
     path.write_text('[["a", 0, "f.parquet", 3]]')  # a note written before notes were scoped: always
     assert Unreadable(path).applied("a", read, 10**9)(0, rg)["num_tokens"][0] == -1
+
+
+def test_the_config_history_takes_this_start_s_yaml_when_it_starts(tmp_path):
+    """A step planned by this start is re-derived with this start's config, even when the YAML was
+    edited (for the next resume) before the first replay; a step of an earlier start with its own."""
+    import yaml
+    from flight_overlord.config import load_config
+    from flight_overlord.planner.run_inputs import ConfigHistory
+    raw = _config_raw(tmp_path)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    history = ConfigHistory(tmp_path / "configs.json", load_config(path))
+    history.note(0)
+    path.write_text(yaml.safe_dump({**raw, "seed": 4}))  # edited for a resume, this start goes on
+    assert history.at(100) == (0, history.entries()[0], None)  # this start's: its own config and strategy
+    resumed = ConfigHistory(tmp_path / "configs.json", load_config(path))
+    resumed.note(500)
+    index, entry, (cfg, _) = resumed.at(100)
+    assert (index, entry["offset"], cfg.seed) == (0, 0, 3)
+    assert resumed.at(500)[::2] == (1, None) and resumed.at(-1) == (-1, None, None)
