@@ -12,7 +12,7 @@ import time
 import pyarrow.parquet as pq
 
 from flight_overlord.config import load_config
-from flight_overlord.core.order import epoch_order
+from flight_overlord.core.order import epoch_order, owned_row_groups
 from flight_overlord.deploy import cli
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.loader.row_groups import read_catalog
@@ -51,8 +51,9 @@ def test_a_read_that_failed_before_a_planner_kill_holds_for_no_journaled_step(co
     shutil.copytree(corpus, data)
     path = captions_late(tmp_path / "run", data)
     cfg = load_config(path)
-    first, second = epoch_order(read_catalog(cfg.source("captions")), seed=cfg.seed, source="captions", epoch=0)[:2]
-    actor = {rg: i % 2 for i, rg in enumerate(sorted(read_catalog(cfg.source("captions"))))}  # owned_row_groups
+    catalog = read_catalog(cfg.source("captions"))
+    first, second = epoch_order(catalog, seed=cfg.seed, source="captions", epoch=0)[:2]
+    actor = {rg: a for a in range(2) for rg in owned_row_groups(catalog, a, 2)}
     assert cfg.source("captions").shuffle_window >= 2 and actor[first] != actor[second]  # read in one window
     # The window's first row group unreadable (its data pages, the footer intact), the actor owning the
     # second one stopped: planning MIX_AT notes the failed read, then waits on that actor. The Planner
