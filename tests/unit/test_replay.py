@@ -124,6 +124,23 @@ def test_a_compacted_journal_keeps_its_offsets_and_survives_a_crash_midway(tmp_p
     again.close()
 
 
+def test_a_record_appended_after_a_torn_last_line_is_kept(tmp_path):
+    """A crash mid-write leaves half a line; the journal reopened ends it, so the next record (a
+    resumed Planner's first step) is a line of its own, not glued to the torn one and lost."""
+    from flight_overlord.journal import Journal, journal_size, read_journal
+    path = tmp_path / "j.jsonl"
+    journal = Journal(path)
+    journal.append({"n": 1})
+    journal.close()
+    with path.open("a") as f:
+        f.write('{"step": 99999, "layout": {"bu')
+    again = Journal(path)
+    end = again.append({"n": 2})
+    again.close()
+    assert [r for _, r in read_journal(path)] == [{"n": 1}, {"n": 2}]
+    assert end == journal_size(path) == [e for e, _ in read_journal(path)][-1]
+
+
 def test_one_pass_over_the_journal_gives_every_step_s_plan_in_force_and_names_a_mismatch(tmp_path):
     """``Replayer.in_force`` (what an audit reads): every journaled step's plan, as ``journaled(step)``
     serves it, from one pass over the journal across its snapshots and archive; a changed input is
