@@ -4,6 +4,7 @@ not read when they were planned."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -52,6 +53,7 @@ class Unreadable:
     def __init__(self, path: Path):
         self.path = path
         self._notes: dict[tuple, list[list]] = {}  # (source, epoch, file, row group) -> [[opened, closed], ...]
+        self._lock = threading.Lock()  # planning notes while serving threads replay
         for entry in json.loads(path.read_text()) if path.exists() else []:
             opened, closed = entry[4:6] if len(entry) > 4 else (0, None)  # a file of before: always unreadable
             self._notes.setdefault(tuple(entry[:4]), []).append([opened, closed])
@@ -78,7 +80,9 @@ class Unreadable:
         return meta
 
     def failed_at(self, key: tuple, offset: int) -> bool:
-        return any(opened <= offset and (closed is None or offset < closed) for opened, closed in self._notes.get(key, ()))
+        with self._lock:
+            return any(opened <= offset and (closed is None or offset < closed)
+                       for opened, closed in self._notes.get(key, ()))
 
     def _open(self, key: tuple) -> bool:
         notes = self._notes.get(key)
@@ -86,14 +90,15 @@ class Unreadable:
 
     def _toggle(self, key: tuple, offset: int) -> None:
         """Open a note on ``key`` at ``offset``, or close its open one there (gone when it holds no record)."""
-        notes = self._notes.setdefault(key, [])
-        if notes and notes[-1][1] is None:
-            notes[-1][1] = offset
-            if notes[-1][0] >= offset:
-                notes.pop()
-        else:
-            notes.append([offset, None])
-        write_json_atomic(self.path, [[*k, *n] for k in sorted(self._notes) for n in self._notes[k]])
+        with self._lock:
+            notes = self._notes.setdefault(key, [])
+            if notes and notes[-1][1] is None:
+                notes[-1][1] = offset
+                if notes[-1][0] >= offset:
+                    notes.pop()
+            else:
+                notes.append([offset, None])
+            write_json_atomic(self.path, [[*k, *n] for k in sorted(self._notes) for n in self._notes[k]])
 
 
 class ConfigHistory:
