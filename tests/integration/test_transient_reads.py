@@ -21,7 +21,7 @@ from flight_overlord.planner.audit import offline_audit
 from ..helpers import WEIGHTS
 from .test_recovery import config, train
 
-STEPS, MIX_AT = 12, 4
+STEPS, MIX_AT = 8, 4
 MIXED = {**WEIGHTS, "captions": 0.3}  # from MIX_AT on; captions is not drawn before
 
 
