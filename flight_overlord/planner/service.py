@@ -21,6 +21,7 @@ from ..core.positions import TrainerPositions
 from ..core.starvation import TrainerWaits
 from ..wire.status import PlannerStatus
 from .planner import Planner
+from .registry import REGISTRY_FILE
 from .views import constructor_view, step_views
 from .program import StepPlan
 
@@ -45,7 +46,7 @@ class PlanService:
         self._published = threading.Condition(self.cond)
         self._answers = answers
         self._on_scaled = on_scaled
-        self._registry_file = cfg.run_dir / "planner" / "registry.json"
+        self._registry_file = cfg.run_dir / REGISTRY_FILE
         self.resumed = resumed or recover
         if recover and self._registry_file.exists():
             self.planner.registry.load_state_dict(wire.decode(self._registry_file.read_bytes(), str(self._registry_file)))
