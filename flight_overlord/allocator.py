@@ -10,7 +10,7 @@ flat with these settings. So: a fixed mmap threshold, two arenas, and a periodic
 Loader hosts (and the one-process node) also run with glibc's per-thread caches (tcache) off. Each
 thread keeps up to 7 freed blocks of each of 64 small sizes for itself; a loader host has ~110 threads
 (two per actor, gRPC's), whose caches filled over thousands of steps: at 96 sources the loader hosts grew
-~+7 % from step 2,000 to 20,000 with them, ~+3 % without, and were ~7 MiB smaller at every step
++7 % from step 2,000 to 20,000 with them, +4-5 % without, and were ~7 MiB smaller at every step
 (docs/methods/memory-peers.md). glibc reads that setting only as a process starts (``$GLIBC_TUNABLES``),
 so ``overlord serve loader|node`` runs itself again with it set (``exec``: the same pid and arguments).
 
