@@ -18,7 +18,7 @@ from ..core import balance
 from ..core.mesh import Mesh
 from ..core.mixing import Mixer
 from ..core.packing import round_up
-from .feed import Pick, SourceFeed
+from .feed import Pick, SourceFeed, drawn_table
 from .hdp import hdp_stats, place_hdp
 from .picks import PickTable
 from .step_plan import StepPlan
@@ -75,7 +75,7 @@ def _draw(feeds: dict[str, SourceFeed], mixer: Mixer, weights: dict[str, float],
         for stream, n in zip(streams, counts.tolist()):
             stream.take(n)
     # Each source's samples in its order, then in the mixer's: draw d is its source's next one.
-    by_source = PickTable.concat(mixer.sources, [s.table(i, mixer.sources) for i, s in enumerate(streams)])
+    by_source = drawn_table(list(enumerate(streams)), mixer.sources)
     position = np.empty(choices.size, dtype=np.int64)
     position[np.argsort(choices, kind="stable")] = np.arange(choices.size)
     table = by_source.take(position)
