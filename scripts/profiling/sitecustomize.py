@@ -98,7 +98,7 @@ TIMED = ["flight_overlord.planner.planner:Planner._plan_next", "flight_overlord.
          "flight_overlord.planner.server:PlannerServer.get_flight_info",
          "flight_overlord.planner.program:_draw", "flight_overlord.planner.program:place",
          "flight_overlord.planner.program:_stats", "flight_overlord.core.mixing:MixerRun.fill",
-         "flight_overlord.planner.feed:FeedStream.table", "flight_overlord.planner.planner:step_record",
+         "flight_overlord.planner.program:drawn_table", "flight_overlord.planner.planner:step_record",
          "flight_overlord.planner.planner:Planner._planning_state", "flight_overlord.planner.views:table_views",
          "flight_overlord.wire.plan_channel:_message", "flight_overlord.wire.plan_channel:encode",
          "flight_overlord.planner.service:PlanService.constructor_plan",
