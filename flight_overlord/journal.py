@@ -41,13 +41,19 @@ class Journal:
         with self.path.open("rb") as f:
             self._base, self._header = _base(f)
 
-    def append(self, record: dict) -> int:
-        """Write one record; returns the offset just past it."""
+    def append(self, record: dict, *, durable: bool = True) -> int:
+        """Write one record; returns the offset just past it. ``durable=False``: not fsync'd now (a record
+        that can be derived again): it survives its process's death, and the next durable record or
+        ``sync`` makes it durable with everything before it (the file is append-only)."""
         with self._lock:
             os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
-            if self.fsync:
+            if self.fsync and durable:
                 os.fsync(self._fd)
             return self._end()
+
+    def sync(self) -> None:
+        with self._lock:
+            os.fsync(self._fd)
 
     def size(self) -> int:
         with self._lock:
