@@ -106,6 +106,19 @@ TIMED = ["flight_overlord.planner.planner:Planner._plan_next", "flight_overlord.
 _timed: dict[str, list] = {}  # name -> [calls, thread CPU seconds]
 
 
+_collections: dict[int, list] = {}  # generation -> [collections, thread CPU seconds]
+_collecting: dict[int, float] = {}  # thread -> when its collection started (thread CPU)
+
+
+def _on_gc(phase: str, info: dict) -> None:
+    if phase == "start":
+        _collecting[threading.get_ident()] = time.thread_time()
+    elif threading.get_ident() in _collecting:
+        totals = _collections.setdefault(info["generation"], [0, 0.0])
+        totals[0] += 1
+        totals[1] += time.thread_time() - _collecting.pop(threading.get_ident())
+
+
 def _timing(name: str, fn):
     totals = _timed.setdefault(name, [0, 0.0])
 
@@ -138,7 +151,8 @@ def _patch_timed(pending: list[str]) -> list[str]:
 def _write(path: str, samples: int, busy: int, self_counts, cum_counts) -> None:
     lines = ["thread CPU:", *_thread_cpu(), "", "timed (calls, thread CPU s, us per call):"]
     lines += [f"{n:8d} {cpu:8.3f} s {1e6 * cpu / max(n, 1):9.0f} us  {name}" for name, (n, cpu) in _timed.items()]
-    lines += [""]
+    lines += ["", "garbage collections (count, thread CPU s) by generation: "
+              + ", ".join(f"gen{g} {n} {cpu:.3f} s" for g, (n, cpu) in sorted(_collections.items())), ""]
     lines += [f"samples {samples} (every {INTERVAL * 1e3:.0f} ms), busy thread-samples {busy}", "", "self:"]
     lines += [f"{n:8d} {100 * n / max(busy, 1):5.1f}%  {label}" for label, n in self_counts.most_common(40)]
     lines += ["", "cumulative:"]
@@ -174,6 +188,8 @@ def _start() -> None:
         import signal
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     if role and path and role in sys.argv[1:] and "serve" in sys.argv[1:]:
+        import gc
+        gc.callbacks.append(_on_gc)
         threading.Thread(target=_run, args=(f"{path}.{os.getpid()}",), name="bench-profiler", daemon=True).start()
 
 
