@@ -40,6 +40,11 @@ class Journal:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         with self.path.open("rb") as f:
             self._base, self._header = _base(f)
+            end = f.seek(0, os.SEEK_END)
+            f.seek(max(0, end - 1))
+            torn = end > 0 and f.read(1) != b"\n"
+        if torn:  # a crash mid-write left half a line: end it (read as corrupt), or the next record joins it
+            os.write(self._fd, b"\n")
 
     def append(self, record: dict, *, durable: bool = True) -> int:
         """Write one record; returns the offset just past it. ``durable=False``: not fsync'd now (a record

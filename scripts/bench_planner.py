@@ -62,10 +62,10 @@ ROWS_PER_GROUP = 50_000
 
 def synthetic_planner(dp: int, *, per_rank: int = PER_RANK, context: int = CONTEXT, microbatches: int | None = None,
                       method: str = "greedy", tokens_per_step: int | None = None, workdir: Path | None = None,
-                      sources: dict[str, float] = SOURCES, seed: int = 0):
+                      sources: dict[str, float] = SOURCES, seed: int = 0, row_groups: int = 2):
     """(feeds, mixer, strategy, weights) for ``plan_step`` over synthetic sources: no files, no servers.
 
-    Every source is row groups of ``ROWS_PER_GROUP`` rows whose lengths follow bench_balance's
+    Every source is ``row_groups`` row groups of ``ROWS_PER_GROUP`` rows whose lengths follow bench_balance's
     long-tailed mixture; a step draws ``dp * per_rank`` samples (or ``tokens_per_step``)."""
     mean_len = float(sample_lengths(np.random.default_rng(0), 100_000, context).mean())
     if microbatches is None:  # enough slots for the step's tokens with ~30% room
@@ -91,7 +91,7 @@ def synthetic_planner(dp: int, *, per_rank: int = PER_RANK, context: int = CONTE
             return {"num_tokens": sample_lengths(rng, rg.num_rows, context).astype(np.int64)}
         return meta
 
-    feeds = {s: SourceFeed(s, [RowGroupRef(f"{s}/part-{i}.parquet", 0, rows) for i in range(2)], seed, fetch(s))
+    feeds = {s: SourceFeed(s, [RowGroupRef(f"{s}/part-{i}.parquet", 0, rows) for i in range(row_groups)], seed, fetch(s))
              for s in sources}
     return feeds, Mixer(list(sources)), strategy, dict(sources)
 

@@ -39,6 +39,28 @@ def write_config(directory: pathlib.Path, corpus: pathlib.Path, *, loaders: dict
     return path
 
 
+IMAGE_SOURCES = [  # image-text sources of the demo corpus, and a text one
+    {"name": "imagecaps", "paths": "imagecaps/*.parquet", "text_column": "texts", "image_column": "images",
+     "weight": 0.4},
+    {"name": "interleaved", "paths": "interleaved/*.parquet", "text_column": "texts", "image_column": "images",
+     "weight": 0.4},
+    {"name": "captions", "paths": "captions/*.parquet", "weight": 0.2},
+]
+IMAGE_BATCH = {"context_length": 2048, "microbatches": 2, "tokens_per_step": 6000}
+
+
+def image_graph_config(directory: pathlib.Path, corpus, **overrides) -> pathlib.Path:
+    """The image-text sources with an image graph: the images balanced over every rank for the vision
+    encoder (``Strategy.images()``), the sequences over the data-parallel ranks."""
+    (directory / "vlm.py").write_text(
+        "def build(s):\n"
+        "    s.cost('attention').distribute('DP').balance('greedy')\n"
+        "    s.images().cost('patches').distribute('WORLD').balance('karmarkar_karp')\n"
+        "    return s\n")
+    return write_config(directory, corpus, sources=IMAGE_SOURCES, global_batch=IMAGE_BATCH, strategy="vlm.py",
+                        mesh={"dp": 2, "tp": 2}, vision={"max_pixels": 200704}, **overrides)
+
+
 STEPS = 12
 
 

@@ -7,7 +7,7 @@ import math
 from dataclasses import MISSING, fields
 from typing import Any
 
-from .model import ConfigError
+from ..errors import ConfigError
 
 REQUIRED = object()
 

@@ -4,13 +4,14 @@ The YAML shape is the Python shape: section ``loader`` is ``Config.loader`` (a `
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError  # noqa: F401 - re-exported: config.ConfigError is the one of errors.py
 from ..core.mesh import Mesh
 from ..core.vision import VisionSpec
+from .fields import defaults_of
 
 
 @dataclass(frozen=True)
@@ -156,8 +157,8 @@ def deployment_defaults(deployment: Any, mesh: Any) -> tuple[dict, dict]:
     node (docs/methods/memory-peers.md)."""
     if deployment not in DEPLOYMENTS:
         raise ConfigError(f"deployment: expected one of {', '.join(DEPLOYMENTS)}, got {deployment!r}")
-    loader = {f.name: f.default for f in fields(LoaderConfig) if f.name != "groups"}
-    constructor = {f.name: f.default for f in fields(ConstructorConfig)}
+    loader = {key: default for key, default in defaults_of(LoaderConfig).items() if key != "groups"}
+    constructor = defaults_of(ConstructorConfig)
     if deployment == "single_node":
         dp = mesh.get("dp") if isinstance(mesh, dict) else None
         loader["hosts"], constructor["dp_per_constructor"] = 1, dp if isinstance(dp, int) and dp > 0 else 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Iterable
 
 import numpy as np
@@ -91,3 +91,35 @@ def window_permutation(window: Window, index: int, *, seed: int, source: str, ep
     """The order the rows of window ``index`` of an epoch are drawn in: one permutation of them all."""
     rng = np.random.default_rng(stable_hash("window", seed, source, epoch, index, len(window.row_groups)))
     return rng.permutation(window.num_rows).astype(np.int32)
+
+
+class ReadOrder:
+    """A source's row groups (sorted) and its seeded read order per epoch, in units of ``window`` row
+    groups, with each unit's row permutation. The orders of the last ``cached`` epochs and the last few
+    units' permutations are memoised: an order hashes every row group (~20 ms at 10k of them), a
+    permutation is ~1 ms per 100k rows, and a replay makes a feed per re-derived step, all sharing one
+    ReadOrder (consecutive steps read the same few units)."""
+
+    def __init__(self, name: str, row_groups: Iterable[RowGroupRef], seed: int, window: int = 1, cached: int = 2):
+        self.name, self.seed, self.window = name, seed, max(1, int(window))
+        self.row_groups = sorted(row_groups)
+        self.units = -(-len(self.row_groups) // self.window)  # row groups (or windows) per epoch
+        self.rows = sum(rg.num_rows for rg in self.row_groups)
+        self.epoch = lru_cache(maxsize=cached)(self._epoch)
+        self.unit = lru_cache(maxsize=2 * cached)(self._unit)
+
+    def _unit(self, epoch: int, index: int) -> tuple[RowGroupRef | Window, np.ndarray]:
+        """Unit ``index`` of epoch ``epoch``'s order and the order its rows are drawn in (read-only)."""
+        unit = self.epoch(epoch)[index]
+        if isinstance(unit, Window):
+            permutation = window_permutation(unit, index, seed=self.seed, source=self.name, epoch=epoch)
+        else:
+            permutation = row_permutation(unit, seed=self.seed, source=self.name, epoch=epoch)
+        permutation = np.asarray(permutation)
+        permutation.flags.writeable = False  # shared by every feed of the source
+        return unit, permutation
+
+    def _epoch(self, epoch: int) -> list:
+        """Epoch ``epoch``'s order: row groups, or ``Window``s of them."""
+        order = epoch_order(self.row_groups, seed=self.seed, source=self.name, epoch=epoch)
+        return order if self.window == 1 else windows(order, self.window)

@@ -11,8 +11,6 @@ from pathlib import Path
 from .. import allocator
 from ..errors import ConfigError
 
-allocator.system_pool_for_this_process_tree()  # before pyarrow loads: every role process and its children
-
 # Relative to the current directory (an installed package has no repository to default into);
 # from the repository's top they are the folders configs/*.yaml read (../data/demo, ../runs/demo).
 DEFAULT_DATA_DIR = Path("data") / "demo"
@@ -209,6 +207,9 @@ def _certs(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # Before pyarrow loads (a role process loads it with its role's module, in _serve): every role and the
+    # processes it starts. Here, not at import: a process that only imports this module keeps its environment.
+    allocator.system_pool_for_this_process_tree()
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     parser = argparse.ArgumentParser(prog="overlord", description=__doc__)

@@ -13,7 +13,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import pyarrow.compute as pc
 
-from ..core.order import RowGroupRef, SampleRef, Window, epoch_order, row_permutation, window_permutation, windows
+from ..core.order import ReadOrder, RowGroupRef, SampleRef, Window
 from .picks import Pick, PickTable
 
 __all__ = ["FeedStream", "Pick", "SourceFeed"]
@@ -45,21 +45,27 @@ class SourceFeed:
                  window: int = 1):
         """``window``: row groups whose rows are drawn interleaved (core/order.py); the cursor's
         ``rg_index`` then counts windows."""
-        if not any(rg.num_rows for rg in row_groups):
-            raise ValueError(f"source {name!r} has no rows")
-        self.name = name
-        self.seed = seed
-        self.window = max(1, int(window))
-        self.row_groups = sorted(row_groups)
-        self._units = -(-len(self.row_groups) // self.window)  # row groups (or windows) per epoch
-        self._rows = sum(rg.num_rows for rg in self.row_groups)
+        self._start(ReadOrder(name, row_groups, seed, window), fetch_meta)
+
+    @classmethod
+    def over(cls, order: ReadOrder, fetch_meta: FetchMeta) -> "SourceFeed":
+        """A feed at the start of ``order`` (shared with other feeds of the source: its epochs' orders
+        are computed once for them all)."""
+        feed = cls.__new__(cls)
+        feed._start(order, fetch_meta)
+        return feed
+
+    def _start(self, order: ReadOrder, fetch_meta: FetchMeta) -> None:
+        if not order.rows:
+            raise ValueError(f"source {order.name!r} has no rows")
+        self.order = order
+        self.name, self.seed, self.window, self.row_groups = order.name, order.seed, order.window, order.row_groups
         self.fetch_meta = fetch_meta
         self.epoch, self.rg_index, self.row_index = 0, 0, 0  # the cursor: the next sample of the stream
         self.skipped = 0  # unreadable or empty samples passed over
         self.drawn = 0    # samples handed out by next() (a deferred one counts each time)
         self._deferred: collections.deque[Pick] = collections.deque()
-        self._order: tuple[int, list[RowGroupRef]] | None = None  # (epoch, its row-group order)
-        self._current: tuple[tuple[int, int], RowGroupRef, list[int], dict, list] | None = None
+        self._current: list | None = None  # [(epoch, index), unit, permutation, metadata, its lists or None]
 
     def next(self) -> Pick:
         """The next sample to plan: deferred ones first, in their order, then the stream."""
@@ -89,7 +95,7 @@ class SourceFeed:
         """An empty (or unreadable) row passed over, after ``passed`` others since the last sample:
         a whole epoch of them means nothing is readable."""
         self.skipped += 1
-        if passed + 1 > self._rows:
+        if passed + 1 > self.order.rows:
             raise ValueError(f"source {self.name!r}: no readable sample in a whole epoch (every row group "
                              f"failed to read, or every sample is empty): see its loaders' logs")
         return passed + 1
@@ -102,33 +108,33 @@ class SourceFeed:
     def _advance(self) -> None:
         self.row_index = 0
         self.rg_index += 1
-        if self.rg_index == self._units:
+        if self.rg_index == self.order.units:
             self.epoch, self.rg_index = self.epoch + 1, 0
 
-    def _row_group(self) -> tuple[RowGroupRef, list[int], dict, list]:
-        """The row group under the cursor, its row permutation and its metadata (fetched once); the
-        permutation and the lengths as Python lists, read once per sample (numpy scalars cost more)."""
+    def _unit(self) -> tuple[RowGroupRef | Window, np.ndarray, dict]:
+        """The row group (or window) under the cursor, its row permutation and its metadata (fetched once)."""
         where = (self.epoch, self.rg_index)
         if self._current is None or self._current[0] != where:
-            if self._order is None or self._order[0] != self.epoch:
-                order = epoch_order(self.row_groups, seed=self.seed, source=self.name, epoch=self.epoch)
-                self._order = (self.epoch, order if self.window == 1 else windows(order, self.window))
-            rg = self._order[1][self.rg_index]
-            if isinstance(rg, Window):  # every row group of the window at once: its rows interleave
-                permutation = window_permutation(rg, self.rg_index, seed=self.seed, source=self.name, epoch=self.epoch)
-                meta = _joined([(part, self.fetch_meta(self.epoch, part)) for part in rg.row_groups])
+            unit, permutation = self.order.unit(self.epoch, self.rg_index)
+            if isinstance(unit, Window):  # every row group of the window at once: its rows interleave
+                meta = _joined([(part, self.fetch_meta(self.epoch, part)) for part in unit.row_groups])
             else:
-                permutation = row_permutation(rg, seed=self.seed, source=self.name, epoch=self.epoch)
-                meta = self.fetch_meta(self.epoch, rg)
-            permutation = np.asarray(permutation)
-            self._current = (where, rg, permutation.tolist(), meta, np.asarray(meta["num_tokens"]).tolist(),
-                             permutation)
-        return self._current[1:5]
+                meta = self.fetch_meta(self.epoch, unit)
+            self._current = [where, unit, permutation, meta, None]
+        return self._current[1], self._current[2], self._current[3]
+
+    def _row_group(self) -> tuple[RowGroupRef | Window, list[int], dict, list]:
+        """``_unit()`` with the permutation and the lengths as Python lists, read once per sample by
+        ``next()`` (numpy scalars cost more); made once per row group, when first asked for."""
+        unit, permutation, meta = self._unit()
+        if self._current[4] is None:
+            self._current[4] = (permutation.tolist(), np.asarray(meta["num_tokens"]).tolist())
+        permutation_list, lengths = self._current[4]
+        return unit, permutation_list, meta, lengths
 
     def _permutation(self) -> np.ndarray:
         """The row permutation of the row group (or window) under the cursor, as an array."""
-        self._row_group()
-        return self._current[5]
+        return self._unit()[1]
 
     def frontier(self) -> int:
         """The first position of the read order (epoch * row groups + index in the epoch's order) whose
@@ -177,14 +183,13 @@ class FeedStream:
             feed.drawn += 1
             n -= 1
         while n > 0:
-            rg, permutation, meta, lengths = feed._row_group()
-            permutation = feed._permutation()
+            rg, permutation, meta = feed._unit()
             start = feed.row_index
             rows = permutation[start:start + n]
             empty = np.flatnonzero(np.asarray(meta["num_tokens"])[rows] <= 0)
             run = int(empty[0]) if empty.size else rows.size  # readable rows in a row from the cursor
             if run:
-                self._parts.append([feed.epoch, rg, permutation, meta, lengths, start, start + run])
+                self._parts.append([feed.epoch, rg, permutation, meta, None, start, start + run])
                 feed.row_index += run
                 feed.drawn += run
                 n -= run

@@ -6,6 +6,9 @@ from ..core.order import RowGroupRef
 from ..core.scaling import Ownership
 
 
+REGISTRY_FILE = "planner/registry.json"  # in run_dir: the registrations, rewritten at each (a recovery reads them)
+
+
 class Registry:
     def __init__(self, cfg: Config, num_constructors: int):
         self.cfg = cfg

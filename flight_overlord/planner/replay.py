@@ -29,7 +29,7 @@ import numpy as np
 
 from ..config import Config
 from ..core.mixing import Mixer
-from ..core.order import RowGroupRef
+from ..core.order import ReadOrder, RowGroupRef
 from ..journal import read_journal
 from .costing import cost_fns
 from .feed import FetchMeta, SourceFeed, row_group_metadata
@@ -92,26 +92,33 @@ def step_record(plan: StepPlan, weights: dict, reset_credit: bool, costs: dict[s
     return record
 
 
-def locate(path: Path, offset: int, step: int, before: dict | None) -> tuple[dict | None, dict, int] | None:
-    """(the planning state before ``step``, its record, the record's offset), reading the journal from
-    ``offset`` where ``before`` is the state (a snapshot's, or None when a rewind record comes first)."""
+def walk(path: Path, offset: int = 0, before: dict | None = None) -> Iterator[tuple[int, dict, dict | None]]:
+    """(offset, record, the planning state before it) of every record of the journal from ``offset``
+    on, ``before`` being the state there (a snapshot's; None: unknown): a rewind or a step's record
+    leaves the state the records after it start from."""
     begin = offset
     for end, record in read_journal(path, offset):
+        yield begin, record, before
         if "rewind" in record:
             before = record["state"]
         elif is_plan(record):
-            if record["step"] == step:
-                return before, record, begin
-            if record["step"] > step:
-                return None
             before = record.get("state")
         begin = end
+
+
+def locate(path: Path, offset: int, step: int, before: dict | None) -> tuple[dict | None, dict, int] | None:
+    """(the planning state before ``step``, its record, the record's offset), reading the journal from
+    ``offset`` where ``before`` is the state (a snapshot's, or None when a rewind record comes first)."""
+    for begin, record, state in walk(path, offset, before):
+        if is_plan(record) and record["step"] >= step:
+            return (state, record, begin) if record["step"] == step else None
     return None
 
 
 class SourceReader:
     """Fresh ``SourceFeed``s of one config, for replaying: row groups and metadata from the loaders
-    (``fetch_meta``, ``row_groups``), or, offline, from the source files; metadata cached per row group."""
+    (``fetch_meta``, ``row_groups``), or, offline, from the source files; metadata cached per row
+    group, each source's read order per epoch (``ReadOrder``)."""
 
     def __init__(self, cfg: Config, unreadable: Unreadable, fetch_meta: Callable[[str], FetchMeta] | None = None,
                  row_groups: Callable[[str], list[RowGroupRef] | None] | None = None):
@@ -119,15 +126,15 @@ class SourceReader:
         at the start, None when not: then as the files have them now)."""
         self.cfg, self.unreadable = cfg, unreadable
         self._fetch_meta, self._row_groups = fetch_meta, row_groups
-        self._sources: dict[str, tuple[list[RowGroupRef], FetchMeta]] = {}
+        self._sources: dict[str, tuple[ReadOrder, FetchMeta]] = {}
 
-    def feed(self, name: str) -> SourceFeed:
+    def feed(self, name: str, offset: int) -> SourceFeed:
+        """A feed at the start of source ``name``, for re-deriving the record at journal offset ``offset``."""
         if name not in self._sources:
             row_groups, meta = self._open(name)
-            self._sources[name] = row_groups, self.unreadable.applied(name, meta)
-        row_groups, meta = self._sources[name]
-        spec = self.cfg.source(name)
-        return SourceFeed(name, row_groups, self.cfg.seed, meta, spec.shuffle_window)
+            self._sources[name] = ReadOrder(name, row_groups, self.cfg.seed, self.cfg.source(name).shuffle_window), meta
+        order, meta = self._sources[name]
+        return SourceFeed.over(order, self.unreadable.applied(name, meta, offset))
 
     def _open(self, name: str) -> tuple[list[RowGroupRef], FetchMeta]:
         if self._fetch_meta is not None:
@@ -160,15 +167,15 @@ def files_metadata(cfg: Config, name: str) -> tuple[list[RowGroupRef], FetchMeta
     return share.catalog, lambda epoch, rg: read(rg.file, rg.row_group, rg.num_rows)
 
 
-def derive(record: dict, before: dict, strategy, reader: SourceReader) -> StepPlan:
-    """Plan ``record``'s step again from the state ``before`` it, with the step's journaled inputs;
-    checked against the journaled digest."""
+def derive(record: dict, offset: int, before: dict, strategy, reader: SourceReader) -> StepPlan:
+    """Plan ``record``'s step (journaled at ``offset``) again from the state ``before`` it, with the
+    step's journaled inputs; checked against the journaled digest."""
     step = record["step"]
     mixer = Mixer(list(before["mixer_sources"]))
     mixer.load_state_dict(before["mixer"])
     feeds = {}
     for name in mixer.sources:
-        feeds[name] = reader.feed(name)
+        feeds[name] = reader.feed(name, offset)
         if name in before["feeds"]:
             feeds[name].load_state_dict(before["feeds"][name])
     inputs = record.get("inputs", {})
@@ -190,7 +197,7 @@ def state_before(path: Path, snapshot: dict, step: int) -> dict:
     ``step``, and the records after it), with the live reweightings set since, as overrides."""
     state = dict(snapshot)
     mixes: list[dict] = []
-    for _, record in read_journal(path, state["journal_offset"]):
+    for _, record, _ in walk(path, state["journal_offset"]):
         if is_plan(record) and record["step"] < step:
             state.update(record["state"])
             state["next_step"] = record["step"] + 1
@@ -213,7 +220,7 @@ class Replayer:
         self.journal_path, self.snapshots = journal_path, snapshots
         self._rewinds = JsonFile(journal_path.parent / "planner" / "rewinds.json", [])
         self.recent = RecentPlans(max(4, cfg.prefetch + 2))
-        self.configs = ConfigHistory(journal_path.parent / "planner" / "configs.json")
+        self.configs = ConfigHistory(journal_path.parent / "planner" / "configs.json", cfg)
         self.unreadable = Unreadable(journal_path.parent / "planner" / "unreadable.json")
         self._live = SourceReader(cfg, self.unreadable, fetch_meta, row_groups) if fetch_meta is not None else None
         self._readers: dict[int, SourceReader] = {}  # offline, per start of the run
@@ -278,18 +285,14 @@ class Replayer:
     def _replay(self, wanted: Callable[[int, dict], bool]) -> Iterator[tuple[dict, StepPlan]]:
         """(record, plan) of the step records ``wanted(offset, record)`` picks, in one pass over the
         journal: each plan from the state the record before it left (the first: from a snapshot)."""
-        before, begin = None, 0
-        for end, record in read_journal(self.journal_path):
-            if "rewind" in record:
-                before = record["state"]
-            elif is_plan(record):
-                if before is None and "bins" not in record:
-                    snapshot = self.snapshots.latest(at_most=record["step"])
-                    before = snapshot[1] if snapshot is not None else None
-                if wanted(begin, record):
-                    yield record, self.replayed(before, record, begin)
-                before = record.get("state")
-            begin = end
+        for begin, record, before in walk(self.journal_path):
+            if not is_plan(record):
+                continue
+            if before is None and "bins" not in record:  # no state known before it (the journal's start)
+                snapshot = self.snapshots.latest(at_most=record["step"])
+                before = snapshot[1] if snapshot is not None else None
+            if wanted(begin, record):
+                yield record, self.replayed(before, record, begin)
 
     def replayed(self, before: dict | None, record: dict, offset: int) -> StepPlan:
         """``record``'s plan (journaled at ``offset``), from the state ``before`` it."""
@@ -297,15 +300,14 @@ class Replayer:
             return StepPlan.from_record(record)
         if before is None:
             raise KeyError(f"step {record['step']}: no planning state before it in the journal")
-        in_force = self.configs.at(offset, self.cfg)
+        index, entry, in_force = self.configs.at(offset)
         if in_force is None and self._live is not None:
-            return derive(record, before, self.strategy, self._live)
+            return derive(record, offset, before, self.strategy, self._live)
         cfg, strategy = in_force or (self.cfg, self.strategy)
-        index, entry = self.configs.entry_at(offset)
         if index not in self._readers:
             known = {n: [RowGroupRef(*rg) for rg in g] for n, g in (entry or {}).get("row_groups", {}).items()}
             self._readers[index] = SourceReader(cfg, self.unreadable, row_groups=known.get)
-        return derive(record, before, strategy, self._readers[index])
+        return derive(record, offset, before, strategy, self._readers[index])
 
 
 class RecentPlans:

@@ -22,6 +22,7 @@ from ..core.starvation import TrainerWaits
 from ..wire.plan import PlanView
 from ..wire.status import PlannerStatus
 from .planner import Planner
+from .registry import REGISTRY_FILE
 from .views import step_views, wire_view
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class PlanService:
         self._published = threading.Condition(self.cond)
         self._answers = answers
         self._on_scaled = on_scaled
-        self._registry_file = cfg.run_dir / "planner" / "registry.json"
+        self._registry_file = cfg.run_dir / REGISTRY_FILE
         self.resumed = resumed or recover
         if recover and self._registry_file.exists():
             self.planner.registry.load_state_dict(wire.decode(self._registry_file.read_bytes(), str(self._registry_file)))

@@ -171,10 +171,19 @@ def location_of(server: fl.FlightServerBase, host: str) -> str:
     return f"{security.scheme if security else 'grpc'}://{host}:{server.port}"
 
 
+# After SIGINT, a role's handlers get this long to end; then the process exits without them. A handler
+# may wait much longer: a Planner's plans stream on a constructor blocked in a loader fetch (call_any
+# retries for 120 s), a stuck client's stream. Nothing journaled is lost: journals are written and
+# flushed record by record (journal.py), as a kill -9 needs; only the calls in flight are cut.
+SHUTDOWN_GRACE_SECONDS = 5.0
+FORCED_EXIT_STATUS = 130  # the shell's status of a process ended by SIGINT
+
+
 def serve(server: fl.FlightServerBase, location: str, ready_file: str | None, *,
           hosted: tuple[fl.FlightServerBase, ...] = ()) -> None:
     """Announce ``location`` (atomically, in ``ready_file``) and block until SIGINT (SIGTERM ends the
-    process). ``hosted``: further servers of this process, shut down first (in reverse order), ``server`` last."""
+    process). ``hosted``: further servers of this process, shut down first (in reverse order), ``server`` last;
+    all within ``SHUTDOWN_GRACE_SECONDS``, else the process exits with ``FORCED_EXIT_STATUS``."""
     log.info("serving at %s", location)
     if ready_file:
         tmp = Path(f"{ready_file}.tmp.{os.getpid()}")
@@ -186,9 +195,24 @@ def serve(server: fl.FlightServerBase, location: str, ready_file: str | None, *,
     signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     interrupted.wait()
     log.info("shutting down %s", location)
-    for other in reversed(hosted):
-        other.shutdown()
-    server.shutdown()
+    failed: list[BaseException] = []
+
+    def shut_down() -> None:
+        try:
+            for one in (*reversed(hosted), server):
+                one.shutdown()
+        except BaseException as exc:  # raised below, in the main thread, as it was without the bound
+            failed.append(exc)
+    stopping = threading.Thread(target=shut_down, name="shutdown", daemon=True)
+    stopping.start()
+    stopping.join(SHUTDOWN_GRACE_SECONDS)
+    if stopping.is_alive():
+        log.warning("%s: handlers still busy %.0f s after SIGINT (a peer or client that does not answer); exiting "
+                    "without them (the journals are complete)", location, SHUTDOWN_GRACE_SECONDS)
+        logging.shutdown()
+        os._exit(FORCED_EXIT_STATUS)  # sys.exit would wait for the server's threads
+    if failed:
+        raise failed[0]
 
 
 RETRY_SECONDS = 0.05  # between tries of an unreachable role: a local connect costs ~1 ms

@@ -15,7 +15,7 @@ from flight_overlord.client import TrainerClient
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.wire.plan import ConstructorPlan
 from flight_overlord.wire.plan_channel import PLANS, PlanChannel
-from flight_overlord.wire.server import connect
+from flight_overlord.wire.server import FORCED_EXIT_STATUS, SHUTDOWN_GRACE_SECONDS, connect
 
 from ..helpers import assert_every_planned_sample_once, write_config
 
@@ -122,6 +122,30 @@ def test_waiting_constructors_do_not_hold_the_planner_s_shutdown(cluster):
     for client in clients:
         client.close()
     time.sleep(2)  # the constructors assembled their prefetch and wait for the trainers
-    process = running.child("planner").process
+    process, restarts = running.child("planner").process, len(running.child("planner").restarts)
     running.kill("planner", signal.SIGINT)
-    assert process.wait(timeout=20) is not None  # without the fix it waits for ever; 20 s spares a slow machine
+    assert process.wait(timeout=20) == 0  # without the fix it waits for ever; 20 s spares a slow machine
+    running.wait_restarted("planner", restarts + 1)  # the supervisor brings it back (--recover)
+
+
+def test_a_stuck_plans_stream_holds_the_planner_s_sigint_stop_only_for_the_grace_period(cluster):
+    """A peer that stops answering mid-stream (a constructor blocked in a loader fetch sends nothing on
+    its plans stream; here, a stream that sends one message and then nothing) holds the Planner's
+    handler: after SIGINT the process waits ``SHUTDOWN_GRACE_SECONDS`` for it, then exits anyway."""
+    running, _ = cluster
+    planner = running.child("planner")
+    restarts = len(planner.restarts)
+    client = connect(running.planner, running.credentials)
+    writer, reader = client.do_exchange(fl.FlightDescriptor.for_path(PLANS))
+    writer.write_metadata(json.dumps({"constructor": 0, "positions": {}}).encode())
+    assert json.loads(reader.read_chunk().app_metadata.to_pybytes()) == {"ok": True}  # the handler is running
+    process = planner.process
+    asked = time.monotonic()
+    running.kill("planner", signal.SIGINT)
+    try:
+        assert process.wait(timeout=SHUTDOWN_GRACE_SECONDS + 20) == FORCED_EXIT_STATUS  # without the bound: never
+    finally:
+        client.close()
+    assert time.monotonic() - asked >= SHUTDOWN_GRACE_SECONDS * 0.9  # the grace period was given
+    assert "exiting without them" in planner.log_path.read_text()
+    running.wait_restarted("planner", restarts + 1)  # the supervisor brings it back (--recover)

@@ -3,6 +3,8 @@ moves with the run (samples served equal what the trainers received, planned sam
 journal's), and a kill -9 of a loader shows up as a re-registration."""
 from __future__ import annotations
 
+import contextlib
+import socket
 import time
 import urllib.request
 
@@ -13,6 +15,7 @@ from flight_overlord import wire
 from flight_overlord.client import StepFetcher
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.deploy.launch import LocalCluster
+from flight_overlord.deploy.node import previous_ports
 from flight_overlord.metrics import METRICS
 from flight_overlord.wire.server import connect
 
@@ -165,3 +168,35 @@ def test_a_recovered_planner_and_scaling_show_in_its_page():
                  'overlord_planner_reregistrations_total{role="loader"} 2.0',
                  'overlord_planner_mixture_realized{source="web"} 1.0'):
         assert line in text, line
+
+
+def free_ports(n: int) -> int:
+    """The first of ``n`` consecutive ports the OS just gave out free (port 0, then its neighbours)."""
+    for _ in range(100):
+        with contextlib.ExitStack() as held:
+            first = held.enter_context(socket.socket())
+            first.bind(("127.0.0.1", 0))
+            base = first.getsockname()[1]
+            try:
+                for port in range(base + 1, base + n):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return base
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
+def test_single_node_serves_each_role_s_page_on_its_own_port_from_the_configured_one(corpus, tmp_path):
+    """``deployment: single_node`` with ``metrics: {port: P}``: the Planner at P, the two loader hosts and
+    the constructor it hosts at P+1.. (in ``roles`` order), each page its role's; before, every role
+    bound P and the process did not start."""
+    base = free_ports(4)
+    path = write_config(tmp_path, corpus, deployment="single_node", metrics={"port": base}, loader={"hosts": 2})
+    with LocalCluster(path) as cluster:
+        assert [c.name for c in cluster.children] == ["node"]
+        flight_ports = previous_ports(load_config(path))  # each hosted role's Flight port, by name
+        for offset, name in enumerate(["planner", "loader-host0", "loader-host1", "constructor-0"]):
+            location = f"grpc://127.0.0.1:{flight_ports[name]}"
+            url = status(location, cluster.credentials)["metrics"]
+            assert url == f"http://127.0.0.1:{base + offset}/metrics", (name, url)
+            assert pick(scrape(url), "overlord_role_up", role=name.split("-")[0], address=location) == 1

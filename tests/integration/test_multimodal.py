@@ -22,18 +22,10 @@ from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.core.vision import VisionSpec, unpatchify
 from flight_overlord.wire.schemas import ENCODER_BATCH, MICROBATCH, load_schema
 
-from ..helpers import qwen2_vl_convert_to_rgb, write_config
+from ..helpers import IMAGE_BATCH, IMAGE_SOURCES, image_graph_config, qwen2_vl_convert_to_rgb, write_config
 
 STEPS = 4
 IMAGE_TOKEN, VISION_START, VISION_END = 256, 257, 258
-SOURCES = [
-    {"name": "imagecaps", "paths": "imagecaps/*.parquet", "text_column": "texts", "image_column": "images",
-     "weight": 0.4},
-    {"name": "interleaved", "paths": "interleaved/*.parquet", "text_column": "texts", "image_column": "images",
-     "weight": 0.4},
-    {"name": "captions", "paths": "captions/*.parquet", "weight": 0.2},
-]
-BATCH = {"context_length": 2048, "microbatches": 2, "tokens_per_step": 6000}
 
 
 def run(path, steps=STEPS, encoder=False):
@@ -66,8 +58,8 @@ def direct_decode(data: bytes, grid, spec: VisionSpec) -> np.ndarray:
 
 @pytest.fixture(scope="module", params=["constructor", "loader"])
 def image_run(request, corpus, tmp_path_factory):
-    path = write_config(tmp_path_factory.mktemp(f"vlm-{request.param}"), corpus, sources=SOURCES,
-                        global_batch=BATCH, vision={"decode_at": request.param, "max_pixels": 200704})
+    path = write_config(tmp_path_factory.mktemp(f"vlm-{request.param}"), corpus, sources=IMAGE_SOURCES,
+                        global_batch=IMAGE_BATCH, vision={"decode_at": request.param, "max_pixels": 200704})
     batches, _ = run(path)
     return path, batches
 
@@ -122,7 +114,7 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
 def test_truncation_never_splits_an_image_run(corpus, tmp_path):
     """A context shorter than many interleaved documents: samples are cut before an image that
     does not fit whole."""
-    path = write_config(tmp_path, corpus, sources=SOURCES[1:2], prefetch=1,
+    path = write_config(tmp_path, corpus, sources=IMAGE_SOURCES[1:2], prefetch=1,
                         global_batch={"context_length": 256, "microbatches": 2, "tokens_per_step": 400})
     batches, _ = run(path, steps=3)
     for table in batches[0] + batches[1]:
@@ -176,16 +168,6 @@ def test_bad_images_follow_the_policy(corpus, tmp_path, policy):
     assert f"sample {header_key}: image 0: not an image" in logs
     if policy == "skip":
         assert f"sample {truncated_key}: truncated JPEG" in logs
-
-
-def image_graph_config(directory: pathlib.Path, corpus, **overrides) -> pathlib.Path:
-    (directory / "vlm.py").write_text(
-        "def build(s):\n"
-        "    s.cost('attention').distribute('DP').balance('greedy')\n"
-        "    s.images().cost('patches').distribute('WORLD').balance('karmarkar_karp')\n"
-        "    return s\n")
-    return write_config(directory, corpus, sources=SOURCES, global_batch=BATCH, strategy="vlm.py",
-                        mesh={"dp": 2, "tp": 2}, vision={"max_pixels": 200704}, **overrides)
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,12 @@ from flight_overlord import harness, wire
 from flight_overlord.client import TrainerClient
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.deploy.launch import LocalCluster
-from flight_overlord.deploy.node import previous_ports
+from flight_overlord.deploy.node import PORTS_FILE, previous_ports
 from flight_overlord.journal import archive_path
 from flight_overlord.harness import step_digest
 from flight_overlord.planner.audit import offline_audit
 
-from ..helpers import journal, write_config
-from .test_multimodal import image_graph_config
+from ..helpers import image_graph_config, journal, write_config
 
 STEPS = 60  # a 60-step run, killed at a random step
 RANKS = 2
@@ -243,15 +242,32 @@ def test_kill_9_of_a_loader_host_brings_all_its_sources_back(reference, corpus, 
     assert run(config(tmp_path, corpus, loader={"hosts": 2}), kill="loader-host0", at=13) == reference
 
 
-def test_single_node_is_one_process_and_its_kill_9_changes_no_rank_stream(reference, corpus, tmp_path):
+@pytest.mark.parametrize("ports_file", ["kept", "unreadable"])
+def test_single_node_is_one_process_and_its_kill_9_changes_no_rank_stream(reference, corpus, tmp_path, ports_file):
     """``deployment: single_node``: the Planner, both loader hosts and the constructor in one process
     (``overlord serve node``), each on its own port; a kill -9 of that process (every role at once),
-    restarted with --recover on the same ports, leaves every rank's stream the undisturbed run's."""
+    restarted with --recover on the same ports, leaves every rank's stream the undisturbed run's. With
+    ``node-ports.json`` unreadable (here: torn) the restart says so and takes the ports from the
+    Planner's registrations: the same ports, the same streams."""
     path = config(tmp_path, corpus, deployment="single_node", loader={"hosts": 2})
-    processes = []
-    assert run(path, kill="node", at=17, check=lambda c: processes.extend(c.children)) == reference
+    ports_path = load_config(path).run_dir / PORTS_FILE
+    processes, before = [], []
+
+    def before_kill(cluster, role):
+        before.append(previous_ports(load_config(path)))
+        if ports_file == "unreadable":
+            ports_path.write_text(ports_path.read_text()[:-5])
+
+    def drive(planner, on_step):
+        return train(planner, 0, STEPS, on_step=on_step)
+    assert run_killing(path, {17: "node"}, drive, before_kill=before_kill,
+                       check=lambda c: processes.extend(c.children)) == reference
     assert [(c.name, len(c.restarts)) for c in processes] == [("node", 1)]
-    assert sorted(previous_ports(load_config(path))) == ["constructor-0", "loader-host0", "loader-host1", "planner"]
+    after = previous_ports(load_config(path))
+    assert sorted(after) == sorted(before[0]) == ["constructor-0", "loader-host0", "loader-host1", "planner"]
+    said = f"{ports_path} is unreadable" in processes[0].log_path.read_text()
+    assert said == (ports_file == "unreadable")
+    assert after == before[0]
 
 
 @pytest.mark.parametrize("role", ["planner", "constructor-1"])

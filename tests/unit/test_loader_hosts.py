@@ -107,3 +107,34 @@ def test_serve_node_takes_the_shared_role_flags(corpus, tmp_path):
     path = write_config(tmp_path, corpus, deployment="single_node")
     with pytest.raises(SystemExit, match="--advertise: 'grpc://x:1' is not a host name"):
         node.main(["--config", str(path), "--advertise", "grpc://x:1"])
+
+
+@pytest.mark.parametrize("ports_file", ['{"planner": 4', '["planner", 4]', '{"planner": "four"}', '{"planner": 0}'])
+def test_serve_node_recover_names_an_unreadable_ports_file_where_the_registrations_cannot_stand_in(
+        corpus, tmp_path, ports_file):
+    """``node-ports.json`` that does not parse, and no registrations of the Planner to take the ports
+    from (the run's recovery test covers the case where they are there): a clear error naming both
+    files and what to do, before any role starts."""
+    from flight_overlord.deploy import node
+    path = write_config(tmp_path, corpus, deployment="single_node")
+    cfg = load_config(path)
+    cfg.run_dir.mkdir(parents=True)
+    (cfg.run_dir / node.PORTS_FILE).write_text(ports_file)
+    with pytest.raises(SystemExit) as error:
+        node.main(["--config", str(path), "--recover"])
+    message = str(error.value)
+    assert f"{cfg.run_dir / node.PORTS_FILE} is unreadable" in message
+    assert str(cfg.run_dir / "planner" / "registry.json") in message and "--resume" in message
+
+
+def test_serve_node_gives_each_role_its_own_metrics_port():
+    """``metrics.port`` P (or ``--metrics-port``): the hosted roles at P, P+1, ... in ``roles`` order; 0:
+    each any free port; past 65535: an error naming the port and the roles."""
+    from flight_overlord.deploy.node import metrics_ports
+    names = ["planner", "loader-host0", "constructor-0"]
+    assert metrics_ports(9100, names) == {"planner": ["--metrics-port", "9100"], "loader-host0": ["--metrics-port",
+                                          "9101"], "constructor-0": ["--metrics-port", "9102"]}
+    assert metrics_ports(0, names) == {name: ["--metrics-port", "0"] for name in names}
+    assert metrics_ports(None, names) == {name: [] for name in names}
+    with pytest.raises(SystemExit, match="metrics port 65534: its 3 roles need ports 65534..65536"):
+        metrics_ports(65534, names)

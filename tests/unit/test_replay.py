@@ -14,13 +14,16 @@ from flight_overlord.planner.replay import PlanMismatch
 from flight_overlord.planner.strategy import load_strategy
 
 
-def _config(tmp_path, *, dp: int = 2, run: str = "run", every: int = 5):
-    raw = {"seed": 3, "run_dir": str(tmp_path / run), "data_root": str(tmp_path),
-           "sources": [{"name": "a", "paths": "f.parquet", "weight": 0.7}, {"name": "b", "paths": "f.parquet", "weight": 0.3}],
-           "mesh": {"dp": dp}, "checkpoint": {"every": every},
-           "global_batch": {"context_length": 512, "microbatches": 2, "samples_per_step": 6 * dp}}
+def _config_raw(tmp_path, *, dp: int = 2, run: str = "run", every: int = 5) -> dict:
     (tmp_path / "f.parquet").write_bytes(b"")  # the config only checks that the file exists
-    return parse_config(raw, base_dir=tmp_path)
+    return {"seed": 3, "run_dir": str(tmp_path / run), "data_root": str(tmp_path),
+            "sources": [{"name": "a", "paths": "f.parquet", "weight": 0.7}, {"name": "b", "paths": "f.parquet", "weight": 0.3}],
+            "mesh": {"dp": dp}, "checkpoint": {"every": every},
+            "global_batch": {"context_length": 512, "microbatches": 2, "samples_per_step": 6 * dp}}
+
+
+def _config(tmp_path, **options):
+    return parse_config(_config_raw(tmp_path, **options), base_dir=tmp_path)
 
 
 def _lengths(shift: int = 0):
@@ -121,6 +124,23 @@ def test_a_compacted_journal_keeps_its_offsets_and_survives_a_crash_midway(tmp_p
     again.close()
 
 
+def test_a_record_appended_after_a_torn_last_line_is_kept(tmp_path):
+    """A crash mid-write leaves half a line; the journal reopened ends it, so the next record (a
+    resumed Planner's first step) is a line of its own, not glued to the torn one and lost."""
+    from flight_overlord.journal import Journal, journal_size, read_journal
+    path = tmp_path / "j.jsonl"
+    journal = Journal(path)
+    journal.append({"n": 1})
+    journal.close()
+    with path.open("a") as f:
+        f.write('{"step": 99999, "layout": {"bu')
+    again = Journal(path)
+    end = again.append({"n": 2})
+    again.close()
+    assert [r for _, r in read_journal(path)] == [{"n": 1}, {"n": 2}]
+    assert end == journal_size(path) == [e for e, _ in read_journal(path)][-1]
+
+
 def test_one_pass_over_the_journal_gives_every_step_s_plan_in_force_and_names_a_mismatch(tmp_path):
     """``Replayer.in_force`` (what an audit reads): every journaled step's plan, as ``journaled(step)``
     serves it, from one pass over the journal across its snapshots and archive; a changed input is
@@ -148,3 +168,135 @@ def test_a_run_input_file_is_parsed_again_only_when_it_was_rewritten(tmp_path):
     assert first == [[3, 10]] and inputs.read() is first  # not parsed again
     inputs.write([[3, 10], [7, 99]])  # a new file (written atomically)
     assert inputs.read() == [[3, 10], [7, 99]]
+
+
+class FlakyLoader:
+    """The fake loaders of ``_planner`` whose reads of chosen row groups fail (every row -1, as a
+    loader answers a row group it cannot read); ``die_after_failure``: the fetch after a failed one
+    raises ``Killed``, as a Planner killed mid-step, its step never journaled."""
+
+    def __init__(self):
+        self.failing: set[tuple[str, int]] = set()  # (source, row group)
+        self.die_after_failure = False
+        self.fetched: list[tuple[str, int, bool]] = []  # (source, row group, read)
+
+    def fetch(self, source: str):
+        lengths = _lengths()
+
+        def meta(epoch, rg):
+            if self.fetched and not self.fetched[-1][2] and self.die_after_failure:
+                raise Killed
+            read = (source, rg.row_group) not in self.failing
+            self.fetched.append((source, rg.row_group, read))
+            tokens = lengths(epoch, rg)["num_tokens"] if read else np.full(rg.num_rows, -1, dtype=np.int64)
+            return {"num_tokens": tokens, "image_patches": np.zeros(rg.num_rows, dtype=np.int64),
+                    "image_sizes": [()] * rg.num_rows}  # as row_group_metadata gives a loader's answer
+        return meta
+
+
+class Killed(Exception):
+    pass
+
+
+def _flaky_planner(cfg, loader: FlakyLoader, *, resume: bool) -> Planner:
+    planner = Planner(cfg, load_strategy(cfg), loader.fetch)
+    planner.open(resume=resume)
+    for source in ("a", "b"):
+        planner.registry.register_loader(source, 0, 0, "grpc://127.0.0.1:1", [["f.parquet", g, 50] for g in range(64)])
+    planner.start_feeds()
+    return planner
+
+
+def _all_journaled(cfg, loader: FlakyLoader) -> list[dict]:
+    """Every journaled step re-derived by a restarted Planner, one by one and in one pass (the audit)."""
+    planner = _flaky_planner(cfg, loader, resume=True)
+    one_by_one = [planner.journaled(step).to_record() for step in range(planner.next_step)]
+    assert [plan.to_record() for plan in planner.replayer.in_force()] == one_by_one
+    planner.close()
+    return one_by_one
+
+
+def test_a_read_that_failed_only_before_a_kill_is_not_replayed_as_failed(tmp_path):
+    """A row group fails to read, the Planner dies before that step is journaled; restarted, the read
+    succeeds and the step is planned again: every journaled step re-derives (the failure held for no
+    record), and the plans are those of a run where the read never failed."""
+    cfg, loader = _config(tmp_path), FlakyLoader()
+    first = _flaky_planner(cfg, loader, resume=False)
+    plans = [first.plan_next().to_record() for _ in range(3)]
+    fetched = len(loader.fetched)
+    loader.failing, loader.die_after_failure = {("a", g) for g in range(64)} - {g for _, g, _ in loader.fetched}, True
+    with pytest.raises(Killed):
+        for _ in range(20):
+            plans.append(first.plan_next().to_record())
+    first.close()
+    failed = [(s, g) for s, g, read in loader.fetched[fetched:] if not read]
+    assert len(failed) == 1, loader.fetched[fetched:]
+    loader.failing, loader.die_after_failure = set(), False  # the file is back
+    second = _flaky_planner(cfg, loader, resume=True)
+    plans += [second.plan_next().to_record() for _ in range(6)]
+    second.close()
+    assert any(k.startswith(f"a:f.parquet:{failed[0][1]}:") for p in plans for k in p["samples"])
+    assert _all_journaled(cfg, loader) == plans
+    straight = _flaky_planner(_config(tmp_path, run="straight"), FlakyLoader(), resume=False)
+    assert [straight.plan_next().to_record() for _ in range(len(plans))] == plans
+    straight.close()
+
+
+def test_a_read_that_fails_only_after_a_restart_is_replayed_as_failed_only_there(tmp_path):
+    """A row group read fine for the steps before a restart fails to read after it (the Planner
+    restarts mid row group and reads it again): both kinds of step re-derive, once the file is back."""
+    cfg, loader = _config(tmp_path), FlakyLoader()
+    first = _flaky_planner(cfg, loader, resume=False)
+    plans = [first.plan_next().to_record() for _ in range(4)]
+    while first.feeds["a"].row_index == 0:  # stop with source a's cursor inside a row group
+        plans.append(first.plan_next().to_record())
+    unit = first.feeds["a"]._row_group()[0]  # a row group, or a window of them (sources[].shuffle_window)
+    inside = {("a", rg.row_group) for rg in getattr(unit, "row_groups", [unit])}
+    first.close()
+    loader.failing = inside
+    second = _flaky_planner(cfg, loader, resume=True)
+    plans += [second.plan_next().to_record() for _ in range(4)]
+    second.close()
+    assert inside <= {(s, g) for s, g, read in loader.fetched if not read}
+    assert second.feeds["a"].skipped > 0
+    loader.failing = set()
+    assert _all_journaled(cfg, loader) == plans
+
+
+def test_an_unreadable_note_holds_from_the_failed_read_to_the_next_good_one(tmp_path):
+    from flight_overlord.core.order import RowGroupRef
+    from flight_overlord.planner.run_inputs import Unreadable
+    path, rg, answers = tmp_path / "unreadable.json", RowGroupRef("f.parquet", 3, 4), []
+    size = [100]
+    watched = Unreadable(path).watched("a", lambda epoch, rg: answers.pop(0), lambda: size[0])
+    for good, size[0] in ((False, 100), (False, 150), (True, 200), (True, 250), (False, 300), (True, 300)):
+        answers.append({"num_tokens": np.full(4, 1 if good else -1)})
+        watched(0, rg)
+    read = lambda epoch, rg: {"num_tokens": np.ones(4, dtype=np.int64)}
+    for notes in (Unreadable(path), Unreadable(path)):  # as the file holds it
+        failed = [o for o in (0, 99, 100, 150, 199, 200, 250, 300, 400)
+                  if notes.applied("a", read, o)(0, rg)["num_tokens"][0] < 0]
+        assert failed == [100, 150, 199]  # and a failure healed at the same offset held for no record
+        assert notes.applied("a", read, 150)(1, rg)["num_tokens"][0] == 1  # another epoch: its own reads
+    path.write_text('[["a", 0, "f.parquet", 3]]')  # a note written before notes were scoped: always
+    assert Unreadable(path).applied("a", read, 10**9)(0, rg)["num_tokens"][0] == -1
+
+
+def test_the_config_history_takes_this_start_s_yaml_when_it_starts(tmp_path):
+    """A step planned by this start is re-derived with this start's config, even when the YAML was
+    edited (for the next resume) before the first replay; a step of an earlier start with its own."""
+    import yaml
+    from flight_overlord.config import load_config
+    from flight_overlord.planner.run_inputs import ConfigHistory
+    raw = _config_raw(tmp_path)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    history = ConfigHistory(tmp_path / "configs.json", load_config(path))
+    history.note(0)
+    path.write_text(yaml.safe_dump({**raw, "seed": 4}))  # edited for a resume, this start goes on
+    assert history.at(100) == (0, history.entries()[0], None)  # this start's: its own config and strategy
+    resumed = ConfigHistory(tmp_path / "configs.json", load_config(path))
+    resumed.note(500)
+    index, entry, (cfg, _) = resumed.at(100)
+    assert (index, entry["offset"], cfg.seed) == (0, 0, 3)
+    assert resumed.at(500)[::2] == (1, None) and resumed.at(-1) == (-1, None, None)

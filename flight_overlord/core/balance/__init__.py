@@ -159,13 +159,8 @@ def partition_each(costs, groups, k: int, *, method: str, sizes, capacity, equal
     slot = owner[placed] * k + bin_of_all[placed]
     heaviest = np.bincount(slot, weights=gc[placed], minlength=len(groups) * k).reshape(len(groups), k).max(axis=1)
     sure = _kept_bounds(gc[placed], owner[placed], len(groups), k) * (1 + _GOOD_ENOUGH) * (1 - 1e-9)
-    for g in np.flatnonzero(heaviest > sure):
-        start, n = int(starts[g]), int(lengths[g])
-        gcost = gc[start:start + n]
-        problem = _Problem(gcost, k, gs[start:start + n], cap, None, np.argsort(-gcost, kind="stable"))
-        bin_of = bin_of_all[start:start + n].copy()
-        _Refiner(problem, bin_of).run()
-        bin_of_all[start:start + n] = bin_of
+    _each_group(np.flatnonzero(heaviest > sure), gc, gs, bin_of_all, starts, lengths, k, cap,
+                lambda problem, bin_of: _Refiner(problem, bin_of).run())
     # Each group's bins: its items by descending cost (ties by index) per bin, cut from one sort.
     ranked = order[bin_of_all[order] >= 0]
     ranked = ranked[np.argsort(owner[ranked] * k + bin_of_all[ranked], kind="stable")]
@@ -201,13 +196,20 @@ def _repair_overfull(costs, sizes, bin_of_all, starts, lengths, k: int, capacity
     owner = np.repeat(np.arange(lengths.size), lengths)
     placed = bin_of_all >= 0
     used = np.bincount(owner[placed] * k + bin_of_all[placed], weights=sizes[placed], minlength=lengths.size * k)
-    for g in np.flatnonzero((used.reshape(-1, k) > capacity * (1 - 1e-9)).any(axis=1)).tolist():
+    overfull = np.flatnonzero((used.reshape(-1, k) > capacity * (1 - 1e-9)).any(axis=1))
+    _each_group(overfull, costs, sizes, bin_of_all, starts, lengths, k, capacity, lambda problem, bin_of: (
+        karmarkar_karp._kk_with_capacity(problem, bin_of, problem.by_cost(np.flatnonzero(problem.sizes <= capacity)))))
+
+
+def _each_group(which, costs, sizes, bin_of_all, starts, lengths, k: int, capacity: float, fix) -> None:
+    """``fix(problem, bin_of)`` for each group of ``which``: the group's own ``_Problem``, as ``partition``
+    makes it, and a copy of its plan, written back into ``bin_of_all`` (groups laid out by ``starts``)."""
+    for g in which.tolist():
         start, n = int(starts[g]), int(lengths[g])
-        gcost, gsize = costs[start:start + n], sizes[start:start + n]
-        problem = _Problem(gcost, k, gsize, capacity, None, np.argsort(-gcost, kind="stable"))
-        items = problem.by_cost(np.flatnonzero(gsize <= capacity))
+        gcost = costs[start:start + n]
+        problem = _Problem(gcost, k, sizes[start:start + n], capacity, None, np.argsort(-gcost, kind="stable"))
         bin_of = bin_of_all[start:start + n].copy()
-        karmarkar_karp._kk_with_capacity(problem, bin_of, items)
+        fix(problem, bin_of)
         bin_of_all[start:start + n] = bin_of
 
 

@@ -323,8 +323,7 @@ def _evict_overflow(problem: _Problem, bin_of: np.ndarray) -> np.ndarray:
     Per bin, evict the smallest item that alone cures the excess, else the largest and
     repeat: few evictions, and small ones are easy to re-place.
     """
-    placed = bin_of >= 0
-    used = np.bincount(bin_of[placed], weights=problem.sizes[placed], minlength=problem.k)  # as totals() sums
+    used = problem.used(bin_of)
     over = np.append(used > problem.capacity, False)  # extra slot: bin -1 is "unplaced"
     crowded = np.flatnonzero(over[bin_of])
     crowded = crowded[np.argsort(bin_of[crowded], kind="stable")]

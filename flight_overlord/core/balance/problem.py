@@ -153,12 +153,14 @@ class _Problem:
         placed = bin_of >= 0
         b = bin_of[placed]
         loads = np.bincount(b, weights=self.costs[placed], minlength=self.k)
-        used = (
-            np.bincount(b, weights=self.sizes[placed], minlength=self.k)
-            if self.sizes is not None
-            else np.zeros(self.k)
-        )
-        return loads, used, np.bincount(b, minlength=self.k)
+        return loads, self.used(bin_of), np.bincount(b, minlength=self.k)
+
+    def used(self, bin_of: np.ndarray) -> np.ndarray:
+        """Per-bin size of an assignment (-1 = unplaced); zeros without sizes."""
+        if self.sizes is None:
+            return np.zeros(self.k)
+        placed = bin_of >= 0
+        return np.bincount(bin_of[placed], weights=self.sizes[placed], minlength=self.k)
 
     def by_cost(self, items: np.ndarray) -> np.ndarray:
         """``items`` by descending cost, ties by ascending index (never hash or input order)."""
