@@ -7,6 +7,13 @@ arenas that fragment instead of being mapped and unmapped. Measured over 12,000 
 sources, one process with every actor (docs/methods/memory-peers.md): PSS +11% with the defaults,
 flat with these settings. So: a fixed mmap threshold, two arenas, and a periodic ``malloc_trim``.
 
+Loader hosts (and the one-process node) also run with glibc's per-thread caches (tcache) off. Each
+thread keeps up to 7 freed blocks of each of 64 small sizes for itself; a loader host has ~110 threads
+(two per actor, gRPC's), whose caches filled over thousands of steps: at 96 sources the loader hosts grew
++7 % from step 2,000 to 20,000 with them, +4-5 % without, and were ~7 MiB smaller at every step
+(docs/methods/memory-peers.md). glibc reads that setting only as a process starts (``$GLIBC_TUNABLES``),
+so ``overlord serve loader|node`` runs itself again with it set (``exec``: the same pid and arguments).
+
 Every role process and the trainer's client also move Arrow's default memory pool from mimalloc (or
 jemalloc) to the system allocator: those keep freed pages per thread, which at 96 sources and 8
 ranks was ~4 MiB per trainer, ~10 MiB in a constructor and ~5 MiB in the Planner, for no speed that
@@ -31,6 +38,8 @@ MMAP_THRESHOLD = 256 * 1024  # blocks at least this big are mapped and unmapped:
 ARENAS = 2
 TRIM_SECONDS = 5.0
 POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"  # Arrow's own setting: where it is set, it wins
+TUNABLES_ENV = "GLIBC_TUNABLES"  # glibc's settings, read once at process start: "name=value:name=value"
+TCACHE_COUNT = "glibc.malloc.tcache_count"
 
 _libc = None
 _lock = threading.Lock()
@@ -57,6 +66,20 @@ def tame() -> bool:
     if not ok:
         log.warning("mallopt refused the loader's allocator settings; memory may creep up over a long run")
     return ok
+
+
+def without_thread_caches() -> None:
+    """This process again, with glibc's per-thread malloc caches off, unless ``$GLIBC_TUNABLES`` sets
+    them already (to anything: a choice made outside wins). ``exec`` keeps the pid, arguments and the
+    rest of the environment; the variable, inherited, marks it done. Call it first thing in a
+    process started from the command line: anything it did before is done again. Not with glibc: nothing."""
+    tunables = os.environ.get(TUNABLES_ENV, "")
+    if not _glibc() or any(t.split("=")[0] == TCACHE_COUNT for t in tunables.split(":")):
+        return
+    os.environ[TUNABLES_ENV] = ":".join(filter(None, [tunables, f"{TCACHE_COUNT}=0"]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, sys.orig_argv)
 
 
 def trim_now_and_then() -> None:

@@ -46,13 +46,19 @@ class Journal:
         if torn:  # a crash mid-write left half a line: end it (read as corrupt), or the next record joins it
             os.write(self._fd, b"\n")
 
-    def append(self, record: dict) -> int:
-        """Write one record; returns the offset just past it."""
+    def append(self, record: dict, *, durable: bool = True) -> int:
+        """Write one record; returns the offset just past it. ``durable=False``: not fsync'd now (a record
+        that can be derived again): it survives its process's death, and the next durable record or
+        ``sync`` makes it durable with everything before it (the file is append-only)."""
         with self._lock:
             os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
-            if self.fsync:
+            if self.fsync and durable:
                 os.fsync(self._fd)
             return self._end()
+
+    def sync(self) -> None:
+        with self._lock:
+            os.fsync(self._fd)
 
     def size(self) -> int:
         with self._lock:

@@ -30,7 +30,7 @@ from ..planner.strategy import load_strategy
 from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.actions import PlanRequest, ResumePointRequest
 from ..wire.plan import ConstructorPlan, FetchGroup
-from ..wire.plan_channel import KEEPALIVE_SECONDS, PlanChannel
+from ..wire.plan_channel import POSITIONS_SECONDS, PlanChannel
 from ..wire.security import INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, ClientPool, ask_again, call_any, location_of, register, serve
 from ..wire.tickets import STREAM_KINDS, BatchTicket, Registration, SamplesPart, SamplesTicket
@@ -40,10 +40,6 @@ from .loader_addresses import LoaderAddresses
 from .constructor import Constructor
 
 log = logging.getLogger(__name__)
-# A plan request brings this constructor's stream positions, which may be what planning waits for; a
-# stream that starts (or moves) while the request waits cannot say so until it is asked again: so
-# the Planner holds it at most this long, then it is asked again with fresh positions.
-PLAN_WAIT_SECONDS = 0.5
 
 
 class ConstructorServer(ActionServer):
@@ -82,12 +78,11 @@ class ConstructorServer(ActionServer):
                 if not self._paced(step):
                     return
                 asked = time.monotonic()
-                raw = self._ask_plans(lambda: PlanRequest(step, self.index, constructor.positions(),
-                                                          PLAN_WAIT_SECONDS).to_wire())
-                if raw is None:
+                plan = self._ask_plans(lambda: PlanRequest(step, self.index, constructor.positions(),
+                                                           POSITIONS_SECONDS).to_wire())
+                if plan is None:
                     return
                 planned = time.monotonic()
-                plan = ConstructorPlan.from_wire(raw)
                 samples, critical = self._fetch(step, plan)
                 fetched = time.monotonic()
                 tables = constructor.assemble(step, plan, samples)
@@ -101,14 +96,15 @@ class ConstructorServer(ActionServer):
         """``Constructor.paced``, reporting the streams' positions on the plans stream while it waits:
         the Planner's handler then never waits long for a message (its shutdown waits for it)."""
         while True:
-            paced = self.constructor.paced(step, timeout=KEEPALIVE_SECONDS)
+            paced = self.constructor.paced(step, timeout=POSITIONS_SECONDS)
             if paced is not None:
                 return paced
             if self._ask_plans(lambda: {"constructor": self.index, "positions": self.constructor.positions()}) is None:
                 return False
 
-    def _ask_plans(self, body) -> dict | None:
-        """A message on the plans stream (``wire/plan_channel.py``) and its answer, as ``_call_planner``."""
+    def _ask_plans(self, body) -> dict | ConstructorPlan | None:
+        """A message on the plans stream (``wire/plan_channel.py``) and its answer (a view: the plan), as
+        ``_call_planner``."""
         return self._call_planner(None, body)
 
     def _call_planner(self, action: str | None, body) -> dict | None:

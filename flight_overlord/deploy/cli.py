@@ -24,6 +24,8 @@ def _serve(args) -> None:
     """One role in this process (``node``: every role of a single_node run); its own ``main`` parses the
     flags that follow the role's name."""
     import importlib
+    if args.role in ("loader", "node") and args.command_line:
+        allocator.without_thread_caches()  # may run this process again (exec), so first
     module = "flight_overlord.deploy.node" if args.role == "node" else f"flight_overlord.{args.role}.server"
     importlib.import_module(module).main(args.flags)
 
@@ -210,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     # Before pyarrow loads (a role process loads it with its role's module, in _serve): every role and the
     # processes it starts. Here, not at import: a process that only imports this module keeps its environment.
     allocator.system_pool_for_this_process_tree()
-    argv = sys.argv[1:] if argv is None else argv
+    command_line, argv = argv is None, sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     parser = argparse.ArgumentParser(prog="overlord", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -300,6 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--days", type=int, default=365)
     p.set_defaults(func=_certs)
     args = parser.parse_args(argv)
+    args.command_line = command_line  # this process is the command's own (not a caller's): it may exec itself
     try:
         args.func(args)
     except ConfigError as exc:

@@ -32,7 +32,12 @@ FOLLOW_SECONDS = 0.2  # how often a replica folds in what the others journaled
 # Served tables kept for a retried fetch (answered from the cache, else rebuilt: the same rows either
 # way): the newest few, bounded in count and bytes per actor so 100s of actors stay small.
 SERVED_KEPT, SERVED_BYTES = 8, 2 * 1024 * 1024
-READ_AHEAD_AT = 0.5  # read ahead once this share of the asked-for row groups' rows is served (_draining)
+# Read a row group ahead of its demand once this share of the asked-for row groups' rows is served
+# (_draining): every other position at once, the others near the end, which comes first set by the actor
+# (``read_ahead_phase``). Not one share for all: every actor starts at the start of a row group, in
+# phase, and a row group lasts thousands of steps at 96 sources, so with one share the buffer filled
+# slowly to its long-run size over ~10,000 steps (docs/methods/memory-peers.md, "Over time").
+READ_AHEAD_AT = (0.0, 0.9)
 
 
 class LoaderActor:
@@ -45,6 +50,7 @@ class LoaderActor:
         self.read_ahead_bytes = read_ahead_bytes  # 0: no byte bound; else read ahead only below it
         self.sample_level_bytes = sample_level_bytes  # text row groups of more token bytes: counts only (0: never)
         self.checkpoint_every = checkpoint_every
+        self.phase = read_ahead_phase(share.source.name, share.actor)
         self.state = LoaderState()
         self._buffer: dict[int, RowGroupSamples] = {}  # position -> read, transformed row group
         self._cond = threading.Condition()
@@ -176,12 +182,13 @@ class LoaderActor:
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._stopping or (position <= self.state.demanded + self.read_ahead
-                                                               and self._under_byte_bound() and self._draining()))
+                                                               and self._under_byte_bound()
+                                                               and self._draining(self._next_to_read(position))))
                 if self._stopping:
                     return
                 # read ahead of the furthest demand only: what lies behind it is read when asked for,
                 # so a far demand (a bad request, or a jump) never makes this loop read everything between
-                position = max(position, self.state.released_below, self.state.demanded + 1)
+                position = self._next_to_read(position)
                 if self._at(position) is None:  # past all this actor owns (reclaimed, or idle): until a reshard
                     self._cond.wait(FOLLOW_SECONDS)
                     continue
@@ -190,18 +197,27 @@ class LoaderActor:
                 self._ensure(position)
             position += 1
 
-    def _draining(self) -> bool:
-        """Read ahead once ``READ_AHEAD_AT`` of the rows of the row groups the Planner has asked for are
-        served, not as soon as it asks: a row group lasts many steps where a step takes a few rows of
-        each of many sources (~40 steps for a 0.1 MiB one of 96 sources), and the row groups read ahead
-        were half of such a loader's buffer (docs/methods/memory-peers.md); from half-served on they
-        are still read long before they are asked for. Nothing asked for yet (start-up): at once."""
+    def _next_to_read(self, position: int) -> int:
+        return max(position, self.state.released_below, self.state.demanded + 1)
+
+    def read_ahead_at(self, position: int) -> float:
+        """The share of the asked-for rows served before ``position`` is read ahead (``READ_AHEAD_AT``)."""
+        return READ_AHEAD_AT[(position + self.phase) % 2]
+
+    def _draining(self, position: int) -> bool:
+        """Read ``position`` ahead once ``read_ahead_at(position)`` of the rows of the row groups the
+        Planner has asked for are served, not always as soon as it asks: a row group lasts many steps
+        where a step takes a few rows of each of many sources, and the row groups read ahead were half
+        of such a loader's buffer (docs/methods/memory-peers.md). Half the positions are read at once,
+        the others when 90 % are served: about as much held ahead as with one share of 0.5, but from
+        the first step on, as it no longer depends on how far into its row group an actor is (every
+        actor starts at one's start). Nothing asked for yet (start-up): at once."""
         rows = served = 0
-        for position, buffered in self._buffer.items():
-            if position <= self.state.demanded:
+        for buffered_at, buffered in self._buffer.items():
+            if buffered_at <= self.state.demanded:
                 rows += len(buffered.remaining)
                 served += len(buffered.remaining) - int(np.count_nonzero(buffered.remaining))
-        return served >= READ_AHEAD_AT * rows
+        return served >= self.read_ahead_at(position) * rows
 
     def _under_byte_bound(self) -> bool:
         """``loader.read_ahead_bytes``: read ahead only while what is buffered is below it (a row group
@@ -327,6 +343,12 @@ class LoaderActor:
             self._cond.notify_all()
         self.share.close()
         self._journal.close()
+
+
+def read_ahead_phase(source: str, actor: int) -> int:
+    """0 or 1, a function of the actor alone (no random state, the same in every replica and restart):
+    which positions it reads ahead at once (``READ_AHEAD_AT``); over many actors, about half of each."""
+    return hashlib.blake2b(f"{source}:{actor}".encode(), digest_size=1).digest()[0] & 1
 
 
 def samples_table(parts: list[tuple[RowGroupSamples, int]]) -> pa.Table:

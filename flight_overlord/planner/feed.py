@@ -8,7 +8,7 @@ once per row group and epoch, so this class is pure given that callback and easy
 from __future__ import annotations
 
 import collections
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import pyarrow.compute as pc
@@ -227,31 +227,79 @@ class FeedStream:
     def table(self, source: int, sources: list[str]) -> PickTable:
         """Every sample drawn so far, in order, as ``next()`` would have returned them: as columns,
         the source given as ``source`` (its index in ``sources``)."""
-        tables = []
+        return drawn_table([(source, self)], sources)
+
+    def pieces(self, source: int) -> list[_Piece]:
+        """The drawn samples, a run of rows (or one deferred sample) per piece."""
+        out = []
         for part in self._parts:
             if len(part) == 1:
-                tables.append(PickTable.from_picks(sources, part))
+                pick = part[0]
+                r = pick.ref
+                out.append(_Piece(source, r.epoch, [r.file], None, [r.row_group], np.array([r.row]),
+                                  np.array([pick.tokens]), np.array([pick.patches]),
+                                  [tuple(pick.image_sizes)] if pick.image_sizes else None))
                 continue
             epoch, rg, permutation, meta, _, start, end = part
             lengths = np.asarray(meta["num_tokens"])
             rows = permutation[start:end]
             rows = rows[lengths[rows] > 0]
             patches, sizes = meta.get("image_patches"), meta.get("image_sizes")
-            sizes = [sizes[r] for r in rows.tolist()] if sizes is not None else None
+            sizes = [tuple(sizes[r]) for r in rows.tolist()] if sizes is not None else None
             patches = np.asarray(patches)[rows] if patches is not None else None
             if isinstance(rg, Window):  # rows of the window's row groups, interleaved: each row's own file
                 which, local = rg.locate(rows)
-                tables.append(PickTable.window_segment(
-                    sources, source, epoch, [g.file for g in rg.row_groups],
-                    [g.row_group for g in rg.row_groups], which, local, lengths[rows], patches, sizes))
+                out.append(_Piece(source, epoch, [g.file for g in rg.row_groups], np.asarray(which, dtype=np.int64),
+                                  [g.row_group for g in rg.row_groups], local, lengths[rows], patches, sizes))
             else:
-                tables.append(PickTable.segment(sources, source, epoch, rg.file, rg.row_group, rows,
-                                                lengths[rows], patches, sizes))
-        return PickTable.concat(sources, tables)
+                out.append(_Piece(source, epoch, [rg.file], None, [rg.row_group], rows, lengths[rows], patches, sizes))
+        return out
 
     def picks(self) -> list[Pick]:
         """``table()`` as ``Pick`` objects."""
         return self.table(0, [self._feed.name]).picks()
+
+
+class _Piece(NamedTuple):
+    """Drawn samples of one row group (or window, or one deferred sample) as ``PickTable`` columns."""
+    source: int
+    epoch: int
+    files: list[str]
+    which: np.ndarray | None  # per row, its file among ``files`` (a window); None: the one file
+    row_groups: list[int]     # per file
+    rows: np.ndarray
+    tokens: np.ndarray
+    patches: np.ndarray | None
+    image_sizes: list | None
+
+
+def drawn_table(streams: list[tuple[int, FeedStream]], sources: list[str]) -> PickTable:
+    """The samples each of ``streams`` drew, stream after stream, as one ``PickTable`` (each stream's
+    source given by its index in ``sources``): ``PickTable.concat`` of every ``FeedStream.table``, made
+    in one pass over their pieces rather than a table per piece."""
+    pieces = [piece for source, stream in streams for piece in stream.pieces(source)]
+    if not pieces:
+        return PickTable.empty(sources)
+    counts = [len(p.rows) for p in pieces]
+    first_file = np.cumsum([0] + [len(p.files) for p in pieces[:-1]]).tolist()  # each piece's file codes, moved up
+    columns = {"source": np.repeat(np.array([p.source for p in pieces], dtype=np.int64), counts),
+               "epoch": np.repeat(np.array([p.epoch for p in pieces], dtype=np.int64), counts),
+               "file": np.repeat(np.array(first_file, dtype=np.int64), counts),
+               "row_group": np.repeat(np.array([p.row_groups[0] for p in pieces], dtype=np.int64), counts),
+               "row": np.concatenate([p.rows for p in pieces]).astype(np.int64, copy=False),
+               "tokens": np.concatenate([p.tokens for p in pieces]).astype(np.int64, copy=False),
+               "patches": np.concatenate([p.patches if p.patches is not None else np.zeros(len(p.rows), np.int64)
+                                          for p in pieces]).astype(np.int64, copy=False)}
+    ends = np.cumsum(counts).tolist()
+    for p, end, n in zip(pieces, ends, counts):
+        if p.which is not None:  # a window: each row's own file and row group
+            columns["file"][end - n:end] += p.which
+            columns["row_group"][end - n:end] = np.asarray(p.row_groups, dtype=np.int64)[p.which]
+    sizes = None
+    if any(p.image_sizes is not None for p in pieces):
+        sizes = np.empty(len(columns["row"]), dtype=object)
+        sizes[:] = [s for p in pieces for s in (p.image_sizes if p.image_sizes is not None else [()] * len(p.rows))]
+    return PickTable(sources, [f for p in pieces for f in p.files], columns, sizes)
 
 
 def _where(unit: RowGroupRef | Window, row: int) -> tuple[str, int, int]:

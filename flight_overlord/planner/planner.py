@@ -131,7 +131,10 @@ class Planner:
         record["state"] = self._planning_state()
         if scaled:
             record["scaling"] = scaled
-        self._journal.append(record)
+        # A step record is derived (a pure function of the state before it and the inputs journaled
+        # durably: reports, edits, fits, scaling events): not fsync'd alone. An OS crash may lose only
+        # the last such records, which a restart plans again, the same; a process's death loses none.
+        self._journal.append(record, durable=bool(scaled))
         self.replayer.recent.put(plan)
         self.next_step = step + 1
         return plan
@@ -231,6 +234,7 @@ class Planner:
 
     def _snapshot(self) -> None:
         state = self.state_dict()
+        self._journal.sync()  # a snapshot covers only durable records
         state["journal_offset"] = self._journal.size()
         self._snapshots.write(self.next_step, state)
         self.replayer.compact(self._journal)

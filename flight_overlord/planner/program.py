@@ -18,7 +18,7 @@ from ..core import balance
 from ..core.mesh import Mesh
 from ..core.mixing import Mixer
 from ..core.packing import round_up
-from .feed import Pick, SourceFeed
+from .feed import Pick, SourceFeed, drawn_table
 from .hdp import hdp_stats, place_hdp
 from .picks import PickTable
 from .step_plan import StepPlan
@@ -75,7 +75,7 @@ def _draw(feeds: dict[str, SourceFeed], mixer: Mixer, weights: dict[str, float],
         for stream, n in zip(streams, counts.tolist()):
             stream.take(n)
     # Each source's samples in its order, then in the mixer's: draw d is its source's next one.
-    by_source = PickTable.concat(mixer.sources, [s.table(i, mixer.sources) for i, s in enumerate(streams)])
+    by_source = drawn_table(list(enumerate(streams)), mixer.sources)
     position = np.empty(choices.size, dtype=np.int64)
     position[np.argsort(choices, kind="stable")] = np.arange(choices.size)
     table = by_source.take(position)
@@ -126,19 +126,30 @@ def place(ctx: PlanContext, strategy: Strategy) -> tuple[list[np.ndarray], np.nd
     for members, n_buckets in groups:
         buckets, unplaced = _split(costs[members], sizes[members], n_buckets, m * cap, b.method, inter, b.equal_size)
         left.append(members[unplaced])
-        ranks = [members[idx] for idx in buckets]
+        ranks = _members(members, buckets)
         if m == 1:  # a bucket is one microbatch, which holds it: partition's answer for k=1, by descending
             # cost, ties by index (as partition's buckets already are: only unbalanced ones need the sort)
-            splits = [(_by_cost(costs, idx) if intra and not inter else [idx], idx[:0]) for idx in ranks]
-        elif intra:  # every bucket's microbatches in one call: the same as one partition per bucket
+            bins.extend([_by_cost(costs, idx)[0] for idx in ranks] if intra and not inter else ranks)
+            continue
+        if intra:  # every bucket's microbatches in one call: the same as one partition per bucket
             splits = balance.partition_each(costs, ranks, m, method=b.method, sizes=sizes, capacity=cap,
                                             equal_size=b.equal_size)
         else:
             splits = [fill_in_order(sizes[idx], m, cap) for idx in ranks]
         for idx, (mbs, mb_unplaced) in zip(ranks, splits):
-            bins.extend(mbs if m == 1 else (idx[x] for x in mbs))
+            bins.extend(idx[x] for x in mbs)
             left.append(idx[mb_unplaced])
     return bins, np.sort(np.concatenate(left)).astype(np.int64)
+
+
+def _members(members: np.ndarray, parts: list[np.ndarray]) -> list[np.ndarray]:
+    """``[members[p] for p in parts]``, one fancy index for all parts (slices of it after). ``members``
+    are ascending and distinct, so ending at ``len - 1`` means they are ``0..len-1``: ``parts`` itself."""
+    if len(members) and members[-1] == len(members) - 1:
+        return parts
+    ends = np.cumsum([len(p) for p in parts]).tolist()
+    flat = members[np.concatenate(parts)] if parts else members[:0]
+    return [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
 
 
 def _by_cost(costs: np.ndarray, idx: np.ndarray) -> list[np.ndarray]:

@@ -29,6 +29,7 @@ from ..config import Config, load_config
 from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
 from ..wire.actions import MixRequest, PlanRequest, Report, ResumePointRequest, StatsRequest
+from ..wire.plan import PlanView
 from ..wire.plan_channel import OK, check_descriptor, serve_plans
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, location_of, serve
@@ -181,7 +182,11 @@ class PlannerServer(ActionServer):
     # -- constructor-facing ------------------------------------------------------------
     @requires(CLUSTER)
     def action_plan(self, body):
-        """A constructor's share of one step's plan: {"step", "constructor", "positions": {rank: step}, "wait": s}."""
+        """A constructor's share of one step's plan: {"step", "constructor", "positions": {rank: step}, "wait": s};
+        one JSON object (constructors get it on their plans stream, as a record batch and a header)."""
+        return self._view(body).to_wire()
+
+    def _view(self, body: dict) -> PlanView:
         request = PlanRequest.from_wire(body)
         return self.service.constructor_plan(request.step, request.constructor, request.positions, request.wait)
 
@@ -191,9 +196,9 @@ class PlannerServer(ActionServer):
         check_descriptor(descriptor)
         serve_plans(reader, writer, self._plans_answer, lambda: self.service.stopping)
 
-    def _plans_answer(self, body: dict) -> bytes:
+    def _plans_answer(self, body: dict) -> bytes | PlanView:
         if "step" in body:
-            return self.action_plan(body)
+            return self._view(body)
         self.service.constructor_positions(wire.field(body, "constructor", int, "positions report"), body.get("positions"))
         return OK
 

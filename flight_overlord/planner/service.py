@@ -19,11 +19,11 @@ from ..journal import write_json_atomic
 from ..waiting import wait_until
 from ..core.positions import TrainerPositions
 from ..core.starvation import TrainerWaits
+from ..wire.plan import PlanView
 from ..wire.status import PlannerStatus
 from .planner import Planner
 from .registry import REGISTRY_FILE
-from .views import constructor_view, step_views
-from .program import StepPlan
+from .views import step_views, wire_view
 
 log = logging.getLogger(__name__)
 WAIT_SECONDS = 30.0  # a blocking call waits this long server-side, then the client may ask again
@@ -53,7 +53,7 @@ class PlanService:
         layout = planner.journal_layout
         # a new layout, or an edited mixture: re-plan from the step the trainers resume at
         self.rewind_pending = (layout is not None and layout != planner.layout()) or planner.mixture_changed
-        self._views: dict[int, list[bytes]] = {}   # planned steps' views, encoded, not yet fetched by every constructor
+        self._views: dict[int, list[PlanView]] = {}  # planned steps' views, not yet fetched by every constructor
         self._fetched: dict[int, set[int]] = {}
         self._registrations = 0  # bumped by every registration at a new location: encoded views name the loaders' locations
         self._publishing: int | None = None  # the step planned whose views are being made (not served yet)
@@ -135,7 +135,7 @@ class PlanService:
                 plan = self.planner.plan_next()
                 if self.planner.scaled:
                     self._on_scaled(self.planner.scaled)
-                views = self._encoded_views(plan)
+                views = step_views(plan, self.mesh, self.planner.registry, self.planner.strategy.broadcast)
                 with self.cond:
                     self._publishing = None
                     if registrations == self._registrations:
@@ -153,11 +153,6 @@ class PlanService:
                 self.failure = BackgroundFailure.of("planning failed", exc)
                 self.cond.notify_all()
                 self._published.notify_all()
-
-    def _encoded_views(self, plan: StepPlan) -> list[bytes]:
-        """Every constructor's view of a new step, made in one pass and encoded once, before any asks."""
-        return [wire.encode(view.to_wire()) for view in
-                step_views(plan, self.mesh, self.planner.registry, self.planner.strategy.broadcast)]
 
     def _may_plan(self, step: int) -> bool:
         """Plan up to ``prefetch`` steps past the slowest trainer that has asked for data, once the
@@ -249,8 +244,8 @@ class PlanService:
 
     # -- constructors ------------------------------------------------------------------
     def constructor_plan(self, step: int, constructor: int, positions: dict | None = None,
-                         wait: float | None = None) -> bytes:
-        """Constructor ``constructor``'s share of step ``step``'s plan, encoded for the wire. A step's
+                         wait: float | None = None) -> PlanView:
+        """Constructor ``constructor``'s share of step ``step``'s plan, as the plans stream carries it. A step's
         views are dropped here once every constructor fetched its own; later asks are served from the journal.
         ``positions``: {rank: step} the next step each of its rank streams sends (how the Planner
         paces itself without a per-step call from those trainers). ``wait``: how long to hold the
@@ -269,8 +264,7 @@ class PlanService:
         plan = self.planner.journaled(step)  # fetched by everyone before, or planned by an earlier Planner process
         if plan is None:
             raise KeyError(f"plan of step {step} is in no journal of this run")
-        return wire.encode(constructor_view(plan, constructor, self.mesh, self.planner.registry,
-                                            self.planner.strategy.broadcast).to_wire())
+        return wire_view(plan, constructor, self.mesh, self.planner.registry, self.planner.strategy.broadcast)
 
     def constructor_positions(self, constructor: int, positions) -> None:
         """{rank: step}: the next step each rank stream of ``constructor`` sends (with a plan request, or

@@ -7,9 +7,11 @@ are few (the Planner's CPU per step at dp 64 was mostly fixed per-call costs).""
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from ..core.mesh import Mesh
-from ..wire.plan import ConstructorPlan, FetchGroup
+from ..wire import encode
+from ..wire.plan import ConstructorPlan, PlanView, plan_header, view_schema
 from .registry import Registry
 from .step_plan import StepPlan
 
@@ -25,15 +27,16 @@ def keys_unique(plan: StepPlan) -> bool:
 def table_view(plan: StepPlan, constructor: int, mesh: Mesh, registry: Registry,
                broadcast: frozenset[str]) -> ConstructorPlan:
     """One constructor's view (``table_views`` of the step, that constructor's)."""
-    return table_views(plan, mesh, registry, broadcast, [constructor])[0]
+    return table_views(plan, mesh, registry, broadcast, [constructor])[0].plan()
 
 
 def table_views(plan: StepPlan, mesh: Mesh, registry: Registry, broadcast: frozenset[str],
-                constructors: list[int] | None = None) -> list[ConstructorPlan]:
-    """``constructor_view`` of each of ``constructors`` (default: all) from the plan's columns,
-    without a Pick per sample: every sample sits in one bin (no image graph, no HDP) and once in the
-    step, so one constructor alone fetches it. A view numbers its samples in the order of its
-    buckets' microbatches; its fetch groups are the loader actors in order of their first sample."""
+                constructors: list[int] | None = None) -> list[PlanView]:
+    """``constructor_view`` of each of ``constructors`` (default: all) from the plan's columns, as the
+    plans stream carries it, without a Pick per sample: every sample sits in one bin (no image graph,
+    no HDP) and once in the step, so one constructor alone fetches it. A view numbers its samples in
+    the order of its buckets' microbatches; its fetch groups are the loader actors in order of their
+    first sample. The samples' columns are made for the whole step at once, then sliced per view."""
     t, m = plan.table, plan.microbatches
     constructors = list(range(mesh.num_constructors)) if constructors is None else constructors
     buckets = [mesh.buckets_of_constructor(c, plan.axis) for c in constructors]
@@ -44,34 +47,38 @@ def table_views(plan: StepPlan, mesh: Mesh, registry: Registry, broadcast: froze
     per_view = np.bincount(np.repeat(np.arange(len(buckets)), bins_per_view), weights=sizes,
                            minlength=len(buckets)).astype(np.int64)
     view_of = np.repeat(np.arange(len(buckets)), per_view)
-    starts = np.concatenate([[0], np.cumsum(per_view)])
+    starts = np.concatenate([[0], np.cumsum(per_view)]).tolist()
     actor_of, actors = _actors(t, rows, registry)
-    # A view's fetch groups: (view, actor) pairs in order of their first sample, each its samples in order.
-    pair = view_of * max(len(actors), 1) + actor_of
-    _, first, which = np.unique(pair, return_index=True, return_inverse=True)
-    order = np.lexsort((np.arange(rows.size), first[which.reshape(-1)]))
-    bounds = np.flatnonzero(np.diff(pair[order])) + 1
-    groups = np.split(order, bounds) if rows.size else []
-    keys, epochs, files, row_groups, in_group = _sample_fields(t, rows)
-    tokens = t.tokens[rows].tolist()
-    fetch: list[list[FetchGroup]] = [[] for _ in buckets]
-    for members in groups:
-        j = int(view_of[members[0]])
-        actor = actors[int(actor_of[members[0]])]
-        local = (members - starts[j]).tolist()
-        fetch[j].append(FetchGroup(*actor, registry.locations(actor), local,
-                                   [[epochs[i], files[i], row_groups[i], in_group[i], 1] for i in members.tolist()]))
+    # A view's fetch groups: its (view, actor) pairs in order of their first sample. The views' rows are
+    # consecutive, so the pairs in order of first appearance are by view, then by first sample.
+    _, first, which = np.unique(view_of * max(len(actors), 1) + actor_of, return_index=True, return_inverse=True)
+    by_first = np.argsort(first, kind="stable")
+    number = np.empty_like(by_first)
+    number[by_first] = np.arange(by_first.size)
+    groups_before = np.concatenate([[0], np.cumsum(np.bincount(view_of[first], minlength=len(buckets)))])
+    group = number[which.reshape(-1)] - groups_before[view_of]
+    fetch: list[list] = [[] for _ in buckets]
+    located = [[*actor, registry.locations(actor)] for actor in actors]
+    for view, actor in zip(view_of[first[by_first]].tolist(), actor_of[first[by_first]].tolist()):
+        fetch[view].append(located[actor])
+    all_keys = t.keys()
+    step_rows = pa.RecordBatch.from_arrays([
+        pa.array([all_keys[i] for i in rows.tolist()], pa.string()), pa.array(t.tokens[rows]),
+        pa.array(group, pa.int32()), pa.array(t.epoch[rows]),
+        pa.array(np.array(t.files + [""], dtype=object)[t.file[rows]], pa.string()),
+        pa.array(t.row_group[rows]), pa.array(t.row[rows]), pa.array(np.ones(rows.size, dtype=np.int32))],
+        schema=view_schema())
     views, offset = [], 0
     bin_ends = np.cumsum(sizes).tolist()
     for j, own in enumerate(buckets):
         first_bin = offset
         offset += len(own) * m
-        base = int(starts[j])
+        base = starts[j]
         flat = [list(range((bin_ends[k - 1] if k else 0) - base, bin_ends[k] - base)) for k in range(first_bin, offset)]
-        a, b = base, int(starts[j + 1])
-        views.append(ConstructorPlan(plan.step, plan.axis, sorted(broadcast), plan.capacity, keys[a:b], tokens[a:b],
-                                     {bucket: flat[i * m:(i + 1) * m] for i, bucket in enumerate(own)},
-                                     fetch[j], plan.encoder_axis, None, {}))
+        skeleton = ConstructorPlan(plan.step, plan.axis, sorted(broadcast), plan.capacity, [], [],
+                                   {bucket: flat[i * m:(i + 1) * m] for i, bucket in enumerate(own)}, [],
+                                   plan.encoder_axis, None, {})
+        views.append(PlanView(encode(plan_header(skeleton, fetch[j])), step_rows.slice(base, starts[j + 1] - base)))
     return views
 
 
@@ -89,11 +96,3 @@ def _actors(t, rows: np.ndarray, registry: Registry) -> tuple[np.ndarray, list[t
     actors = list(dict.fromkeys(owners))
     index = {a: i for i, a in enumerate(actors)}
     return np.array([index[o] for o in owners], dtype=np.int64)[which.reshape(-1)], actors
-
-
-def _sample_fields(t, rows: np.ndarray) -> tuple[list[str], list, list, list, list]:
-    """Per row as Python lists: key, epoch, file name, row group, row."""
-    all_keys = t.keys()
-    keys = [all_keys[i] for i in rows.tolist()]
-    files = np.array(t.files + [""], dtype=object)[t.file[rows]].tolist()
-    return keys, t.epoch[rows].tolist(), files, t.row_group[rows].tolist(), t.row[rows].tolist()

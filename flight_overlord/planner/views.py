@@ -1,20 +1,29 @@
-"""What each Data Constructor gets of a planned step: its view (``ConstructorPlan``), made from the
-plan's columns for every constructor in one pass where it can (``table_view.py``), else from its Picks."""
+"""What each Data Constructor gets of a planned step: its view (``ConstructorPlan``; on the plans stream a
+``PlanView``), made from the plan's columns for every constructor in one pass where it can
+(``table_view.py``), else from its Picks."""
 from __future__ import annotations
 
 from ..core.mesh import Mesh
-from ..wire.plan import ConstructorPlan, FetchGroup
+from ..wire.plan import ConstructorPlan, FetchGroup, PlanView
 from .hdp import hdp_groups
 from .registry import Registry
 from .step_plan import StepPlan
 from .table_view import keys_unique, table_view, table_views
 
 
-def step_views(plan: StepPlan, mesh: Mesh, registry: Registry, broadcast: frozenset[str]) -> list[ConstructorPlan]:
-    """``constructor_view`` of every constructor, in order (from the columns in one pass when it can)."""
+def step_views(plan: StepPlan, mesh: Mesh, registry: Registry, broadcast: frozenset[str]) -> list[PlanView]:
+    """Every constructor's view, in order, as the plans stream carries it (from the columns in one pass
+    when it can)."""
     if _by_columns(plan):
         return table_views(plan, mesh, registry, broadcast)
-    return [constructor_view(plan, c, mesh, registry, broadcast) for c in range(mesh.num_constructors)]
+    return [PlanView.of(constructor_view(plan, c, mesh, registry, broadcast)) for c in range(mesh.num_constructors)]
+
+
+def wire_view(plan: StepPlan, constructor: int, mesh: Mesh, registry: Registry, broadcast: frozenset[str]) -> PlanView:
+    """One constructor's view as the plans stream carries it."""
+    if _by_columns(plan):
+        return table_views(plan, mesh, registry, broadcast, [constructor])[0]
+    return PlanView.of(constructor_view(plan, constructor, mesh, registry, broadcast))
 
 
 def _by_columns(plan: StepPlan) -> bool:

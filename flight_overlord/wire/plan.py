@@ -4,10 +4,21 @@ Samples are numbered by their position in ``keys``; microbatches and encoder row
 that index. ``fetch`` says where each sample lives: the locations of its loader actor (the active
 one first, then its shadows, any of which can serve it) and, per sample, ``[epoch, file,
 row_group, row, consumers]`` (``consumers``: how many constructors fetch it in all).
+
+On the plans stream a view travels as a ``PlanView``: its samples as one Arrow record batch (schema
+``plan_view``) and the rest as a small JSON header, its app_metadata. The Planner makes the columns of
+a step's views from the plan's own arrays, with no Python object per sample and no JSON per sample.
+The ``plan`` action answers the same view as one JSON object (``ConstructorPlan.to_wire``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from . import decode, encode
+from .schemas import PLAN_VIEW, load_schema
 
 
 @dataclass
@@ -51,3 +62,68 @@ class ConstructorPlan:
             raw["encoder"] = {int(b): v for b, v in raw["encoder"].items()}
         raw["fetch"] = [FetchGroup(**g) for g in raw["fetch"]]
         return cls(**raw)
+
+
+@dataclass
+class PlanView:
+    """A ``ConstructorPlan`` on the plans stream: ``rows``, a ``plan_view`` batch with a row per sample
+    (in ``keys`` order; a fetch group's items are its rows in order), and ``header``, the encoded JSON
+    object of the other fields (``fetch``: ``[source, actor, locations]`` per group)."""
+    header: bytes
+    rows: pa.RecordBatch
+
+    @classmethod
+    def of(cls, plan: ConstructorPlan) -> "PlanView":
+        group = np.full(len(plan.keys), -1, dtype=np.int32)
+        samples: list[list] = [[]] * len(plan.keys)
+        for g, fetch in enumerate(plan.fetch):
+            group[fetch.items] = g
+            for item, sample in zip(fetch.items, fetch.samples):
+                samples[item] = sample
+        if (group < 0).any() or sum(len(f.items) for f in plan.fetch) != len(plan.keys):
+            raise ValueError(f"the view of step {plan.step} does not fetch every sample exactly once")
+        epoch, file, row_group, row, consumers = (list(c) for c in zip(*samples)) if samples else ([],) * 5
+        return cls.from_columns(plan_header(plan), [plan.keys, plan.lengths, group, epoch, file, row_group, row,
+                                                    consumers])
+
+    @classmethod
+    def from_columns(cls, header: dict, columns: list) -> "PlanView":
+        """``header`` (``plan_header``) and the ``plan_view`` columns, in schema order."""
+        return cls(encode(header), pa.RecordBatch.from_arrays(
+            [pa.array(c, f.type) for c, f in zip(columns, view_schema())], schema=view_schema()))
+
+    def plan(self) -> ConstructorPlan:
+        header = decode(self.header, "the header of a plan view")
+        if self.rows.schema != view_schema():
+            raise ValueError(f"a plan view's rows must have the schema {PLAN_VIEW!r}, got {self.rows.schema}")
+        keys, lengths, group, epoch, file, row_group, row, consumers = (c.to_pylist() for c in self.rows.columns)
+        group = np.asarray(group, dtype=np.int64)
+        fetch = []
+        for g, (source, actor, locations) in enumerate(header["fetch"]):
+            items = np.flatnonzero(group == g).tolist()
+            fetch.append(FetchGroup(source, actor, locations, items,
+                                    [[epoch[i], file[i], row_group[i], row[i], consumers[i]] for i in items]))
+        encoder = header["encoder"]
+        return ConstructorPlan(header["step"], header["axis"], header["broadcast"], header["capacity"], keys,
+                               lengths, {int(b): v for b, v in header["microbatches"].items()}, fetch,
+                               header["encoder_axis"], None if encoder is None else {int(b): v for b, v in encoder.items()},
+                               header["extra"])
+
+    def to_wire(self) -> dict:
+        """The ``plan`` action's answer: the same view as one JSON object."""
+        return self.plan().to_wire()
+
+
+def plan_header(plan: ConstructorPlan, fetch: list | None = None) -> dict:
+    """A view's fields other than its samples' columns (``fetch``: the groups as ``[source, actor,
+    locations]``, default: ``plan.fetch``'s)."""
+    return {"step": plan.step, "axis": plan.axis, "broadcast": plan.broadcast, "capacity": plan.capacity,
+            "microbatches": {str(b): v for b, v in plan.microbatches.items()},
+            "fetch": [[g.source, g.actor, g.locations] for g in plan.fetch] if fetch is None else fetch,
+            "encoder_axis": plan.encoder_axis,
+            "encoder": None if plan.encoder is None else {str(b): v for b, v in plan.encoder.items()},
+            "extra": plan.extra}
+
+
+def view_schema() -> pa.Schema:
+    return load_schema(PLAN_VIEW)

@@ -7,15 +7,16 @@ a fraction of that. The protocol is lock-step, app_metadata only (JSON objects),
 
 - constructor -> Planner: a plan request (``PlanRequest``, action ``plan``'s body), or a positions
   report ``{"constructor", "positions"}`` (no ``step``);
-- Planner -> constructor, one answer each: the constructor's view of the step (as action ``plan``
-  answers), ``{"again": true}`` when it is not planned within the request's ``wait`` (ask again with
-  fresh positions), ``{"ok": true}`` to a report, or ``{"error": MESSAGE}`` (a bad request: the
-  stream stays open).
+- Planner -> constructor, one answer each: the constructor's view of the step, a ``PlanView`` (a
+  ``plan_view`` record batch, its header as app_metadata; the stream's schema is ``plan_view``),
+  ``{"again": true}`` when it is not planned within the request's ``wait`` (ask again with fresh
+  positions), ``{"ok": true}`` to a report, or ``{"error": MESSAGE}`` (a bad request: the stream
+  stays open); these three as app_metadata only.
 
 The Planner's handler blocks reading the next message, and a Flight server's shutdown waits for its
 handlers: so a constructor that waits for its trainers reports its positions at least every
-``KEEPALIVE_SECONDS`` (``PlanChannel.ask`` with a report), and the handler ends as soon as the Planner stops.
-The ``plan`` action stays, for stock clients and inspection.
+``POSITIONS_SECONDS`` (``PlanChannel.ask`` with a report), and the handler ends as soon as the Planner
+stops. The ``plan`` action stays, for stock clients and inspection: it answers the same view as JSON.
 """
 from __future__ import annotations
 
@@ -27,10 +28,15 @@ import pyarrow.flight as fl
 
 from ..errors import WaitTimedOut
 from . import decode, encode
-from .server import MAX_ACTION_BODY, client_error
+from .plan import ConstructorPlan, PlanView, view_schema
+from .server import client_error, decode_body
 
 PLANS = "plans"
-KEEPALIVE_SECONDS = 0.5  # a waiting constructor reports its positions this often (bounds the Planner's shutdown)
+# How stale a constructor's stream positions may be at the Planner, both ways one bound: a waiting
+# constructor reports them this often, and the Planner holds a plan request at most this long (the
+# positions it brought may be what planning waits for), then the constructor asks again with fresh
+# ones. It also bounds how long the Planner's shutdown waits for a plans stream's handler.
+POSITIONS_SECONDS = 0.5
 AGAIN, OK = encode({"again": True}), encode({"ok": True})
 # errors that are the Planner's answer, not a broken stream: the constructor does not reconnect on them
 _ANSWERS = (fl.FlightServerError, fl.FlightUnauthenticatedError, fl.FlightUnauthorizedError)
@@ -43,10 +49,11 @@ def check_descriptor(descriptor: fl.FlightDescriptor) -> None:
                        f"only ({PLANS!r},), a constructor's plans stream")
 
 
-def serve_plans(reader, writer, answer: Callable[[dict], bytes], stopping: Callable[[], bool]) -> None:
+def serve_plans(reader, writer, answer: Callable[[dict], "bytes | PlanView"], stopping: Callable[[], bool]) -> None:
     """The Planner's side: one answer per message until the constructor closes the stream or the Planner
-    stops. ``answer(body)``: the encoded answer; its ``WaitTimedOut`` is ``{"again": true}``, any other
-    error ``{"error": ...}`` (said as a handler's error would be)."""
+    stops. ``answer(body)``: a view, or an encoded answer; its ``WaitTimedOut`` is ``{"again": true}``,
+    any other error ``{"error": ...}`` (said as a handler's error would be)."""
+    writer.begin(view_schema())
     while not stopping():
         try:
             chunk = reader.read_chunk()
@@ -60,16 +67,16 @@ def serve_plans(reader, writer, answer: Callable[[dict], bytes], stopping: Calla
             if stopping():  # failed because the Planner stops: the constructor asks again (it, or its successor)
                 return
             reply = encode({"error": str(client_error(exc, "the plans stream"))})
-        writer.write_metadata(reply)
+        if isinstance(reply, PlanView):
+            writer.write_with_metadata(reply.rows, reply.header)
+        else:
+            writer.write_metadata(reply)
 
 
 def _message(chunk) -> dict:
     if chunk.data is not None or chunk.app_metadata is None:
         raise ValueError("malformed plans message: send a JSON object as app_metadata only (no record batch)")
-    raw = chunk.app_metadata.to_pybytes()
-    if len(raw) > MAX_ACTION_BODY:
-        raise ValueError(f"plans message of {len(raw):,} bytes, over the {MAX_ACTION_BODY:,} limit")
-    return decode(raw, "plans message")
+    return decode_body(chunk.app_metadata.to_pybytes(), "plans message")
 
 
 class PlanChannel:
@@ -83,9 +90,9 @@ class PlanChannel:
         # the final close would hold the Planner's shutdown
         self._lock = threading.Lock()
 
-    def ask(self, client: fl.FlightClient, body: dict) -> dict:
-        """Send ``body`` on ``client``'s plans stream (opened on first use) and return the answer, decoded.
-        Raises ``FlightTimedOutError`` for "again" (``ask_again`` asks again), ``FlightServerError`` for an
+    def ask(self, client: fl.FlightClient, body: dict) -> "dict | ConstructorPlan":
+        """Send ``body`` on ``client``'s plans stream (opened on first use) and return the answer, decoded
+        (a view: the ``ConstructorPlan``). Raises ``FlightTimedOutError`` for "again" (``ask_again`` asks again), ``FlightServerError`` for an
         error answer, and ``FlightUnavailableError`` when the stream broke (``call_any`` reconnects)."""
         with self._lock:
             if self._closed:
@@ -104,6 +111,8 @@ class PlanChannel:
         except (StopIteration, fl.FlightError, pa.ArrowException, OSError) as exc:
             self.close()
             raise fl.FlightUnavailableError(f"the Planner's plans stream ended ({exc or 'closed'})") from None
+        if chunk.data is not None:
+            return PlanView(chunk.app_metadata.to_pybytes(), chunk.data).plan()
         reply = decode(chunk.app_metadata.to_pybytes(), "the Planner's answer on the plans stream")
         if reply.get("again") is True:
             raise fl.FlightTimedOutError("not planned yet: ask again with fresh positions")

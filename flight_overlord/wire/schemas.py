@@ -38,6 +38,7 @@ SAMPLES = "samples"
 MICROBATCH = "microbatch"
 ENCODER_BATCH = "encoder_batch"
 HDP_MICROBATCH = "hdp_microbatch"
+PLAN_VIEW = "plan_view"
 
 
 def list_array(rows, value_type: pa.DataType = pa.int32()) -> pa.ListArray:

@@ -23,6 +23,13 @@ HANDLERS = ("do_get", "do_action", "get_flight_info", "get_schema", "list_flight
 MAX_ACTION_BODY = 1 << 20  # bytes; an action body is a small JSON object
 
 
+def decode_body(raw: bytes, what: str):
+    """A request's JSON body (an action's, a message on a plans stream), of at most ``MAX_ACTION_BODY`` bytes."""
+    if len(raw) > MAX_ACTION_BODY:
+        raise ValueError(f"{what} is {len(raw):,} bytes, over the {MAX_ACTION_BODY:,} limit")
+    return decode(raw, what)
+
+
 def client_error(exc: BaseException, where: str) -> fl.FlightError:
     """What a client gets for an exception in a handler: its message, never the server's traceback.
     Flight errors (time-outs, auth) pass through; a bad request says what is wrong; anything else is
@@ -104,10 +111,7 @@ class ActionServer(fl.FlightServerBase):
             known = ", ".join(name for name, _ in self._actions())
             raise KeyError(f"unknown action {action.type!r} (known: {known})")
         self.authorize(context, getattr(handler, "role", CLUSTER), what)
-        raw = action.body.to_pybytes()
-        if len(raw) > MAX_ACTION_BODY:
-            raise ValueError(f"body of action {action.type!r} is {len(raw):,} bytes, over the {MAX_ACTION_BODY:,} limit")
-        body = decode(raw or b"{}", f"body of action {action.type!r}")
+        body = decode_body(action.body.to_pybytes() or b"{}", f"body of action {action.type!r}")
         rank_field = getattr(handler, "rank_field", None)
         if rank_field and isinstance(body, dict) and isinstance(body.get(rank_field), int):
             self.authorize(context, handler.role, what, rank=body[rank_field])

@@ -91,12 +91,32 @@ def _thread_cpu() -> list[str]:
 # Functions whose own thread's CPU is added up per call (inclusive of what they call): "module:attr.attr".
 TIMED = ["flight_overlord.planner.planner:Planner._plan_next", "flight_overlord.planner.calls:call_any", "flight_overlord.journal:Journal.append",
          "flight_overlord.planner.planner:Planner._snapshot", "flight_overlord.planner.server:PlannerServer.action_plan",
-         "flight_overlord.planner.service:constructor_view", "flight_overlord.planner.service:step_views",
+         "flight_overlord.planner.service:wire_view", "flight_overlord.planner.service:step_views",
          "flight_overlord.wire.plan:ConstructorPlan.to_wire", "flight_overlord.planner.planner:plan_step",
          "flight_overlord.wire.server:encode", "flight_overlord.wire.server:decode",
          "flight_overlord.planner.step_plan:StepPlan.to_record",
-         "flight_overlord.planner.server:PlannerServer.get_flight_info"]
+         "flight_overlord.planner.server:PlannerServer.get_flight_info",
+         "flight_overlord.planner.program:_draw", "flight_overlord.planner.program:place",
+         "flight_overlord.planner.program:_stats", "flight_overlord.core.mixing:MixerRun.fill",
+         "flight_overlord.planner.program:drawn_table", "flight_overlord.planner.planner:step_record",
+         "flight_overlord.planner.planner:Planner._planning_state", "flight_overlord.planner.views:table_views",
+         "flight_overlord.wire.plan_channel:_message", "flight_overlord.wire.plan_channel:encode",
+         "flight_overlord.planner.service:PlanService.constructor_plan",
+         "flight_overlord.planner.service:PlanService.constructor_positions"]
 _timed: dict[str, list] = {}  # name -> [calls, thread CPU seconds]
+
+
+_collections: dict[int, list] = {}  # generation -> [collections, thread CPU seconds]
+_collecting: dict[int, float] = {}  # thread -> when its collection started (thread CPU)
+
+
+def _on_gc(phase: str, info: dict) -> None:
+    if phase == "start":
+        _collecting[threading.get_ident()] = time.thread_time()
+    elif threading.get_ident() in _collecting:
+        totals = _collections.setdefault(info["generation"], [0, 0.0])
+        totals[0] += 1
+        totals[1] += time.thread_time() - _collecting.pop(threading.get_ident())
 
 
 def _timing(name: str, fn):
@@ -131,7 +151,8 @@ def _patch_timed(pending: list[str]) -> list[str]:
 def _write(path: str, samples: int, busy: int, self_counts, cum_counts) -> None:
     lines = ["thread CPU:", *_thread_cpu(), "", "timed (calls, thread CPU s, us per call):"]
     lines += [f"{n:8d} {cpu:8.3f} s {1e6 * cpu / max(n, 1):9.0f} us  {name}" for name, (n, cpu) in _timed.items()]
-    lines += [""]
+    lines += ["", "garbage collections (count, thread CPU s) by generation: "
+              + ", ".join(f"gen{g} {n} {cpu:.3f} s" for g, (n, cpu) in sorted(_collections.items())), ""]
     lines += [f"samples {samples} (every {INTERVAL * 1e3:.0f} ms), busy thread-samples {busy}", "", "self:"]
     lines += [f"{n:8d} {100 * n / max(busy, 1):5.1f}%  {label}" for label, n in self_counts.most_common(40)]
     lines += ["", "cumulative:"]
@@ -167,6 +188,8 @@ def _start() -> None:
         import signal
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     if role and path and role in sys.argv[1:] and "serve" in sys.argv[1:]:
+        import gc
+        gc.callbacks.append(_on_gc)
         threading.Thread(target=_run, args=(f"{path}.{os.getpid()}",), name="bench-profiler", daemon=True).start()
 
 

@@ -13,6 +13,7 @@ import pytest
 from flight_overlord import wire
 from flight_overlord.client import TrainerClient
 from flight_overlord.deploy.launch import LocalCluster
+from flight_overlord.wire.plan import ConstructorPlan
 from flight_overlord.wire.plan_channel import PLANS, PlanChannel
 from flight_overlord.wire.server import FORCED_EXIT_STATUS, SHUTDOWN_GRACE_SECONDS, connect
 
@@ -94,10 +95,10 @@ def test_the_plans_stream_answers_bad_messages_and_stays_open(cluster):
                            ({"step": 10 ** 9, "constructor": 0}, "beyond the planning horizon")):
         assert expected in _error(lambda: channel.ask(planner, body)), body
     assert channel.ask(planner, {"constructor": 0, "positions": {}}) == {"ok": True}
-    view = channel.ask(planner, {"step": 0, "constructor": 0})  # the same stream still serves
-    assert view["step"] == 0 and view["keys"]
-    assert view == json.loads(list(planner.do_action(fl.Action("plan", json.dumps(
-        {"step": 0, "constructor": 0}).encode())))[0].body.to_pybytes())  # as the plan action answers
+    view = channel.ask(planner, {"step": 0, "constructor": 0})  # the same stream still serves, a record batch
+    assert view.step == 0 and view.keys
+    assert view == ConstructorPlan.from_wire(json.loads(list(planner.do_action(fl.Action("plan", json.dumps(
+        {"step": 0, "constructor": 0}).encode())))[0].body.to_pybytes()))  # as the plan action answers, in JSON
     channel.close()
     writer.close()
 

@@ -1,7 +1,7 @@
 """`overlord partition` and `loader.partition: auto` on the real demo corpus: the profile is journaled
 and reused, the plan applied by every role; a cluster run with it delivers the same streams as the
 config as written, every planned sample once. And `loader.read_ahead_bytes` bounds the read-ahead, which
-starts once the row groups asked for are half served."""
+starts at once or once the row groups asked for are nearly served, by position."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ from flight_overlord.config import ConfigError, load_config
 from flight_overlord.core.partition_plan import GiB
 from flight_overlord.deploy.cli import main
 from flight_overlord.deploy.topology import loader_hosts
-from flight_overlord.loader.actor import READ_AHEAD_AT, SERVED_KEPT, LoaderActor
+from flight_overlord.loader.actor import READ_AHEAD_AT, SERVED_KEPT, LoaderActor, read_ahead_phase
 from flight_overlord.loader.row_groups import SourceShare
 
 from ..helpers import delivered_keys, fetch_run, journal, write_config
@@ -124,31 +124,46 @@ def _wait_for(condition, seconds: float = 10.0) -> bool:
     return condition()
 
 
-def test_read_ahead_starts_once_the_row_groups_asked_for_are_half_served(corpus, tmp_path):
+@pytest.mark.parametrize("source", ["longdocs", "docstrings"])  # the two phases (read_ahead_phase)
+def test_read_ahead_of_each_position_starts_at_its_share_of_the_rows_asked_for(corpus, tmp_path, source):
     """The row groups the Planner asked for (a shuffle window: rows drawn interleaved) hold the next
-    steps' rows: the ones after them are read once half of those rows are served, not at once, and
-    still before they are asked for."""
+    steps' rows: of the ones after them, every other position is read at once, the others once 90 %
+    of those rows are served, still before they are asked for. Which comes first is the actor's phase:
+    at start-up some actors hold the next row group already and some do not (not all in phase)."""
     cfg = load_config(write_config(tmp_path, corpus))
-    actor = LoaderActor(SourceShare(cfg.source("longdocs"), 0, cfg.global_batch.context_length, cfg.vision),
+    actor = LoaderActor(SourceShare(cfg.source(source), 0, cfg.global_batch.context_length, cfg.vision),
                         seed=cfg.seed, read_ahead=2, run_dir=tmp_path / "run")
     try:
         assert _wait_for(lambda: sorted(actor._buffer) == [0, 1])  # start-up: nothing asked yet, read ahead at once
         window = [actor._at(0), actor._at(1)]
         for rg in window:
             actor.metadata(0, rg.file, rg.row_group)
+        at_once = [p for p in (2, 3) if actor.read_ahead_at(p) == 0]
+        assert at_once == ([2] if read_ahead_phase(source, 0) == 0 else [3])
         interleaved = [[0, rg.file, rg.row_group, row] for row in range(max(rg.num_rows for rg in window))
                        for rg in window if row < rg.num_rows]
-        half = -(-int(READ_AHEAD_AT * 1000) * len(interleaved) // 1000)  # rows to serve before reading ahead
-        assert 1 < half < len(interleaved)
-        for step, wanted in enumerate(interleaved[:half - 1]):
+        late = -(-int(max(READ_AHEAD_AT) * 1000) * len(interleaved) // 1000)  # rows to serve before the other
+        assert 1 < late < len(interleaved)
+        # read in order: a position at once only if every one before it is (3 waits behind a late 2)
+        expected = [0, 1, 2] if at_once == [2] else [0, 1]
+        assert _wait_for(lambda: sorted(actor._buffer) == expected)
+        for step, wanted in enumerate(interleaved[:late - 1]):
             actor.samples(step, 0, [wanted])
         time.sleep(0.6)  # the read-ahead thread looks again at least every FOLLOW_SECONDS
-        assert sorted(actor._buffer) == [0, 1]
-        actor.samples(half, 0, [interleaved[half - 1]])
-        assert _wait_for(lambda: sorted(actor._buffer) == [0, 1, 2, 3])
+        assert sorted(actor._buffer) == expected
+        for step, wanted in enumerate(interleaved[late - 1:], start=late):
+            actor.samples(step, 0, [wanted])
+        assert _wait_for(lambda: {2, 3} <= set(actor._buffer))  # (0 may be served whole by now, and gone)
         assert actor.state.demanded == 1  # read before the Planner asked for them
     finally:
         actor.close()
+
+
+def test_read_ahead_phases_split_the_actors():
+    """About half the actors of many sources read their even positions at once, half their odd ones
+    (and the test above sees both phases)."""
+    assert 36 <= sum(read_ahead_phase(f"src{i:03d}", 0) for i in range(96)) <= 60
+    assert read_ahead_phase("longdocs", 0) != read_ahead_phase("docstrings", 0)
 
 
 def test_served_tables_kept_are_bounded_and_a_retry_past_them_gets_the_same_samples(corpus, tmp_path):

@@ -101,3 +101,24 @@ def test_the_client_leaves_arrows_own_pool_alone_where_pyarrow_was_loaded_first(
     default = _default_other_than_system()
     code = "import pyarrow as pa, flight_overlord.client; print(pa.default_memory_pool().backend_name)"
     assert _run(code) == default
+
+
+@pytest.mark.parametrize("argv,tunables,runs", [
+    (None, None, 2),                                # `overlord serve loader`: runs again with the caches off
+    (None, "glibc.malloc.tcache_count=3", 1),       # chosen outside: left alone
+    (["serve", "loader", "--help"], None, 1),       # main() called in another program's process: never exec'd
+])
+def test_serve_loader_runs_itself_again_without_glibcs_thread_caches(argv, tunables, runs):
+    """A loader host's ~110 threads each filled a malloc cache of their own over a long run
+    (flight_overlord/allocator.py): its command runs again, same pid, with them off."""
+    env = {"GLIBC_TUNABLES": tunables} if tunables else {}
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"} | env
+    code = ("import os, sys; from flight_overlord.deploy import cli; "
+            "print('run', os.getpid(), os.environ.get('GLIBC_TUNABLES'), flush=True); "
+            f"sys.argv = ['overlord', 'serve', 'loader', '--help']; cli.main({argv!r})")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env,
+                         timeout=120).stdout
+    lines = [line.split() for line in out.splitlines() if line.startswith("run ")]
+    assert len(lines) == runs and "usage:" in out
+    assert len({pid for _, pid, _ in lines}) == 1
+    assert lines[-1][2] == (tunables or ("glibc.malloc.tcache_count=0" if runs == 2 else "None"))

@@ -87,10 +87,10 @@ def test_staging():
     assert_round_trip(staging, lambda: Staging(streams=2), advance)
 
 
-def _config(tmp_path, run: str = "run"):
+def _config(tmp_path, run: str = "run", **sections):
     raw = {"seed": 1, "run_dir": str(tmp_path / run), "data_root": str(tmp_path),
            "sources": [{"name": "s", "paths": "f.parquet"}], "mesh": {"dp": 2},
-           "global_batch": {"context_length": 64, "microbatches": 2, "samples_per_step": 6}}
+           "global_batch": {"context_length": 64, "microbatches": 2, "samples_per_step": 6}, **sections}
     (tmp_path / "f.parquet").write_bytes(b"")  # the config only checks that the file exists
     return parse_config(raw, base_dir=tmp_path)
 
@@ -130,6 +130,29 @@ def test_planner_state_and_journal_restore(tmp_path):
     straight = _planner(_config(tmp_path, run="straight"), resume=False)
     assert [straight.plan_next().to_record() for _ in range(10)] == plans + ahead
     straight.close()
+
+
+def test_step_records_lost_in_an_os_crash_are_planned_again_the_same(tmp_path, monkeypatch):
+    """Step records are not fsync'd one by one (they are derived): an OS crash may lose the journal past
+    its last fsync, and a restarted Planner then plans those steps again, exactly as they were."""
+    import os
+    synced = []  # (file, its size) at every fsync: what an OS crash keeps
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (real_fsync(fd), synced.append((os.fstat(fd).st_ino,
+                                                                               os.fstat(fd).st_size))))
+    first = _planner(_config(tmp_path, checkpoint={"every": 3}), resume=False)
+    plans = [first.plan_next().to_record() for _ in range(8)]
+    first.close()
+    journal = tmp_path / "run" / "plan-journal.jsonl"
+    kept = max(size for inode, size in synced if inode == journal.stat().st_ino)
+    assert kept < journal.stat().st_size  # the last steps were not fsync'd: the crash below loses them
+    os.truncate(journal, kept)
+    second = _planner(_config(tmp_path, checkpoint={"every": 3}), resume=True)
+    restart = second.next_step
+    assert restart == 6  # from the snapshot at step 6, which made the steps before it durable
+    assert [second.journaled(s).to_record() for s in range(restart)] == plans[:restart]
+    assert [second.plan_next().to_record() for _ in range(restart, 8)] == plans[restart:]
+    second.close()
 
 
 def test_planner_state_dict(tmp_path):

@@ -46,3 +46,27 @@ def test_the_plans_stream_has_one_descriptor_and_names_what_is_wrong():
                 fl.FlightDescriptor.for_command(b"plans")):
         with pytest.raises(KeyError, match="unknown do_exchange descriptor"):
             check_descriptor(bad)
+
+
+def test_a_plan_view_on_the_plans_stream_is_the_constructor_s_plan_field_by_field():
+    """A view as the plans stream carries it (a plan_view record batch and a JSON header, through IPC as
+    on the wire) is the ConstructorPlan it was made from, also with encoder rows, HDP extras and a
+    sample fetched by two constructors; a view that fetches a sample twice is refused."""
+    import pyarrow as pa
+
+    from flight_overlord.wire.plan import ConstructorPlan, FetchGroup, PlanView, view_schema
+    plan = ConstructorPlan(7, "DP", ["tp"], 64, ["a:f:0:1", "b:g:1:0", "a:f:0:4"], [10, 64, 3],
+                           {2: [[1, 0], [2]], 3: [[], [0]]},
+                           [FetchGroup("b", 0, ["grpc://h:1"], [1], [[0, "g", 1, 0, 2]]),
+                            FetchGroup("a", 1, ["grpc://h:2", "grpc://h:3"], [0, 2], [[1, "f", 0, 1, 1], [1, "f", 0, 4, 1]])],
+                           "DP", {2: [[1, 0, 3, 1]]}, {"hdp": {"2": [[[1, 0]]]}})
+    view = PlanView.of(plan)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, view_schema()) as writer:
+        writer.write_batch(view.rows)
+    rows = pa.ipc.open_stream(sink.getvalue()).read_next_batch()
+    assert PlanView(view.header, rows).plan() == plan
+    assert view.to_wire() == plan.to_wire()
+    twice = ConstructorPlan(0, "DP", [], 8, ["k"], [1], {0: [[0]]}, [FetchGroup("a", 0, [], [0], [[0, "f", 0, 0, 1]])] * 2)
+    with pytest.raises(ValueError, match="does not fetch every sample exactly once"):
+        PlanView.of(twice)

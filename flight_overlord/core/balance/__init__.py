@@ -112,7 +112,7 @@ def partition(
         raise _leftover_error(s, cap, leftovers)
     if refine:
         _Refiner(problem, bin_of).run()
-    bins = [b.astype(np.int64) for b in _group(problem.desc, bin_of, k)]
+    bins = [b.astype(np.int64, copy=False) for b in _group(problem.desc, bin_of, k)]  # slices: no copy of each
     if leftover == "return":
         return bins, np.sort(np.concatenate([oversize, leftovers])).astype(np.int64)
     return bins
