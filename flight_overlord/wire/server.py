@@ -185,14 +185,15 @@ def serve(server: fl.FlightServerBase, location: str, ready_file: str | None, *,
     process). ``hosted``: further servers of this process, shut down first (in reverse order), ``server`` last;
     all within ``SHUTDOWN_GRACE_SECONDS``, else the process exits with ``FORCED_EXIT_STATUS``."""
     log.info("serving at %s", location)
+    # Not FlightServerBase.serve(): on SIGINT it shuts the server down itself, waiting for every handler
+    # before ours can tell a long-lived one to end (the Planner's plans streams, wire/plan_channel.py).
+    # Installed before the ready file is written: whoever reads that file may send SIGINT at once.
+    interrupted = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     if ready_file:
         tmp = Path(f"{ready_file}.tmp.{os.getpid()}")
         tmp.write_text(location)
         tmp.replace(ready_file)
-    # Not FlightServerBase.serve(): on SIGINT it shuts the server down itself, waiting for every handler
-    # before ours can tell a long-lived one to end (the Planner's plans streams, wire/plan_channel.py).
-    interrupted = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     interrupted.wait()
     log.info("shutting down %s", location)
     failed: list[BaseException] = []
