@@ -56,12 +56,15 @@ class Journal:
                 os.fsync(self._fd)
             return self._end()
 
-    def sync(self) -> None:
-        with self._lock:
-            os.fsync(self._fd)
-
     def size(self) -> int:
         with self._lock:
+            return self._end()
+
+    def synced_size(self) -> int:
+        """``sync`` then ``size`` as one: an offset an OS crash cannot take back (the records before it
+        are durable), for a note kept outside the journal that names it."""
+        with self._lock:
+            os.fsync(self._fd)
             return self._end()
 
     @property

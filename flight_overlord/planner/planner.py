@@ -233,9 +233,12 @@ class Planner:
                 "encoder_axis": self.strategy.image_graph.axis if self.strategy.image_graph else None}
 
     def _snapshot(self) -> None:
+        # The offset first, then the state: a report or timing journaled (under the service's lock,
+        # not this one) in between is in the tail a restore reads, and maybe in the state too (harmless:
+        # the first report of a group or bucket wins). State first would miss it in both.
+        offset = self._journal.synced_size()  # a snapshot covers only durable records
         state = self.state_dict()
-        self._journal.sync()  # a snapshot covers only durable records
-        state["journal_offset"] = self._journal.size()
+        state["journal_offset"] = offset
         self._snapshots.write(self.next_step, state)
         self.replayer.compact(self._journal)
 

@@ -155,6 +155,25 @@ def test_step_records_lost_in_an_os_crash_are_planned_again_the_same(tmp_path, m
     second.close()
 
 
+def test_a_report_journaled_while_a_snapshot_is_taken_is_restored(tmp_path):
+    """A trainer's report is journaled by a serving thread while ``plan_next`` snapshots (not under one
+    lock): one landing between the state and the offset must be in the snapshot or in the tail after it."""
+    first = _planner(_config(tmp_path), resume=False)
+    taken = first.state_dict
+
+    def state_dict_then_a_report():
+        state = taken()
+        assert first.report(0, 1, {"loss": 2.5})  # arrives right after the state was taken
+        return state
+    first.state_dict = state_dict_then_a_report
+    first.plan_next()  # step 0: a snapshot
+    reports = json.loads(json.dumps(first.feedback.reports))
+    first.close()
+    second = _planner(_config(tmp_path), resume=True)
+    assert second.next_step == 1 and reports and json.loads(json.dumps(second.feedback.reports)) == reports
+    second.close()
+
+
 def test_planner_state_dict(tmp_path):
     planner = _planner(_config(tmp_path), resume=False)
     for _ in range(3):
