@@ -188,14 +188,8 @@ class Snapshots:
             (self.directory / f"{self.name}-{step:09d}.json").unlink(missing_ok=True)
 
     def _write(self, step: int, state: dict) -> Path:
-        self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"{self.name}-{step:09d}.json"
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        with tmp.open("w") as f:
-            json.dump(state, f, separators=(",", ":"))
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
+        write_json_atomic(path, state, durable=True)
         return path
 
     def steps(self) -> list[int]:
@@ -216,12 +210,25 @@ class Snapshots:
         return None
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    write_text_atomic(path, json.dumps(obj, separators=(",", ":")))
+def write_json_atomic(path: Path, obj, *, durable: bool = False) -> None:
+    write_text_atomic(path, json.dumps(obj, separators=(",", ":")), durable=durable)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
+def write_text_atomic(path: Path, text: str, *, durable: bool = False) -> None:
+    """Write ``path`` whole (a temporary file, then rename): a reader sees the old or the new text.
+    ``durable``: also fsync'd, the file then its folder (the rename), so an OS crash keeps it, for a
+    file that names journal offsets whose records may survive the crash."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(text)
+    with tmp.open("w") as f:
+        f.write(text)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     tmp.replace(path)
+    if durable:
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)

@@ -73,7 +73,7 @@ class Planner:
         if resume:
             self._restore_latest()
         if self._fetch_meta is not None:  # a Planner that plans (not an offline reader)
-            self.replayer.configs.note(self._journal.size())
+            self.replayer.configs.note(self._journal.synced_size())  # an offset an OS crash cannot take back
 
     def start_feeds(self) -> None:
         """Build the source feeds once every loader has registered (they announce the row groups). A
@@ -81,7 +81,7 @@ class Planner:
         source in the config but not in the state (added) starts at epoch 0."""
         watched = self.replayer.unreadable.watched  # notes where a row group's reads start or stop failing
         self.feeds = {s.name: SourceFeed(s.name, self.registry.source_row_groups(s.name), self.cfg.seed,
-                                         watched(s.name, self._fetch_meta(s.name), self._journal.size),
+                                         watched(s.name, self._fetch_meta(s.name), self._journal.synced_size),
                                          s.shuffle_window) for s in self.cfg.sources}
         for name, feed_state in self._feed_states.items():
             if name in self.feeds:

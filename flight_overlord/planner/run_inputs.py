@@ -38,14 +38,14 @@ class JsonFile:
         return self._value
 
     def write(self, value) -> None:
-        write_json_atomic(self.path, value)
+        write_json_atomic(self.path, value, durable=True)  # names journal offsets: kept as the records are
 
 
 class Unreadable:
     """Row groups whose loader could not read them when they were planned (``planner/unreadable.json``),
     each with the journal offsets its failure held for: an input no file gives afterwards (a read may
     fail one day and not the next), so a replay plans them as unreadable again, but only for the records
-    planned from that failure. A note opens at ``journal.size()`` when a fetch fails and closes at a later
+    planned from that failure. A note opens at the journal's synced size when a fetch fails and closes at a later
     good fetch of the same row group (after a restart, or a rewind, that plans its steps again); a record
     at offset o was planned from a failed read iff a note's [opened, closed) holds o. Written once per
     change, not per step. Entries: [source, epoch, file, row group, opened, closed or None]."""
@@ -59,7 +59,8 @@ class Unreadable:
             self._notes.setdefault(tuple(entry[:4]), []).append([opened, closed])
 
     def watched(self, source: str, fetch: FetchMeta, offset: Callable[[], int]) -> FetchMeta:
-        """``fetch``, noting where a row group's read starts or stops failing (``offset()``: the journal's size)."""
+        """``fetch``, noting where a row group's read starts or stops failing (``offset()``: the journal's
+        size once synced, an offset an OS crash cannot take back)."""
         def meta(epoch: int, rg: RowGroupRef) -> dict:
             answer = fetch(epoch, rg)
             if rg.num_rows:
@@ -98,7 +99,8 @@ class Unreadable:
                     notes.pop()
             else:
                 notes.append([offset, None])
-            write_json_atomic(self.path, [[*k, *n] for k in sorted(self._notes) for n in self._notes[k]])
+            write_json_atomic(self.path, [[*k, *n] for k in sorted(self._notes) for n in self._notes[k]],
+                              durable=True)  # before the step record planned from it (that one may survive a crash)
 
 
 class ConfigHistory:

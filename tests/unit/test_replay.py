@@ -300,3 +300,51 @@ def test_the_config_history_takes_this_start_s_yaml_when_it_starts(tmp_path):
     index, entry, (cfg, _) = resumed.at(100)
     assert (index, entry["offset"], cfg.seed) == (0, 0, 3)
     assert resumed.at(500)[::2] == (1, None) and resumed.at(-1) == (-1, None, None)
+
+
+def _fsyncs(monkeypatch) -> set[tuple[int, int]]:
+    """(inode, size) of a file at every fsync of it: what an OS crash keeps of it."""
+    import os
+    synced, real_fsync = set(), os.fsync
+
+    def fsync(fd):
+        real_fsync(fd)
+        synced.add((os.fstat(fd).st_ino, os.fstat(fd).st_size))
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+def _kept(path, synced) -> bool:
+    return (path.stat().st_ino, path.stat().st_size) in synced
+
+
+def test_an_unreadable_note_is_durable_at_an_offset_an_os_crash_keeps(tmp_path, monkeypatch):
+    """Step records are not fsync'd one by one: a note of a failed read must name an offset the journal
+    keeps after an OS crash (its size once synced), and be fsync'd itself before the step planned from
+    it is journaled (that record may survive the crash)."""
+    synced = _fsyncs(monkeypatch)
+    cfg, loader = _config(tmp_path), FlakyLoader()
+    planner = _flaky_planner(cfg, loader, resume=False)
+    for _ in range(3):  # step 0 snapshots (a sync), steps 1 and 2 are journaled after it, not fsync'd
+        planner.plan_next()
+    loader.failing, loader.die_after_failure = {("a", g) for g in range(64)} - {g for _, g, _ in loader.fetched}, True
+    with pytest.raises(Killed):  # at the fetch after the first failed one: its note is written by then
+        for _ in range(20):
+            planner.plan_next()
+    planner.close()
+    journal, notes = cfg.run_dir / "plan-journal.jsonl", cfg.run_dir / "planner" / "unreadable.json"
+    opened = {entry[4] for entry in json.loads(notes.read_text())}
+    assert opened and opened <= {size for inode, size in synced if inode == journal.stat().st_ino}
+    assert _kept(notes, synced)
+
+
+def test_a_start_s_config_is_noted_durably(tmp_path, monkeypatch):
+    import yaml
+    from flight_overlord.config import load_config
+    from flight_overlord.planner.run_inputs import ConfigHistory
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(_config_raw(tmp_path)))
+    synced = _fsyncs(monkeypatch)
+    ConfigHistory(tmp_path / "configs.json", load_config(path)).note(0)
+    assert _kept(tmp_path / "configs.json", synced)
+
