@@ -142,7 +142,9 @@ class ConfigHistory:
         """(index, entry) of the start whose config planned the record at ``offset`` ((-1, None): none
         known), and that config with its strategy, None when it is this start's (or unknown)."""
         entries = self.entries()
-        index = sum(1 for e in entries if e["offset"] <= offset) - 1  # entries are in offset order
+        # The last start (by position) noted at or before it: after an OS crash a later start may note a
+        # smaller offset than the one before it (the journal lost its unsynced tail), so not a count.
+        index = max((i for i, e in enumerate(entries) if e["offset"] <= offset), default=-1)
         if index < 0:
             return index, None, None
         entry = entries[index]

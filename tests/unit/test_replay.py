@@ -348,3 +348,19 @@ def test_a_start_s_config_is_noted_durably(tmp_path, monkeypatch):
     ConfigHistory(tmp_path / "configs.json", load_config(path)).note(0)
     assert _kept(tmp_path / "configs.json", synced)
 
+
+def test_the_config_of_a_record_is_the_last_noted_at_or_before_it_whatever_the_order(tmp_path):
+    """After an OS crash a later start may note a smaller offset than an earlier start (the journal lost
+    its unsynced tail): the config of a record is the last entry (by position) noted at or before it."""
+    import yaml
+    from flight_overlord.config import load_config
+    from flight_overlord.planner.run_inputs import ConfigHistory
+    raw = _config_raw(tmp_path)
+    path = tmp_path / "run.yaml"
+    for seed, offset in ((3, 0), (4, 500), (5, 300)):  # the start at 500 lost its tail: the next noted 300
+        path.write_text(yaml.safe_dump({**raw, "seed": seed}))
+        ConfigHistory(tmp_path / "configs.json", load_config(path)).note(offset)
+    path.write_text(yaml.safe_dump({**raw, "seed": 6}))
+    history = ConfigHistory(tmp_path / "configs.json", load_config(path))
+    seeds = {o: (history.at(o)[0], history.at(o)[2][0].seed) for o in (0, 299, 300, 499, 500, 900)}
+    assert seeds == {0: (0, 3), 299: (0, 3), 300: (2, 5), 499: (2, 5), 500: (2, 5), 900: (2, 5)}
