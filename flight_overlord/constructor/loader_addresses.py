@@ -26,14 +26,14 @@ class LoaderAddresses:
     def of(self, group: FetchGroup) -> Callable[[], list[str]]:
         """``call_any``'s locations for ``group``'s loader: the plan's first, then the Planner's (the
         plan's while the Planner does not tell)."""
-        known, asked = list(group.locations), [None]  # the time of the last question (None: first round)
+        known, asked = list(group.locations), None  # the time of the last question (None: first round)
 
         def locations() -> list[str]:
-            nonlocal known
-            if asked[0] is None:
-                asked[0] = time.monotonic() - ASK_SECONDS  # the next round asks
-            elif time.monotonic() - asked[0] >= ASK_SECONDS:
-                asked[0] = time.monotonic()
+            nonlocal known, asked
+            if asked is None:
+                asked = time.monotonic() - ASK_SECONDS  # the next round asks
+            elif time.monotonic() - asked >= ASK_SECONDS:
+                asked = time.monotonic()
                 known = self.registered(group.source, group.actor) or known
             return known
         return locations

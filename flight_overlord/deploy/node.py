@@ -15,7 +15,7 @@ import json
 import logging
 from pathlib import Path
 
-from .. import allocator
+from .. import allocator, wire
 from ..config import Config, load_config
 from ..journal import write_json_atomic
 from ..planner.registry import REGISTRY_FILE, Registry
@@ -82,14 +82,15 @@ def _flags(args, ports: dict[str, int], name: str) -> list[str]:
 def previous_ports(cfg: Config) -> dict[str, int]:
     """The port of every role of the process this one restarts ({} if none was written). Where
     ``node-ports.json`` does not parse (edited by hand, a disk fault), the hosted roles' ports come
-    from the Planner's registrations instead (the Planner's own: the restart's ``--port``): a role on a
-    new port would leave the recovered Planner planning with its old address."""
+    from the Planner's registrations instead (the Planner's own: the restart's ``--port``): roles on new
+    OS-chosen ports could take one another's old ports, and the recovered Planner refuses a registration
+    at an address that another of its roles still holds (a moved loader alone is found again)."""
     path = Path(cfg.run_dir) / PORTS_FILE
     if not path.exists():
         return {}
     try:
         return _checked(json.loads(path.read_text()))
-    except (ValueError, TypeError, AttributeError) as exc:  # not JSON, not an object, not port numbers
+    except (OSError, ValueError, TypeError, AttributeError) as exc:  # unreadable, not JSON, not port numbers
         log.warning("%s is unreadable (%s); the roles take the ports the Planner registered them at (%s)",
                     path, exc, REGISTRY_FILE)
         return registered_ports(cfg, why=f"{path} is unreadable ({exc})")
@@ -100,7 +101,7 @@ def registered_ports(cfg: Config, *, why: str) -> dict[str, int]:
     path = Path(cfg.run_dir) / REGISTRY_FILE
     registry = Registry(cfg, cfg.num_constructors)
     try:
-        registry.load_state_dict(json.loads(path.read_text()))
+        registry.load_state_dict(wire.decode(path.read_bytes(), str(path)))  # as the Planner reads it
         return _checked({spec.name: (registry.locations(spec.actors[0])[spec.replica] if spec.role == "loader"
                                      else registry.constructors[spec.index]).rsplit(":", 1)[1]
                          for spec in roles(cfg)[1:]})

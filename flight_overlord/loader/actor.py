@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import allocator
-from ..core.order import RowGroupRef
+from ..core.order import RowGroupRef, stable_hash
 from ..core.scaling import ActorView, Ownership
 from ..core.vision import ImageError
 from ..journal import Journal, Snapshots, read_journal
@@ -212,12 +212,15 @@ class LoaderActor:
         the others when 90 % are served: about as much held ahead as with one share of 0.5, but from
         the first step on, as it no longer depends on how far into its row group an actor is (every
         actor starts at one's start). Nothing asked for yet (start-up): at once."""
+        share = self.read_ahead_at(position)
+        if share == 0:  # no need to count the buffer's rows (under the lock, at every wake-up)
+            return True
         rows = served = 0
         for buffered_at, buffered in self._buffer.items():
             if buffered_at <= self.state.demanded:
                 rows += len(buffered.remaining)
                 served += len(buffered.remaining) - int(np.count_nonzero(buffered.remaining))
-        return served >= self.read_ahead_at(position) * rows
+        return served >= share * rows
 
     def _under_byte_bound(self) -> bool:
         """``loader.read_ahead_bytes``: read ahead only while what is buffered is below it (a row group
@@ -348,7 +351,7 @@ class LoaderActor:
 def read_ahead_phase(source: str, actor: int) -> int:
     """0 or 1, a function of the actor alone (no random state, the same in every replica and restart):
     which positions it reads ahead at once (``READ_AHEAD_AT``); over many actors, about half of each."""
-    return hashlib.blake2b(f"{source}:{actor}".encode(), digest_size=1).digest()[0] & 1
+    return stable_hash(source, actor) & 1
 
 
 def samples_table(parts: list[tuple[RowGroupSamples, int]]) -> pa.Table:

@@ -171,7 +171,7 @@ class FeedStream:
 
     def __init__(self, feed: SourceFeed):
         self._feed = feed
-        self._parts: list[list] = []  # Picks, or [epoch, row group, permutation, meta, lengths, start, end]
+        self._parts: list[list] = []  # Picks, or [epoch, row group, permutation, meta, start, end]
         self.next_tokens = self._tokens().__next__
 
     def take(self, n: int) -> None:
@@ -189,7 +189,7 @@ class FeedStream:
             empty = np.flatnonzero(np.asarray(meta["num_tokens"])[rows] <= 0)
             run = int(empty[0]) if empty.size else rows.size  # readable rows in a row from the cursor
             if run:
-                self._parts.append([feed.epoch, rg, permutation, meta, None, start, start + run])
+                self._parts.append([feed.epoch, rg, permutation, meta, start, start + run])
                 feed.row_index += run
                 feed.drawn += run
                 n -= run
@@ -210,7 +210,7 @@ class FeedStream:
         while True:
             rg, permutation, meta, lengths = feed._row_group()
             start = feed.row_index
-            segment = [feed.epoch, rg, feed._permutation(), meta, lengths, start, start]
+            segment = [feed.epoch, rg, feed._permutation(), meta, start, start]
             self._parts.append(segment)
             for position in range(start, len(permutation)):
                 tokens = lengths[permutation[position]]
@@ -220,7 +220,7 @@ class FeedStream:
                     continue
                 passed = 0
                 feed.drawn += 1
-                segment[6] = position + 1
+                segment[5] = position + 1
                 yield int(tokens)
             feed._advance()
 
@@ -240,7 +240,7 @@ class FeedStream:
                                   np.array([pick.tokens]), np.array([pick.patches]),
                                   [tuple(pick.image_sizes)] if pick.image_sizes else None))
                 continue
-            epoch, rg, permutation, meta, _, start, end = part
+            epoch, rg, permutation, meta, start, end = part
             lengths = np.asarray(meta["num_tokens"])
             rows = permutation[start:end]
             rows = rows[lengths[rows] > 0]

@@ -59,32 +59,6 @@ class PickTable:
         return cls(sources, [], {name: np.zeros(0, dtype=np.int64) for name in _COLUMNS})
 
     @classmethod
-    def segment(cls, sources: list[str], source: int, epoch: int, file: str, row_group: int, rows: np.ndarray,
-                tokens: np.ndarray, patches: np.ndarray | None, image_sizes: list | None) -> "PickTable":
-        """Rows ``rows`` of one row group of one source (their tokens, patches and image sizes given)."""
-        rows = np.asarray(rows, dtype=np.int64)
-        return cls.window_segment(sources, source, epoch, [file], [row_group], np.zeros(rows.size, np.int64), rows,
-                                  tokens, patches, image_sizes)
-
-    @classmethod
-    def window_segment(cls, sources: list[str], source: int, epoch: int, files: list[str], row_groups: list[int],
-                       which: np.ndarray, rows: np.ndarray, tokens: np.ndarray, patches: np.ndarray | None,
-                       image_sizes: list | None) -> "PickTable":
-        """Rows of a shuffle window of one source: row i is row ``rows[i]`` of the window's row group
-        ``which[i]`` (file ``files[which[i]]``, row group ``row_groups[which[i]]``)."""
-        which = np.asarray(which, dtype=np.int64)
-        n = which.size
-        columns = {"source": np.full(n, source, dtype=np.int64), "epoch": np.full(n, epoch, dtype=np.int64),
-                   "file": which, "row_group": np.asarray(row_groups, dtype=np.int64)[which],
-                   "row": np.asarray(rows, dtype=np.int64), "tokens": np.asarray(tokens, dtype=np.int64),
-                   "patches": np.asarray(patches, dtype=np.int64) if patches is not None else np.zeros(n, np.int64)}
-        sizes = None
-        if image_sizes is not None:
-            sizes = np.empty(n, dtype=object)
-            sizes[:] = [tuple(s) for s in image_sizes]
-        return cls(sources, list(files), columns, sizes)
-
-    @classmethod
     def from_picks(cls, sources: list[str], picks: list[Pick]) -> "PickTable":
         index = {name: i for i, name in enumerate(sources)}
         columns = {"source": [index[p.ref.source] for p in picks], "epoch": [p.ref.epoch for p in picks],
@@ -98,22 +72,6 @@ class PickTable:
         if any(p.image_sizes for p in picks):
             sizes = np.empty(len(picks), dtype=object)
             sizes[:] = [tuple(p.image_sizes) for p in picks]
-        return cls(sources, files, columns, sizes)
-
-    @classmethod
-    def concat(cls, sources: list[str], tables: list["PickTable"]) -> "PickTable":
-        if not tables:
-            return cls.empty(sources)
-        if len(tables) == 1 and tables[0].sources == sources:  # most of a step's per-source tables: one part
-            return tables[0]
-        columns = {name: np.concatenate([t.columns[name] for t in tables]) for name in _COLUMNS}
-        offsets = np.cumsum([0] + [len(t.files) for t in tables[:-1]])  # each table's file codes, moved up
-        columns["file"] += np.repeat(offsets, [len(t) for t in tables])
-        files = [f for t in tables for f in t.files]
-        sizes = None
-        if any(t.image_sizes is not None for t in tables):
-            sizes = np.concatenate([t.image_sizes if t.image_sizes is not None else _no_images(len(t))
-                                    for t in tables])
         return cls(sources, files, columns, sizes)
 
     def take(self, index: np.ndarray) -> "PickTable":
@@ -156,9 +114,3 @@ class PickTable:
         sizes = self.image_sizes[idx].tolist() if self.image_sizes is not None else repeat(())
         return list(map(tuple.__new__, repeat(Pick), zip(refs, c["tokens"][idx].tolist(),
                                                          c["patches"][idx].tolist(), sizes)))
-
-
-def _no_images(n: int) -> np.ndarray:
-    out = np.empty(n, dtype=object)
-    out[:] = [()] * n
-    return out

@@ -7,11 +7,10 @@ are few (the Planner's CPU per step at dp 64 was mostly fixed per-call costs).""
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
 
 from ..core.mesh import Mesh
 from ..wire import encode
-from ..wire.plan import ConstructorPlan, PlanView, plan_header, view_schema
+from ..wire.plan import ConstructorPlan, PlanView, plan_header, view_rows
 from .registry import Registry
 from .step_plan import StepPlan
 
@@ -62,12 +61,9 @@ def table_views(plan: StepPlan, mesh: Mesh, registry: Registry, broadcast: froze
     for view, actor in zip(view_of[first[by_first]].tolist(), actor_of[first[by_first]].tolist()):
         fetch[view].append(located[actor])
     all_keys = t.keys()
-    step_rows = pa.RecordBatch.from_arrays([
-        pa.array([all_keys[i] for i in rows.tolist()], pa.string()), pa.array(t.tokens[rows]),
-        pa.array(group, pa.int32()), pa.array(t.epoch[rows]),
-        pa.array(np.array(t.files + [""], dtype=object)[t.file[rows]], pa.string()),
-        pa.array(t.row_group[rows]), pa.array(t.row[rows]), pa.array(np.ones(rows.size, dtype=np.int32))],
-        schema=view_schema())
+    step_rows = view_rows([[all_keys[i] for i in rows.tolist()], t.tokens[rows], group, t.epoch[rows],
+                           np.array(t.files + [""], dtype=object)[t.file[rows]], t.row_group[rows], t.row[rows],
+                           np.ones(rows.size, dtype=np.int32)])
     views, offset = [], 0
     bin_ends = np.cumsum(sizes).tolist()
     for j, own in enumerate(buckets):

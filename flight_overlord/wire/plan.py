@@ -89,8 +89,7 @@ class PlanView:
     @classmethod
     def from_columns(cls, header: dict, columns: list) -> "PlanView":
         """``header`` (``plan_header``) and the ``plan_view`` columns, in schema order."""
-        return cls(encode(header), pa.RecordBatch.from_arrays(
-            [pa.array(c, f.type) for c, f in zip(columns, view_schema())], schema=view_schema()))
+        return cls(encode(header), view_rows(columns))
 
     def plan(self) -> ConstructorPlan:
         header = decode(self.header, "the header of a plan view")
@@ -98,9 +97,14 @@ class PlanView:
             raise ValueError(f"a plan view's rows must have the schema {PLAN_VIEW!r}, got {self.rows.schema}")
         keys, lengths, group, epoch, file, row_group, row, consumers = (c.to_pylist() for c in self.rows.columns)
         group = np.asarray(group, dtype=np.int64)
+        # each group's rows, in order: one stable sort, not a scan of every row per group
+        order = np.argsort(group, kind="stable")
+        bounds = np.searchsorted(group[order], np.arange(len(header["fetch"]) + 1)).tolist()
+        if group.size and (group.min() < 0 or bounds[-1] != group.size):
+            raise ValueError(f"a plan view's rows name fetch groups outside 0..{len(header['fetch']) - 1}")
         fetch = []
         for g, (source, actor, locations) in enumerate(header["fetch"]):
-            items = np.flatnonzero(group == g).tolist()
+            items = order[bounds[g]:bounds[g + 1]].tolist()
             fetch.append(FetchGroup(source, actor, locations, items,
                                     [[epoch[i], file[i], row_group[i], row[i], consumers[i]] for i in items]))
         encoder = header["encoder"]
@@ -127,3 +131,9 @@ def plan_header(plan: ConstructorPlan, fetch: list | None = None) -> dict:
 
 def view_schema() -> pa.Schema:
     return load_schema(PLAN_VIEW)
+
+
+def view_rows(columns: list) -> pa.RecordBatch:
+    """The ``plan_view`` batch of its columns, in schema order, each made as its field's type."""
+    return pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(columns, view_schema())],
+                                      schema=view_schema())

@@ -111,6 +111,9 @@ class PlanChannel:
         except (StopIteration, fl.FlightError, pa.ArrowException, OSError) as exc:
             self.close()
             raise fl.FlightUnavailableError(f"the Planner's plans stream ended ({exc or 'closed'})") from None
+        if chunk.app_metadata is None:  # every answer carries its header: a stream out of step, opened afresh
+            self.close()
+            raise fl.FlightUnavailableError("the Planner's answer on the plans stream had no header (app_metadata)")
         if chunk.data is not None:
             return PlanView(chunk.app_metadata.to_pybytes(), chunk.data).plan()
         reply = decode(chunk.app_metadata.to_pybytes(), "the Planner's answer on the plans stream")

@@ -7,11 +7,12 @@ import contextlib
 import socket
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from flight_overlord import wire
+from flight_overlord import allocator, wire
 from flight_overlord.client import StepFetcher
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.deploy.launch import LocalCluster
@@ -140,6 +141,20 @@ def test_a_killed_loader_counts_as_a_reregistration_and_serves_metrics_again(clu
     assert pick(after, "overlord_planner_reregistrations_total", role="loader") == before + 3
     page = scrape(role_pages(cluster)[f"loader {cluster.child('loader-host1').location}"])
     assert total(page, "overlord_loader_buffered_row_groups") >= 0 and total(page, "overlord_role_up") == 1
+
+
+@pytest.mark.skipif(not allocator._glibc(), reason="glibc's malloc tunables only")
+def test_loader_hosts_run_without_glibcs_thread_caches_and_the_planner_with_them(cluster):
+    """The loader hosts' command ran itself again with the caches off (flight_overlord/allocator.py),
+    as the supervisor started it; the Planner's was left alone."""
+    cluster, _ = cluster
+
+    def tunables(name: str) -> str | None:
+        environ = Path(f"/proc/{cluster.child(name).process.pid}/environ").read_bytes().split(b"\0")
+        return next((e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"GLIBC_TUNABLES=")), None)
+    hosts = [c.name for c in cluster.children if c.name.startswith("loader-host")]
+    assert hosts and all(tunables(name) == "glibc.malloc.tcache_count=0" for name in hosts)
+    assert tunables("planner") is None
 
 
 def test_bad_metrics_and_advertise_keys_are_named(corpus, tmp_path):

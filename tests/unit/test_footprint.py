@@ -122,3 +122,15 @@ def test_serve_loader_runs_itself_again_without_glibcs_thread_caches(argv, tunab
     assert len(lines) == runs and "usage:" in out
     assert len({pid for _, pid, _ in lines}) == 1
     assert lines[-1][2] == (tunables or ("glibc.malloc.tcache_count=0" if runs == 2 else "None"))
+
+
+def test_a_process_runs_itself_again_at_most_once():
+    """Where glibc drops the tunable from the variable (a "secure" Python), the exec'd process would find
+    it unset again and exec for ever: the pid that ran itself again is marked, and never does it twice."""
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    code = ("import os, sys; from flight_overlord import allocator; from flight_overlord.deploy import cli; "
+            "os.environ[allocator.EXEC_MARK_ENV] = str(os.getpid()); print('run', flush=True); "
+            "sys.argv = ['overlord', 'serve', 'loader', '--help']; cli.main()")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env,
+                         timeout=120).stdout
+    assert out.count("run\n") == 1 and "usage:" in out

@@ -213,7 +213,10 @@ def test_a_constructor_view_from_columns_equals_the_view_from_picks(tmp_path, co
     field by field, as the view built from Pick objects (loaders by first sample, keys, lengths)."""
     import dataclasses
 
-    from flight_overlord.planner.views import constructor_view
+    import pyarrow as pa
+
+    from flight_overlord.planner.views import constructor_view, step_views
+    from flight_overlord.wire.plan import PlanView
     from flight_overlord.planner.registry import Registry
     batch = {"context_length": 2048, "microbatches": 3, "samples_per_step": 12 * 6}
     cfg = load_config(write_config(tmp_path, corpus, global_batch=batch, mesh={"dp": 6},
@@ -233,3 +236,8 @@ def test_a_constructor_view_from_columns_equals_the_view_from_picks(tmp_path, co
             assert plan.keys_unique
             assert view.to_wire() == constructor_view(by_picks, c, strategy.mesh, registry, frozenset()).to_wire()
             assert view.keys
+        # every view at once, as the plans stream serves them: sliced from one batch, through IPC
+        shipped = [PlanView(v.header, pa.ipc.read_record_batch(v.rows.serialize(), v.rows.schema)).plan().to_wire()
+                   for v in step_views(plan, strategy.mesh, registry, frozenset())]
+        assert shipped == [constructor_view(by_picks, c, strategy.mesh, registry, frozenset()).to_wire()
+                           for c in range(strategy.mesh.num_constructors)]

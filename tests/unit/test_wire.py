@@ -2,6 +2,7 @@
 another thread is making on it; the next get connects afresh."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -58,5 +59,5 @@ def test_call_any_asks_for_the_locations_again_each_round_and_finds_a_peer_that_
 
 def test_a_bad_role_down_bound_is_named():
     result = subprocess.run([sys.executable, "-c", "import flight_overlord.wire.server"], capture_output=True,
-                            text=True, env={ROLE_DOWN_ENV: "soon"}, timeout=60)
+                            text=True, env={**os.environ, ROLE_DOWN_ENV: "soon"}, timeout=60)
     assert result.returncode != 0 and f"{ROLE_DOWN_ENV}='soon': must be a positive number of seconds" in result.stderr

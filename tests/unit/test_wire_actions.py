@@ -70,3 +70,6 @@ def test_a_plan_view_on_the_plans_stream_is_the_constructor_s_plan_field_by_fiel
     twice = ConstructorPlan(0, "DP", [], 8, ["k"], [1], {0: [[0]]}, [FetchGroup("a", 0, [], [0], [[0, "f", 0, 0, 1]])] * 2)
     with pytest.raises(ValueError, match="does not fetch every sample exactly once"):
         PlanView.of(twice)
+    strays = rows.set_column(2, view_schema().field("group"), pa.array([0, 1, 2], pa.int32()))  # a row in a group the header lacks
+    with pytest.raises(ValueError, match="fetch groups outside 0..1"):
+        PlanView(view.header, strays).plan()
