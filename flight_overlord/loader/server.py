@@ -173,7 +173,7 @@ def start(argv=None) -> tuple[LoaderServer, str, str | None]:
                                           cfg.provisioned_actors(cfg.source(source))),
                           seed=cfg.seed, read_ahead=cfg.loader.read_ahead_row_groups, run_dir=cfg.run_dir,
                           checkpoint_every=cfg.checkpoint.every, read_ahead_bytes=cfg.loader.read_ahead_bytes,
-                          sample_level_bytes=cfg.loader.sample_level_bytes)
+                          sample_level_bytes=cfg.loader.sample_level_bytes, replicated=cfg.loader.shadows > 0)
               for source, index in wanted]
     security = Security.from_config(cfg)
     server = LoaderServer(actors, security, host=cfg.network.host, port=args.port)
