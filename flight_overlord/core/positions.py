@@ -27,14 +27,17 @@ class TrainerPositions:
         self.stale.discard(rank)
 
     def reported(self, positions: dict[int, int]) -> bool:
-        """A constructor's stream positions; whether any rank moved (stale ranks are not moved)."""
-        moved = False
+        """A constructor's stream positions (stale ranks are not moved); whether that changed what a
+        waiter on the positions looks at: the slowest rank, or a rank known for the first time. A
+        report that moves only ranks ahead of the slowest (three of four constructors' each step)
+        then wakes nobody."""
+        slowest, new = self.slowest(), False
         for rank, step in positions.items():
             if rank not in self.stale and step > self.requested.get(rank, -1):
+                new = new or rank not in self.requested
                 self.requested[rank] = step
                 self.streaming.add(rank)
-                moved = True
-        return moved
+        return new or self.slowest() != slowest
 
     def constructor_restarted(self, ranks: list[int]) -> None:
         self.stale |= self.streaming.intersection(ranks)

@@ -272,7 +272,7 @@ class PlanService:
         self._check_constructor(constructor, "plan")
         positions = self._checked_positions(positions, constructor)
         with self.cond:
-            if self.positions.reported(positions):  # they only move forward
+            if self.positions.reported(positions):  # the slowest moved (they only move forward), or a new rank
                 self.cond.notify_all()
 
     def resume_point(self, constructor: int) -> int:

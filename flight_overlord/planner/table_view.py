@@ -10,7 +10,7 @@ import numpy as np
 
 from ..core.mesh import Mesh
 from ..wire import encode
-from ..wire.plan import ConstructorPlan, PlanView, plan_header, view_rows
+from ..wire.plan import ConstructorPlan, PlanView, view_header, view_rows
 from .registry import Registry
 from .step_plan import StepPlan
 
@@ -64,17 +64,13 @@ def table_views(plan: StepPlan, mesh: Mesh, registry: Registry, broadcast: froze
     step_rows = view_rows([[all_keys[i] for i in rows.tolist()], t.tokens[rows], group, t.epoch[rows],
                            np.array(t.files + [""], dtype=object)[t.file[rows]], t.row_group[rows], t.row[rows],
                            np.ones(rows.size, dtype=np.int32)])
-    views, offset = [], 0
-    bin_ends = np.cumsum(sizes).tolist()
+    views, sizes = [], sizes.tolist()
     for j, own in enumerate(buckets):
-        first_bin = offset
-        offset += len(own) * m
-        base = starts[j]
-        flat = [list(range((bin_ends[k - 1] if k else 0) - base, bin_ends[k] - base)) for k in range(first_bin, offset)]
-        skeleton = ConstructorPlan(plan.step, plan.axis, sorted(broadcast), plan.capacity, [], [],
-                                   {bucket: flat[i * m:(i + 1) * m] for i, bucket in enumerate(own)}, [],
-                                   plan.encoder_axis, None, {})
-        views.append(PlanView(encode(plan_header(skeleton, fetch[j])), step_rows.slice(base, starts[j + 1] - base)))
+        first_bin = sum(bins_per_view[:j])
+        bin_sizes = {str(bucket): sizes[first_bin + i * m:first_bin + (i + 1) * m] for i, bucket in enumerate(own)}
+        header = view_header(plan.step, plan.axis, sorted(broadcast), plan.capacity, fetch[j], plan.encoder_axis, {},
+                             bin_sizes)
+        views.append(PlanView(encode(header), step_rows.slice(starts[j], starts[j + 1] - starts[j])))
     return views
 
 

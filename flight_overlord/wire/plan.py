@@ -109,7 +109,7 @@ class PlanView:
                                     [[epoch[i], file[i], row_group[i], row[i], consumers[i]] for i in items]))
         encoder = header["encoder"]
         return ConstructorPlan(header["step"], header["axis"], header["broadcast"], header["capacity"], keys,
-                               lengths, {int(b): v for b, v in header["microbatches"].items()}, fetch,
+                               lengths, _microbatches(header, len(keys)), fetch,
                                header["encoder_axis"], None if encoder is None else {int(b): v for b, v in encoder.items()},
                                header["extra"])
 
@@ -120,13 +120,57 @@ class PlanView:
 
 def plan_header(plan: ConstructorPlan, fetch: list | None = None) -> dict:
     """A view's fields other than its samples' columns (``fetch``: the groups as ``[source, actor,
-    locations]``, default: ``plan.fetch``'s)."""
-    return {"step": plan.step, "axis": plan.axis, "broadcast": plan.broadcast, "capacity": plan.capacity,
-            "microbatches": {str(b): v for b, v in plan.microbatches.items()},
-            "fetch": [[g.source, g.actor, g.locations] for g in plan.fetch] if fetch is None else fetch,
-            "encoder_axis": plan.encoder_axis,
-            "encoder": None if plan.encoder is None else {str(b): v for b, v in plan.encoder.items()},
-            "extra": plan.extra}
+    locations]``, default: ``plan.fetch``'s). Microbatches that number the samples in row order, one
+    after another (every view made from a plan's columns), travel as their sizes (``bins``)."""
+    header = view_header(plan.step, plan.axis, plan.broadcast, plan.capacity,
+                         [[g.source, g.actor, g.locations] for g in plan.fetch] if fetch is None else fetch,
+                         plan.encoder_axis, plan.extra)
+    sizes = _consecutive_sizes(plan.microbatches)
+    if sizes is not None:
+        header["bins"] = sizes
+    else:
+        header["microbatches"] = {str(b): v for b, v in plan.microbatches.items()}
+    header["encoder"] = None if plan.encoder is None else {str(b): v for b, v in plan.encoder.items()}
+    return header
+
+
+def view_header(step: int, axis: str, broadcast: list[str], capacity: int, fetch: list, encoder_axis: str | None,
+                extra: dict, bins: dict[str, list[int]] | None = None) -> dict:
+    """``plan_header``'s fields; ``bins``: bucket -> the number of samples in each of its microbatches,
+    the samples numbered in row order (the microbatches then go as ``bins``, not as index lists)."""
+    header = {"step": step, "axis": axis, "broadcast": broadcast, "capacity": capacity, "fetch": fetch,
+              "encoder_axis": encoder_axis, "encoder": None, "extra": extra}
+    if bins is not None:
+        header["bins"] = bins
+    return header
+
+
+def _consecutive_sizes(microbatches: dict[int, list[list[int]]]) -> dict[str, list[int]] | None:
+    """bucket -> microbatch sizes, when the microbatches list 0, 1, 2, ... in order; else None."""
+    sizes, start = {}, 0
+    for bucket, mbs in microbatches.items():
+        sizes[str(bucket)] = [len(mb) for mb in mbs]
+        for mb in mbs:
+            if mb != list(range(start, start + len(mb))):
+                return None
+            start += len(mb)
+    return sizes
+
+
+def _microbatches(header: dict, samples: int) -> dict[int, list[list[int]]]:
+    """A header's microbatches: as index lists, or rebuilt from ``bins`` (rows past them: samples only
+    an encoder row names)."""
+    if "bins" not in header:
+        return {int(b): v for b, v in header["microbatches"].items()}
+    microbatches, start = {}, 0
+    for bucket, sizes in header["bins"].items():
+        microbatches[int(bucket)] = []
+        for n in sizes:
+            microbatches[int(bucket)].append(list(range(start, start + n)))
+            start += n
+    if start > samples:
+        raise ValueError(f"a plan view's bins hold {start} samples, its rows only {samples}")
+    return microbatches
 
 
 def view_schema() -> pa.Schema:

@@ -31,5 +31,14 @@ def test_a_restarted_constructors_stream_ranks_are_stale_until_they_ask_again():
     assert p.settled([0, 1]) and p.requested == {0: 8, 1: 4} and p.slowest() == 4
 
 
+def test_a_report_says_whether_the_slowest_moved_or_a_rank_is_new():
+    p = TrainerPositions()
+    assert p.reported({0: 3, 1: 3})  # new ranks
+    assert p.reported({0: 5, 1: 4}) and p.slowest() == 4  # the slowest moved
+    assert not p.reported({0: 6}) and p.requested[0] == 6  # moved, ahead of the slowest: nobody to wake
+    assert p.reported({2: 9})  # a rank new here, though ahead
+    assert p.reported({1: 7}) and p.slowest() == 6
+
+
 def test_no_rank_yet():
     assert TrainerPositions().slowest() == -1

@@ -73,3 +73,27 @@ def test_a_plan_view_on_the_plans_stream_is_the_constructor_s_plan_field_by_fiel
     strays = rows.set_column(2, view_schema().field("group"), pa.array([0, 1, 2], pa.int32()))  # a row in a group the header lacks
     with pytest.raises(ValueError, match="fetch groups outside 0..1"):
         PlanView(view.header, strays).plan()
+
+
+def test_microbatches_numbered_in_row_order_travel_as_their_sizes():
+    """A view whose microbatches list its samples 0, 1, 2, ... in order (every view made from a plan's
+    columns) carries their sizes in its header, not index lists, and reads back the same plan; one in
+    another order keeps its lists; sizes that name more samples than the rows hold are refused."""
+    from flight_overlord.wire import decode, encode
+    from flight_overlord.wire.plan import ConstructorPlan, FetchGroup, PlanView
+
+    def plan_of(microbatches):
+        keys = [f"a:f:0:{i}" for i in range(4)]
+        return ConstructorPlan(3, "DP", [], 64, keys, [5, 6, 7, 8], microbatches,
+                               [FetchGroup("a", 0, ["grpc://h:1"], list(range(4)), [[0, "f", 0, i, 1] for i in range(4)])])
+
+    in_order = plan_of({4: [[0, 1], []], 5: [[2], [3]]})
+    view = PlanView.of(in_order)
+    header = decode(view.header, "header")
+    assert header["bins"] == {"4": [2, 0], "5": [1, 1]} and "microbatches" not in header
+    assert view.plan() == in_order and view.to_wire() == in_order.to_wire()
+    shuffled = plan_of({4: [[1, 0], []], 5: [[2], [3]]})
+    assert "bins" not in decode(PlanView.of(shuffled).header, "header")
+    assert PlanView.of(shuffled).plan() == shuffled
+    with pytest.raises(ValueError, match="bins hold 5 samples, its rows only 4"):
+        PlanView(encode({**header, "bins": {"4": [2, 3]}}), view.rows).plan()
