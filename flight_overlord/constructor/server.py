@@ -58,6 +58,7 @@ class ConstructorServer(ActionServer):
         self._clients = ClientPool(security.credentials)
         self._loaders = LoaderAddresses(self._clients, planner)  # a loader that moved: where it is now
         self._plans = PlanChannel()  # plan requests as messages on one stream, not one call each
+        self._ahead: dict[int, ConstructorPlan] = {}  # views of later steps that came with an answer (assembly thread)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="fetch")
         super().__init__(cfg.network.host, port, security)
 
@@ -78,8 +79,7 @@ class ConstructorServer(ActionServer):
                 if not self._paced(step):
                     return
                 asked = time.monotonic()
-                plan = self._ask_plans(lambda: PlanRequest(step, self.index, constructor.positions(),
-                                                           POSITIONS_SECONDS).to_wire())
+                plan = self._plan_of(step)
                 if plan is None:
                     return
                 planned = time.monotonic()
@@ -92,6 +92,20 @@ class ConstructorServer(ActionServer):
             log.exception("assembly failed")
             constructor.fail(exc)
 
+    def _plan_of(self, step: int) -> ConstructorPlan | None:
+        """This constructor's view of ``step``: taken ahead with an earlier step's answer (a plan never
+        changes once made), or asked for, together with the next steps' views already planned; None once
+        this server stops."""
+        self._ahead = {s: p for s, p in self._ahead.items() if s >= step}  # none behind is asked for again
+        if step in self._ahead:
+            return self._ahead.pop(step)
+        views = self._ask_plans(lambda: PlanRequest(step, self.index, self.constructor.positions(),
+                                                    POSITIONS_SECONDS).to_wire())
+        if views is None:
+            return None
+        self._ahead.update((p.step, p) for p in views[1:])
+        return views[0]
+
     def _paced(self, step: int) -> bool:
         """``Constructor.paced``, reporting the streams' positions on the plans stream while it waits:
         the Planner's handler then never waits long for a message (its shutdown waits for it)."""
@@ -102,7 +116,7 @@ class ConstructorServer(ActionServer):
             if self._ask_plans(lambda: {"constructor": self.index, "positions": self.constructor.positions()}) is None:
                 return False
 
-    def _ask_plans(self, body) -> dict | ConstructorPlan | None:
+    def _ask_plans(self, body) -> dict | list[ConstructorPlan] | None:
         """A message on the plans stream (``wire/plan_channel.py``) and its answer (a view: the plan), as
         ``_call_planner``."""
         return self._call_planner(None, body)

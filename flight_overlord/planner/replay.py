@@ -31,6 +31,7 @@ from ..config import Config
 from ..core.mixing import Mixer
 from ..core.order import ReadOrder, RowGroupRef
 from ..journal import read_journal
+from ..wire.plan_channel import PLAN_AHEAD
 from .costing import cost_fns
 from .feed import FetchMeta, SourceFeed, row_group_metadata
 from .run_inputs import ConfigHistory, JsonFile, Unreadable
@@ -219,7 +220,7 @@ class Replayer:
         self.cfg, self.strategy = cfg, strategy
         self.journal_path, self.snapshots = journal_path, snapshots
         self._rewinds = JsonFile(journal_path.parent / "planner" / "rewinds.json", [])
-        self.recent = RecentPlans(max(4, cfg.prefetch + 2))
+        self.recent = RecentPlans(max(4, cfg.prefetch + PLAN_AHEAD + 2))
         self.configs = ConfigHistory(journal_path.parent / "planner" / "configs.json", cfg)
         self.unreadable = Unreadable(journal_path.parent / "planner" / "unreadable.json")
         self._live = SourceReader(cfg, self.unreadable, fetch_meta, row_groups) if fetch_meta is not None else None

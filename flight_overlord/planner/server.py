@@ -30,7 +30,7 @@ from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
 from ..wire.actions import MixRequest, PlanRequest, Report, ResumePointRequest, StatsRequest
 from ..wire.plan import PlanView
-from ..wire.plan_channel import OK, check_descriptor, serve_plans
+from ..wire.plan_channel import OK, VIEWS_PER_ANSWER, check_descriptor, serve_plans
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, location_of, serve
 from ..wire.tickets import STREAM_KINDS, BatchTicket, BufferTicket, RankStream, Registration
@@ -184,11 +184,12 @@ class PlannerServer(ActionServer):
     def action_plan(self, body):
         """A constructor's share of one step's plan: {"step", "constructor", "positions": {rank: step}, "wait": s};
         one JSON object (constructors get it on their plans stream, as a record batch and a header)."""
-        return self._view(body).to_wire()
+        return self._views(body)[0].to_wire()
 
-    def _view(self, body: dict) -> PlanView:
+    def _views(self, body: dict, views: int = 1) -> list[PlanView]:
         request = PlanRequest.from_wire(body)
-        return self.service.constructor_plan(request.step, request.constructor, request.positions, request.wait)
+        return self.service.constructor_plan(request.step, request.constructor, request.positions, request.wait,
+                                             views)
 
     def do_exchange(self, context, descriptor, reader, writer):
         """A constructor's plans stream (``wire/plan_channel.py``): ``action_plan`` as one message each."""
@@ -196,9 +197,9 @@ class PlannerServer(ActionServer):
         check_descriptor(descriptor)
         serve_plans(reader, writer, self._plans_answer, lambda: self.service.stopping)
 
-    def _plans_answer(self, body: dict) -> bytes | PlanView:
+    def _plans_answer(self, body: dict) -> bytes | list[PlanView]:
         if "step" in body:
-            return self._view(body)
+            return self._views(body, VIEWS_PER_ANSWER)
         self.service.constructor_positions(wire.field(body, "constructor", int, "positions report"), body.get("positions"))
         return OK
 

@@ -23,6 +23,7 @@ from ..wire.plan import PlanView
 from ..wire.status import PlannerStatus
 from .planner import Planner
 from .registry import REGISTRY_FILE
+from ..wire.plan_channel import PLAN_AHEAD
 from .views import step_views, wire_view
 
 log = logging.getLogger(__name__)
@@ -155,11 +156,11 @@ class PlanService:
                 self._published.notify_all()
 
     def _may_plan(self, step: int) -> bool:
-        """Plan up to ``prefetch`` steps past the slowest trainer that has asked for data, once the
-        feedback a dynamic schedule reads is complete (and, on a new layout, once trainers said
-        where they resume)."""
+        """Plan up to ``prefetch + PLAN_AHEAD`` steps past the slowest trainer that has asked for data,
+        once the feedback a dynamic schedule reads is complete (and, on a new layout, once trainers
+        said where they resume)."""
         slowest = self.positions.slowest()
-        return (not self.rewind_pending and step <= slowest + self.cfg.prefetch
+        return (not self.rewind_pending and step <= slowest + self.cfg.prefetch + PLAN_AHEAD
                 and self.planner.feedback_ready(step))
 
     def _check_horizon(self, step: int) -> None:
@@ -172,9 +173,8 @@ class PlanService:
 
     def _wait_for_plan(self, step: int, timeout: float) -> None:
         """Until ``step`` is planned, and its views made (a constructor's ask then finds them)."""
-        wait_until(self._published, lambda: self.failure is not None or self.stopping
-                        or (step < self.planner.next_step and step != self._publishing), timeout,
-                        f"the plan of step {step}")
+        wait_until(self._published, lambda: self.failure is not None or self.stopping or self._published_step(step),
+                   timeout, f"the plan of step {step}")
         if self.failure:
             raise BackgroundFailure(str(self.failure), self.failure.cause)
 
@@ -244,27 +244,46 @@ class PlanService:
 
     # -- constructors ------------------------------------------------------------------
     def constructor_plan(self, step: int, constructor: int, positions: dict | None = None,
-                         wait: float | None = None) -> PlanView:
-        """Constructor ``constructor``'s share of step ``step``'s plan, as the plans stream carries it. A step's
-        views are dropped here once every constructor fetched its own; later asks are served from the journal.
-        ``positions``: {rank: step} the next step each of its rank streams sends (how the Planner
-        paces itself without a per-step call from those trainers). ``wait``: how long to hold the
+                         wait: float | None = None, views: int = 1) -> list[PlanView]:
+        """Constructor ``constructor``'s share of step ``step``'s plan, as the plans stream carries it, and
+        of the steps after it already planned, up to ``views`` steps in all (they come without waiting). A
+        step's views are dropped here once every constructor fetched its own; later asks are served from
+        the journal. ``positions``: {rank: step} the next step each of its rank streams sends (how the
+        Planner paces itself without a per-step call from those trainers). ``wait``: how long to hold the
         request at most (then FlightTimedOutError): the positions it brought may be what planning
         waits for once its streams moved on, so the constructor asks again with fresh ones."""
         self.constructor_positions(constructor, positions or {})
         with self.cond:
             self._check_horizon(step)
             self._wait_for_plan(step, min(WAIT_SECONDS, wait or WAIT_SECONDS))
-            views = self._views.get(step)
-            if views is not None:
-                self._fetched[step].add(constructor)
-                if len(self._fetched[step]) == self.mesh.num_constructors:
-                    del self._views[step], self._fetched[step]
-                return views[constructor]
-        plan = self.planner.journaled(step)  # fetched by everyone before, or planned by an earlier Planner process
-        if plan is None:
-            raise KeyError(f"plan of step {step} is in no journal of this run")
-        return wire_view(plan, constructor, self.mesh, self.planner.registry, self.planner.strategy.broadcast)
+            first = self._take_view(step, constructor)
+            following = []
+            for later in range(step + 1, step + views):
+                view = self._take_view(later, constructor) if self._published_step(later) else None
+                if view is None:
+                    break
+                following.append(view)
+        if first is None:
+            plan = self.planner.journaled(step)  # fetched by everyone before, or planned by an earlier Planner process
+            if plan is None:
+                raise KeyError(f"plan of step {step} is in no journal of this run")
+            first = wire_view(plan, constructor, self.mesh, self.planner.registry, self.planner.strategy.broadcast)
+        return [first, *following]
+
+    def _published_step(self, step: int) -> bool:
+        """(Held lock.) Planned, with its views made."""
+        return step < self.planner.next_step and step != self._publishing
+
+    def _take_view(self, step: int, constructor: int) -> PlanView | None:
+        """(Held lock.) The constructor's view of a published step, if still held; dropped once every
+        constructor has taken its own."""
+        views = self._views.get(step)
+        if views is None:
+            return None
+        self._fetched[step].add(constructor)
+        if len(self._fetched[step]) == self.mesh.num_constructors:
+            del self._views[step], self._fetched[step]
+        return views[constructor]
 
     def constructor_positions(self, constructor: int, positions) -> None:
         """{rank: step}: the next step each rank stream of ``constructor`` sends (with a plan request, or
@@ -308,7 +327,7 @@ class PlanService:
     def upcoming_steps(self) -> list[int]:
         """The planned steps still worth inspecting (the ones trainers are about to read)."""
         with self.cond:
-            return [s for s in sorted(self.stats) if s >= self.planner.next_step - self.cfg.prefetch - 1]
+            return [s for s in sorted(self.stats) if s >= self.planner.next_step - self.cfg.prefetch - PLAN_AHEAD - 1]
 
     def status(self) -> PlannerStatus:
         """Registration, planning progress, trainer positions, and where every role is."""

@@ -92,30 +92,58 @@ class PlanView:
         return cls(encode(header), view_rows(columns))
 
     def plan(self) -> ConstructorPlan:
-        header = decode(self.header, "the header of a plan view")
-        if self.rows.schema != view_schema():
-            raise ValueError(f"a plan view's rows must have the schema {PLAN_VIEW!r}, got {self.rows.schema}")
-        keys, lengths, group, epoch, file, row_group, row, consumers = (c.to_pylist() for c in self.rows.columns)
-        group = np.asarray(group, dtype=np.int64)
-        # each group's rows, in order: one stable sort, not a scan of every row per group
-        order = np.argsort(group, kind="stable")
-        bounds = np.searchsorted(group[order], np.arange(len(header["fetch"]) + 1)).tolist()
-        if group.size and (group.min() < 0 or bounds[-1] != group.size):
-            raise ValueError(f"a plan view's rows name fetch groups outside 0..{len(header['fetch']) - 1}")
-        fetch = []
-        for g, (source, actor, locations) in enumerate(header["fetch"]):
-            items = order[bounds[g]:bounds[g + 1]].tolist()
-            fetch.append(FetchGroup(source, actor, locations, items,
-                                    [[epoch[i], file[i], row_group[i], row[i], consumers[i]] for i in items]))
-        encoder = header["encoder"]
-        return ConstructorPlan(header["step"], header["axis"], header["broadcast"], header["capacity"], keys,
-                               lengths, _microbatches(header, len(keys)), fetch,
-                               header["encoder_axis"], None if encoder is None else {int(b): v for b, v in encoder.items()},
-                               header["extra"])
+        return _plan_of(decode(self.header, "the header of a plan view"), self.rows)
 
     def to_wire(self) -> dict:
         """The ``plan`` action's answer: the same view as one JSON object."""
         return self.plan().to_wire()
+
+
+def _plan_of(header: dict, rows: pa.RecordBatch) -> ConstructorPlan:
+    """The ``ConstructorPlan`` a view's decoded header and rows make."""
+    if rows.schema != view_schema():
+        raise ValueError(f"a plan view's rows must have the schema {PLAN_VIEW!r}, got {rows.schema}")
+    keys, lengths, group, epoch, file, row_group, row, consumers = (c.to_pylist() for c in rows.columns)
+    group = np.asarray(group, dtype=np.int64)
+    # each group's rows, in order: one stable sort, not a scan of every row per group
+    order = np.argsort(group, kind="stable")
+    bounds = np.searchsorted(group[order], np.arange(len(header["fetch"]) + 1)).tolist()
+    if group.size and (group.min() < 0 or bounds[-1] != group.size):
+        raise ValueError(f"a plan view's rows name fetch groups outside 0..{len(header['fetch']) - 1}")
+    fetch = []
+    for g, (source, actor, locations) in enumerate(header["fetch"]):
+        items = order[bounds[g]:bounds[g + 1]].tolist()
+        fetch.append(FetchGroup(source, actor, locations, items,
+                                [[epoch[i], file[i], row_group[i], row[i], consumers[i]] for i in items]))
+    encoder = header["encoder"]
+    return ConstructorPlan(header["step"], header["axis"], header["broadcast"], header["capacity"], keys,
+                           lengths, _microbatches(header, len(keys)), fetch,
+                           header["encoder_axis"], None if encoder is None else {int(b): v for b, v in encoder.items()},
+                           header["extra"])
+
+
+def views_message(views: list[PlanView]) -> tuple[bytes, pa.RecordBatch]:
+    """Views of consecutive steps as one plans-stream answer: their rows back to back in one batch, and
+    the header ``{"views": [each view's header], "rows": [each view's row count]}`` (the views' headers
+    are encoded JSON objects already: joined as bytes, not decoded and encoded again)."""
+    header = b'{"views":[' + b",".join(v.header for v in views) + b'],"rows":[' + \
+        ",".join(str(v.rows.num_rows) for v in views).encode() + b"]}"
+    return header, views[0].rows if len(views) == 1 else pa.concat_batches([v.rows for v in views])
+
+
+def read_views(header: bytes, rows: pa.RecordBatch) -> list[ConstructorPlan]:
+    """``views_message``'s plans, in order."""
+    outer = decode(header, "the header of a plans answer")
+    heads, counts = outer.get("views"), outer.get("rows")
+    if (not isinstance(heads, list) or not heads or not isinstance(counts, list) or len(counts) != len(heads)
+            or not all(isinstance(n, int) and n >= 0 for n in counts) or sum(counts) != rows.num_rows):
+        raise ValueError(f"a plans answer's header must list each view's header and row count, covering its "
+                         f"{rows.num_rows} rows")
+    plans, offset = [], 0
+    for head, n in zip(heads, counts):
+        plans.append(_plan_of(head, rows.slice(offset, n)))
+        offset += n
+    return plans
 
 
 def plan_header(plan: ConstructorPlan, fetch: list | None = None) -> dict:

@@ -7,8 +7,10 @@ a fraction of that. The protocol is lock-step, app_metadata only (JSON objects),
 
 - constructor -> Planner: a plan request (``PlanRequest``, action ``plan``'s body), or a positions
   report ``{"constructor", "positions"}`` (no ``step``);
-- Planner -> constructor, one answer each: the constructor's view of the step, a ``PlanView`` (a
-  ``plan_view`` record batch, its header as app_metadata; the stream's schema is ``plan_view``),
+- Planner -> constructor, one answer each: the constructor's view of the step and of the steps after
+  it that are planned already (at most ``VIEWS_PER_ANSWER``), as one message (``views_message``: the
+  views' ``plan_view`` rows back to back in one record batch, their headers as app_metadata; the
+  stream's schema is ``plan_view``); the constructor then asks again only for the step after those,
   ``{"again": true}`` when it is not planned within the request's ``wait`` (ask again with fresh
   positions), ``{"ok": true}`` to a report, or ``{"error": MESSAGE}`` (a bad request: the stream
   stays open); these three as app_metadata only.
@@ -28,7 +30,7 @@ import pyarrow.flight as fl
 
 from ..errors import WaitTimedOut
 from . import decode, encode
-from .plan import ConstructorPlan, PlanView, view_schema
+from .plan import ConstructorPlan, PlanView, read_views, view_schema, views_message
 from .server import client_error, decode_body
 
 PLANS = "plans"
@@ -38,6 +40,13 @@ PLANS = "plans"
 # ones. It also bounds how long the Planner's shutdown waits for a plans stream's handler.
 POSITIONS_SECONDS = 0.5
 AGAIN, OK = encode({"again": True}), encode({"ok": True})
+# Views in one answer: the asked step's and the next one's when it is planned, so that a constructor asks
+# (and the Planner answers) about once every other step: the plans stream's messages were most of the
+# Planner's CPU per step after planning itself.
+VIEWS_PER_ANSWER = 2
+# Steps the Planner plans past the trainers' prefetch, so that an ask finds the next step planned too: a
+# constructor that asks every other step reports its positions every other step, up to two steps old.
+PLAN_AHEAD = 2
 # errors that are the Planner's answer, not a broken stream: the constructor does not reconnect on them
 _ANSWERS = (fl.FlightServerError, fl.FlightUnauthenticatedError, fl.FlightUnauthorizedError)
 
@@ -49,9 +58,9 @@ def check_descriptor(descriptor: fl.FlightDescriptor) -> None:
                        f"only ({PLANS!r},), a constructor's plans stream")
 
 
-def serve_plans(reader, writer, answer: Callable[[dict], "bytes | PlanView"], stopping: Callable[[], bool]) -> None:
+def serve_plans(reader, writer, answer: Callable[[dict], "bytes | list[PlanView]"], stopping: Callable[[], bool]) -> None:
     """The Planner's side: one answer per message until the constructor closes the stream or the Planner
-    stops. ``answer(body)``: a view, or an encoded answer; its ``WaitTimedOut`` is ``{"again": true}``,
+    stops. ``answer(body)``: views of consecutive steps, or an encoded answer; its ``WaitTimedOut`` is ``{"again": true}``,
     any other error ``{"error": ...}`` (said as a handler's error would be)."""
     writer.begin(view_schema())
     while not stopping():
@@ -67,8 +76,9 @@ def serve_plans(reader, writer, answer: Callable[[dict], "bytes | PlanView"], st
             if stopping():  # failed because the Planner stops: the constructor asks again (it, or its successor)
                 return
             reply = encode({"error": str(client_error(exc, "the plans stream"))})
-        if isinstance(reply, PlanView):
-            writer.write_with_metadata(reply.rows, reply.header)
+        if isinstance(reply, list):
+            header, rows = views_message(reply)
+            writer.write_with_metadata(rows, header)
         else:
             writer.write_metadata(reply)
 
@@ -90,9 +100,9 @@ class PlanChannel:
         # the final close would hold the Planner's shutdown
         self._lock = threading.Lock()
 
-    def ask(self, client: fl.FlightClient, body: dict) -> "dict | ConstructorPlan":
+    def ask(self, client: fl.FlightClient, body: dict) -> "dict | list[ConstructorPlan]":
         """Send ``body`` on ``client``'s plans stream (opened on first use) and return the answer, decoded
-        (a view: the ``ConstructorPlan``). Raises ``FlightTimedOutError`` for "again" (``ask_again`` asks again), ``FlightServerError`` for an
+        (views: their ``ConstructorPlan``s, the asked step's first). Raises ``FlightTimedOutError`` for "again" (``ask_again`` asks again), ``FlightServerError`` for an
         error answer, and ``FlightUnavailableError`` when the stream broke (``call_any`` reconnects)."""
         with self._lock:
             if self._closed:
@@ -115,7 +125,7 @@ class PlanChannel:
             self.close()
             raise fl.FlightUnavailableError("the Planner's answer on the plans stream had no header (app_metadata)")
         if chunk.data is not None:
-            return PlanView(chunk.app_metadata.to_pybytes(), chunk.data).plan()
+            return read_views(chunk.app_metadata.to_pybytes(), chunk.data)
         reply = decode(chunk.app_metadata.to_pybytes(), "the Planner's answer on the plans stream")
         if reply.get("again") is True:
             raise fl.FlightTimedOutError("not planned yet: ask again with fresh positions")

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from flight_overlord import allocator, wire
 from flight_overlord.client import StepFetcher
+from flight_overlord.wire.plan_channel import PLAN_AHEAD
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.deploy.node import previous_ports
@@ -102,14 +103,14 @@ def test_every_role_exposes_metrics_that_move_with_the_run(cluster):
         assert pick(page, "overlord_constructor_bytes_fetched_total", constructor=r) > 0
         assert pick(page, "overlord_role_errors", role="constructor") == 0
 
-    # The Planner plans prefetch (2) steps past the trainers, then stops: wait for that, then read it settled
+    # The Planner plans prefetch (2) + PLAN_AHEAD steps past the trainers, then stops: wait for that, then read it settled
     deadline = time.monotonic() + 30
-    while pick(scrape(urls["planner"]), "overlord_planner_steps_planned_total") < STEPS + 2:
+    while pick(scrape(urls["planner"]), "overlord_planner_steps_planned_total") < STEPS + 2 + PLAN_AHEAD:
         assert time.monotonic() < deadline, "the Planner did not plan prefetch steps ahead"
         time.sleep(0.1)
     time.sleep(0.5)
     planner = scrape(urls["planner"])
-    assert pick(planner, "overlord_planner_steps_planned_total") == STEPS + 2
+    assert pick(planner, "overlord_planner_steps_planned_total") == STEPS + 2 + PLAN_AHEAD
     plans = journal(path)
     planned_steps = int(pick(planner, "overlord_planner_steps_planned_total"))
     by_source: dict[str, int] = {}

@@ -97,3 +97,30 @@ def test_microbatches_numbered_in_row_order_travel_as_their_sizes():
     assert PlanView.of(shuffled).plan() == shuffled
     with pytest.raises(ValueError, match="bins hold 5 samples, its rows only 4"):
         PlanView(encode({**header, "bins": {"4": [2, 3]}}), view.rows).plan()
+
+
+def test_views_of_consecutive_steps_travel_as_one_answer():
+    """The plans stream's answer: views of consecutive steps, rows back to back in one batch (through IPC
+    as on the wire), read back as the same plans in order; a header whose row counts do not cover the
+    rows is refused, naming it."""
+    import pyarrow as pa
+
+    from flight_overlord.wire import decode, encode
+    from flight_overlord.wire.plan import ConstructorPlan, FetchGroup, PlanView, read_views, view_schema, views_message
+
+    def plan_of(step, n):
+        keys = [f"a:f:{step}:{i}" for i in range(n)]
+        return ConstructorPlan(step, "DP", [], 64, keys, list(range(1, n + 1)), {0: [list(range(n))]},
+                               [FetchGroup("a", 0, ["grpc://h:1"], list(range(n)), [[0, "f", step, i, 1] for i in range(n)])])
+
+    plans = [plan_of(5, 3), plan_of(6, 0), plan_of(7, 2)]
+    header, rows = views_message([PlanView.of(p) for p in plans])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, view_schema()) as writer:
+        writer.write_batch(rows)
+    rows = pa.ipc.open_stream(sink.getvalue()).read_next_batch()
+    assert rows.num_rows == 5 and read_views(header, rows) == plans
+    assert read_views(*views_message([PlanView.of(plans[0])])) == plans[:1]
+    bad = encode({**decode(header, "header"), "rows": [3, 0, 1]})
+    with pytest.raises(ValueError, match="covering its 5 rows"):
+        read_views(bad, rows)
