@@ -131,7 +131,7 @@ def test_resume_on_an_edited_config_drops_adds_reweights_and_readds(corpus, tmp_
 
 def test_live_mix_then_kill_and_resume(corpus, tmp_path, capsys):
     path = sources_config(tmp_path, corpus, WEIGHTS)
-    at, cut = 6, 10
+    at, cut = 8, 12  # at: past what the Planner plans after the stock reads of steps 0-2 (2 + prefetch + PLAN_AHEAD)
     new = {"captions": 0.1, "longdocs": 0.5, "code": 0.3, "qa": 0.1}
     with LocalCluster(path) as cluster:
         before = stock_read(cluster.planner, range(3))

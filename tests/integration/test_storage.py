@@ -267,7 +267,7 @@ def test_a_read_denied_mid_run_is_named_and_the_loader_lives_on(s3_iam, corpus, 
         failed = []
         for lo in loaders:
             client = connect(lo.location, cluster.credentials)
-            failed += wire.call(client, "status")["recent_failed_reads"]
+            failed += [f for actor in wire.call(client, "status")["actors"] for f in actor["recent_failed_reads"]]
             client.close()
     finally:
         cluster.stop()
