@@ -48,6 +48,7 @@ class ControlPlane:
     journal_bytes: int      # plan journal growth in the timed phase
     planned_steps: int      # steps the Planner planned in the timed phase
     errors: list[str]
+    answers: dict[str, int]  # plans-stream answers in the timed phase, by the views they carried
 
     @property
     def us_per_rank_step(self) -> float:
@@ -57,14 +58,19 @@ class ControlPlane:
     def journal_bytes_per_step(self) -> float:
         return self.journal_bytes / max(self.planned_steps, 1)
 
+    @property
+    def two_view_share(self) -> float:
+        """The share of plan requests whose answer brought the next step's view too."""
+        return self.answers.get("2", 0) / max(sum(self.answers.values()), 1)
+
     def line(self) -> str:
         return (f"| {self.path} | {self.ranks} | {self.us_per_rank_step:,.0f} | {self.journal_bytes_per_step:,.0f} | "
                 f"{self.rank_steps / self.seconds:,.0f} | {self.planner_cpu / self.seconds:.2f} | "
-                f"{len(self.errors)} |")
+                f"{self.two_view_share:.0%} | {len(self.errors)} |")
 
 
 HEADER = ("| path | ranks | Planner CPU per rank-step (us) | journal bytes per step | rank-steps/s "
-          "| Planner cores | errors |\n|---|---|---|---|---|---|---|")
+          "| Planner cores | answers with the next step's view | errors |\n|---|---|---|---|---|---|---|---|")
 
 
 def _planner_cpu(cluster: LocalCluster) -> float:
@@ -72,10 +78,10 @@ def _planner_cpu(cluster: LocalCluster) -> float:
     return times.user + times.system
 
 
-def _planned(cluster: LocalCluster) -> int:
+def _planner_status(cluster: LocalCluster) -> dict:
     client = wire.server.connect(cluster.planner, cluster.credentials)
     try:
-        return int(wire.call(client, "status")["planned"]) + 1
+        return wire.call(client, "status")
     finally:
         client.close()
 
@@ -110,17 +116,18 @@ def measure(cluster: LocalCluster, path: str, *, seconds: float, warmup: float, 
     ranks_running = RankThreads(per_step if path == "per-step" else stream, ranks)
     errors = ranks_running.errors  # counted and reported
     time.sleep(warmup)
-    t0, cpu0, steps0, bytes0, planned0 = (time.perf_counter(), _planner_cpu(cluster), sum(done),
-                                          journal_size(journal), _planned(cluster))
+    t0, cpu0, steps0, bytes0, status0 = (time.perf_counter(), _planner_cpu(cluster), sum(done),
+                                         journal_size(journal), _planner_status(cluster))
     log(f"{path}: warm-up over at {min(done)} steps")
     while time.perf_counter() < t0 + seconds and not errors:
         time.sleep(0.2)
-    t1, cpu1, steps1, bytes1, planned1 = (time.perf_counter(), _planner_cpu(cluster), sum(done),
-                                          journal_size(journal), _planned(cluster))
+    t1, cpu1, steps1, bytes1, status1 = (time.perf_counter(), _planner_cpu(cluster), sum(done),
+                                         journal_size(journal), _planner_status(cluster))
     stop.set()
     ranks_running.join(timeout=10, raise_error=False)
-    return ControlPlane(path, ranks, t1 - t0, steps1 - steps0, cpu1 - cpu0, bytes1 - bytes0, planned1 - planned0,
-                        errors)
+    answers = {k: n - status0.get("plan_answers", {}).get(k, 0) for k, n in status1.get("plan_answers", {}).items()}
+    return ControlPlane(path, ranks, t1 - t0, steps1 - steps0, cpu1 - cpu0, bytes1 - bytes0,
+                        status1["planned"] - status0["planned"], errors, answers)
 
 
 def profile_planner(prefix: str) -> None:

@@ -14,7 +14,7 @@ from typing import Callable
 
 from .. import wire
 from ..config import Config
-from ..errors import BackgroundFailure
+from ..errors import BackgroundFailure, WaitTimedOut
 from ..journal import write_json_atomic
 from ..waiting import wait_until
 from ..core.positions import TrainerPositions
@@ -29,6 +29,9 @@ from .views import step_views, wire_view
 log = logging.getLogger(__name__)
 WAIT_SECONDS = 30.0  # a blocking call waits this long server-side, then the client may ask again
 STEPS_AHEAD = 16    # beyond prefetch: how far past the planned steps a trainer may ask before it is an error
+# How long an answer waits for the next step's view when that step is being planned right now (about
+# a planning's time at dp 64; past it, at thousands of ranks, the answer goes without it)
+NEXT_VIEW_SECONDS = 0.05
 STATS_KEPT = 1024   # per-step plan stats kept for the ``stats`` action (older steps: their journal records)
 
 
@@ -62,6 +65,7 @@ class PlanService:
         self.positions = TrainerPositions()        # where each rank is (asked, or reported by its constructor)
         self._planned = {"samples": {}, "tokens": {}}  # per source, by this process (metrics)
         self._reregistrations = {"loader": 0, "constructor": 0}  # restarts of registered roles (metrics)
+        self._plan_answers: dict[str, int] = {}  # views per plans-stream answer -> answers (status, metrics)
         self.failure: BackgroundFailure | None = None  # planning failed: every waiting call gets it
         self._trainer_waits = TrainerWaits()  # what trainers reported waiting for data (status; not journaled)
         self.stopping = False
@@ -259,16 +263,33 @@ class PlanService:
             first = self._take_view(step, constructor)
             following = []
             for later in range(step + 1, step + views):
+                self._await_in_planning(later)
                 view = self._take_view(later, constructor) if self._published_step(later) else None
                 if view is None:
                     break
                 following.append(view)
+            if views > 1:
+                key = str(1 + len(following))
+                self._plan_answers[key] = self._plan_answers.get(key, 0) + 1
         if first is None:
             plan = self.planner.journaled(step)  # fetched by everyone before, or planned by an earlier Planner process
             if plan is None:
                 raise KeyError(f"plan of step {step} is in no journal of this run")
             first = wire_view(plan, constructor, self.mesh, self.planner.registry, self.planner.strategy.broadcast)
         return [first, *following]
+
+    def _await_in_planning(self, step: int) -> None:
+        """(Held lock.) When ``step`` is the one being planned now, or the next and plannable (the positions
+        just reported may be what let it), wait for it, at most ``NEXT_VIEW_SECONDS``: its view then comes
+        along, and the constructor does not ask for it."""
+        planning = step == self._publishing or (step == self.planner.next_step and self._may_plan(step))
+        if self._published_step(step) or not planning:
+            return
+        try:
+            wait_until(self._published, lambda: self.failure is not None or self.stopping or self._published_step(step),
+                       NEXT_VIEW_SECONDS, f"the plan of step {step}")
+        except WaitTimedOut:
+            pass  # planning takes longer than that: the answer goes without it
 
     def _published_step(self, step: int) -> bool:
         """(Held lock.) Planned, with its views made."""
@@ -340,7 +361,8 @@ class PlanService:
                 error=str(self.failure) if self.failure else None,
                 recovered=self.resumed, samples_planned=dict(self._planned["samples"]),
                 tokens_planned=dict(self._planned["tokens"]), mixture_realized=_shares(self._planned[unit]),
-                reregistrations=dict(self._reregistrations), **registry.state_dict(),
+                reregistrations=dict(self._reregistrations), plan_answers=dict(self._plan_answers),
+                **registry.state_dict(),
                 scaling=self.planner.scaling.status() if self.planner.scaling is not None else None,
                 cost=self.planner.cost_status(),
                 trainer_waits={str(r): w for r, w in self._trainer_waits.totals().items()},

@@ -122,6 +122,9 @@ def test_every_role_exposes_metrics_that_move_with_the_run(cluster):
     assert total(planner, "overlord_planner_mixture_realized") == pytest.approx(1.0)
     assert {pick(planner, "overlord_planner_step_requested", rank=r) for r in range(RANKS)} == {STEPS - 1}
     assert pick(planner, "overlord_planner_registered_roles", role="loader") == len(load_config(path).sources)
+    # every step a constructor assembled came in a plans-stream answer: asked for, or along with the one before
+    views = {dict(labels)["views"]: n for (name, labels), n in planner.items() if name == "overlord_planner_plan_answers_total"}
+    assert set(views) <= {"1", "2"} and sum(int(k) * n for k, n in views.items()) >= STEPS * RANKS
 
     def loader_bytes(pages):
         return sum(total(pages[role], "overlord_loader_bytes_served_total") for role in urls if role.startswith("loader"))
