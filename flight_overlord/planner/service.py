@@ -14,7 +14,7 @@ from typing import Callable
 
 from .. import wire
 from ..config import Config
-from ..errors import BackgroundFailure, WaitTimedOut
+from ..errors import BackgroundFailure, Busy, WaitTimedOut
 from ..journal import write_json_atomic
 from ..waiting import wait_until
 from ..core.positions import TrainerPositions
@@ -250,7 +250,8 @@ class PlanService:
     def constructor_plan(self, step: int, constructor: int, positions: dict | None = None,
                          wait: float | None = None, views: int = 1) -> list[PlanView]:
         """Constructor ``constructor``'s share of step ``step``'s plan, as the plans stream carries it, and
-        of the steps after it already planned, up to ``views`` steps in all (they come without waiting). A
+        of the steps after it already planned, up to ``views`` steps in all (one being planned right now is
+        waited for, briefly: ``_await_in_planning``). A
         step's views are dropped here once every constructor fetched its own; later asks are served from
         the journal. ``positions``: {rank: step} the next step each of its rank streams sends (how the
         Planner paces itself without a per-step call from those trainers). ``wait``: how long to hold the
@@ -288,8 +289,8 @@ class PlanService:
         try:
             wait_until(self._published, lambda: self.failure is not None or self.stopping or self._published_step(step),
                        NEXT_VIEW_SECONDS, f"the plan of step {step}")
-        except WaitTimedOut:
-            pass  # planning takes longer than that: the answer goes without it
+        except (WaitTimedOut, Busy):
+            pass  # planning takes longer than that (or the server is full of waiting calls): the answer goes without it
 
     def _published_step(self, step: int) -> bool:
         """(Held lock.) Planned, with its views made."""
