@@ -93,9 +93,9 @@ class ConstructorServer(ActionServer):
             constructor.fail(exc)
 
     def _plan_of(self, step: int) -> ConstructorPlan | None:
-        """This constructor's view of ``step``: taken ahead with an earlier step's answer (a plan never
-        changes once made), or asked for, together with the next steps' views already planned; None once
-        this server stops."""
+        """This constructor's view of ``step``: taken ahead with an earlier step's answer (a plan's samples
+        never change once made; a loader that moved meanwhile is looked up again by the fetch, as for any
+        view), or asked for, together with the next steps' views already planned; None once this server stops."""
         self._ahead = {s: p for s, p in self._ahead.items() if s >= step}  # none behind is asked for again
         if step in self._ahead:
             return self._ahead.pop(step)

@@ -65,9 +65,10 @@ def table_views(plan: StepPlan, mesh: Mesh, registry: Registry, broadcast: froze
                            np.array(t.files + [""], dtype=object)[t.file[rows]], t.row_group[rows], t.row[rows],
                            np.ones(rows.size, dtype=np.int32)])
     views, sizes = [], sizes.tolist()
+    first_bins = np.cumsum([0, *bins_per_view]).tolist()
     for j, own in enumerate(buckets):
-        first_bin = sum(bins_per_view[:j])
-        bin_sizes = {str(bucket): sizes[first_bin + i * m:first_bin + (i + 1) * m] for i, bucket in enumerate(own)}
+        first_bin = first_bins[j]
+        bin_sizes = [[bucket, sizes[first_bin + i * m:first_bin + (i + 1) * m]] for i, bucket in enumerate(own)]
         header = view_header(plan.step, plan.axis, sorted(broadcast), plan.capacity, fetch[j], plan.encoder_axis, {},
                              bin_sizes)
         views.append(PlanView(encode(header), step_rows.slice(starts[j], starts[j + 1] - starts[j])))

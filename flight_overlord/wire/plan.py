@@ -128,17 +128,21 @@ def views_message(views: list[PlanView]) -> tuple[bytes, pa.RecordBatch]:
     are encoded JSON objects already: joined as bytes, not decoded and encoded again)."""
     header = b'{"views":[' + b",".join(v.header for v in views) + b'],"rows":[' + \
         ",".join(str(v.rows.num_rows) for v in views).encode() + b"]}"
-    return header, views[0].rows if len(views) == 1 else pa.concat_batches([v.rows for v in views])
+    if len(views) == 1:
+        return header, views[0].rows
+    joined = pa.Table.from_batches([v.rows for v in views]).combine_chunks().to_batches()  # (concat_batches: pyarrow 19+)
+    return header, joined[0] if joined else views[0].rows
 
 
 def read_views(header: bytes, rows: pa.RecordBatch) -> list[ConstructorPlan]:
     """``views_message``'s plans, in order."""
     outer = decode(header, "the header of a plans answer")
     heads, counts = outer.get("views"), outer.get("rows")
-    if (not isinstance(heads, list) or not heads or not isinstance(counts, list) or len(counts) != len(heads)
-            or not all(isinstance(n, int) and n >= 0 for n in counts) or sum(counts) != rows.num_rows):
-        raise ValueError(f"a plans answer's header must list each view's header and row count, covering its "
-                         f"{rows.num_rows} rows")
+    if (not isinstance(heads, list) or not heads or not all(isinstance(h, dict) for h in heads)
+            or not isinstance(counts, list) or len(counts) != len(heads) or not all(_count(n) for n in counts)
+            or sum(counts) != rows.num_rows):
+        raise ValueError(f"a plans answer's header must list each view's header (an object) and row count, "
+                         f"covering its {rows.num_rows} rows")
     plans, offset = [], 0
     for head, n in zip(heads, counts):
         plans.append(_plan_of(head, rows.slice(offset, n)))
@@ -146,38 +150,36 @@ def read_views(header: bytes, rows: pa.RecordBatch) -> list[ConstructorPlan]:
     return plans
 
 
-def plan_header(plan: ConstructorPlan, fetch: list | None = None) -> dict:
+def plan_header(plan: ConstructorPlan) -> dict:
     """A view's fields other than its samples' columns (``fetch``: the groups as ``[source, actor,
-    locations]``, default: ``plan.fetch``'s). Microbatches that number the samples in row order, one
-    after another (every view made from a plan's columns), travel as their sizes (``bins``)."""
-    header = view_header(plan.step, plan.axis, plan.broadcast, plan.capacity,
-                         [[g.source, g.actor, g.locations] for g in plan.fetch] if fetch is None else fetch,
-                         plan.encoder_axis, plan.extra)
+    locations]``). Microbatches that number the samples in row order, one after another (every view
+    made from a plan's columns), travel as their sizes (``bins``)."""
     sizes = _consecutive_sizes(plan.microbatches)
-    if sizes is not None:
-        header["bins"] = sizes
-    else:
+    header = view_header(plan.step, plan.axis, plan.broadcast, plan.capacity,
+                         [[g.source, g.actor, g.locations] for g in plan.fetch], plan.encoder_axis, plan.extra,
+                         sizes, None if plan.encoder is None else {str(b): v for b, v in plan.encoder.items()})
+    if sizes is None:
         header["microbatches"] = {str(b): v for b, v in plan.microbatches.items()}
-    header["encoder"] = None if plan.encoder is None else {str(b): v for b, v in plan.encoder.items()}
     return header
 
 
 def view_header(step: int, axis: str, broadcast: list[str], capacity: int, fetch: list, encoder_axis: str | None,
-                extra: dict, bins: dict[str, list[int]] | None = None) -> dict:
-    """``plan_header``'s fields; ``bins``: bucket -> the number of samples in each of its microbatches,
-    the samples numbered in row order (the microbatches then go as ``bins``, not as index lists)."""
+                extra: dict, bins: list[list] | None = None, encoder: dict | None = None) -> dict:
+    """``plan_header``'s fields; ``bins``: ``[bucket, [samples in each of its microbatches]]`` per bucket,
+    in order, the samples numbered in row order (the microbatches then go as ``bins``, not as index
+    lists; a list, so that no re-encoding of the JSON object reorders them)."""
     header = {"step": step, "axis": axis, "broadcast": broadcast, "capacity": capacity, "fetch": fetch,
-              "encoder_axis": encoder_axis, "encoder": None, "extra": extra}
+              "encoder_axis": encoder_axis, "encoder": encoder, "extra": extra}
     if bins is not None:
         header["bins"] = bins
     return header
 
 
-def _consecutive_sizes(microbatches: dict[int, list[list[int]]]) -> dict[str, list[int]] | None:
-    """bucket -> microbatch sizes, when the microbatches list 0, 1, 2, ... in order; else None."""
-    sizes, start = {}, 0
+def _consecutive_sizes(microbatches: dict[int, list[list[int]]]) -> list[list] | None:
+    """``[bucket, microbatch sizes]`` per bucket, when the microbatches list 0, 1, 2, ... in order; else None."""
+    sizes, start = [], 0
     for bucket, mbs in microbatches.items():
-        sizes[str(bucket)] = [len(mb) for mb in mbs]
+        sizes.append([bucket, [len(mb) for mb in mbs]])
         for mb in mbs:
             if mb != list(range(start, start + len(mb))):
                 return None
@@ -191,14 +193,23 @@ def _microbatches(header: dict, samples: int) -> dict[int, list[list[int]]]:
     if "bins" not in header:
         return {int(b): v for b, v in header["microbatches"].items()}
     microbatches, start = {}, 0
-    for bucket, sizes in header["bins"].items():
-        microbatches[int(bucket)] = []
+    for entry in header["bins"]:
+        if (not isinstance(entry, list) or len(entry) != 2 or not _count(entry[0]) or not isinstance(entry[1], list)
+                or not all(_count(n) for n in entry[1])):
+            raise ValueError(f"a plan view's bins must be [bucket, [samples per microbatch]] pairs of non-negative "
+                             f"integers, got {entry!r}"[:300])
+        bucket, sizes = entry
+        microbatches[bucket] = []
         for n in sizes:
-            microbatches[int(bucket)].append(list(range(start, start + n)))
+            microbatches[bucket].append(list(range(start, start + n)))
             start += n
     if start > samples:
         raise ValueError(f"a plan view's bins hold {start} samples, its rows only {samples}")
     return microbatches
+
+
+def _count(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 
 def view_schema() -> pa.Schema:

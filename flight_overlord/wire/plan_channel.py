@@ -70,14 +70,16 @@ def serve_plans(reader, writer, answer: Callable[[dict], "bytes | list[PlanView]
             return
         try:
             reply = answer(_message(chunk))
+            if isinstance(reply, list):
+                reply = views_message(reply)
         except WaitTimedOut:
             reply = AGAIN
         except Exception as exc:  # noqa: BLE001 - a bad request is answered; the stream stays up
             if stopping():  # failed because the Planner stops: the constructor asks again (it, or its successor)
                 return
             reply = encode({"error": str(client_error(exc, "the plans stream"))})
-        if isinstance(reply, list):
-            header, rows = views_message(reply)
+        if isinstance(reply, tuple):  # views: (header, rows)
+            header, rows = reply
             writer.write_with_metadata(rows, header)
         else:
             writer.write_metadata(reply)

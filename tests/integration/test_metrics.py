@@ -125,6 +125,7 @@ def test_every_role_exposes_metrics_that_move_with_the_run(cluster):
     # every step a constructor assembled came in a plans-stream answer: asked for, or along with the one before
     views = {dict(labels)["views"]: n for (name, labels), n in planner.items() if name == "overlord_planner_plan_answers_total"}
     assert set(views) <= {"1", "2"} and sum(int(k) * n for k, n in views.items()) >= STEPS * RANKS
+    assert views.get("2", 0) > 0  # the Planner plans ahead: the next step's view came along
 
     def loader_bytes(pages):
         return sum(total(pages[role], "overlord_loader_bytes_served_total") for role in urls if role.startswith("loader"))

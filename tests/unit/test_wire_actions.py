@@ -90,13 +90,16 @@ def test_microbatches_numbered_in_row_order_travel_as_their_sizes():
     in_order = plan_of({4: [[0, 1], []], 5: [[2], [3]]})
     view = PlanView.of(in_order)
     header = decode(view.header, "header")
-    assert header["bins"] == {"4": [2, 0], "5": [1, 1]} and "microbatches" not in header
+    assert header["bins"] == [[4, [2, 0]], [5, [1, 1]]] and "microbatches" not in header
     assert view.plan() == in_order and view.to_wire() == in_order.to_wire()
     shuffled = plan_of({4: [[1, 0], []], 5: [[2], [3]]})
     assert "bins" not in decode(PlanView.of(shuffled).header, "header")
     assert PlanView.of(shuffled).plan() == shuffled
     with pytest.raises(ValueError, match="bins hold 5 samples, its rows only 4"):
-        PlanView(encode({**header, "bins": {"4": [2, 3]}}), view.rows).plan()
+        PlanView(encode({**header, "bins": [[4, [2, 3]]]}), view.rows).plan()
+    for bad in ([[4, [2, -1]]], [[4, [True]]], [{"4": [2]}], [[4, 2]]):
+        with pytest.raises(ValueError, match="bins must be"):
+            PlanView(encode({**header, "bins": bad}), view.rows).plan()
 
 
 def test_views_of_consecutive_steps_travel_as_one_answer():
@@ -121,6 +124,6 @@ def test_views_of_consecutive_steps_travel_as_one_answer():
     rows = pa.ipc.open_stream(sink.getvalue()).read_next_batch()
     assert rows.num_rows == 5 and read_views(header, rows) == plans
     assert read_views(*views_message([PlanView.of(plans[0])])) == plans[:1]
-    bad = encode({**decode(header, "header"), "rows": [3, 0, 1]})
-    with pytest.raises(ValueError, match="covering its 5 rows"):
-        read_views(bad, rows)
+    for bad in ({"rows": [3, 0, 1]}, {"rows": [3, True, 1]}, {"views": [1, 2, 3]}):
+        with pytest.raises(ValueError, match="covering its 5 rows"):
+            read_views(encode({**decode(header, "header"), **bad}), rows)
