@@ -11,7 +11,8 @@ cluster and run_dir, with one trainer thread per rank:
 
 Over the timed phase: the Planner process's CPU seconds (user + system, psutil) divided by the
 rank-steps delivered (tickets + planning + journal: everything the Planner does), the journal's
-bytes per planned step, and rank-steps per second. ``measure()`` is the function other benchmarks
+bytes per planned step, rank-steps per second, and the share of the constructors' plan requests whose
+answer brought the next step's view too (so that no request was made for it). ``measure()`` is the function other benchmarks
 call (for instance a scale harness).
 
     .venv/bin/python scripts/bench_control_plane.py                 # 2 x (10 s warm-up + 30 s timed)

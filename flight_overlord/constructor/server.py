@@ -117,8 +117,8 @@ class ConstructorServer(ActionServer):
                 return False
 
     def _ask_plans(self, body) -> dict | list[ConstructorPlan] | None:
-        """A message on the plans stream (``wire/plan_channel.py``) and its answer (a view: the plan), as
-        ``_call_planner``."""
+        """A message on the plans stream (``wire/plan_channel.py``) and its answer (views: their plans, the
+        asked step's first), as ``_call_planner``."""
         return self._call_planner(None, body)
 
     def _call_planner(self, action: str | None, body) -> dict | None:

@@ -20,10 +20,10 @@ from ..waiting import wait_until
 from ..core.positions import TrainerPositions
 from ..core.starvation import TrainerWaits
 from ..wire.plan import PlanView
+from ..wire.plan_channel import PLAN_AHEAD
 from ..wire.status import PlannerStatus
 from .planner import Planner
 from .registry import REGISTRY_FILE
-from ..wire.plan_channel import PLAN_AHEAD
 from .views import step_views, wire_view
 
 log = logging.getLogger(__name__)
@@ -251,9 +251,8 @@ class PlanService:
                          wait: float | None = None, views: int = 1) -> list[PlanView]:
         """Constructor ``constructor``'s share of step ``step``'s plan, as the plans stream carries it, and
         of the steps after it already planned, up to ``views`` steps in all (one being planned right now is
-        waited for, briefly: ``_await_in_planning``). A
-        step's views are dropped here once every constructor fetched its own; later asks are served from
-        the journal. ``positions``: {rank: step} the next step each of its rank streams sends (how the
+        waited for, briefly: ``_await_in_planning``). A step's views are dropped here once every
+        constructor fetched its own; later asks are served from the journal. ``positions``: {rank: step} the next step each of its rank streams sends (how the
         Planner paces itself without a per-step call from those trainers). ``wait``: how long to hold the
         request at most (then FlightTimedOutError): the positions it brought may be what planning
         waits for once its streams moved on, so the constructor asks again with fresh ones."""

@@ -66,11 +66,11 @@ def table_views(plan: StepPlan, mesh: Mesh, registry: Registry, broadcast: froze
                            np.ones(rows.size, dtype=np.int32)])
     views, sizes = [], sizes.tolist()
     first_bins = np.cumsum([0, *bins_per_view]).tolist()
+    dimensions = sorted(broadcast)
     for j, own in enumerate(buckets):
         first_bin = first_bins[j]
         bin_sizes = [[bucket, sizes[first_bin + i * m:first_bin + (i + 1) * m]] for i, bucket in enumerate(own)]
-        header = view_header(plan.step, plan.axis, sorted(broadcast), plan.capacity, fetch[j], plan.encoder_axis, {},
-                             bin_sizes)
+        header = view_header(plan.step, plan.axis, dimensions, plan.capacity, fetch[j], plan.encoder_axis, {}, bin_sizes)
         views.append(PlanView(encode(header), step_rows.slice(starts[j], starts[j + 1] - starts[j])))
     return views
 
