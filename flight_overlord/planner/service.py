@@ -187,6 +187,8 @@ class PlanService:
         """Rank ``rank`` asks for ``step`` (which is how a trainer tells where it is): returns once
         the step is planned. The first ask after a resume on a new layout rewinds there."""
         with self.cond:
+            if step < self.requested.get(rank, 0):
+                self._check_rewind(rank, step)
             self._trainer_at(step, lambda: self.positions.asked_step(rank, step))
             self._wait_for_plan(step, WAIT_SECONDS)
 
@@ -196,6 +198,7 @@ class PlanService:
         its per-step path. Returns (first step, the location of the rank's constructor)."""
         with self.cond:
             first = self.requested.get(rank, 0) if first is None else first
+            self._check_rewind(rank, first)
             self._trainer_at(first, lambda: self.positions.asked_stream(rank, first))
             return first, self.planner.registry.constructors[self.mesh.constructor_of(self.mesh.coord(rank).dp)]
 
@@ -207,6 +210,17 @@ class PlanService:
             located = ((r, constructors.get(self.mesh.constructor_of(self.mesh.coord(r).dp)))
                        for r in range(self.mesh.world_size))
             return [(r, self.requested.get(r, 0), where) for r, where in located if where is not None]
+
+    def _check_rewind(self, rank: int, step: int) -> None:
+        """(Held lock.) A rank that goes back to a planned step (a trainer restarted from a checkpoint)
+        gets it again as it was, if the journal can still serve it; else a clear refusal."""
+        if step >= self.planner.next_step or self.rewind_pending:
+            return
+        floor = self.planner.rewind_floor()
+        if step < floor:
+            raise ValueError(f"rank {rank} cannot go back to step {step}: this run's journal serves steps again "
+                             f"from step {floor} on (its oldest planner snapshot, or a resume on a new layout); "
+                             f"load a checkpoint of step {floor} or later")
 
     def _trainer_at(self, step: int, record: Callable[[], None]) -> None:
         """A trainer said it waits for ``step`` (held lock): ``record()`` it; the first word of a trainer
