@@ -6,11 +6,17 @@
 - steps in flight to a rank (sent by its constructor, not yet yielded to the training loop) stay
   within ``prefetch + 1`` with a training loop slower than the data plane;
 - a rank asked to go back before what the journal can serve again gets a one-line refusal naming
-  the step to load instead.
+  the step to load instead;
+- Ctrl-C (SIGINT) of ``overlord up`` and ``overlord up --resume`` under running trainers, with
+  ``planner_port: 0``: the Planner comes back where the trainers look, no trainer errs, and every
+  rank's stream is the undisturbed one.
 """
 from __future__ import annotations
 
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -124,3 +130,44 @@ def _refuse_before_the_oldest_snapshot(cluster) -> None:
             next(client)
     finally:
         shutil.move(first.with_suffix(".aside"), first)
+
+
+def _overlord_up(config, *flags: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "flight_overlord.deploy.cli", "up", str(config), *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    address = proc.stdout.readline().strip()  # printed once every role is ready
+    assert address.startswith("grpc://127.0.0.1:"), (address, proc.poll())
+    return proc, address
+
+
+def test_ctrl_c_of_overlord_up_and_resume_under_running_trainers_changes_no_stream(reference, corpus, tmp_path):
+    expected, _ = reference
+    config = write_config(tmp_path, corpus, prefetch=PREFETCH)  # network.planner_port: 0, the default
+    assert load_config(config).network.planner_port == 0
+    reached = threading.Event()
+
+    def on_table(rank, client, table):
+        step = table.column("step")[0].as_py()
+        if step == 8:
+            reached.set()
+        time.sleep(SLOW_STEP)  # the trainers are mid-run when the data plane goes down
+        return step, step_digest(table)
+
+    up, address = _overlord_up(config)
+    trainers = got = None
+    try:
+        got = {}
+        trainers = threading.Thread(target=lambda: got.update(harness.train(address, 2, 0, STEPS, on_table=on_table,
+                                                                             prefetch=PREFETCH)))
+        trainers.start()
+        assert reached.wait(120)
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=60) == 0
+        up, again = _overlord_up(config, "--resume")
+        assert again == address  # where the trainers look
+        trainers.join(300)
+        assert not trainers.is_alive()
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=60)
+    assert got == expected  # no trainer raised (harness.train would have), every stream undisturbed
