@@ -12,7 +12,9 @@ by side:
 
 After every step the training loop takes, the rank's constructor is asked (its `status`) for the
 last step it handed out; in flight = that step - the step just yielded. Measured, per rank: the
-largest and the median over the run, and the bytes of one step's table.
+largest and the median over the run, and the bytes of one step's table. Then the cost of credits
+when the data plane is the bottleneck: each mode once more on a fresh run with a training loop that
+does nothing, steps per second over the run (rank 0's wall time from its first step to its last).
 
     .venv/bin/python scripts/bench_inflight.py                 # 80 steps, prefetch 2, 20 ms per step
     .venv/bin/python scripts/bench_inflight.py --steps 200 --prefetch 4 --data data/demo
@@ -48,6 +50,27 @@ def served_step(cluster, rank: int) -> int:
         if str(rank) in served:
             return served[str(rank)]["step"]
     return -1
+
+
+def rate(config, args, *, credits: bool) -> float:
+    """Steps per second a rank gets with a training loop that does nothing (rank 0, first to last step)."""
+    seen: list[float] = []
+
+    def on_table(rank, client, table):
+        if rank == 0:
+            seen.append(time.monotonic())
+        return None
+    with LocalCluster(config) as cluster, (_no_change() if credits else _stock_rank_streams()):
+        harness.train(cluster.planner, args.ranks, 0, args.steps, on_table=on_table, prefetch=args.prefetch)
+    return (len(seen) - 1) / (seen[-1] - seen[0])
+
+
+class _no_change:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
 
 
 def measure(config, args, *, credits: bool) -> tuple[dict[int, list[int]], int]:
@@ -106,14 +129,23 @@ def main() -> None:
                                   run_dir=tmp / f"run-{credits}", prefetch=args.prefetch)
             log(f"{name}: {args.steps} steps, {args.ranks} ranks, prefetch {args.prefetch}, {args.step_ms:g} ms a step")
             in_flight, nbytes = measure(config, args, credits=credits)
-            rows.append((name, in_flight, nbytes))
+            config = write_config(tmp / f"rate-{credits}.yaml", data_dir, [{"name": n} for n in SOURCES],
+                                  ranks=args.ranks, context_length=1024, microbatches=2,
+                                  tokens_per_step=1800 * args.ranks, seed=0, run_dir=tmp / f"rate-{credits}",
+                                  prefetch=args.prefetch)
+            rows.append((name, in_flight, nbytes, rate(config, args, credits=credits)))
         print(f"\nsteps in flight per rank (sent by its constructor, not yet yielded), prefetch {args.prefetch}, "
               f"bound prefetch + 1 = {args.prefetch + 1}, {args.steps} steps at {args.step_ms:g} ms:")
         print("\n| rank stream | rank | max in flight | median | bytes of a step |")
         print("|---|---:|---:|---:|---:|")
-        for name, in_flight, nbytes in rows:
+        for name, in_flight, nbytes, _ in rows:
             for rank, counts in in_flight.items():
                 print(f"| {name} | {rank} | {max(counts)} | {statistics.median(counts):g} | {nbytes:,} |")
+        print("\nwith a training loop that does nothing (the data plane is the bottleneck):\n")
+        print("| rank stream | steps/s (rank 0) |")
+        print("|---|---:|")
+        for name, _, _, steps_per_second in rows:
+            print(f"| {name} | {steps_per_second:.1f} |")
 
 
 if __name__ == "__main__":

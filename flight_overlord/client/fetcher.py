@@ -52,6 +52,15 @@ class WaitLog:
                         _clock(since), now - since, why)
 
 
+def _close_quietly(writer) -> None:
+    """End a credit writer whose stream is over (else its destructor reports the cancelled call on stderr)."""
+    if writer is not None:
+        try:
+            writer.close()
+        except (fl.FlightError, pa.ArrowException, OSError):
+            pass
+
+
 def _batches(reader: fl.FlightStreamReader) -> Iterator[pa.RecordBatch]:
     while True:
         try:
@@ -152,9 +161,10 @@ class StepFetcher:
                                   down_since, refusal(exc))
                 time.sleep(RETRY_SECONDS)
             finally:
-                self._reader = self._writer = None
+                writer, self._reader, self._writer = self._writer, None, None
                 if reader is not None:
                     reader.cancel()
+                _close_quietly(writer)
 
     def _open(self, location: str, ticket: fl.Ticket, step: int) -> fl.FlightStreamReader:
         """The rank stream at ``location``: with credits (``window``), a ``do_exchange`` given its credit
