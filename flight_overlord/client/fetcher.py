@@ -95,6 +95,7 @@ class StepFetcher:
         self._window = window
         self._upto: int | None = None  # the credit given: steps before it may be sent
         self._log = WaitLog(rank)
+        self.stream_location: str | None = None  # the constructor the rank stream reads from, once known
         self.last_ticket_seconds = 0.0  # the Planner call of the last fetch (starvation attribution)
 
     @property
@@ -132,6 +133,7 @@ class StepFetcher:
                               f"rank ticket from step {step}", "the planner")
             endpoint = info.endpoints[0]
             location = endpoint.locations[0].uri.decode() if endpoint.locations else self.planner_location
+            self.stream_location = location
             reader = None
             try:
                 if self._closed:
@@ -165,6 +167,12 @@ class StepFetcher:
                 if reader is not None:
                     reader.cancel()
                 _close_quietly(writer)
+
+    def waiting(self, what: str, since: float) -> None:
+        """The training loop has waited for ``what`` since ``since`` (epoch seconds): logged as any wait."""
+        where = (f"the constructor at {self.stream_location}" if self.stream_location
+                 else f"the planner at {self.planner_location}")
+        self._log.waiting(what, where, since, "not received yet")
 
     def _open(self, location: str, ticket: fl.Ticket, step: int) -> fl.FlightStreamReader:
         """The rank stream at ``location``: with credits (``window``), a ``do_exchange`` given its credit

@@ -138,7 +138,7 @@ class TrainerClient:
         if self._end is not None and self.next_step >= self._end:
             raise StopIteration
         idle = time.monotonic()
-        item = self._queue.get()
+        item = self._next_item()
         if isinstance(item, BaseException):
             self._failure = item  # the thread has stopped: every later call says why
             raise item
@@ -149,6 +149,15 @@ class TrainerClient:
             return (table, encoder) if self.encoder else table
         batch = self._place(table_to_microbatches(table))
         return (batch, self._place(table_to_encoder_inputs(encoder))) if self.encoder else batch
+
+    def _next_item(self):
+        """The next prefetched item; a wait that lasts is logged (what, where, since when)."""
+        since = time.time()
+        while True:
+            try:
+                return self._queue.get(timeout=HEARTBEAT_SECONDS)
+            except queue.Empty:
+                self._fetcher.waiting(f"step {self.next_step}", since)
 
     def _place(self, rows: list[dict]) -> list[dict]:
         return rows if self._placement is None else [self._placement(row) for row in rows]

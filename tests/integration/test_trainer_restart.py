@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import logging
 import shutil
 import signal
 import subprocess
@@ -140,8 +141,10 @@ def _overlord_up(config, *flags: str) -> tuple[subprocess.Popen, str]:
     return proc, address
 
 
-def test_ctrl_c_of_overlord_up_and_resume_under_running_trainers_changes_no_stream(reference, corpus, tmp_path):
+def test_ctrl_c_of_overlord_up_and_resume_under_running_trainers_changes_no_stream(reference, corpus, tmp_path,
+                                                                                  caplog):
     expected, _ = reference
+    caplog.set_level(logging.WARNING, logger="flight_overlord.client")
     config = write_config(tmp_path, corpus, prefetch=PREFETCH)  # network.planner_port: 0, the default
     assert load_config(config).network.planner_port == 0
     reached = threading.Event()
@@ -171,3 +174,5 @@ def test_ctrl_c_of_overlord_up_and_resume_under_running_trainers_changes_no_stre
         up.send_signal(signal.SIGINT)
         up.wait(timeout=60)
     assert got == expected  # no trainer raised (harness.train would have), every stream undisturbed
+    waits = [r.getMessage() for r in caplog.records if "waiting for" in r.getMessage()]
+    assert any(address in w and " since " in w for w in waits), waits  # the outage was said, where and since when
