@@ -181,7 +181,9 @@ class StepFetcher:
         if self._window is None:
             self._reader = client.do_get(ticket)
             return self._reader
-        self._upto = max(self._upto or 0, step + self._window)  # what was given before still holds
+        # the first stream: the window; a stream reopened: the credit given last still holds (the queue
+        # may be full), and it is past ``step`` (each queued step's credit allows the next)
+        self._upto = step + self._window if self._upto is None else max(self._upto, step + 1)
         writer, self._reader = client.do_exchange(fl.FlightDescriptor.for_command(ticket.ticket))
         writer.write_metadata(credit_message(self._upto))
         self._writer = writer
