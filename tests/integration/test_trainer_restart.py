@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import signal
@@ -176,3 +177,33 @@ def test_ctrl_c_of_overlord_up_and_resume_under_running_trainers_changes_no_stre
     assert got == expected  # no trainer raised (harness.train would have), every stream undisturbed
     waits = [r.getMessage() for r in caplog.records if "waiting for" in r.getMessage()]
     assert any(address in w and " since " in w for w in waits), waits  # the outage was said, where and since when
+
+
+def test_a_constructors_rank_stream_exchange_refuses_bad_input_and_stays_up(idle_cluster):
+    """``do_exchange`` at a constructor (TrainerClient's rank stream with credits): anything but a rank
+    ticket as the command, or a malformed credit, is a clear error; the constructor answers after."""
+    planner = connect(idle_cluster.planner, idle_cluster.credentials)
+    info = planner.get_flight_info(fl.FlightDescriptor.for_path("rank", "0", "0"))
+    batch = planner.get_flight_info(fl.FlightDescriptor.for_path("batch", "0", "0")).endpoints[0].ticket
+    planner.close()
+    endpoint = info.endpoints[0]
+    constructor = connect(endpoint.locations[0].uri.decode(), idle_cluster.credentials)
+
+    def refusal(descriptor, credit: bytes | None = None) -> str:
+        writer, reader = constructor.do_exchange(descriptor)
+        if credit is not None:
+            writer.write_metadata(credit)
+        with pytest.raises(fl.FlightError) as info:
+            while True:
+                reader.read_chunk()
+        with contextlib.suppress(fl.FlightError):  # the call ended with the refusal: closing says it again
+            writer.close()
+        return str(info.value)
+    try:
+        assert "takes a rank ticket as the descriptor's command" in refusal(fl.FlightDescriptor.for_path("rank"))
+        assert "ticket" in refusal(fl.FlightDescriptor.for_command(b"not json"))
+        assert "takes a rank stream ticket" in refusal(fl.FlightDescriptor.for_command(batch.ticket))
+        assert "malformed credit" in refusal(fl.FlightDescriptor.for_command(endpoint.ticket.ticket), b'{"upto": "x"}')
+        assert wire.call(constructor, "status")["index"] == 0
+    finally:
+        constructor.close()
