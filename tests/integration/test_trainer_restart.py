@@ -176,7 +176,8 @@ def test_ctrl_c_of_overlord_up_and_resume_under_running_trainers_changes_no_stre
         up.wait(timeout=60)
     assert got == expected  # no trainer raised (harness.train would have), every stream undisturbed
     waits = [r.getMessage() for r in caplog.records if "waiting for" in r.getMessage()]
-    assert any(address in w and " since " in w for w in waits), waits  # the outage was said, where and since when
+    # the outage was said: what (a step, a ticket), where (the constructor's or the Planner's address), since when
+    assert any(" at grpc://127.0.0.1:" in w and " since " in w for w in waits), waits
 
 
 def test_a_constructors_rank_stream_exchange_refuses_bad_input_and_stays_up(idle_cluster):
