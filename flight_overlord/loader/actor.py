@@ -22,13 +22,14 @@ from ..core.order import RowGroupRef, stable_hash
 from ..core.scaling import ActorView, Ownership
 from ..core.vision import ImageError
 from ..journal import Journal, Snapshots, read_journal
-from ..wire.schemas import SAMPLE_METADATA, SAMPLES, load_schema
+from ..wire.schemas import SAMPLE_METADATA, load_schema
 from ..wire.status import LoaderActorStatus
+from .read_ahead import ReadAheadPool
+from .samples_table import samples_table
 from .row_groups import RowGroupSamples, SourceShare
 from .state import LoaderState
 
 log = logging.getLogger(__name__)
-FOLLOW_SECONDS = 0.2  # how often a replica folds in what the others journaled
 # Served tables kept for a retried fetch (answered from the cache, else rebuilt: the same rows either
 # way): the newest few, bounded in count and bytes per actor so 100s of actors stay small.
 SERVED_KEPT, SERVED_BYTES = 8, 2 * 1024 * 1024
@@ -43,7 +44,8 @@ READ_AHEAD_AT = (0.0, 0.9)
 class LoaderActor:
     def __init__(self, share: SourceShare, *, seed: int, read_ahead: int, run_dir: Path,
                  checkpoint_every: int = 50, read_ahead_bytes: int = 0, sample_level_bytes: int = 0,
-                 replicated: bool = True):
+                 replicated: bool = True, pool: ReadAheadPool | None = None):
+        """``pool``: the read-ahead workers of the process hosting this actor (None: its own, one worker)."""
         self.share = share
         self.name = f"{share.source.name}[{share.actor}]"
         self.seed = seed
@@ -72,12 +74,12 @@ class LoaderActor:
         self._snapshots = Snapshots(directory, "state", keep=2)  # a loader only ever restores its latest
         self._followed = 0  # journal offset folded in so far
         self._since_snapshot = 0
+        self._ahead_at = 0  # the next position the read-ahead considers
+        self._owns_pool = pool is None
+        self._pool = pool or ReadAheadPool(workers=1)
         self._restore()  # builds the ownership view from the restored segments (first _follow)
         self._sync_ownership()
-        self._threads = [threading.Thread(target=self._read_ahead_loop, name="read-ahead", daemon=True),
-                         threading.Thread(target=self._follow_loop, name="follow", daemon=True)]
-        for t in self._threads:
-            t.start()
+        self._pool.add(self)
 
     # -- this actor's order: its positions of the source's read order, numbered 0, 1, 2, ... ----------
     # (with the configured actors only, position p is row group p % n of epoch p // n of its own order;
@@ -109,7 +111,6 @@ class LoaderActor:
             if [list(map(int, s)) for s in segments[:len(known)]] != known:
                 raise ValueError(f"reshard of loader {self.name}: segments {segments} do not extend {known}")
             self._record({"segments": [[int(f), int(a)] for f, a in segments]})
-            self._cond.notify_all()
 
     def _at(self, position: int) -> RowGroupRef | None:
         """The row group at local ``position``; None past the end (a reclaimed actor owns no more)."""
@@ -143,23 +144,23 @@ class LoaderActor:
         touched = self.state.apply(record)
         self._release_emptied(touched)
         self._sync_ownership()
+        self._pool.poke(self)  # a demand, a fetch, a release or a reshard may let it read ahead
 
     def _follow(self) -> None:
-        touched = []
+        touched, followed = [], self._followed
         for end, record in read_journal(self._journal.path, self._followed):
             touched += self.state.apply(record)
             self._followed = end
         self._release_emptied(touched)
         self._sync_ownership()
+        if self._followed != followed:  # another replica's demand, fetch or reshard
+            self._pool.poke(self)
 
-    def _follow_loop(self) -> None:
-        while True:
-            with self._cond:
-                if self._cond.wait_for(lambda: self._stopping, FOLLOW_SECONDS):
-                    return
-                if self.replicated:
-                    self._follow()
-                self._cond.notify_all()
+    def follow_now(self) -> None:
+        """Fold in what the other replicas journaled (the pool's ticker, every ``FOLLOW_SECONDS``)."""
+        with self._cond:
+            if not self._stopping:
+                self._follow()
 
     def _release_emptied(self, positions) -> None:
         for position in positions:
@@ -182,25 +183,23 @@ class LoaderActor:
             self._snapshots.write(self._followed, {"state": self.state.state_dict(), "journal_offset": self._followed})
 
     # -- buffering ---------------------------------------------------------------------
-    def _read_ahead_loop(self) -> None:
-        position = 0
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._stopping or (position <= self.state.demanded + self.read_ahead
-                                                               and self._under_byte_bound()
-                                                               and self._draining(self._next_to_read(position))))
-                if self._stopping:
-                    return
-                # read ahead of the furthest demand only: what lies behind it is read when asked for,
-                # so a far demand (a bad request, or a jump) never makes this loop read everything between
-                position = self._next_to_read(position)
-                if self._at(position) is None:  # past all this actor owns (reclaimed, or idle): until a reshard
-                    self._cond.wait(FOLLOW_SECONDS)
-                    continue
-                skip = self.state.is_released(position) or position in self._buffer
-            if not skip:
-                self._ensure(position)
-            position += 1
+    def read_ahead_once(self) -> bool:
+        """One turn of the read-ahead (the pool's workers): read the next row group ahead of the demand if
+        the buffer allows it now. True: it may allow another now; False: wait to be poked (``_record``)."""
+        with self._cond:
+            position = self._next_to_read(self._ahead_at)
+            if self._stopping or not (position <= self.state.demanded + self.read_ahead and self._under_byte_bound()
+                                      and self._draining(position)):
+                return False
+            # read ahead of the furthest demand only: what lies behind it is read when asked for,
+            # so a far demand (a bad request, or a jump) never makes this read everything between
+            if self._at(position) is None:  # past all this actor owns (reclaimed, or idle): until a reshard
+                return False
+            skip = self.state.is_released(position) or position in self._buffer
+            self._ahead_at = position + 1
+        if not skip:
+            self._ensure(position)
+        return True
 
     def _next_to_read(self, position: int) -> int:
         return max(position, self.state.released_below, self.state.demanded + 1)
@@ -289,7 +288,6 @@ class LoaderActor:
         with self._cond:
             if position > self.state.demanded:
                 self._record({"demand": position})
-                self._cond.notify_all()
         return pa.Table.from_batches([self._checked(position).metadata()]).cast(load_schema(SAMPLE_METADATA))
 
     def samples(self, step: int, constructor: int, wanted: list[list]) -> pa.Table:
@@ -298,6 +296,19 @@ class LoaderActor:
         with self._cond:
             if cache_key in self._served:
                 return self._served[cache_key]
+        table = samples_table(self.pick(step, constructor, wanted))
+        with self._cond:
+            if cache_key not in self._served:  # (a concurrent retry may have served it meanwhile)
+                self._served[cache_key] = table
+                self._served_bytes += table.nbytes
+            while len(self._served) > 1 and (len(self._served) > SERVED_KEPT or self._served_bytes > SERVED_BYTES):
+                self._served_bytes -= self._served.popitem(last=False)[1].nbytes
+        self.count_served(table.nbytes)
+        return table
+
+    def pick(self, step: int, constructor: int, wanted: list[list]) -> list[tuple[RowGroupSamples, int]]:
+        """The named samples' (row group, row), in order, their pop journaled: ``samples`` without the
+        table, for a loader process that builds one table for the samples of all its actors at once."""
         parts, rows = [], []
         groups: dict[tuple, tuple[int, RowGroupSamples]] = {}  # a request names few row groups, many rows each
         for epoch, file, row_group, row, *rest in wanted:
@@ -310,17 +321,14 @@ class LoaderActor:
                 raise KeyError(f"sample {[epoch, file, row_group, row]} is not servable by loader {self.name}")
             parts.append((buffered, row))
             rows.append([position, row, rest[0] if rest else 1])
-        table = samples_table(parts)
         with self._cond:
             self._record({"fetch": step, "constructor": constructor, "rows": rows})
-            if cache_key not in self._served:  # (a concurrent retry may have served it meanwhile)
-                self._served[cache_key] = table
-                self._served_bytes += table.nbytes
-            self._bytes_served += table.nbytes
-            while len(self._served) > 1 and (len(self._served) > SERVED_KEPT or self._served_bytes > SERVED_BYTES):
-                self._served_bytes -= self._served.popitem(last=False)[1].nbytes
             self._maybe_snapshot()
-        return table
+        return parts
+
+    def count_served(self, nbytes: int) -> None:
+        with self._cond:
+            self._bytes_served += nbytes
 
     def buffer_metadata(self) -> pa.Table:
         """What this loader holds right now (samples not yet popped), for inspection."""
@@ -349,6 +357,9 @@ class LoaderActor:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+        self._pool.remove(self)
+        if self._owns_pool:
+            self._pool.close()
         self.share.close()
         self._journal.close()
 
@@ -357,32 +368,3 @@ def read_ahead_phase(source: str, actor: int) -> int:
     """0 or 1, a function of the actor alone (no random state, the same in every replica and restart):
     which positions it reads ahead at once (``READ_AHEAD_AT``); over many actors, about half of each."""
     return stable_hash(source, actor) & 1
-
-
-def samples_table(parts: list[tuple[RowGroupSamples, int]]) -> pa.Table:
-    """The requested rows, in request order: one ``take`` per row group, then one reorder."""
-    groups: dict[int, tuple[RowGroupSamples, list[int], list[int]]] = {}
-    for position, (buffered, row) in enumerate(parts):
-        _, rows, positions = groups.setdefault(id(buffered), (buffered, [], []))
-        rows.append(row)
-        positions.append(position)
-    schema = load_schema(SAMPLES)
-    tables, order = [], []
-    for buffered, rows, positions in groups.values():
-        indices = pa.array(rows, pa.int32())
-
-        def taken(values: pa.ListArray | None, value_type: pa.DataType) -> pa.ListArray:
-            if values is not None:
-                return values.take(indices)
-            return pa.ListArray.from_arrays(pa.array(np.zeros(len(rows) + 1, np.int32)), pa.array([], value_type))
-        tables.append(pa.table({
-            "key": buffered.keys.array(indices),
-            "tokens": buffered.tokens_of(indices).cast(schema.field("tokens").type),  # widened (compact_tokens)
-            "images": taken(buffered.images, pa.binary()),   # text sources: empty lists
-            "image_grids": taken(buffered.grids, pa.int32()),
-        }, schema=schema))
-        order.extend(positions)
-    if not tables:
-        return schema.empty_table()
-    table = pa.concat_tables(tables)
-    return table.take(pa.array(np.argsort(order), pa.int64())) if len(tables) > 1 else table

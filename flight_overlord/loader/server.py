@@ -38,6 +38,8 @@ from ..wire.server import ActionServer, location_of, register, serve
 from ..wire.status import LoaderStatus
 from ..wire.tickets import BufferTicket, MetadataTicket, Registration, Reshard, SamplesTicket
 from .actor import LoaderActor
+from .read_ahead import ReadAheadPool
+from .samples_table import samples_table
 from .row_groups import SourceShare
 
 log = logging.getLogger(__name__)
@@ -60,9 +62,12 @@ def slow_sources(text: str | None) -> dict[str, float]:
 
 
 class LoaderServer(ActionServer):
-    def __init__(self, actors: list[LoaderActor], security: Security, *, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, actors: list[LoaderActor], security: Security, *, host: str = "127.0.0.1", port: int = 0,
+                 pool: ReadAheadPool | None = None):
+        """``pool``: the actors' shared read-ahead workers, closed with the server."""
         # state first: Flight may accept calls during super().__init__
         self.actors = {(a.share.source.name, a.share.actor): a for a in actors}
+        self._pool = pool
         self._delays = slow_sources(os.environ.get(SLOW_SOURCES_ENV))
         super().__init__(host, port, security)
 
@@ -96,19 +101,36 @@ class LoaderServer(ActionServer):
         raise ValueError(f"malformed ticket: unknown kind {kind!r} (loader tickets: 'metadata', 'samples', 'buffer')")
 
     def _samples(self, step: int, constructor: int, parts) -> pa.Table:
-        """The parts' samples back to back, with the seconds spent per source in the schema metadata."""
-        tables, seconds = [], {}
-        for part in parts:
-            actor = self._actor(part.source, part.actor)
-            source = actor.share.source.name
-            start = time.monotonic()
-            if self._delays.get(source):
-                time.sleep(self._delays[source])
-            tables.append(actor.samples(step, constructor, [list(s) for s in part.samples]))
-            seconds[source] = seconds.get(source, 0.0) + time.monotonic() - start
-        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        """The parts' samples back to back, with the seconds spent per source in the schema metadata:
+        each actor picks its rows (reading a row group if it must), then one table for them all, as
+        a step at many sources asks each actor for a row or two."""
+        if len(parts) == 1:  # one actor: its own answer, kept for a retry
+            part = parts[0]
+            actor, start = self._actor(part.source, part.actor), time.monotonic()
+            self._slowed(actor)
+            table = actor.samples(step, constructor, [list(s) for s in part.samples])
+            seconds = {actor.share.source.name: time.monotonic() - start}
+        else:
+            picked, seconds = [], {}
+            for part in parts:
+                actor, start = self._actor(part.source, part.actor), time.monotonic()
+                self._slowed(actor)
+                picked.append((actor, actor.pick(step, constructor, [list(s) for s in part.samples])))
+                source = actor.share.source.name
+                seconds[source] = seconds.get(source, 0.0) + time.monotonic() - start
+            table = samples_table([row for _, rows in picked for row in rows])
+            first = 0
+            for actor, rows in picked:
+                actor.count_served(table.slice(first, len(rows)).nbytes)
+                first += len(rows)
         return table.replace_schema_metadata({**(table.schema.metadata or {}),
                                               b"serve_seconds": json.dumps(seconds).encode()})
+
+    def _slowed(self, actor: LoaderActor) -> None:
+        """``$OVERLORD_SLOW_SOURCES``: this actor's source made slow on purpose."""
+        delay = self._delays.get(actor.share.source.name)
+        if delay:
+            time.sleep(delay)
 
     def list_flights(self, context, criteria):
         self.authorize(context, INSPECT, "list_flights")
@@ -137,6 +159,8 @@ class LoaderServer(ActionServer):
         super().shutdown()
         for actor in self.actors.values():
             actor.close()
+        if self._pool is not None:
+            self._pool.close()
 
 
 def parse_actors(text: str) -> list[tuple[str, int]]:
@@ -169,14 +193,16 @@ def start(argv=None) -> tuple[LoaderServer, str, str | None]:
     if not wanted:
         parser.error("name the loader actors: --actors SOURCE:ACTOR,... or --source S [--actor A]")
     allocator.tame()  # before the actors' threads make arenas: a long run's heap stays flat
+    pool = ReadAheadPool()  # the hosted actors' read-ahead: a few threads for the process, not two per actor
     actors = [LoaderActor(SourceShare(cfg.source(source), index, cfg.global_batch.context_length, cfg.vision,
                                           cfg.provisioned_actors(cfg.source(source))),
                           seed=cfg.seed, read_ahead=cfg.loader.read_ahead_row_groups, run_dir=cfg.run_dir,
                           checkpoint_every=cfg.checkpoint.every, read_ahead_bytes=cfg.loader.read_ahead_bytes,
-                          sample_level_bytes=cfg.loader.sample_level_bytes, replicated=cfg.loader.shadows > 0)
+                          sample_level_bytes=cfg.loader.sample_level_bytes, replicated=cfg.loader.shadows > 0,
+                          pool=pool)
               for source, index in wanted]
     security = Security.from_config(cfg)
-    server = LoaderServer(actors, security, host=cfg.network.host, port=args.port)
+    server = LoaderServer(actors, security, host=cfg.network.host, port=args.port, pool=pool)
     location = location_of(server, host)
     start_metrics(server, cfg, args, "loader", location)
     for actor in actors:

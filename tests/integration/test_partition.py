@@ -149,7 +149,7 @@ def test_read_ahead_of_each_position_starts_at_its_share_of_the_rows_asked_for(c
         assert _wait_for(lambda: sorted(actor._buffer) == expected)
         for step, wanted in enumerate(interleaved[:late - 1]):
             actor.samples(step, 0, [wanted])
-        time.sleep(0.6)  # the read-ahead thread looks again at least every FOLLOW_SECONDS
+        time.sleep(0.6)  # every fetch gave the read-ahead a turn (ReadAheadPool.poke): it still waits
         assert sorted(actor._buffer) == expected
         for step, wanted in enumerate(interleaved[late - 1:], start=late):
             actor.samples(step, 0, [wanted])
