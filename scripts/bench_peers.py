@@ -5,7 +5,10 @@ Same corpus (``overlord make-demo-data --sources N``; a run with S sources uses 
 equal weights), same work per rank and step (``--microbatches`` packed microbatches of
 ``--context-length`` tokens, byte-tokenized text), same ranks, all in one run. Measured: PSS summed
 over every process of a side (trainer processes and their DataLoader workers counted on every
-side), sampled every second of the timed steps; the max is reported.
+side), sampled every second of the timed steps; the max is reported; samples/s over the timed steps
+of all ranks; the CPU cores of each kind of process while timed. Every side runs ``--rounds`` times
+per cell (3), the order of the sides reversed each round; the table shows medians. The defaults
+(20 warm-up and 300 timed steps) are long enough to trust samples/s; a 16-step run is not.
 
   flight_overlord  ``LocalCluster`` (Planner, loader hosts, Data Constructors) plus one
                    ``TrainerClient`` process per rank (bench_delivery's trainer, torch tensors).
@@ -23,9 +26,9 @@ side), sampled every second of the timed steps; the max is reported.
                    worker opening every file of every source (skipped where its fitted size passes
                    ``--max-gib``).
 
-    .venv/bin/python scripts/bench_peers.py --data /tmp/c96                         # 6, 96 sources x 2, 8 ranks
-    .venv/bin/python scripts/bench_peers.py --data /tmp/c96 --sources 96 --ranks 2,8 --no-colocated \
-        --variants default,single_node,single_node+lean
+    .venv/bin/python scripts/bench_peers.py --data /tmp/c96 --no-colocated          # 6, 96 sources x 2, 8 ranks
+    .venv/bin/python scripts/bench_peers.py --data /tmp/c96 --sources 96 --ranks 2 --no-colocated \
+        --variants default,single_node,single_node+lean --rounds 1
 """
 from __future__ import annotations
 
@@ -149,48 +152,84 @@ def deployment(variant: str, ranks: int) -> tuple[int | str | None, dict]:
     return (1 if name == "node1" else "auto"), sections
 
 
-def cell(args, tmp: Path, data_dir: Path, mds_root: Path, names: list[str], ranks: int) -> list[bm.Run]:
+def sides(args) -> list[tuple[str, str]]:
+    """(side, variant) of every run of a cell, in the first round's order."""
+    return ([("overlord", v) for v in args.variants] + [("streaming", "")]
+            + [("colocated", "")] * (not args.no_colocated))
+
+
+def one_run(args, tmp: Path, data_dir: Path, mds_root: Path, names: list[str], ranks: int, side: str,
+            variant: str) -> bm.Run:
+    """One side's run at len(names) sources x ``ranks`` (a failure is a run with its error, for the table)."""
+    try:
+        if side == "overlord":
+            hosts, sections = deployment(variant, ranks)
+            return bm.run_overlord(args, tmp, data_dir, names, ranks, hosts, variant, sections)
+        if side == "streaming":
+            return run_streaming(args, convert_to_mds(data_dir, names, mds_root), ranks)
+        if bm.fitted_colocated(len(names), ranks, args.workers) > args.max_gib * GiB:
+            return bm.Run("colocated", len(names), ranks, None, error="skipped (fit above --max-gib)")
+        return bm.run_colocated(args, data_dir, names, ranks)
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+        log(f"{side} {variant} S={len(names)} R={ranks} failed: {exc}")
+        return bm.Run(side, len(names), ranks, None, variant, error=f"failed: {type(exc).__name__}")
+
+
+def rounds(args, tmp: Path, data_dir: Path, mds_root: Path, names: list[str]) -> list[tuple[int, bm.Run]]:
+    """Every cell's sides, ``--rounds`` times; each round runs the sides in the reverse order of the one
+    before, so that no side always runs first (a cold page cache) or last (a warmed machine)."""
     runs = []
-    attempts = [("overlord", v) for v in args.variants] + [("streaming", "")]
-    if not args.no_colocated:
-        attempts.append(("colocated", ""))
-    for side, variant in attempts:
-        try:
-            if side == "overlord":
-                hosts, sections = deployment(variant, ranks)
-                runs.append(bm.run_overlord(args, tmp, data_dir, names, ranks, hosts, variant, sections))
-            elif side == "streaming":
-                runs.append(run_streaming(args, convert_to_mds(data_dir, names, mds_root), ranks))
-            elif bm.fitted_colocated(len(names), ranks, args.workers) > args.max_gib * GiB:
-                runs.append(bm.Run("colocated", len(names), ranks, None, error="skipped (fit above --max-gib)"))
-            else:
-                runs.append(bm.run_colocated(args, data_dir, names, ranks))
-        except Exception as exc:  # noqa: BLE001 - reported in the table
-            runs.append(bm.Run(side, len(names), ranks, None, variant, error=f"failed: {type(exc).__name__}"))
-            log(f"{side} {variant} S={len(names)} R={ranks} failed: {exc}")
+    for round_ in range(args.rounds):
+        (tmp / f"round{round_}").mkdir(exist_ok=True)  # each round's run dirs apart (a run dir is never reused)
+        for s in sorted(args.sources):
+            for r in sorted(args.ranks):
+                order = sides(args) if round_ % 2 == 0 else sides(args)[::-1]
+                for side, variant in order:
+                    run = one_run(args, tmp / f"round{round_}", data_dir, mds_root, names[:s], r, side, variant)
+                    runs.append((round_, run))
+                    if not run.error:
+                        log(f"round {round_} {title(side, variant)} S={s} R={r}: {run.samples_per_s:.0f} samples/s, "
+                            f"{run.max_pss / MiB:.0f} MiB")
     return runs
 
 
-def table(runs: list[bm.Run], args) -> None:
-    sides = [("overlord", v) for v in args.variants] + [("streaming", "")] + [("colocated", "")] * (not args.no_colocated)
-    title = lambda s, v: f"flight_overlord {v}" if s == "overlord" else s  # noqa: E731
-    print("\n| S | R | " + " | ".join(f"{title(s, v)} GiB (samples/s)" for s, v in sides)
-          + " | " + " | ".join(f"{title('overlord', v)} / Streaming" for v in args.variants) + " |")
-    print("| ---: " * (2 + len(sides) + len(args.variants)) + "|")
-    for s, r in sorted({(x.sources, x.ranks) for x in runs}):
-        got = {(x.side, x.variant): x for x in runs if (x.sources, x.ranks) == (s, r)}
-        cells = [(x.error or f"{x.max_pss / GiB:.2f} ({x.samples_per_s:.0f})") if (x := got.get(k)) else "-"
-                 for k in sides]
-        peer = got.get(("streaming", ""))
-        # three places: the 8-rank goal (0.6x) is that close
-        ratios = [f"**{o.max_pss / peer.max_pss:.3f}x**" if (o := got.get(("overlord", v))) and peer and not o.error
-                  and not peer.error else "-" for v in args.variants]
+def title(side: str, variant: str) -> str:
+    return f"flight_overlord {variant}" if side == "overlord" else side
+
+
+def table(runs: list[tuple[int, bm.Run]], args) -> None:
+    """Medians over the rounds: PSS (max of each run) and samples/s per side, and flight_overlord's ratios
+    to Streaming (of the medians); then every run with the PSS and CPU of each kind of process."""
+    def median(values):
+        return float(np.median(values)) if values else float("nan")
+
+    kinds = sides(args)
+    print(f"\nMedians of {args.rounds} rounds ({args.steps} timed steps after {args.warmup} warm-up, "
+          f"{args.microbatches} microbatches of {args.context_length} tokens per rank and step):")
+    print("\n| S | R | " + " | ".join(f"{title(s, v)} GiB (samples/s)" for s, v in kinds)
+          + " | " + " | ".join(f"{title('overlord', v)} / Streaming: samples/s, PSS" for v in args.variants) + " |")
+    print("| ---: " * (2 + len(kinds) + len(args.variants)) + "|")
+    for s, r in sorted({(x.sources, x.ranks) for _, x in runs}):
+        got = {k: [x for _, x in runs if (x.sources, x.ranks, x.side, x.variant) == (s, r, *k) and not x.error]
+               for k in kinds}
+        pss = {k: median([x.max_pss for x in v]) for k, v in got.items()}
+        rate = {k: median([x.samples_per_s for x in v]) for k, v in got.items()}
+        cells = [f"{pss[k] / GiB:.3f} ({rate[k]:.0f}), n={len(got[k])}" if got[k] else "-" for k in kinds]
+        peer = ("streaming", "")
+        ratios = [f"**{rate[('overlord', v)] / rate[peer]:.2f}x, {pss[('overlord', v)] / pss[peer]:.3f}x**"
+                  if got[("overlord", v)] and got[peer] else "-" for v in args.variants]
         print(f"| {s} | {r} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
-    print("\nPSS by process kind at the max (MiB, processes x total):")
-    for x in runs:
-        if not x.error:
-            kinds = ", ".join(f"{k} {n}x {p / MiB:.0f}" for k, (n, p) in sorted(x.by_label.items()))
-            print(f"- {title(x.side, x.variant)} S={x.sources} R={x.ranks}: {kinds}")
+    print("\nEvery run: samples/s, max total PSS; per kind of process: count x PSS at the max (MiB), CPU "
+          "cores while timed (all of that kind):")
+    for round_, x in runs:
+        if x.error:
+            print(f"- round {round_} {title(x.side, x.variant)} S={x.sources} R={x.ranks}: {x.error}")
+            continue
+        per_kind = ", ".join(f"{k} {n}x {p / MiB:.0f} MiB {x.cores_by_label.get(k, float('nan')):.2f} cores"
+                             for k, (n, p) in sorted(x.by_label.items()))
+        print(f"- round {round_} {title(x.side, x.variant)} S={x.sources} R={x.ranks}: {x.samples_per_s:.0f} "
+              f"samples/s, {x.max_pss / MiB:.0f} MiB; {per_kind}; total "
+              f"{sum(x.cores_by_label.values()):.2f} cores")
 
 
 def parse_args(argv=None):
@@ -200,27 +239,25 @@ def parse_args(argv=None):
     p.add_argument("--sources", type=ints, default=[6, 96])
     p.add_argument("--ranks", type=ints, default=[2, 8])
     p.add_argument("--workers", type=int, default=4, help="DataLoader workers per rank (Streaming, colocated)")
-    p.add_argument("--variants", type=lambda t: t.split(","), default=["default", "node"],
+    p.add_argument("--rounds", type=int, default=3, help="runs of every side per cell, alternating their order; "
+                   "the table shows medians")
+    p.add_argument("--variants", type=lambda t: t.split(","), default=["single_node"],
                    help="flight_overlord deployments: default; single_node (deployment: single_node); node (one "
                         "constructor process per node); node1 (and one loader host process); each may add +lean, "
                         "+raN (bench_memory's loader settings)")
     p.add_argument("--no-colocated", action="store_true")
     p.add_argument("--max-gib", type=float, default=12.0, help="skip colocated runs fitted above this")
-    add_run_args(p, steps=8, timeout=600.0)
+    add_run_args(p, steps=300, warmup=20, timeout=900.0)
     return p.parse_args(argv)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     print_header()
-    runs: list[bm.Run] = []
     with workspace("bench-peers-", args.data, [], 1.0) as (tmp, data_dir):
         names = bm.ensure_many(data_dir, max(args.sources), args)
         mds_root = data_dir.with_name(f"{data_dir.name}-mds")
-        for s in sorted(args.sources):
-            for r in sorted(args.ranks):
-                runs += cell(args, tmp, data_dir, mds_root, names[:s], r)
-        table(runs, args)
+        table(rounds(args, tmp, data_dir, mds_root, names), args)
 
 
 if __name__ == "__main__":

@@ -288,6 +288,11 @@ class PssSampler:
                 self.cpu_by_label[label] = self.cpu_by_label.get(label, 0.0) + cpu - self._first[pid][2]
         self.deployment_cpu = sum(self.cpu_by_label.values())
 
+    def cores_by_label(self) -> dict[str, float]:
+        """CPU cores each process kind used while timed (its CPU seconds over the sampled window; {}: too short)."""
+        seconds = self._window[1] - self._window[0]
+        return {label: c / seconds for label, c in self.cpu_by_label.items()} if seconds >= 1.0 else {}
+
     def summary(self) -> list[str]:
         memory = ", ".join(f"{label} {n}x {pss / MiB:.0f}" for label, (n, pss) in self.pss_by_label.items())
         seconds = self._window[1] - self._window[0]

@@ -33,6 +33,7 @@ class Run:
     processes: int = 0
     start_s: float = 0.0
     by_label: dict = field(default_factory=dict)  # label -> (processes, PSS) at the max
+    cores_by_label: dict = field(default_factory=dict)  # label -> CPU cores its processes used while timed
     batches_per_s: float = 0.0
     samples_per_s: float = 0.0
     error: str = ""
@@ -54,6 +55,7 @@ def measured(run: Run, tallies, sampler) -> Run:
     """``run`` with what ``rank_processes.run_ranks`` measured: PSS (max, last, by process kind) and rates."""
     run.max_pss, run.end_pss, run.processes = sampler.max_pss, sampler.end_pss, sampler.processes
     run.by_label, run.batches_per_s = dict(sampler.pss_by_label), _rate(tallies)
+    run.cores_by_label = sampler.cores_by_label()
     run.samples_per_s = _rate(tallies, "samples")
     return run
 
