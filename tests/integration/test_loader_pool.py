@@ -1,0 +1,75 @@
+"""A loader process's actors on the real demo corpus: one read-ahead pool for all of them (a few
+threads, not two per actor), and one table for a samples call that names several of them."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+
+from flight_overlord.config import load_config
+from flight_overlord.loader.actor import LoaderActor
+from flight_overlord.loader.read_ahead import WORKERS, ReadAheadPool
+from flight_overlord.loader.row_groups import SourceShare
+from flight_overlord.loader.samples_table import samples_table
+
+from ..helpers import IMAGE_BATCH, IMAGE_SOURCES, write_config
+
+
+def _wait_for(condition, seconds: float = 20.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not condition():
+        time.sleep(0.05)
+    return condition()
+
+
+def _actors(cfg, run_dir, pool=None) -> list[LoaderActor]:
+    return [LoaderActor(SourceShare(s, 0, cfg.global_batch.context_length, cfg.vision), seed=cfg.seed,
+                        read_ahead=1, run_dir=run_dir, replicated=False, pool=pool) for s in cfg.sources]
+
+
+def test_the_actors_of_a_process_share_a_few_threads_and_each_reads_ahead(corpus, tmp_path):
+    cfg = load_config(write_config(tmp_path, corpus))
+    before = threading.active_count()
+    pool = ReadAheadPool()
+    actors = _actors(cfg, tmp_path / "run", pool)
+    try:
+        assert len(actors) == 6 and threading.active_count() - before == WORKERS + 1  # workers + the ticker
+        assert _wait_for(lambda: all(0 in a._buffer for a in actors))  # start-up: every actor's first row group
+        for actor in actors:  # the Planner asks for it: the actor reads on, each when its turn comes
+            rg = actor._at(0)
+            actor.metadata(0, rg.file, rg.row_group)
+        at_once = [a for a in actors if a.read_ahead_at(1) == 0]
+        assert at_once and _wait_for(lambda: all(1 in a._buffer for a in at_once))
+    finally:
+        for actor in actors:
+            actor.close()
+        pool.close()
+
+
+@pytest.mark.parametrize("sources", ["text", "image_text"])
+def test_one_table_for_several_actors_is_their_own_tables_back_to_back(corpus, tmp_path, sources):
+    """What a loader process sends for a call naming several actors (their picks, one table) equals each
+    actor's own answer, in the order asked: rows of several row groups, interleaved, text and images."""
+    extra = {} if sources == "text" else {"sources": IMAGE_SOURCES, "global_batch": IMAGE_BATCH,
+                                          "vision": {"max_pixels": 200704}}
+    cfg = load_config(write_config(tmp_path, corpus, **extra))
+    alone, together = _actors(cfg, tmp_path / "alone"), _actors(cfg, tmp_path / "together")
+    try:
+        asked = []
+        for actor in alone:
+            first, second = actor._at(0), actor._at(1)
+            asked.append([[0, rg.file, rg.row_group, row] for row in (2, 0, 1) for rg in (second, first)
+                          if row < rg.num_rows])
+        expected = pa.concat_tables([a.samples(5, 0, rows) for a, rows in zip(alone, asked)])
+        picked = [row for a, rows in zip(together, asked) for row in a.pick(5, 0, rows)]
+        got = samples_table(picked)
+        assert got.num_rows == sum(map(len, asked)) and got.equals(expected)
+        if sources == "image_text":
+            assert sum(len(x) for x in got.column("images").to_pylist()) > 0
+        for a, b in zip(alone, together):  # the pops are journaled the same
+            assert a.state.state_dict() == b.state.state_dict()
+    finally:
+        for actor in alone + together:
+            actor.close()
