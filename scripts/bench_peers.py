@@ -175,7 +175,7 @@ def one_run(args, tmp: Path, data_dir: Path, mds_root: Path, names: list[str], r
         return bm.Run(side, len(names), ranks, None, variant, error=f"failed: {type(exc).__name__}")
 
 
-def rounds(args, tmp: Path, data_dir: Path, mds_root: Path, names: list[str]) -> list[tuple[int, bm.Run]]:
+def rounds(args, tmp: Path, data_dir: Path, mds_root: Path, names: list[str]) -> list[tuple[int, float, bm.Run]]:
     """Every cell's sides, ``--rounds`` times; each round runs the sides in the reverse order of the one
     before, so that no side always runs first (a cold page cache) or last (a warmed machine)."""
     runs = []
@@ -185,11 +185,12 @@ def rounds(args, tmp: Path, data_dir: Path, mds_root: Path, names: list[str]) ->
             for r in sorted(args.ranks):
                 order = sides(args) if round_ % 2 == 0 else sides(args)[::-1]
                 for side, variant in order:
+                    load = os.getloadavg()[0]  # other users of the machine: the figures' caveat
                     run = one_run(args, tmp / f"round{round_}", data_dir, mds_root, names[:s], r, side, variant)
-                    runs.append((round_, run))
+                    runs.append((round_, load, run))
                     if not run.error:
                         log(f"round {round_} {title(side, variant)} S={s} R={r}: {run.samples_per_s:.0f} samples/s, "
-                            f"{run.max_pss / MiB:.0f} MiB")
+                            f"{run.max_pss / MiB:.0f} MiB (load average {load:.1f} at its start)")
     return runs
 
 
@@ -197,7 +198,7 @@ def title(side: str, variant: str) -> str:
     return f"flight_overlord {variant}" if side == "overlord" else side
 
 
-def table(runs: list[tuple[int, bm.Run]], args) -> None:
+def table(runs: list[tuple[int, float, bm.Run]], args) -> None:
     """Medians over the rounds: PSS (max of each run) and samples/s per side, and flight_overlord's ratios
     to Streaming (of the medians); then every run with the PSS and CPU of each kind of process."""
     def median(values):
@@ -209,8 +210,8 @@ def table(runs: list[tuple[int, bm.Run]], args) -> None:
     print("\n| S | R | " + " | ".join(f"{title(s, v)} GiB (samples/s)" for s, v in kinds)
           + " | " + " | ".join(f"{title('overlord', v)} / Streaming: samples/s, PSS" for v in args.variants) + " |")
     print("| ---: " * (2 + len(kinds) + len(args.variants)) + "|")
-    for s, r in sorted({(x.sources, x.ranks) for _, x in runs}):
-        got = {k: [x for _, x in runs if (x.sources, x.ranks, x.side, x.variant) == (s, r, *k) and not x.error]
+    for s, r in sorted({(x.sources, x.ranks) for _, _, x in runs}):
+        got = {k: [x for _, _, x in runs if (x.sources, x.ranks, x.side, x.variant) == (s, r, *k) and not x.error]
                for k in kinds}
         pss = {k: median([x.max_pss for x in v]) for k, v in got.items()}
         rate = {k: median([x.samples_per_s for x in v]) for k, v in got.items()}
@@ -221,7 +222,7 @@ def table(runs: list[tuple[int, bm.Run]], args) -> None:
         print(f"| {s} | {r} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
     print("\nEvery run: samples/s, max total PSS; per kind of process: count x PSS at the max (MiB), CPU "
           "cores while timed (all of that kind):")
-    for round_, x in runs:
+    for round_, load, x in runs:
         if x.error:
             print(f"- round {round_} {title(x.side, x.variant)} S={x.sources} R={x.ranks}: {x.error}")
             continue
@@ -229,7 +230,7 @@ def table(runs: list[tuple[int, bm.Run]], args) -> None:
                              for k, (n, p) in sorted(x.by_label.items()))
         print(f"- round {round_} {title(x.side, x.variant)} S={x.sources} R={x.ranks}: {x.samples_per_s:.0f} "
               f"samples/s, {x.max_pss / MiB:.0f} MiB; {per_kind}; total "
-              f"{sum(x.cores_by_label.values()):.2f} cores")
+              f"{sum(x.cores_by_label.values()):.2f} cores; load average {load:.1f} at its start")
 
 
 def parse_args(argv=None):

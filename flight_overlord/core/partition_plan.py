@@ -209,6 +209,30 @@ def render(plan: PartitionPlan, profiles: list[SourceProfile] | None = None) -> 
     return "\n".join(lines)
 
 
+# What one process serving every role of a run holds before any buffer (the interpreter, pyarrow, the
+# Planner's and the constructor's state): the node's PSS at 6 sources, docs/results.md (~70-75 MiB), rounded up.
+NODE_BASE_BYTES = 96 * MiB
+
+
+def single_node_advice(plan: PartitionPlan) -> str:
+    """The deployment for ranks that share one machine with this budget (its cores and memory): one
+    process for every role (``deployment: single_node``: the Planner, one loader host for every actor,
+    one constructor for every data-parallel rank) when the planned loader buffers fit the memory with it.
+    The choice is measured (``scripts/bench_peers.py``, docs/results.md): at 6 and 96 sources, 2 and 8
+    ranks, it was ahead of MosaicML Streaming on samples/s and on memory, and it used the least memory of
+    our deployments; it used about one core, so it suits a node of any core count from one on."""
+    needed = sum(plan.host_bytes) + NODE_BASE_BYTES
+    if needed > plan.budget.memory_bytes:
+        return (f"single node: the loader buffers and one process ({needed / GiB:.2f} GiB) exceed the memory "
+                f"budget ({plan.budget.memory_bytes / GiB:.2f} GiB): lower loader.read_ahead_bytes, or spread "
+                f"the loader hosts over several nodes (the default deployment)")
+    return (f"single node ({plan.budget.cpus:g} CPUs, {plan.budget.memory_bytes / GiB:.2f} GiB): recommended "
+            f"`deployment: single_node` (every role in one process: the Planner, one loader host for all "
+            f"{sum(s.actors for s in plan.sources)} actors, one constructor for every data-parallel rank; about "
+            f"{needed / GiB:.2f} GiB and one core), measured ahead of MosaicML Streaming on samples/s and memory "
+            f"(docs/results.md); the hosts above are for the default deployment")
+
+
 def apply_plan(cfg, plan: PartitionPlan):
     """``cfg`` (a Config) with the plan's actors per source and its loader hosts (``loader.groups``)."""
     planned = {s.name: s.actors for s in plan.sources}

@@ -22,7 +22,8 @@ from pathlib import Path
 from .. import source_files
 from ..config import Config, ConfigError
 from ..core.order import epoch_order
-from ..core.partition_plan import GiB, Budget, PartitionPlan, SourceProfile, plan_partition, render
+from ..core.partition_plan import (GiB, Budget, PartitionPlan, SourceProfile, plan_partition, render,
+                                   single_node_advice)
 from .row_groups import SourceShare, read_catalog
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ def partition(cfg: Config, *, cpus: float | None = None, memory_gib: float | Non
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     _write_json(partition_dir(cfg) / "plan.json", plan.to_dict())
-    table = render(plan, profiles)
+    table = render(plan, profiles) + "\n" + single_node_advice(plan)
     where = partition_dir(cfg)
     return plan, table + f"\nprofile: {where / 'profile.json'} ({'reused' if reused else 'measured now'}); " \
                          f"plan: {where / 'plan.json'}"

@@ -27,6 +27,7 @@ def test_overlord_partition_journals_the_profile_and_plans(corpus, tmp_path, cap
     main(["partition", str(path)])
     out = capsys.readouterr().out
     assert "partition plan:" in out and "measured now" in out
+    assert "recommended `deployment: single_node`" in out  # for a node of the budget's cores and memory
     assert all(name in out for name in ("captions", "longdocs", "code", "docstrings", "manuals", "qa"))
     run_dir = load_config(path).run_dir
     profile = json.loads((run_dir / "partition" / "profile.json").read_text())

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from flight_overlord.core.partition_plan import (GiB, MiB, Budget, PartitionPlan, SourceProfile, actor_bytes,
-                                                 plan_partition, render)
+from flight_overlord.core.partition_plan import (NODE_BASE_BYTES, GiB, MiB, Budget, PartitionPlan, SourceProfile,
+                                                 actor_bytes, plan_partition, render, single_node_advice)
 
 
 def _profile(name, *, weight=1.0, us=50.0, rg_mib=1.0, reader_mib=0.5, row_groups=12, files=3):
@@ -96,3 +96,13 @@ def test_a_source_that_fits_nowhere_is_named():
     assert next(s.actor_bytes for s in fits.sources if s.name == "fat") < 301 * MiB
     with pytest.raises(ValueError, match="memory budget .* too small"):
         plan_partition([_profile(f"m{i}", rg_mib=40) for i in range(10)], Budget(2, 0.5 * GiB))
+
+
+def test_a_node_whose_memory_holds_the_buffers_and_one_process_is_advised_single_node():
+    plan = plan_partition(PROFILES, Budget(2, 2 * GiB))
+    advice = single_node_advice(plan)
+    assert "recommended `deployment: single_node`" in advice and "2 CPUs" in advice
+    assert f"all {sum(s.actors for s in plan.sources)} actors" in advice
+    # the same buffers on a node with less memory than they and the process need: not one process
+    tight = dataclasses.replace(plan, budget=Budget(2, sum(plan.host_bytes) + NODE_BASE_BYTES - 1))
+    assert "exceed the memory budget" in single_node_advice(tight)
