@@ -154,7 +154,7 @@ def deployment(variant: str, ranks: int) -> tuple[int | str | None, dict]:
 
 def sides(args) -> list[tuple[str, str]]:
     """(side, variant) of every run of a cell, in the first round's order."""
-    return ([("overlord", v) for v in args.variants] + [("streaming", "")]
+    return ([("overlord", v) for v in args.variants] + [("streaming", "")] * (not args.no_streaming)
             + [("colocated", "")] * (not args.no_colocated))
 
 
@@ -218,7 +218,7 @@ def table(runs: list[tuple[int, float, bm.Run]], args) -> None:
         cells = [f"{pss[k] / GiB:.3f} ({rate[k]:.0f}), n={len(got[k])}" if got[k] else "-" for k in kinds]
         peer = ("streaming", "")
         ratios = [f"**{rate[('overlord', v)] / rate[peer]:.2f}x, {pss[('overlord', v)] / pss[peer]:.3f}x**"
-                  if got[("overlord", v)] and got[peer] else "-" for v in args.variants]
+                  if got[("overlord", v)] and got.get(peer) else "-" for v in args.variants]
         print(f"| {s} | {r} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
     print("\nEvery run: samples/s, max total PSS; per kind of process: count x PSS at the max (MiB), CPU "
           "cores while timed (all of that kind):")
@@ -247,6 +247,8 @@ def parse_args(argv=None):
                         "constructor process per node); node1 (and one loader host process); each may add +lean, "
                         "+raN (bench_memory's loader settings)")
     p.add_argument("--no-colocated", action="store_true")
+    p.add_argument("--no-streaming", action="store_true", help="flight_overlord's variants only (a before/after "
+                   "of a change: no ratio to Streaming then)")
     p.add_argument("--max-gib", type=float, default=12.0, help="skip colocated runs fitted above this")
     add_run_args(p, steps=300, warmup=20, timeout=900.0)
     return p.parse_args(argv)
