@@ -12,6 +12,7 @@ from ..errors import ConfigError  # noqa: F401 - re-exported: config.ConfigError
 from ..core.mesh import Mesh
 from ..core.vision import VisionSpec
 from .fields import defaults_of
+from .liveness import LivenessConfig
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,7 @@ class Config:
     metrics: MetricsConfig = MetricsConfig()
     ray: RayConfig = RayConfig()
     planner: PlannerConfig = PlannerConfig()
+    liveness: LivenessConfig = LivenessConfig()
     deployment: str = "default"  # one of DEPLOYMENTS (single_node: every role in one process, topology.roles)
     path: Path | None = None  # the YAML file this came from, so child processes can reload it
 

@@ -20,9 +20,10 @@ from ..core.context_parallel import CP_FORMATS, CP_SPLITS, chunk_count
 from ..core.cost import COST_MODELS
 from ..core.mesh import Mesh
 from .fields import REQUIRED, as_choice, as_flag, as_int, as_number, check_host, check_keys, defaults_of, join_key
-from .model import (BalanceConfig, CheckpointConfig, Config, ConfigError, ConstructorConfig, CostConfig, GlobalBatchConfig,
-                    LoaderConfig, MetricsConfig, NetworkConfig, PartitionBudget, PlannerConfig, RayConfig, ScalingConfig,
-                    SecurityConfig, SourceConfig, StrategyConfig, TLSConfig, TransformConfig, VisionConfig, deployment_defaults)
+from .model import (BalanceConfig, CheckpointConfig, Config, ConfigError, ConstructorConfig, CostConfig,
+                    GlobalBatchConfig, LivenessConfig, LoaderConfig, MetricsConfig, NetworkConfig, PartitionBudget,
+                    PlannerConfig, RayConfig, ScalingConfig, SecurityConfig, SourceConfig, StrategyConfig, TLSConfig,
+                    TransformConfig, VisionConfig, deployment_defaults)
 
 MESH_KEYS = {k: v for k, v in defaults_of(Mesh).items() if k != "dp_per_constructor"}  # its own section's
 # Row groups per shuffle window of a source (sources[].shuffle_window): see docs/methods/data-order.md
@@ -68,7 +69,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         "mesh": None, "global_batch": REQUIRED, "cost": None, "balance": None,
         "prefetch": 2, "network": None, "loader": None, "constructor": None,
         "pad_token_id": 0, "strategy": None, "vision": None, "checkpoint": None, "security": None,
-        "metrics": None, "ray": None, "planner": None, "deployment": "default",
+        "metrics": None, "ray": None, "planner": None, "deployment": "default", "liveness": None,
     })
     data_root = _path(base_dir, top["data_root"], "data_root")
     global_batch = _parse_global_batch(top["global_batch"])
@@ -83,8 +84,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
     planner = check_keys(top["planner"], "planner", defaults_of(PlannerConfig))
     return Config(
         seed=as_int(top["seed"], "seed", minimum=0),
-        sources=sources,
-        mesh=mesh,
+        sources=sources, mesh=mesh,
         global_batch=global_batch,
         cost=_parse_cost(top["cost"]),
         balance=BalanceConfig(as_choice(balancing["method"], "balance.method", balance_methods())),
@@ -107,7 +107,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         strategy=_parse_strategy(top["strategy"], base_dir),
         vision=_parse_vision(top["vision"]),
         security=_parse_security(top["security"], base_dir),
-        metrics=_parse_metrics(top["metrics"]),
+        metrics=_parse_metrics(top["metrics"]), liveness=LivenessConfig.parsed(top["liveness"]),
         ray=_parse_ray(top["ray"], mesh.world_size),
         planner=PlannerConfig(as_int(planner["standbys"], "planner.standbys", minimum=0, maximum=1)),  # 2 would race
         deployment=top["deployment"], path=path,  # deployment checked by deployment_defaults

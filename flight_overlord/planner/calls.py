@@ -12,7 +12,7 @@ import pyarrow.flight as fl
 from .. import wire
 from ..core.order import RowGroupRef
 from ..wire.security import Credentials
-from ..wire.server import ClientPool, call_any, connect
+from ..wire.server import ClientPool, call_any, connect, within
 from ..wire.tickets import MetadataTicket, Reshard
 from .feed import row_group_metadata
 from .planner import Planner
@@ -21,9 +21,11 @@ log = logging.getLogger(__name__)
 
 
 class PlannerCalls:
-    def __init__(self, credentials: Credentials, stopping: Callable[[], bool]):
-        """``stopping()``: whether the Planner is shutting down (a metadata fetch then gives up)."""
+    def __init__(self, credentials: Credentials, stopping: Callable[[], bool], *, fetch_seconds: float = 300.0):
+        """``stopping()``: whether the Planner is shutting down (a metadata fetch then gives up);
+        ``fetch_seconds``: the deadline of one metadata fetch (``liveness.fetch_seconds``)."""
         self.credentials = credentials
+        self.fetch_seconds = fetch_seconds
         self.clients = ClientPool(credentials)
         self.stopping = stopping
         self.planner: Planner | None = None  # set once built (it is built with ``meta_fetcher``)
@@ -72,7 +74,8 @@ class PlannerCalls:
             request = MetadataTicket(source, actor[1], epoch, rg.file, rg.row_group,
                                      tuple(map(tuple, segments)) if segments else None)
             table = call_any(self.clients, lambda: self.planner.registry.locations(actor),  # a moved loader too
-                             lambda c: c.do_get(wire.ticket(request.to_wire())).read_all(),
+                             lambda c: within(self.fetch_seconds,
+                                              lambda options: c.do_get(wire.ticket(request.to_wire()), options).read_all()),
                              what=f"loader {source}[{actor[1]}]", stop=self.stopping)
             return row_group_metadata(table, rg.num_rows)
         return fetch
