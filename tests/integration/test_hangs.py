@@ -1,7 +1,9 @@
 """A role that hangs is a failure too: SIGSTOP a role's process mid-run and it is found hung
 (``liveness``), killed and replaced (the standby takes the Planner's address over, constructors fail
 over to a loader's shadow, the supervisor restarts the rest), and every rank's stream equals the
-undisturbed run's. A process that wakes up after it was replaced serves nothing (fencing)."""
+undisturbed run's. A process that wakes up after it was replaced serves nothing (fencing). The loader
+actors share two processes (``loader.hosts: 2``, which changes no stream): a stop hits several sources,
+and the clusters start fewer processes."""
 from __future__ import annotations
 
 import os
@@ -11,6 +13,7 @@ import threading
 import pytest
 
 from flight_overlord.config import load_config
+from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.fence import FENCED_EXIT_STATUS, Fence
 from flight_overlord.planner.audit import offline_audit
 
@@ -21,14 +24,13 @@ STOP_SECONDS = 8.0  # every SIGSTOP is undone after this (a hang that was not ha
 
 
 @pytest.fixture(scope="module")
-def reference(corpus, tmp_path_factory):
-    return run(config(tmp_path_factory.mktemp("reference"), corpus), {})
+def reference(recovery_reference):
+    return recovery_reference  # test_recovery's config, undisturbed
 
 
 def run(path, faults: dict, check=None) -> dict[int, list]:
     """Trainers through steps [0, STEPS); ``faults[step](cluster)`` when rank 0 reaches ``step``; every
     role a fault touched is awaited back before ``check(cluster)`` and the stop."""
-    from flight_overlord.deploy.launch import LocalCluster
     with LocalCluster(path) as cluster:
         fired = []
 
@@ -78,8 +80,8 @@ def test_hung_planner_loader_and_constructor_with_standby_and_shadow_change_no_r
     """planner.standbys: 1 and loader.shadows: 1: the standby takes over a Planner whose lease ran out,
     constructors fetch from the hung loader's shadow, trainers move to the replaced constructor."""
     hangs = Hangs()
-    path = config(tmp_path, corpus, planner={"standbys": 1}, loader={"shadows": 1})
-    faults = {9: hangs.at("planner"), 26: hangs.at("loader-longdocs-0"), 43: hangs.at("constructor-0")}
+    path = config(tmp_path, corpus, planner={"standbys": 1}, loader={"shadows": 1, "hosts": 2})
+    faults = {9: hangs.at("planner"), 26: hangs.at("loader-host0"), 43: hangs.at("constructor-0")}
     assert run(path, faults, check=hangs.check) == reference
 
 
@@ -89,7 +91,7 @@ def test_hung_loader_without_a_shadow_is_replaced_and_a_woken_replaced_process_s
     wakes up after its role was claimed by another process (its replacement) exits at once, serving no
     step: the fence."""
     hangs, fenced = Hangs(), []
-    path = config(tmp_path, corpus)
+    path = config(tmp_path, corpus, loader={"hosts": 2})
     run_dir = load_config(path).run_dir
 
     def replaced_while_stopped(cluster) -> None:
@@ -104,7 +106,7 @@ def test_hung_loader_without_a_shadow_is_replaced_and_a_woken_replaced_process_s
         assert fenced[0].wait(timeout=30) == FENCED_EXIT_STATUS
         cluster.wait_restarted("constructor-1", timeout=60)
 
-    assert run(path, {12: hangs.at("loader-longdocs-0"), 35: replaced_while_stopped}, check=check) == reference
+    assert run(path, {12: hangs.at("loader-host1"), 35: replaced_while_stopped}, check=check) == reference
     report = offline_audit(run_dir)  # the constructors' journals of what they served agree with the trainers
     delivered = sum(len(mb) for stream in reference.values() for _, (mbs, _) in stream for mb in mbs)
     assert (report["samples"], report["duplicates"], report["missing"]) == (delivered, 0, 0)
