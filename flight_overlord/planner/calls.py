@@ -7,12 +7,11 @@ import threading
 from typing import Callable
 
 import numpy as np
-import pyarrow.flight as fl
 
 from .. import wire
 from ..core.order import RowGroupRef
 from ..wire.security import Credentials
-from ..wire.server import ClientPool, call_any, connect, within
+from ..wire.server import ANSWERED, ClientPool, call_any, connect, probe, within
 from ..wire.tickets import MetadataTicket, Reshard
 from .feed import row_group_metadata
 from .planner import Planner
@@ -41,12 +40,7 @@ class PlannerCalls:
         except Exception:  # noqa: BLE001 - an unusable address does not answer
             return False
         try:
-            client.list_actions(options=fl.FlightCallOptions(timeout=3.0))
-            return True
-        except (fl.FlightUnavailableError, fl.FlightTimedOutError):
-            return False
-        except Exception:  # noqa: BLE001 - a server is there: it answered with an error
-            return True
+            return probe(client, 3.0) == ANSWERED
         finally:
             client.close()
 

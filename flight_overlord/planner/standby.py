@@ -28,12 +28,11 @@ import pyarrow.flight as fl
 from ..config import Config
 from ..fence import Fence
 from ..wire.security import Credentials
-from ..wire.server import connect
+from ..wire.server import ANSWERED, REFUSED, SILENT, connect, probe
 
 log = logging.getLogger(__name__)
 PROBE_SECONDS = 0.02  # between probes of the active Planner: a refused local connect costs well under 1 ms
 REFUSALS = 2          # consecutive refusals that mean it is gone
-ANSWERED, REFUSED, SILENT = "answered", "refused", "silent"
 
 
 def add_standby_arg(parser: argparse.ArgumentParser) -> None:
@@ -66,19 +65,13 @@ def await_takeover(location: str, credentials: Credentials, *, lease: float = 0.
 
 
 def _probe(location: str, credentials: Credentials, timeout: float) -> str:
+    """``probe`` on a fresh connection: a pooled one may be in reconnect back-off and hide a refusal."""
     try:
         client = connect(location, credentials)
     except fl.FlightUnavailableError:
         return REFUSED
     try:
-        client.list_actions(options=fl.FlightCallOptions(timeout=timeout))
-        return ANSWERED
-    except fl.FlightUnavailableError:
-        return REFUSED
-    except fl.FlightTimedOutError:
-        return SILENT
-    except Exception:  # noqa: BLE001 - any other answer (an error) means a server is there
-        return ANSWERED
+        return probe(client, timeout)
     finally:
         client.close()
 

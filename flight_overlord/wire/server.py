@@ -269,6 +269,25 @@ def call_any(pool: "ClientPool", locations: list[str] | Callable[[], list[str]],
         time.sleep(RETRY_SECONDS)
 
 
+ANSWERED, SILENT, REFUSED = "answered", "silent", "refused"
+
+
+def probe(client: fl.FlightClient, timeout: float) -> str:
+    """Whether a role's server is there at all: a trivial call (``list_actions``, which its gRPC threads
+    answer beside any work it is doing) under ``timeout``. ``ANSWERED``: any reply, an error too;
+    ``REFUSED``: nothing listens (a dead process, or one not started yet); ``SILENT``: a server took the
+    call and let the deadline pass (hung)."""
+    try:
+        client.list_actions(options=fl.FlightCallOptions(timeout=timeout))
+        return ANSWERED
+    except fl.FlightUnavailableError:
+        return REFUSED
+    except fl.FlightTimedOutError:
+        return SILENT
+    except Exception:  # noqa: BLE001 - an error is an answer: a server is there
+        return ANSWERED
+
+
 def within(seconds: float, call: Callable[[fl.FlightCallOptions], Any]) -> Any:
     """``call(options)`` under a deadline of ``seconds`` (``liveness.fetch_seconds`` or ``call_seconds``):
     a peer that lets it pass did not answer at all (hung, or gone without a word), which is raised as
