@@ -102,3 +102,16 @@ def test_the_standbys_probe_tells_answered_silent_and_refused_apart(tmp_path):
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_a_journal_writes_nothing_once_its_guard_refuses(tmp_path):
+    """The Planner's journal checks its fence before every record: a replaced Planner appends none."""
+    from flight_overlord.journal import Journal, read_journal
+    fence = claim(tmp_path, "planner")
+    journal = Journal(tmp_path / "plan-journal.jsonl", guard=fence.check)
+    journal.append({"step": 0})
+    claim(tmp_path, "planner")  # the standby took the lease over
+    with pytest.raises(Fenced):
+        journal.append({"step": 1})
+    journal.close()
+    assert [record for _, record in read_journal(tmp_path / "plan-journal.jsonl")] == [{"step": 0}]
