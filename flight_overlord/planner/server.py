@@ -202,6 +202,8 @@ class PlannerServer(ActionServer):
         serve_plans(reader, writer, self._plans_answer, lambda: self.service.stopping)
 
     def _plans_answer(self, body: dict) -> bytes | list[PlanView]:
+        if self.fence is not None:  # the stream outlives the call's own check: each message is one
+            self.fence.enforce()
         if "step" in body:
             return self._views(body, VIEWS_PER_ANSWER)
         self.service.constructor_positions(wire.field(body, "constructor", int, "positions report"), body.get("positions"))
