@@ -35,7 +35,7 @@ class Converter:
         self.row_group_bytes = row_group_bytes
         self.row_groups_per_file = row_groups_per_file
         self.schema: pa.Schema | None = None
-        self.pending: list[pa.RecordBatch] = []
+        self.pending: pa.Table | None = None  # rows not written yet
         self.writer: pq.ParquetWriter | None = None
         self.groups_in_file = 0
         self.files: list[Path] = []
@@ -49,29 +49,29 @@ class Converter:
             except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
                 raise ConfigError(f"convert: {source}: its fields differ from the first file's ({exc}); keep "
                                   f"the same fields with --columns") from None
-        for batch in table.to_batches(max_chunksize=4096):
-            self.pending.append(batch)
-            if sum(b.nbytes for b in self.pending) >= self.row_group_bytes:
-                self._write_row_group()
+        pending = table if self.pending is None else pa.concat_tables([self.pending, table])
+        while pending.num_rows and pending.nbytes >= self.row_group_bytes:
+            rows = max(1, self.row_group_bytes * pending.num_rows // pending.nbytes)  # rows of about that size
+            self._write_row_group(pending.slice(0, rows))
+            pending = pending.slice(rows)
+        self.pending = pending
 
     def close(self) -> list[Path]:
-        if self.pending:
-            self._write_row_group()
+        if self.pending is not None and self.pending.num_rows:
+            self._write_row_group(self.pending)
         if self.writer is not None:
             self.writer.close()
         return self.files
 
-    def _write_row_group(self) -> None:
+    def _write_row_group(self, group: pa.Table) -> None:
         if self.writer is None or self.groups_in_file == self.row_groups_per_file:
             if self.writer is not None:
                 self.writer.close()
             path = self.out_dir / f"part-{len(self.files):05d}.parquet"
             self.writer, self.groups_in_file = pq.ParquetWriter(path, self.schema), 0
             self.files.append(path)
-        group = pa.Table.from_batches(self.pending, self.schema)
-        self.writer.write_table(group, row_group_size=max(1, group.num_rows))
+        self.writer.write_table(group, row_group_size=group.num_rows)
         self.groups_in_file += 1
-        self.pending = []
 
 
 def read_jsonl(path: str, columns: list[str] | None) -> pa.Table:
