@@ -61,6 +61,7 @@ def write_feather(path: pathlib.Path, *, rows: int = 64, seed: int = 2) -> None:
 def write_jsonl_zst(path: pathlib.Path, *, rows: int = 200, seed: int = 3) -> None:
     """JSON Lines compressed by the ``zstd`` command when there is one (else pyarrow's zstd codec)."""
     lines = "".join(json.dumps({"text": t, "meta": {"n": i}}) + "\n" for i, t in enumerate(texts(rows, seed)))
+    path.parent.mkdir(parents=True, exist_ok=True)
     raw = path.with_suffix("")
     raw.write_text(lines)
     if shutil.which("zstd"):
@@ -92,3 +93,27 @@ def row_of(root: pathlib.Path, key: str, columns: list[str]) -> dict:
                 else list(reader)
             table = pa.Table.from_batches([batches[int(chunk)]]).select(columns)
     return table.slice(int(row), 1).to_pylist()[0]
+
+
+PLUGIN_TRANSFORM = "shifted_bytes"
+PLUGIN_SOURCE = '''"""A user's own transform, named by a config's plugins: (tests/corpora.py)."""
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flight_overlord.transforms import TRANSFORMS, register_transform
+
+
+@register_transform("shifted_bytes")
+def shifted_bytes(shift: int = 1):
+    byte = TRANSFORMS["byte_tokenizer"]()
+
+    def tokenize(column, max_tokens):
+        tokens = byte(column, max_tokens)
+        return pa.ListArray.from_arrays(tokens.offsets, pc.add(tokens.values, shift))
+    return tokenize
+'''
+
+
+def shifted_bytes(text: str, shift: int, max_tokens: int) -> list[int]:
+    """What the plugin makes of a text."""
+    return [b + shift for b in text.encode()[:max_tokens]]

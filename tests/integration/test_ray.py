@@ -15,6 +15,7 @@ from flight_overlord.deploy.ray_backend import NODE_SHARE, RayCluster, actor_opt
 from flight_overlord.deploy.topology import loader_hosts
 
 from ..helpers import delivered_keys, fetch_run, journal, write_config
+from .test_their_code import assert_plugin_tokens, plugin_config
 
 STEPS = 12
 
@@ -135,3 +136,15 @@ def test_ray_backend_auto_partitions_at_start_up(local_ray, local_reference, cor
             f.close()
     assert {r: _keys_per_step(tables) for r, tables in run.items()} == \
         {r: keys[:steps] for r, keys in local_reference.items()}
+
+
+def test_ray_actors_import_the_config_s_plugins(local_ray, corpus, plugin_file, tmp_path):
+    """A transform in the user's file (``plugins:``) works in the Ray actors: they read the config and
+    import it, as every process that reads a config does."""
+    path = plugin_config(tmp_path, corpus, plugin_file, ray={"cpus": 0.05})
+    with RayCluster(path) as cluster:
+        fetchers = [StepFetcher(cluster.planner, r, timeout=120) for r in range(2)]
+        tables = [f.fetch(step) for f in fetchers for step in range(2)]
+        for f in fetchers:
+            f.close()
+    assert assert_plugin_tokens(tables, corpus) > 0
