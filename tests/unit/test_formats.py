@@ -214,3 +214,14 @@ def test_convert_writes_row_groups_of_the_size_asked(tmp_path):
     if lines is not None:
         assert [json.loads(x)["text"] for x in lines.decode().splitlines()] == \
                [t for f in files for t in pq.read_table(f).column("text").to_pylist()]
+
+
+def test_document_separators_are_off_by_default_and_fit_the_context():
+    from flight_overlord.transforms import make_transform
+    texts = pa.array(["ab", None, "abcdef"])
+    assert make_transform("byte_tokenizer")(texts, 4).to_pylist() == [[97, 98], [], [97, 98, 99, 100]]
+    with_both = make_transform("byte_tokenizer", {"bos_token_id": 300, "eos_token_id": 301})(texts, 5)
+    # the EOS only where the whole document fits with it: a cut document did not end there
+    assert with_both.to_pylist() == [[300, 97, 98, 301], [300, 301], [300, 97, 98, 99, 100]]
+    with pytest.raises(ValueError, match="eos_token_id: expected a token id"):
+        make_transform("byte_tokenizer", {"eos_token_id": -1})
