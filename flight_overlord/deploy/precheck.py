@@ -3,7 +3,8 @@ each source's columns and their types in one file's schema (a Parquet or IPC foo
 first message: no data is read), and that its transform can be made. Every error is one line naming
 the source, the file and the column (or the transform). The loaders still check every file's schema
 as they catalog it; this makes the common mistakes (a wrong column name, text where token ids were
-meant, an unknown transform) an error of the command, not of a role process 30 s later."""
+meant, an unknown transform, a strategy naming an unknown balancer or cost model) an error of the command,
+not of a role process 30 s later."""
 from __future__ import annotations
 
 from .. import formats, source_files
@@ -16,6 +17,8 @@ from ..transforms import make_transform
 def check_data(cfg: Config) -> None:
     for source in cfg.sources:
         check_source(source)
+    from ..planner.strategy import load_strategy
+    load_strategy(cfg, cfg.mesh)  # the names a strategy file asks for (balancers, cost models) exist
 
 
 def check_source(source: SourceConfig) -> None:

@@ -225,3 +225,11 @@ def test_document_separators_are_off_by_default_and_fit_the_context():
     assert with_both.to_pylist() == [[300, 97, 98, 301], [300, 301], [300, 97, 98, 99, 100]]
     with pytest.raises(ValueError, match="eos_token_id: expected a token id"):
         make_transform("byte_tokenizer", {"eos_token_id": -1})
+
+
+def test_a_strategy_naming_an_unknown_balancer_is_refused_before_start(tmp_path):
+    write_feather(tmp_path / "f" / "a.feather", rows=8)
+    (tmp_path / "s.py").write_text("def build(s):\n    return s.cost('attention').balance('no_such_balancer')\n")
+    cfg = load_config(config(tmp_path, [{"name": "f", "paths": "f/*.feather"}], strategy="s.py"))
+    with pytest.raises(ConfigError, match=r"strategy file .*s.py: build\(\): .*'no_such_balancer'.*greedy"):
+        check_data(cfg)
