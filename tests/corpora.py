@@ -82,6 +82,8 @@ def row_of(root: pathlib.Path, key: str, columns: list[str]) -> dict:
     """The row a sample key names (``source:file:chunk:row``), read with pyarrow alone."""
     _, file, chunk, row = key.rsplit(":", 3)
     path = root / file
+    if path.suffix == ".bin":
+        return {"input_ids": megatron_row(path, int(chunk), int(row))}
     if path.suffix == ".parquet":
         table = pq.ParquetFile(path).read_row_group(int(chunk), columns=columns)
     else:
@@ -117,3 +119,35 @@ def shifted_bytes(shift: int = 1):
 def shifted_bytes(text: str, shift: int, max_tokens: int) -> list[int]:
     """What the plugin makes of a text."""
     return [b + shift for b in text.encode()[:max_tokens]]
+
+
+MEGATRON_CODES = {np.uint8: 1, np.int8: 2, np.int16: 3, np.int32: 4, np.int64: 5, np.uint16: 8}
+
+
+def write_megatron(prefix: pathlib.Path, *, sequences: int = 300, seed: int = 4, dtype=np.uint16) -> None:
+    """``PREFIX.bin`` / ``PREFIX.idx`` as Megatron-LM's ``IndexedDatasetBuilder`` writes them (one sequence
+    per document): the tokens back to back; the index's magic, version 1, dtype code, counts, then the
+    int32 lengths, int64 byte offsets and int64 document index."""
+    rng = np.random.default_rng(seed)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    lengths = rng.integers(1, 2000, size=sequences).astype(np.int32)
+    tokens = rng.integers(0, 30000, size=int(lengths.sum())).astype(dtype)
+    tokens.tofile(f"{prefix}.bin")
+    pointers = (np.concatenate([[0], np.cumsum(lengths)[:-1]]) * np.dtype(dtype).itemsize).astype(np.int64)
+    documents = np.arange(sequences + 1, dtype=np.int64)
+    with open(f"{prefix}.idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + (1).to_bytes(8, "little") + bytes([MEGATRON_CODES[dtype]])
+                + sequences.to_bytes(8, "little") + len(documents).to_bytes(8, "little"))
+        f.write(lengths.tobytes() + pointers.tobytes() + documents.tobytes())
+
+
+def megatron_row(bin_path: pathlib.Path, chunk: int, row: int, dtype=np.uint16) -> list[int]:
+    """The tokens a key's (chunk, row) names: the reader's chunk bounds say which sequence; its tokens
+    are cut from the raw ``.bin`` by the lengths ``write_megatron`` wrote."""
+    from flight_overlord.formats.megatron import MegatronIndexed
+    index = int(MegatronIndexed(str(bin_path)).bounds[chunk]) + row
+    head = open(str(bin_path)[:-4] + ".idx", "rb").read()
+    count = int.from_bytes(head[18:26], "little")
+    lengths = np.frombuffer(head, dtype=np.int32, count=count, offset=34).astype(np.int64)
+    start = int(lengths[:index].sum())
+    return np.fromfile(bin_path, dtype=dtype)[start:start + int(lengths[index])].tolist()

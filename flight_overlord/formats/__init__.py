@@ -5,7 +5,9 @@ A chunk is the unit a loader reads at once and a sample key names (``source:file
 - ``parquet``: a row group (``pyarrow.parquet``);
 - ``arrow``: a record batch of an Arrow IPC file (``.arrow``, ``.feather`` v2) or of an IPC *stream*
   file, the layout of a Hugging Face ``datasets`` cache or ``save_to_disk`` folder; a stream has no
-  footer, so it is indexed by one scan of its messages (``arrow_ipc.py``).
+  footer, so it is indexed by one scan of its messages (``arrow_ipc.py``);
+- ``megatron``: a run of sequences of a Megatron-LM indexed dataset (``.bin`` + ``.idx``), whose one
+  column is ``input_ids`` (``megatron.py``).
 
 A source's ``format`` is one of ``FORMATS``, or ``auto`` (the default): each file's from its name
 (``format_of``). Every reader is pyarrow's own; this module only chooses one and names the file in errors.
@@ -21,10 +23,11 @@ import pyarrow.parquet as pq
 from .. import source_files
 from .base import ChunkFile
 from .arrow_ipc import ArrowIpcFile, ArrowStreamFile, is_ipc_file
+from .megatron import MegatronIndexed
 from .parquet import ParquetChunks
 
-FORMATS = ("parquet", "arrow")
-LABELS = {"parquet": "Parquet", "arrow": "Arrow IPC"}
+FORMATS = ("parquet", "arrow", "megatron")
+LABELS = {"parquet": "Parquet", "arrow": "Arrow IPC", "megatron": "Megatron indexed"}
 ARROW_SUFFIXES = (".arrow", ".feather", ".ipc", ".arrows")
 HF_STATE = "state.json"  # a Hugging Face datasets folder (save_to_disk): its data files, in order
 
@@ -33,11 +36,12 @@ __all__ = ["FORMATS", "ChunkFile", "format_of", "open_chunks", "read_schema", "d
 
 def format_of(path: str, configured: str = "auto") -> str:
     """The format of one file: the source's ``format``, or, for ``auto``, from the file's name
-    (``.arrow``/``.feather``/``.ipc``: arrow; anything else: parquet, as before formats had a name)."""
+    (``.arrow``/``.feather``/``.ipc``: arrow; ``.bin``: megatron; anything else: parquet, as before
+    formats had a name)."""
     if configured != "auto":
         return configured
     name = source_files.display(path).lower()
-    return "arrow" if name.endswith(ARROW_SUFFIXES) else "parquet"
+    return "arrow" if name.endswith(ARROW_SUFFIXES) else "megatron" if name.endswith(".bin") else "parquet"
 
 
 def open_chunks(path: str, configured: str = "auto", **parquet_options) -> ChunkFile:
@@ -48,6 +52,10 @@ def open_chunks(path: str, configured: str = "auto", **parquet_options) -> Chunk
     try:
         if fmt == "parquet":
             return ParquetChunks(pq.ParquetFile(inner, filesystem=fs, **parquet_options))
+        if fmt == "megatron":
+            if fs is not None:
+                raise ValueError("Megatron indexed datasets are read from local files only")
+            return MegatronIndexed(inner)
         handle = fs.open_input_file(inner) if fs else pa.memory_map(inner, "r")  # local: reads are views
         try:
             return ArrowIpcFile(handle) if is_ipc_file(handle) else ArrowStreamFile(handle)

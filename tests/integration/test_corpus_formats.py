@@ -1,6 +1,6 @@
 """Their corpus as it is: a pre-tokenized Parquet source with a loss mask, a Hugging Face ``datasets``
-folder (IPC stream files), a Feather file and JSON Lines (zstd) made Parquet by ``overlord convert``, in
-one run through ``TrainerClient``. Every delivered sample holds its file's row (its tokens; for the
+folder (IPC stream files), a Feather file, JSON Lines (zstd) made Parquet by ``overlord convert`` and a
+Megatron indexed dataset, in one run through ``TrainerClient``. Every delivered sample holds its file's row (its tokens; for the
 pre-tokenized one, labels only where the mask trains), a kill -9 of two loaders changes no rank's
 stream (every column of every step), and ``overlord audit`` counts every sample once."""
 from __future__ import annotations
@@ -16,7 +16,8 @@ import yaml
 from flight_overlord import harness
 from flight_overlord.config import load_config
 
-from ..corpora import convert, row_of, write_feather, write_hf_datasets, write_jsonl_zst, write_pretokenized
+from ..corpora import (convert, row_of, write_feather, write_hf_datasets, write_jsonl_zst, write_megatron,
+                       write_pretokenized)
 from ..helpers import write_config
 from .test_recovery import run_killing
 
@@ -32,6 +33,7 @@ def their_corpus(tmp_path_factory):
     write_feather(root / "feather" / "part.feather")
     write_jsonl_zst(root / "raw" / "dump.jsonl.zst")
     convert([root / "raw" / "dump.jsonl.zst"], root / "jsonl", "--row-group-bytes", "4096")
+    write_megatron(root / "megatron" / "corpus_text_document", sequences=1200)
     return root
 
 
@@ -41,7 +43,8 @@ def config(directory, root):
          "weight": 0.4},
         {"name": "hf", "paths": "hf", "weight": 0.3},  # the folder: state.json names its files
         {"name": "jsonl", "paths": "jsonl/*.parquet", "weight": 0.2},
-        {"name": "feather", "paths": "feather/*.feather", "weight": 0.1}])
+        {"name": "feather", "paths": "feather/*.feather", "weight": 0.1},
+        {"name": "megatron", "paths": "megatron/*.bin", "tokens_column": "input_ids", "weight": 0.1}])
 
 
 def drive_keeping(tables: dict | None):
@@ -78,6 +81,8 @@ def test_every_sample_holds_its_row_whatever_the_format(reference, their_corpus)
                 if source == "sft":
                     row = row_of(their_corpus, key, ["input_ids", "loss_mask"])
                     want, trained = np.array(row["input_ids"]), np.array(row["loss_mask"])
+                elif source == "megatron":
+                    want, trained = np.array(row_of(their_corpus, key, ["input_ids"])["input_ids"]), None
                 else:
                     want, trained = np.frombuffer(row_of(their_corpus, key, ["text"])["text"].encode(), np.uint8), None
                 n = end - start
@@ -86,7 +91,7 @@ def test_every_sample_holds_its_row_whatever_the_format(reference, their_corpus)
                 if trained is not None:  # the label of token j is token j+1, where token j+1 is trained
                     targets = np.where(trained[1:n] != 0, targets, -100)
                 assert labels[start:end - 1].tolist() == targets.tolist() and labels[end - 1] == -100, key
-    assert seen == {"sft", "hf", "jsonl", "feather"}
+    assert seen == {"sft", "hf", "jsonl", "feather", "megatron"}
     sft_masks = [row_of(their_corpus, k, ["loss_mask"])["loss_mask"] for t in tables[0] for keys in
                  t.column("sample_keys").to_pylist() for k in keys if k.startswith("sft:")]
     assert any(0 in m[1:] for m in sft_masks), "no prompt token among the delivered samples: the mask went untested"
@@ -103,4 +108,4 @@ def test_kill_9_of_their_loaders_changes_no_stream_and_audit_counts_each_sample_
     report = json.loads(audit.stdout)
     delivered = sum(len(keys) for rank in tables.values() for t in rank for keys in t.column("sample_keys").to_pylist())
     assert (report["samples"], report["duplicates"], report["missing"]) == (delivered, 0, 0)
-    assert set(report["per_source"]) == {"sft", "hf", "jsonl", "feather"}
+    assert set(report["per_source"]) == {"sft", "hf", "jsonl", "feather", "megatron"}

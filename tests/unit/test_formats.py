@@ -20,7 +20,8 @@ from flight_overlord.loader.row_groups import SourceShare, read_catalog
 from flight_overlord.transforms import TRANSFORMS
 from flight_overlord.transforms.pretokenized import loss_masks, token_lists
 
-from ..corpora import convert, row_of, write_feather, write_hf_datasets, write_jsonl_zst, write_pretokenized
+from ..corpora import (convert, megatron_row, row_of, write_feather, write_hf_datasets, write_jsonl_zst, write_megatron,
+                       write_pretokenized)
 
 
 def config(tmp_path, sources, **top) -> str:
@@ -233,3 +234,21 @@ def test_a_strategy_naming_an_unknown_balancer_is_refused_before_start(tmp_path)
     cfg = load_config(config(tmp_path, [{"name": "f", "paths": "f/*.feather"}], strategy="s.py"))
     with pytest.raises(ConfigError, match=r"strategy file .*s.py: build\(\): .*'no_such_balancer'.*greedy"):
         check_data(cfg)
+
+
+def test_a_megatron_indexed_dataset_is_read_in_place(tmp_path):
+    from flight_overlord.formats.megatron import MegatronIndexed
+    write_megatron(tmp_path / "mg" / "corpus_text_document", sequences=1200)
+    cfg = load_config(config(tmp_path, [{"name": "mg", "paths": "mg/*.bin", "tokens_column": "input_ids"}]))
+    catalog = read_catalog(cfg.sources[0])
+    assert len(catalog) > 1 and sum(rg.num_rows for rg in catalog) == 1200  # chunks of about 1 MiB
+    share = SourceShare(cfg.sources[0], 0, 4096)
+    for rg in catalog:
+        tokens = share.read(rg).tokens
+        assert [tokens[i].as_py() for i in (0, rg.num_rows - 1)] == \
+            [megatron_row(tmp_path / rg.file, rg.row_group, i) for i in (0, rg.num_rows - 1)]
+    share.close()
+    (tmp_path / "bad.idx").write_bytes(b"not an index at all, not at all, no")
+    (tmp_path / "bad.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match="not a Megatron index"):
+        MegatronIndexed(str(tmp_path / "bad.bin"))
