@@ -151,3 +151,18 @@ def megatron_row(bin_path: pathlib.Path, chunk: int, row: int, dtype=np.uint16) 
     lengths = np.frombuffer(head, dtype=np.int32, count=count, offset=34).astype(np.int64)
     start = int(lengths[:index].sum())
     return np.fromfile(bin_path, dtype=dtype)[start:start + int(lengths[index])].tolist()
+
+
+def write_webdataset(path: pathlib.Path, samples: list[dict[str, bytes]]) -> None:
+    """A WebDataset shard: per sample, ``KEY.EXT`` members back to back (``samples``: ``{"__key__": ..., ext: bytes}``)."""
+    import io
+    import tarfile
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz" if path.name.endswith(".gz") else "w") as tar:
+        for sample in samples:
+            for extension, data in sample.items():
+                if extension == "__key__":
+                    continue
+                info = tarfile.TarInfo(f"{sample['__key__']}.{extension}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))

@@ -202,9 +202,9 @@ def _audit(args) -> None:
 
 
 def _convert(args) -> None:
-    from ..formats.convert import convert_jsonl
+    from ..formats.convert import convert_files
     columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
-    files = convert_jsonl(args.inputs, args.out, columns=columns, row_group_bytes=args.row_group_bytes,
+    files = convert_files(args.inputs, args.out, columns=columns, row_group_bytes=args.row_group_bytes,
                           row_groups_per_file=args.row_groups_per_file, progress=not args.quiet)
     print(f"wrote {len(files)} Parquet file(s) to {Path(args.out).resolve()}", flush=True)
 
@@ -303,9 +303,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     _add_credential_args(p)
     p.set_defaults(func=_audit)
-    p = sub.add_parser("convert", help="JSON Lines (.jsonl, .gz, .bz2, .zst) into Parquet with row groups sized "
-                       "for the loader (a source's files)")
-    p.add_argument("inputs", nargs="+", help="JSON Lines files, converted in the order given")
+    p = sub.add_parser("convert", help="JSON Lines (.jsonl, .gz, .bz2, .zst) and WebDataset tar shards into Parquet "
+                       "with row groups sized for the loader (a source's files)")
+    p.add_argument("inputs", nargs="+", help="JSON Lines files or WebDataset shards (.tar, .tar.gz), converted in "
+                   "the order given")
     p.add_argument("--out", required=True, help="an empty folder for part-NNNNN.parquet")
     p.add_argument("--columns", help="keep only these fields (comma-separated)")
     p.add_argument("--row-group-bytes", type=int, default=1 << 20, help="Arrow bytes per row group (default 1 MiB)")

@@ -1,10 +1,15 @@
-"""``overlord convert``: JSON Lines (``.jsonl``, ``.json``, compressed ``.gz``, ``.bz2``, ``.zst``) into
-Parquet files with row groups sized for the loader.
+"""``overlord convert``: JSON Lines (``.jsonl``, ``.json``, compressed ``.gz``, ``.bz2``, ``.zst``) and
+WebDataset tar shards (``.tar``, ``.tar.gz``, ``.tgz``) into Parquet files with row groups sized for the
+loader.
 
 pyarrow does the work: ``pa.input_stream(..., compression="detect")`` decompresses by the file's
 suffix (zstd, gzip, bz2, lz4 are pyarrow's own codecs: no other package), ``pyarrow.json.read_json``
 parses and infers the types over the whole file (a field that first appears late is kept, earlier
-rows get nulls), ``ParquetWriter`` writes. One input file is held in memory at a time.
+rows get nulls), ``ParquetWriter`` writes. A WebDataset shard is read with the standard library's
+``tarfile`` (streamed, compressed or not): consecutive members sharing a key (the name up to the first
+dot of its base name) are one sample, a row with ``__key__`` and one column per extension: text for
+``TEXT_EXTENSIONS``, binary for the rest (images, audio, anything); a sample without an extension gets
+a null there. One input file is held in memory at a time.
 
 A row group holds about ``row_group_bytes`` of Arrow data (default 1 MiB): a loader reads a row group
 at once and reads ahead while its buffer is under ``loader.read_ahead_bytes`` (4 MiB), so a row group
@@ -14,6 +19,7 @@ The output is a function of the inputs and the options (same files, same rows, s
 from __future__ import annotations
 
 import os
+import tarfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,6 +30,8 @@ from tqdm import tqdm
 from ..errors import ConfigError
 
 ROW_GROUP_BYTES = 1 << 20
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
+TEXT_EXTENSIONS = {"txt", "text", "json", "jsn", "cls", "cls2", "caption", "transcript", "md", "html", "id"}
 ROW_GROUPS_PER_FILE = 64
 
 
@@ -81,15 +89,51 @@ def read_jsonl(path: str, columns: list[str] | None) -> pa.Table:
             table = pj.read_json(stream)
     except (pa.ArrowException, OSError) as exc:
         raise ConfigError(f"convert: cannot read {path}: {exc}") from None
-    if columns:
-        missing = [c for c in columns if c not in table.schema.names]
-        if missing:
-            raise ConfigError(f"convert: {path} has no field {missing[0]!r} (fields: {', '.join(table.schema.names)})")
-        table = table.select(columns)
-    return table
+    return _selected(table, columns, path)
 
 
-def convert_jsonl(inputs: list[str], out_dir: str | os.PathLike, *, columns: list[str] | None = None,
+def read_webdataset(path: str, columns: list[str] | None) -> pa.Table:
+    """One WebDataset shard as a table: a row per sample (consecutive members with one key)."""
+    rows: list[dict] = []
+    try:
+        with tarfile.open(path, mode="r|*") as shard:
+            for member in shard:
+                if not member.isfile():
+                    continue
+                folder, _, name = member.name.rpartition("/")
+                stem, dot, extension = name.partition(".")
+                key = f"{folder}/{stem}" if folder else stem
+                if not dot or stem.startswith("_"):  # no extension, or metadata beside the samples
+                    continue
+                if not rows or rows[-1]["__key__"] != key:
+                    rows.append({"__key__": key})
+                data = shard.extractfile(member).read()
+                rows[-1][extension.lower()] = data.decode("utf-8", "replace") if extension.lower() in TEXT_EXTENSIONS \
+                    else data
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise ConfigError(f"convert: cannot read WebDataset shard {path}: {exc}") from None
+    fields = sorted({k for row in rows for k in row} - {"__key__"})
+    table = pa.table({"__key__": pa.array([r["__key__"] for r in rows], pa.string()),
+                      **{f: pa.array([r.get(f) for r in rows], pa.string() if f in TEXT_EXTENSIONS else pa.binary())
+                         for f in fields}})
+    return _selected(table, columns, path)
+
+
+def _selected(table: pa.Table, columns: list[str] | None, path: str) -> pa.Table:
+    if not columns:
+        return table
+    missing = [c for c in columns if c not in table.schema.names]
+    if missing:
+        raise ConfigError(f"convert: {path} has no field {missing[0]!r} (fields: {', '.join(table.schema.names)})")
+    return table.select(columns)
+
+
+def read_input(path: str, columns: list[str] | None) -> pa.Table:
+    """An input file by its name: a WebDataset shard, else JSON Lines."""
+    return read_webdataset(path, columns) if path.lower().endswith(TAR_SUFFIXES) else read_jsonl(path, columns)
+
+
+def convert_files(inputs: list[str], out_dir: str | os.PathLike, *, columns: list[str] | None = None,
                   row_group_bytes: int = ROW_GROUP_BYTES, row_groups_per_file: int = ROW_GROUPS_PER_FILE,
                   progress: bool = True) -> list[Path]:
     """Convert ``inputs`` (in the order given) into Parquet files in ``out_dir``; returns them."""
@@ -108,6 +152,6 @@ def convert_jsonl(inputs: list[str], out_dir: str | os.PathLike, *, columns: lis
     with tqdm(total=sum(os.path.getsize(p) for p in inputs), unit="B", unit_scale=True, desc="convert",
               disable=not progress) as bar:
         for path in inputs:
-            converter.add(read_jsonl(path, columns), path)
+            converter.add(read_input(path, columns), path)
             bar.update(os.path.getsize(path))
     return converter.close()

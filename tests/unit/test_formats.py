@@ -21,7 +21,7 @@ from flight_overlord.transforms import TRANSFORMS
 from flight_overlord.transforms.pretokenized import loss_masks, token_lists
 
 from ..corpora import (convert, megatron_row, row_of, write_feather, write_hf_datasets, write_jsonl_zst, write_megatron,
-                       write_pretokenized)
+                       write_pretokenized, write_webdataset)
 
 
 def config(tmp_path, sources, **top) -> str:
@@ -252,3 +252,18 @@ def test_a_megatron_indexed_dataset_is_read_in_place(tmp_path):
     (tmp_path / "bad.bin").write_bytes(b"")
     with pytest.raises(ValueError, match="not a Megatron index"):
         MegatronIndexed(str(tmp_path / "bad.bin"))
+
+
+def test_convert_turns_webdataset_shards_into_rows_per_sample(tmp_path):
+    shards = [[{"__key__": f"s{k}/{i:04d}", "txt": f"caption {k} {i}".encode(), "jpg": bytes([k, i, 255]) * 5,
+                **({"json": b'{"w": 3}'} if i % 2 else {})} for i in range(20)] for k in range(2)]
+    write_webdataset(tmp_path / "a.tar", shards[0])
+    write_webdataset(tmp_path / "b.tar.gz", shards[1])
+    convert([tmp_path / "a.tar", tmp_path / "b.tar.gz"], tmp_path / "out", "--columns", "__key__,txt,jpg")
+    table = pq.read_table(sorted((tmp_path / "out").glob("part-*.parquet")))
+    assert table.column("__key__").to_pylist() == [s["__key__"] for shard in shards for s in shard]
+    assert table.column("txt").to_pylist() == [s["txt"].decode() for shard in shards for s in shard]
+    assert table.column("jpg").to_pylist() == [s["jpg"] for shard in shards for s in shard]
+    convert([tmp_path / "a.tar"], tmp_path / "all")
+    whole = pq.read_table(sorted((tmp_path / "all").glob("part-*.parquet")))
+    assert whole.column("json").to_pylist() == [('{"w": 3}' if i % 2 else None) for i in range(20)]
