@@ -42,7 +42,10 @@ def _up(args) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        planner = cluster.start()
+        try:
+            planner = cluster.start()
+        except (RuntimeError, TimeoutError) as exc:  # a role that could not start: its log's tail, not our traceback
+            raise SystemExit(f"error: {exc}") from None
         print(planner, flush=True)
         logging.getLogger("overlord").info("all roles up; logs in %s; Ctrl-C to stop", cluster.cfg.run_dir / "logs")
         stop.wait()

@@ -52,8 +52,9 @@ def test_a_start_that_fails_in_a_role_leaves_nothing_that_refuses_the_retry(corp
     good = pq.read_table(last)
     pq.write_table(good.rename_columns([f"renamed_{c}" for c in good.column_names]), last)  # the check reads the first
     path = qa_config(tmp_path, root)
-    with pytest.raises(RuntimeError, match="has no column 'text'"):
-        LocalCluster(path).start()
+    out = subprocess.run([*CLI, "up", str(path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "Traceback (most recent call last):\n  File" not in out.stderr.split("error:")[0]
+    assert f"file {last} has no column 'text'" in out.stderr, out.stderr  # the loader's one line, in its log's tail
     run_dir = load_config(path).run_dir
     assert not (run_dir / "plan-journal.jsonl").exists() and (run_dir / "logs").is_dir()  # its logs are kept
     pq.write_table(good, last)  # fixed
