@@ -1,13 +1,15 @@
 """A transform in the user's own file, named by the config's ``plugins:``, reaches every process that
 reads the config: ``overlord up`` and the ``overlord serve`` role processes it starts, ``overlord
-partition`` and ``overlord audit`` (fresh processes, as users run them). The Ray backend's actors:
-tests/integration/test_ray.py."""
+partition``, ``status`` and ``overlord audit`` (fresh processes, as users run them). The Ray backend's
+actors: tests/integration/test_ray.py."""
 from __future__ import annotations
 
 import json
 import signal
 import subprocess
 import sys
+
+import yaml
 
 from flight_overlord import harness
 from flight_overlord.config import load_config
@@ -16,13 +18,22 @@ from ..corpora import PLUGIN_TRANSFORM, row_of, shifted_bytes
 from ..helpers import write_config
 
 STEPS = 4
+PLUGIN_OPTIONS = {"name": PLUGIN_TRANSFORM, "shift": 3}
 CLI = [sys.executable, "-m", "flight_overlord.deploy.cli"]
 
 
 def plugin_config(directory, corpus, plugin_file, **overrides):
     return write_config(directory, corpus, plugins=[str(plugin_file)], sources=[
-        {"name": "qa", "paths": "qa/*.parquet", "weight": 0.5, "transform": {"name": PLUGIN_TRANSFORM, "shift": 3}},
+        {"name": "qa", "paths": "qa/*.parquet", "weight": 0.5, "transform": PLUGIN_OPTIONS},
         {"name": "code", "paths": "code/*.parquet", "weight": 0.5}], **overrides)
+
+
+def with_plugin_transform(path, plugin_file, source: str) -> None:
+    """``path``'s config with the plugin named and ``source`` transformed by it."""
+    raw = yaml.safe_load(path.read_text())
+    raw["plugins"] = [str(plugin_file)]
+    next(s for s in raw["sources"] if s["name"] == source)["transform"] = PLUGIN_OPTIONS
+    path.write_text(yaml.safe_dump(raw))
 
 
 def assert_plugin_tokens(tables, corpus, max_tokens: int = 1024) -> int:
@@ -32,7 +43,7 @@ def assert_plugin_tokens(tables, corpus, max_tokens: int = 1024) -> int:
     for table in tables:
         for keys, cu, ids in zip(*(table.column(c).to_pylist() for c in ("sample_keys", "cu_seqlens", "input_ids"))):
             for key, start, end in zip(keys, cu[:-1], cu[1:]):
-                shift = 3 if key.startswith("qa:") else 0
+                shift = PLUGIN_OPTIONS["shift"] if key.startswith("qa:") else 0
                 assert ids[start:end] == shifted_bytes(row_of(corpus, key, ["text"])["text"], shift, max_tokens), key
                 looked += 1
     return looked
