@@ -41,6 +41,16 @@ def idle_cluster(corpus, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def plugin_file(tmp_path_factory) -> pathlib.Path:
+    """A user's transform file (``shifted_bytes``), written once: a plugin registers its names once per
+    process, so every config of the session names this one file."""
+    from .corpora import PLUGIN_SOURCE
+    path = tmp_path_factory.mktemp("plugins") / "their_transforms.py"
+    path.write_text(PLUGIN_SOURCE)
+    return path
+
+
+@pytest.fixture(scope="session")
 def recovery_reference(corpus, tmp_path_factory):
     """The undisturbed run of ``test_recovery``'s config, made once for the session: the failure tests
     of several modules (kill -9, hangs) compare every rank's stream with it."""
