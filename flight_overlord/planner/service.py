@@ -68,6 +68,7 @@ class PlanService:
         self._plan_answers: dict[str, int] = {}  # views per plans-stream answer -> answers (status, metrics)
         self.failure: BackgroundFailure | None = None  # planning failed: every waiting call gets it
         self._trainer_waits = TrainerWaits()  # what trainers reported waiting for data (status; not journaled)
+        self._trainer_losses: dict[str, dict] = {}  # rank -> its last overall loss (status; plans never read it)
         self.stopping = False
         self._started = False
 
@@ -234,11 +235,17 @@ class PlanService:
             self.cfg.source(source)  # names the unknown source
             if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
                 raise ValueError(f"report: loss of source {source!r} must be a finite number, got {loss!r}")
+        overall = body.get("loss")
+        if overall is not None and (isinstance(overall, bool) or not isinstance(overall, (int, float))
+                                    or not math.isfinite(overall)):
+            raise ValueError(f"report: the overall loss must be a finite number, got {overall!r}")
         if not 0 <= step < self.planner.next_step:
             raise ValueError(f"report: step {step} was not planned (planned: 0..{self.planner.next_step - 1})")
         with self.cond:
             if body.get("waits") is not None:
                 self._trainer_waits.add(rank, wire.field(body, "waits", dict, "report"))
+            if overall is not None:
+                self._trainer_losses[str(rank)] = {"step": step, "loss": float(overall)}
             changed = losses is not None and self.planner.report(step, rank, losses)
             for name, model in (("compute_seconds", "backbone"), ("encoder_seconds", "encoder")):
                 if body.get(name) is not None:
@@ -366,6 +373,7 @@ class PlanService:
                 scaling=self.planner.scaling.status() if self.planner.scaling is not None else None,
                 cost=self.planner.cost_status(),
                 trainer_waits={str(r): w for r, w in self._trainer_waits.totals().items()},
+                trainer_losses=dict(self._trainer_losses),
                 mixture={"weights": self.planner.last_weights,
                          "pending": self.planner.overrides.pending(self.planner.next_step)})
 
