@@ -41,6 +41,14 @@ def write_config(directory: pathlib.Path, corpus: pathlib.Path, *, loaders: dict
     return path
 
 
+ONE_RANK_BATCH = {"context_length": 512, "microbatches": 2, "tokens_per_step": 800}
+
+
+def one_rank_config(directory: pathlib.Path, corpus: pathlib.Path) -> pathlib.Path:
+    """A one-rank run (dp 1) of 2 microbatches of 512 tokens, so a test drives its only trainer alone."""
+    return write_config(directory, corpus, mesh={"dp": 1}, global_batch=ONE_RANK_BATCH)
+
+
 IMAGE_SOURCES = [  # image-text sources of the demo corpus, and a text one
     {"name": "imagecaps", "paths": "imagecaps/*.parquet", "text_column": "texts", "image_column": "images",
      "weight": 0.4},

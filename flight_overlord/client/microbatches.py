@@ -60,16 +60,14 @@ class MicrobatchView:
         self._started = True
         while True:
             if self._pending is None:
-                self._pending = self._read_step()
+                self._pending = self._handed_out(next(self.client))  # the client's end is the view's
             mb = next(self._pending, None)
             if mb is not None:
                 return mb
             self._pending = None
 
-    def _read_step(self) -> Iterator[dict]:
-        """The microbatches of the client's next step from ``self.microbatch`` on; the position moves as
-        each is handed out."""
-        step_batch = next(self.client)
+    def _handed_out(self, step_batch: list[dict]) -> Iterator[dict]:
+        """A step's microbatches from ``self.microbatch`` on; the position moves as each is handed out."""
         step = step_batch[0]["step"] if step_batch else self.client.next_step - 1
         if self.microbatch and self.microbatch >= len(step_batch):
             raise ValueError(f"rank {self.rank}: the state names microbatch {self.microbatch} of step {step}, "

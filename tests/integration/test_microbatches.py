@@ -15,15 +15,9 @@ from flight_overlord import wire
 from flight_overlord.client import MicrobatchView, TrainerClient
 from flight_overlord.deploy.launch import LocalCluster
 
-from ..helpers import write_config
+from ..helpers import one_rank_config
 
-STEPS, MICROBATCHES = 4, 2
-
-
-def one_rank_config(directory, corpus):
-    """A one-rank run (dp 1), so a test drives its only trainer."""
-    return write_config(directory, corpus, mesh={"dp": 1},
-                        global_batch={"context_length": 512, "microbatches": MICROBATCHES, "tokens_per_step": 800})
+STEPS, MICROBATCHES = 4, 2  # one_rank_config's microbatches
 
 
 @pytest.fixture(scope="module")
