@@ -1,0 +1,57 @@
+"""transformers' Trainer under torchrun (2 gloo ranks) through the HF adapter, the trainers killed -9
+after a checkpoint and the data plane killed -9 too, then resumed from the trainers' checkpoint: every
+rank's per-step losses (exact floats) and the final weights equal an undisturbed run's."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+import pytest
+
+from flight_overlord.deploy.launch import LocalCluster
+
+from ..helpers import run_example, write_config
+
+pytest.importorskip("transformers")
+
+BATCH = {"context_length": 256, "microbatches": 2, "tokens_per_step": 800}
+STEPS, CRASH_AFTER = 4, 1
+LOSS_LINE = re.compile(r"^rank (\d+) step (\d+) loss (\S+)$", re.M)
+WEIGHTS_LINE = re.compile(r"^weights (\S+)$", re.M)
+
+
+def _losses(out: str) -> dict[tuple[int, int], str]:
+    return {(int(r), int(s)): loss for r, s, loss in LOSS_LINE.findall(out)}
+
+
+def _train(planner: str, output: str, *extra: str, expect_ok: bool = True) -> str:
+    return run_example(planner, "train_hf.py", "--microbatches", str(BATCH["microbatches"]), "--steps", str(STEPS),
+                       "--output-dir", output, *extra, expect_ok=expect_ok)
+
+
+@pytest.mark.slow  # three runs and three torchruns: about 90 s on 2 shared cores
+def test_hf_trainer_killed_and_resumed_is_bit_identical_to_an_undisturbed_run(corpus, tmp_path):
+    with LocalCluster(write_config(tmp_path / "undisturbed", corpus, global_batch=BATCH)) as cluster:
+        undisturbed = _train(cluster.planner, str(tmp_path / "out-u"))
+
+    config = write_config(tmp_path / "disturbed", corpus, global_batch=BATCH)
+    output = tmp_path / "out-d"
+    cluster = LocalCluster(config, supervise=False)
+    try:
+        cluster.start()
+        crashed = _train(cluster.planner, str(output), "--crash-after-step", str(CRASH_AFTER), expect_ok=False)
+        for pid in cluster.pids():  # the data plane goes down with the trainers
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        cluster.stop()
+    with LocalCluster(config, mode="resume") as cluster:
+        resumed = _train(cluster.planner, str(output), "--resume", str(output / f"checkpoint-{CRASH_AFTER + 1}"))
+
+    expected = _losses(undisturbed)
+    assert sorted(expected) == [(r, s) for r in range(2) for s in range(STEPS)]
+    before, after = _losses(crashed), _losses(resumed)
+    assert sorted(before) == [(r, s) for r in range(2) for s in range(CRASH_AFTER + 1)]
+    assert sorted(after) == [(r, s) for r in range(2) for s in range(CRASH_AFTER + 1, STEPS)]
+    assert {**before, **after} == expected
+    assert WEIGHTS_LINE.findall(resumed) == WEIGHTS_LINE.findall(undisturbed) != []
