@@ -130,6 +130,13 @@ class Mesh:
         dps = set(self.dp_ranks_of(constructor))
         return tuple(r for r in range(self.world_size) if self.coord(r).dp in dps)
 
+    def reads(self, rank: int, silent: frozenset[str]) -> bool:
+        """Whether a rank reads its stream: not when it is above 0 along a broadcast dimension whose
+        other ranks never read (``broadcast_at(dim, others_read=False)``: Megatron's TP rank 0 reads
+        and broadcasts, the others never call ``next()``)."""
+        c = self.coord(rank)
+        return not any(getattr(c, dim.lower()) > 0 for dim in silent)
+
     def delivery(self, rank: int, axis: str = "DP", broadcast: frozenset[str] = frozenset(),
                  stages: StageContents = StageContents()) -> Delivery:
         """The ClientPlaceTree's rule for one rank; ``stages``: the token fields per pipeline stage."""

@@ -7,7 +7,7 @@ provider restores it. Batches carry Megatron's keys and types (``get_batch_on_th
 labels and position_ids int64 ``[1, S]``, loss_mask float32, cu_seqlens / cu_seqlens_padded int32
 ``[1, N]``, max_seqlen int32 ``[1]``; a key the rank's pipeline stage does not receive is None (the
 first stage gets tokens and positions, the last labels and loss mask). Use it with
-``broadcast_at("TP")`` in the strategy: only tensor-parallel rank 0 of a stage reads.
+``broadcast_at("TP", others_read=False)`` in the strategy: only tensor-parallel rank 0 of a stage reads.
 """
 from __future__ import annotations
 

@@ -4,8 +4,11 @@ THD ``PackedSeqParams``, ``save_state`` through ``train_dataloader_dprank000.pt`
 ``BaseDataLoader`` built by its ``Config.build`` with a state round trip between microbatches."""
 from __future__ import annotations
 
+import pyarrow.flight as fl
 import pytest
 import torch
+
+from flight_overlord import wire
 
 from flight_overlord.client import TrainerClient
 from flight_overlord.deploy.launch import LocalCluster
@@ -77,3 +80,24 @@ def test_torchtitan_loader_then_megatron_iterator_per_stage(pp2, tmp_path):
         assert torch.equal(params.cu_seqlens_q_padded, one["cu_seqlens_padded"][0])
         assert torch.equal(one["tokens"][0, 1:][other["labels"][0, :-1] != -100],
                            other["labels"][0, :-1][other["labels"][0, :-1] != -100])  # labels: the next tokens
+
+
+def test_megatron_tp_ranks_that_never_read_hold_nothing_back(corpus, tmp_path):
+    """broadcast_at("TP", others_read=False): Megatron reads on TP rank 0 only; the constructor does not
+    keep steps for TP rank 1, which never calls next() (with others_read left True, every step stays
+    staged for it)."""
+    megatron = pytest.importorskip("flight_overlord.integrations.megatron")
+    (tmp_path / "tp.py").write_text('def build(s):\n    return s.broadcast_at("TP", others_read=False)\n')
+    steps = 12
+    path = write_config(tmp_path, corpus, mesh={"dp": 1, "tp": 2}, global_batch=ONE_RANK_BATCH, strategy="tp.py")
+    with LocalCluster(path) as cluster:
+        it = megatron.OverlordIterator(TrainerClient(cluster.planner, 0, num_steps=steps, timeout=60))
+        batches = list(it)
+        it.close()
+        with fl.FlightClient(cluster.planner) as planner:
+            location = wire.call(planner, "status", {})["constructors"]["0"]
+        with fl.FlightClient(location) as constructor:
+            staged = wire.call(constructor, "status", {})["staged_steps"]
+    assert len(batches) == steps * MICROBATCHES and all(b["tokens"] is not None for b in batches)
+    keep = 2 + 2  # the constructor keeps 2 + prefetch steps behind its slowest reader
+    assert staged and min(staged) >= steps - keep - 1, staged

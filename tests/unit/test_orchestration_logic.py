@@ -72,6 +72,13 @@ def test_stage_contents_default_to_megatrons_and_are_configurable():
     assert len(deliveries) == 3  # each stage its own table at the constructor
 
 
+def test_ranks_behind_a_silent_broadcast_do_not_read():
+    mesh = Mesh(pp=2, dp=1, cp=2, tp=2)
+    readers = [r for r in range(mesh.world_size) if mesh.reads(r, frozenset({"TP"}))]
+    assert readers == [r for r in range(mesh.world_size) if mesh.coord(r).tp == 0]
+    assert all(mesh.reads(r, frozenset()) for r in range(mesh.world_size))
+
+
 def test_delivery_rules_follow_the_tree():
     mesh = Mesh(pp=2, dp=2, cp=2, tp=2)
     for rank in range(16):
@@ -277,6 +284,10 @@ def test_strategy_errors_are_clear(tmp_path, corpus):
         s.cost("flops")
     with pytest.raises(ValueError, match="does not apply under distribute"):
         _strategy(tmp_path, corpus).distribute("WORLD").broadcast_at("TP").plan()
+    with pytest.raises(ValueError, match=r"broadcast_at\('TP'\): others_read must be true or false, got 'no'"):
+        s.broadcast_at("TP", others_read="no")
+    with pytest.raises(ValueError, match=r"pipeline_stages\(first=...\): unknown field\(s\) 'pixels'"):
+        s.pipeline_stages(first=["input_ids", "pixels"])
     (tmp_path / "nobuild.py").write_text("x = 1\n")
     with pytest.raises(ConfigError, match="defines no function 'build'"):
         load_strategy(load_config(write_config(tmp_path, corpus, strategy="nobuild.py")))
