@@ -54,7 +54,8 @@ class OverlordDataLoader(BaseDataLoader):
 
     def state_dict(self) -> dict:
         position = self._view.state_dict() if self._view is not None else self._position
-        position = position or {"step": 0, "microbatch": 0}
+        # the same keys always: DCP loads a checkpoint into the structure state_dict() gives
+        position = {name: (position or {}).get(name, 0) for name in ("step", "microbatch")}
         return {f"dp_rank_{self.dp_rank}": position, "world_size": self.dp_world_size}
 
     def load_state_dict(self, state: dict) -> None:

@@ -1,7 +1,8 @@
 """Megatron-Core's and TorchTitan's adapters with their own classes on CPU, against a real pp=2 run
 (rank 0 the first pipeline stage, rank 1 the last): Megatron's batch keys and types per stage and
 THD ``PackedSeqParams``, ``save_state`` through ``train_dataloader_dprank000.pt``; TorchTitan's
-``BaseDataLoader`` built by its ``Config.build`` with a state round trip between microbatches."""
+``BaseDataLoader`` built by its ``Config.build``, stopped inside a step, saved and loaded by TorchTitan's
+own CheckpointManager (DCP), and the stream continued from there by Megatron's iterator."""
 from __future__ import annotations
 
 import pyarrow.flight as fl
@@ -30,6 +31,35 @@ def pp2(corpus, tmp_path_factory):
         yield cluster.planner
 
 
+class _Plain:
+    """Optimizer and LR scheduler stand-ins: the checkpoint manager only asks them for a state."""
+
+    def __init__(self):
+        self.state = {"lr": torch.tensor(0.5)}
+
+    def state_dict(self):
+        return self.state
+
+    def load_state_dict(self, state):
+        self.state = state
+
+
+def checkpoint_round_trip(titan, loader, folder, rank: int) -> dict:
+    """The loader saved by TorchTitan's own CheckpointManager (DCP) and loaded into a fresh one, as a
+    restarted TorchTitan job does; the fresh loader's state."""
+    from torchtitan.components.checkpointer.dcp import CheckpointManager
+
+    def manager(dataloader):
+        config = CheckpointManager.Config(enable=True, folder="checkpoint", interval=1, keep_latest_k=0)
+        return CheckpointManager(config, dataloader=dataloader, model_parts=[torch.nn.Linear(2, 2)],
+                                 optimizers=_Plain(), lr_schedulers=_Plain(), states={}, sd_adapter=None,
+                                 base_folder=str(folder))
+    assert manager(loader).save(curr_step=1)
+    fresh = titan.OverlordDataLoader.Config(planner="unused").build(dp_world_size=1, dp_rank=0, rank=rank)
+    assert manager(fresh).load(step=1)
+    return fresh.state_dict()
+
+
 def test_torchtitan_loader_then_megatron_iterator_per_stage(pp2, tmp_path):
     titan = pytest.importorskip("flight_overlord.integrations.torchtitan", reason="torchtitan not installed")
     megatron = pytest.importorskip("flight_overlord.integrations.megatron")
@@ -40,14 +70,16 @@ def test_torchtitan_loader_then_megatron_iterator_per_stage(pp2, tmp_path):
         loader = titan.OverlordDataLoader.Config(planner=pp2, timeout=60, num_steps=2).build(
             dp_world_size=1, dp_rank=0, local_batch_size=1, rank=rank, tokenizer=None, seq_len=512)
         loader.load_state_dict({"dp_rank_0": {"step": 0, "microbatch": 1}, "world_size": 1})
-        titan_items[rank] = list(loader)
-        titan_states[rank] = loader.state_dict()
+        items = iter(loader)
+        titan_items[rank] = [next(items) for _ in range(MICROBATCHES)]  # stops inside step 1
         loader.close()
+        loaders[rank] = loader
 
+    loaders = {}
     each_rank(titan_rank, 2, timeout=120)
     for rank in range(2):
-        assert len(titan_items[rank]) == 2 * MICROBATCHES - 1  # from microbatch 1 of step 0 to the end of step 1
-        assert titan_states[rank] == {"dp_rank_0": {"rank": rank, "step": 2, "microbatch": 0}, "world_size": 1}
+        titan_states[rank] = checkpoint_round_trip(titan, loaders[rank], tmp_path / f"rank{rank}", rank)
+        assert titan_states[rank] == {"dp_rank_0": {"step": 1, "microbatch": 1}, "world_size": 1}
         for inputs, labels in titan_items[rank]:
             assert inputs["positions"].dtype == torch.int64 and inputs["positions"].shape[0] == 1
             assert (inputs["input"] is None) == (rank == 1) and (labels is None) == (rank == 0)
@@ -58,7 +90,7 @@ def test_torchtitan_loader_then_megatron_iterator_per_stage(pp2, tmp_path):
     batches = {}
 
     def megatron_rank(rank: int) -> None:
-        it = megatron.OverlordIterator(TrainerClient(pp2, rank, num_steps=1, timeout=60))
+        it = megatron.OverlordIterator(TrainerClient(pp2, rank, num_steps=2, timeout=60))
         it.restore_state(titan_states[rank]["dp_rank_0"])
         batches[rank] = [next(it) for _ in range(MICROBATCHES)]
         if rank == 0:
@@ -66,7 +98,7 @@ def test_torchtitan_loader_then_megatron_iterator_per_stage(pp2, tmp_path):
         it.close()
 
     each_rank(megatron_rank, 2, timeout=120)
-    assert torch.load(saved)["dataloader_state_dict"] == {"rank": 0, "step": 3, "microbatch": 0}
+    assert torch.load(saved)["dataloader_state_dict"] == {"rank": 0, "step": 2, "microbatch": 1}
     for one, other in zip(batches[0], batches[1]):
         assert set(one) == set(megatron.BATCH_KEYS)
         assert one["tokens"].dtype == torch.int64 and one["tokens"].shape == (1, ONE_RANK_BATCH["context_length"])
