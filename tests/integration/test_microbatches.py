@@ -107,3 +107,25 @@ def test_an_overall_loss_is_reported_and_shown_in_status(one_rank):
     with fl.FlightClient(one_rank) as client:
         status = wire.call(client, "status", {})
     assert status["trainer_losses"]["0"] == {"step": mb["step"], "loss": 2.5}
+
+
+def test_torchdata_stateful_dataloader_carries_the_position(one_rank):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    from flight_overlord.integrations.torchdata import OverlordDataset
+
+    def loader(steps: int, **options):  # steps counted from where it starts: step 3, or the loaded state
+        return stateful.StatefulDataLoader(OverlordDataset(view(one_rank, 3, steps, **options)), batch_size=None,
+                                           num_workers=0)
+
+    first = loader(2)
+    items = iter(first)
+    head = [next(items) for _ in range(3)]  # stops inside step 4
+    state = first.state_dict()
+    first.dataset.view.close()
+    assert state["dataset_state"] == {"rank": 0, "step": 4, "microbatch": 1}
+    assert [(mb["step"], mb["microbatch"]) for mb in head] == [(3, 0), (3, 1), (4, 0)]
+    second = loader(1, int64=True)
+    second.load_state_dict(state)
+    tail = list(second)
+    second.dataset.view.close()
+    assert [(mb["step"], mb["microbatch"]) for mb in tail] == [(4, 1)] and tail[0]["input_ids"].dtype == torch.int64
