@@ -72,7 +72,6 @@ class MicrobatchView:
         if self.microbatch and self.microbatch >= len(step_batch):
             raise ValueError(f"rank {self.rank}: the state names microbatch {self.microbatch} of step {step}, "
                              f"which has {len(step_batch)} microbatches")
-        self.step = step
         for index in range(self.microbatch, len(step_batch)):
             last = index == len(step_batch) - 1
             self.step, self.microbatch = (step + 1, 0) if last else (step, index + 1)
@@ -80,6 +79,7 @@ class MicrobatchView:
         self.step, self.microbatch = step + 1, 0
 
     def _shaped(self, mb: dict) -> dict:
+        """The microbatch with the token fields cast (``int64``) and given a batch dimension (``batch_dim``)."""
         out = dict(mb)
         for name in TOKEN_FIELDS:
             value = out.get(name)
