@@ -62,16 +62,24 @@ class OverlordIterator:
         self.view.close()
 
 
-def overlord_dataloaders_provider(train_val_test_num_samples=None, vp_stage=None, *, planner: str | None = None):
-    """A ``train_valid_test_datasets_provider`` for ``pretrain()``: this rank's iterator starting at
-    ``args.iteration`` (None on tensor-parallel ranks above 0 of a run that broadcasts along TP: they
-    do not read), and no validation or test data. ``planner``: default ``$OVERLORD_PLANNER``."""
-    from megatron.core import parallel_state
-    from megatron.training import get_args
-    if parallel_state.get_tensor_model_parallel_rank() != 0:
+def provide_iterators(start_step: int, tp_rank: int, *, planner: str | None = None, env: dict | None = None,
+                      **client_options) -> tuple:
+    """(train, valid, test) iterators of this process: its rank's stream from ``start_step`` on tensor-
+    parallel rank 0, nothing on the others (with ``broadcast_at("TP", others_read=False)`` they never
+    read; Megatron broadcasts to them); no validation or test data. The rank and world size are the
+    launcher's (``env``, default the process environment), the Planner ``planner`` or ``$OVERLORD_PLANNER``."""
+    if tp_rank != 0:
         return None, None, None
-    client = TrainerClient.from_env(planner, start_step=get_args().iteration)
+    client = TrainerClient.from_env(planner, env=env, start_step=start_step, **client_options)
     return OverlordIterator(client), None, None
+
+
+def overlord_dataloaders_provider(train_val_test_num_samples=None, vp_stage=None):
+    """Megatron-LM's ``train_valid_test_datasets_provider`` for ``pretrain()``: :func:`provide_iterators`
+    at ``args.iteration`` (a resume continues exactly there)."""
+    from megatron.core import parallel_state
+    from megatron.training import get_args  # Megatron-LM's, beside megatron-core
+    return provide_iterators(get_args().iteration, parallel_state.get_tensor_model_parallel_rank())
 
 
 overlord_dataloaders_provider.is_distributed = True  # Megatron calls it on every rank; it picks its readers

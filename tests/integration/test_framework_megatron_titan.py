@@ -123,9 +123,14 @@ def test_megatron_tp_ranks_that_never_read_hold_nothing_back(corpus, tmp_path):
     steps = 12
     path = write_config(tmp_path, corpus, mesh={"dp": 1, "tp": 2}, global_batch=ONE_RANK_BATCH, strategy="tp.py")
     with LocalCluster(path) as cluster:
-        it = megatron.OverlordIterator(TrainerClient(cluster.planner, 0, num_steps=steps, timeout=60))
+        launcher = {"WORLD_SIZE": "2"}  # as torchrun sets it for the two TP ranks
+        assert megatron.provide_iterators(0, 1, planner=cluster.planner, env={**launcher, "RANK": "1"}) == (
+            None, None, None)  # TP rank 1 gets no iterator: it never reads
+        it, valid, test = megatron.provide_iterators(0, 0, planner=cluster.planner, env={**launcher, "RANK": "0"},
+                                                     num_steps=steps, timeout=60)
         batches = list(it)
         it.close()
+        assert valid is None and test is None
         with fl.FlightClient(cluster.planner) as planner:
             location = wire.call(planner, "status", {})["constructors"]["0"]
         with fl.FlightClient(location) as constructor:
