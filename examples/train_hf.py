@@ -31,7 +31,8 @@ class LossLines(transformers.TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         rank = int(os.environ.get("RANK", 0))
-        print(f"rank {rank} step {state.global_step - 1} loss {self.trainer.take_loss().hex()}", flush=True)
+        line = f"rank {rank} step {state.global_step - 1} loss {self.trainer.take_loss().hex()}\n"
+        os.write(1, line.encode())  # one write: the ranks share stdout, a line must not be cut by another
 
     def on_save(self, args, state, control, **kwargs):
         if self.crash_after is not None and state.global_step - 1 == self.crash_after:
