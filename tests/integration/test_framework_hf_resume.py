@@ -1,6 +1,7 @@
-"""transformers' Trainer under torchrun (2 gloo ranks) through the HF adapter, the trainers killed -9
-after a checkpoint and the data plane killed -9 too, then resumed from the trainers' checkpoint: every
-rank's per-step losses (exact floats) and the final weights equal an undisturbed run's."""
+"""The HF adapter under torchrun (2 gloo ranks). transformers' Trainer: the trainers killed -9 after a
+checkpoint and the data plane killed -9 too, then resumed from the trainers' checkpoint: every rank's
+per-step losses (exact floats) and the final weights equal an undisturbed run's. A plain accelerate
+loop: stopped and resumed from its saved state, the same losses as an undisturbed run."""
 from __future__ import annotations
 
 import os
@@ -55,3 +56,21 @@ def test_hf_trainer_killed_and_resumed_is_bit_identical_to_an_undisturbed_run(co
     assert sorted(after) == [(r, s) for r in range(2) for s in range(CRASH_AFTER + 1, STEPS)]
     assert {**before, **after} == expected
     assert WEIGHTS_LINE.findall(resumed) == WEIGHTS_LINE.findall(undisturbed) != []
+
+
+@pytest.mark.slow  # two runs and three torchruns: about 100 s on 2 shared cores
+def test_accelerate_loop_stopped_and_resumed_from_its_state_equals_an_undisturbed_run(corpus, tmp_path):
+    """examples/train_accelerate.py: the loader outside accelerator.prepare, its position saved beside
+    accelerate's state; stopped after 2 steps and resumed against the running data plane."""
+    def train(planner: str, steps: int, checkpoint: str, *extra: str) -> dict:
+        return _losses(run_example(planner, "train_accelerate.py", "--microbatches", str(BATCH["microbatches"]),
+                                   "--steps", str(steps), "--checkpoint-dir", checkpoint, *extra))
+
+    with LocalCluster(write_config(tmp_path / "undisturbed", corpus, global_batch=BATCH)) as cluster:
+        expected = train(cluster.planner, STEPS, str(tmp_path / "ckpt-u"))
+    with LocalCluster(write_config(tmp_path / "stopped", corpus, global_batch=BATCH)) as cluster:
+        before = train(cluster.planner, 2, str(tmp_path / "ckpt-d"))
+        after = train(cluster.planner, STEPS, str(tmp_path / "ckpt-d"), "--resume")
+    assert sorted(expected) == [(r, s) for r in range(2) for s in range(STEPS)]
+    assert sorted(before) == [(r, s) for r in range(2) for s in range(2)]
+    assert {**before, **after} == expected and len(after) == 2 * (STEPS - 2)
