@@ -31,7 +31,7 @@ from ..waiting import wait_until
 from ..wire.plan import ConstructorPlan, FetchGroup
 from ..wire.status import ConstructorStatus
 from .assembly import (Sample, build_microbatch, decode_or_error, drop_bad, encoder_table, rank_table,
-                       shipped_images, truncate)
+                       sample_loss_masks, shipped_images, truncate)
 from .hdp import hdp_rank_table
 from .rebuilt import RebuiltSteps
 from .staging import Staging
@@ -115,7 +115,8 @@ class Constructor:
         tokens = table.column("tokens").combine_chunks()
         offsets, values = tokens.offsets.to_numpy(), tokens.values.to_numpy()
         if not any(len(chunk.values) for chunk in table.column("images").chunks):  # text only: no decode stage
-            return {item: truncate(Sample(plan.keys[item], values[offsets[j]:offsets[j + 1]]),
+            masks = sample_loss_masks(table.column("loss_mask").combine_chunks(), offsets)
+            return {item: truncate(Sample(plan.keys[item], values[offsets[j]:offsets[j + 1]], loss_mask=masks(j)),
                                    plan.lengths[item], self.cfg)
                     for j, item in enumerate(group.items)}
         images, grids = table.column("images").to_pylist(), table.column("image_grids").to_pylist()
