@@ -181,11 +181,15 @@ def encoder_table(step: int, rows: list[tuple[Sample, int, int, int]]) -> pa.Tab
 
 def rank_table(step: int, bucket: int, microbatches: list[Microbatch], delivery: Delivery, cfg: Config,
                with_pixels: bool = True) -> pa.Table:
-    """One delivery's table: a row per microbatch. Pixels go to every rank that gets tokens, unless an
-    image graph sends them to the encoder ranks instead (``with_pixels=False``)."""
-    with_pixels = with_pixels and delivery.tokens
+    """One delivery's table: a row per microbatch, each token field the delivery names holding the
+    positions of ``token_ranges`` (the others empty). Pixels go where the delivery names them, unless
+    an image graph sends them to the encoder ranks instead (``with_pixels=False``)."""
+    with_pixels = with_pixels and "pixel_values" in delivery.fields
     n = len(microbatches)
     ranges = [delivery_ranges(delivery, mb.packed, cfg.mesh) for mb in microbatches]
+
+    def field(name: str, rows):
+        return rows if name in delivery.fields else (values[:0] for values in rows)
 
     def kept(values: np.ndarray, r: list[int]) -> np.ndarray:
         return take_ranges(values, r) if r else values[:0]
@@ -197,10 +201,12 @@ def rank_table(step: int, bucket: int, microbatches: list[Microbatch], delivery:
         "step": pa.array(np.full(n, step, dtype=np.int64)),
         "bucket": pa.array(np.full(n, bucket, dtype=np.int32)),
         "microbatch": pa.array(np.arange(n, dtype=np.int32)),
-        "input_ids": flat(kept(mb.packed.input_ids, r) for mb, r in zip(microbatches, ranges)),
-        "position_ids": flat(kept(mb.packed.position_ids, r) for mb, r in zip(microbatches, ranges)),
-        "labels": flat(kept(mb.labels, r) for mb, r in zip(microbatches, ranges)),
-        "loss_mask": flat((kept(mb.labels, r) != -100 for mb, r in zip(microbatches, ranges)), pa.int8()),
+        "input_ids": flat(field("input_ids", (kept(mb.packed.input_ids, r) for mb, r in zip(microbatches, ranges)))),
+        "position_ids": flat(field("position_ids",
+                                   (kept(mb.packed.position_ids, r) for mb, r in zip(microbatches, ranges)))),
+        "labels": flat(field("labels", (kept(mb.labels, r) for mb, r in zip(microbatches, ranges)))),
+        "loss_mask": flat(field("loss_mask", (kept(mb.labels, r) != -100 for mb, r in zip(microbatches, ranges))),
+                          pa.int8()),
         "token_ranges": flat(np.array(r, dtype=np.int32) for r in ranges),
         "sequence_length": pa.array(np.array([len(mb.packed.input_ids) for mb in microbatches], dtype=np.int32)),
         "cu_seqlens": flat(mb.packed.cu_seqlens for mb in microbatches),

@@ -134,9 +134,12 @@ class Constructor:
         """Build each bucket's microbatches once, then cut one table per distinct delivery of its ranks."""
         if not self._deliveries:
             broadcast = frozenset(plan.broadcast)
-            self._deliveries = {r: self.mesh.delivery(r, plan.axis, broadcast) for r in self.ranks}
+            self._deliveries = {r: self.mesh.delivery(r, plan.axis, broadcast, self.strategy.stage_contents)
+                                for r in self.ranks}
             self._encoder_axis = plan.encoder_axis
-            self.staging.streams = len(self.ranks) * (2 if plan.encoder_axis else 1)
+            readers = [r for r in self.ranks if self.mesh.reads(r, self.strategy.silent)]
+            self.staging.silent = frozenset(self.ranks) - set(readers)
+            self.staging.streams = len(readers) * (2 if plan.encoder_axis else 1)
         samples, bad = drop_bad(samples, self.cfg)
         self._bad_samples.extend(bad)
         image_token = self.cfg.vision.image_token_id if any(s.image_column for s in self.cfg.sources) else None

@@ -35,7 +35,7 @@ def shard(sample: Sample, size: int, rank: int, pad_token_id: int):
 def hdp_rank_table(step: int, bucket: int, microbatches: list[list[tuple[Sample, int, int]]],
                    delivery: Delivery, cfg: Config) -> pa.Table:
     """One rank's microbatches: per microbatch, its (sample, group size, first rank) entries in order."""
-    rows = {k: [] for k in ("ids", "pos", "labels", "keys", "size", "rank", "first", "ranges", "cu", "cu_pad",
+    rows = {k: [] for k in ("ids", "pos", "labels", "mask", "keys", "size", "rank", "first", "ranges", "cu", "cu_pad",
                             "cu_local", "real")}
     for entries in microbatches:
         parts = _whole(entries)  # sequences this rank holds whole: one pack for all of them
@@ -43,9 +43,11 @@ def hdp_rank_table(step: int, bucket: int, microbatches: list[list[tuple[Sample,
                  for k, (s, size, first) in enumerate(entries)]
         lengths = [len(s.tokens) for s, _, _ in entries]
         kept = [len(p[0]) for p in parts]
-        rows["ids"].append(_cat([p[0] for p in parts]) if delivery.tokens else _empty())
-        rows["pos"].append(_cat([p[1] for p in parts]) if delivery.tokens else _empty())
-        rows["labels"].append(_cat([p[2] for p in parts]) if delivery.tokens else _empty())
+        labels = _cat([p[2] for p in parts]) if delivery.tokens else _empty()
+        rows["ids"].append(_cat([p[0] for p in parts]) if "input_ids" in delivery.fields else _empty())
+        rows["pos"].append(_cat([p[1] for p in parts]) if "position_ids" in delivery.fields else _empty())
+        rows["labels"].append(labels if "labels" in delivery.fields else _empty())
+        rows["mask"].append((labels != -100) if "loss_mask" in delivery.fields else _empty())
         rows["keys"].append([s.key for s, _, _ in entries])
         rows["size"].append(np.array([size for _, size, _ in entries], np.int32))
         rows["rank"].append(np.array([bucket - first for _, _, first in entries], np.int32))
@@ -63,7 +65,7 @@ def hdp_rank_table(step: int, bucket: int, microbatches: list[list[tuple[Sample,
         "input_ids": list_array(rows["ids"]),
         "position_ids": list_array(rows["pos"]),
         "labels": list_array(rows["labels"]),
-        "loss_mask": list_array([(x != -100) for x in rows["labels"]], pa.int8()),
+        "loss_mask": list_array(rows["mask"], pa.int8()),
         "sample_keys": pa.ListArray.from_arrays(pa.array(np.cumsum([0] + [len(k) for k in rows["keys"]], dtype=np.int32)),
                                                 pa.array([k for keys in rows["keys"] for k in keys], pa.string())),
         "seq_cp_size": list_array(rows["size"]),
