@@ -268,7 +268,7 @@ class LoaderActor:
         rg = self._at(position)
         try:
             samples = self.share.read(rg)
-            if (self.sample_level_bytes and samples.images is None and not samples.failed
+            if (self.sample_level_bytes and samples.images is None and samples.loss_mask is None and not samples.failed
                     and samples.tokens.nbytes > self.sample_level_bytes):
                 return samples.sample_level(functools.partial(self.share.read_rows, rg))
             return samples

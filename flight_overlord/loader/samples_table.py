@@ -21,8 +21,9 @@ def samples_table(parts: list[tuple[RowGroupSamples, int]]) -> pa.Table:
     if not groups:
         return schema.empty_table()
     tokens_type = schema.field("tokens").type
-    keys, tokens, images, grids, order = [], [], [], [], []
+    keys, tokens, images, grids, masks, order = [], [], [], [], [], []
     text_only = all(buffered.images is None and buffered.grids is None for buffered, _, _ in groups.values())
+    unmasked = all(buffered.loss_mask is None for buffered, _, _ in groups.values())
     for buffered, rows, positions in groups.values():
         indices = pa.array(rows, pa.int32())
         keys.append(buffered.keys.array(indices))
@@ -31,18 +32,22 @@ def samples_table(parts: list[tuple[RowGroupSamples, int]]) -> pa.Table:
         if not text_only:
             images.append(_taken(buffered.images, indices, pa.binary()))
             grids.append(_taken(buffered.grids, indices, pa.int32()))
+        if not unmasked:
+            masks.append(_taken(buffered.loss_mask, indices, pa.uint8()))
         order.extend(positions)
     table = pa.table({
         "key": pa.concat_arrays(keys),
         "tokens": pa.concat_arrays(tokens),
         "images": _empty_lists(len(parts), pa.binary()) if text_only else pa.concat_arrays(images),
         "image_grids": _empty_lists(len(parts), pa.int32()) if text_only else pa.concat_arrays(grids),
+        # sources without a loss mask: empty lists
+        "loss_mask": _empty_lists(len(parts), pa.uint8()) if unmasked else pa.concat_arrays(masks),
     }, schema=schema)
     return table.take(pa.array(np.argsort(order), pa.int64())) if len(groups) > 1 else table
 
 
 def _taken(values: pa.ListArray | None, indices: pa.Array, value_type: pa.DataType) -> pa.ListArray:
-    """Rows ``indices`` of a row group's image column (None, a text source's: empty lists)."""
+    """Rows ``indices`` of a row group's image or loss-mask column (None, a source without: empty lists)."""
     return values.take(indices) if values is not None else _empty_lists(len(indices), value_type)
 
 
