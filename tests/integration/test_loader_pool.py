@@ -14,6 +14,7 @@ from flight_overlord.loader.read_ahead import WORKERS, ReadAheadPool
 from flight_overlord.loader.row_groups import SourceShare
 from flight_overlord.loader.samples_table import samples_table
 
+from ..corpora import write_pretokenized
 from ..helpers import IMAGE_BATCH, IMAGE_SOURCES, write_config
 
 
@@ -48,12 +49,18 @@ def test_the_actors_of_a_process_share_a_few_threads_and_each_reads_ahead(corpus
         pool.close()
 
 
-@pytest.mark.parametrize("sources", ["text", "image_text"])
+@pytest.mark.parametrize("sources", ["text", "image_text", "loss_mask"])
 def test_one_table_for_several_actors_is_their_own_tables_back_to_back(corpus, tmp_path, sources):
     """What a loader process sends for a call naming several actors (their picks, one table) equals each
-    actor's own answer, in the order asked: rows of several row groups, interleaved, text and images."""
-    extra = {} if sources == "text" else {"sources": IMAGE_SOURCES, "global_batch": IMAGE_BATCH,
-                                          "vision": {"max_pixels": 200704}}
+    actor's own answer, in the order asked: rows of several row groups, interleaved, text, images and
+    pre-tokenized rows with a loss mask beside text."""
+    extra = {"image_text": {"sources": IMAGE_SOURCES, "global_batch": IMAGE_BATCH, "vision": {"max_pixels": 200704}},
+             "loss_mask": {"sources": [
+                 {"name": "sft", "paths": str(tmp_path / "sft" / "*.parquet"), "tokens_column": "input_ids",
+                  "loss_mask_column": "loss_mask", "weight": 0.5},
+                 {"name": "captions", "paths": "captions/*.parquet", "weight": 0.5}]}}.get(sources, {})
+    if sources == "loss_mask":
+        write_pretokenized(tmp_path / "sft")
     cfg = load_config(write_config(tmp_path, corpus, **extra))
     alone, together = _actors(cfg, tmp_path / "alone"), _actors(cfg, tmp_path / "together")
     try:
@@ -66,8 +73,9 @@ def test_one_table_for_several_actors_is_their_own_tables_back_to_back(corpus, t
         picked = [row for a, rows in zip(together, asked) for row in a.pick(5, 0, rows)]
         got = samples_table(picked)
         assert got.num_rows == sum(map(len, asked)) and got.equals(expected)
-        if sources == "image_text":
-            assert sum(len(x) for x in got.column("images").to_pylist()) > 0
+        if sources != "text":  # the columns that text rows leave empty are filled for the others
+            column = "images" if sources == "image_text" else "loss_mask"
+            assert sum(len(x) for x in got.column(column).to_pylist()) > 0
         for a, b in zip(alone, together):  # the pops are journaled the same
             assert a.state.state_dict() == b.state.state_dict()
     finally:
