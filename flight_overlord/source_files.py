@@ -95,6 +95,36 @@ def expand(pattern: str) -> list[str]:
                               parts.query, "")) for m in matches)
 
 
+def file_states(paths: list[str]) -> list[tuple[int, int]]:
+    """(size in bytes, modification time in ns) of every file of ``paths``: a stat per local file; for
+    URIs one listing per folder (a LIST on object storage, not a request per file). Errors name the file."""
+    states: dict[str, tuple[int, int]] = {}
+    folders: dict[tuple, list[str]] = {}
+    for path in paths:
+        if is_uri(path):
+            parts = urlsplit(path)
+            folders.setdefault((parts.scheme, parts.netloc, parts.query, parts.path.rsplit("/", 1)[0]), []).append(path)
+            continue
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise StorageError(f"cannot read {path}: {exc.strerror}") from None
+        states[path] = (st.st_size, st.st_mtime_ns)
+    for (scheme, netloc, query, folder), members in folders.items():
+        fs, inner = resolve(urlunsplit((scheme, netloc, folder + "/", query, "")))
+        try:
+            listed = {info.path.rstrip("/").rsplit("/", 1)[-1]: info
+                      for info in fs.get_file_info(pafs.FileSelector(inner.rstrip("/"), allow_not_found=True))}
+        except (pa.ArrowException, OSError) as exc:
+            raise StorageError(f"cannot list {display(members[0]).rsplit('/', 1)[0]}: {exc}") from None
+        for path in members:
+            info = listed.get(urlsplit(path).path.rsplit("/", 1)[-1])
+            if info is None or info.type != pafs.FileType.File:
+                raise StorageError(f"cannot read {display(path)}: not found")
+            states[path] = (info.size, info.mtime_ns or 0)
+    return [states[p] for p in paths]
+
+
 def has_magic(pattern: str) -> bool:
     return glob.has_magic(urlsplit(pattern).path if is_uri(pattern) else pattern)
 

@@ -17,6 +17,7 @@ from .. import source_files
 from ..config import ConfigError, SourceConfig, VisionConfig
 from ..core.order import RowGroupRef, owned_row_groups, sample_key
 from ..core.vision import ImageError
+from ..source_catalog import SourceCatalog, load_catalog
 from ..transforms import make_transform
 from ..transforms.image_text import transform_rows
 from ..wire.schemas import list_array
@@ -30,18 +31,17 @@ OPEN_FILES_KEPT = 2
 
 
 def read_catalog(source: SourceConfig) -> list[RowGroupRef]:
-    """Every row group of the source, from the Parquet footers; checks the text column exists."""
-    catalog = []
-    for path, file_id in zip(source.files, source.file_ids):
-        try:
-            with source_files.parquet_file(path) as opened:
-                meta = opened.metadata
-        except (OSError, pa.ArrowException) as exc:
-            raise ConfigError(f"source {source.name!r}: cannot read Parquet file {source_files.display(path)}: "
-                              f"{exc}") from None
-        _check_columns(source, source_files.display(path), meta.schema.to_arrow_schema())
-        catalog.extend(RowGroupRef(file_id, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups))
-    return sorted(catalog)
+    """Every row group of the source, sorted; checks its columns (``checked_catalog``)."""
+    return checked_catalog(source).row_groups()
+
+
+def checked_catalog(source: SourceConfig) -> SourceCatalog:
+    """The source's catalog (cached once per corpus: ``source_catalog``), its columns checked in each
+    schema its files have."""
+    catalog = load_catalog(source)
+    for path, schema in catalog.schemas_by_file():
+        _check_columns(source, path, schema)
+    return catalog
 
 
 def _is_text(t: pa.DataType) -> bool:
@@ -186,7 +186,9 @@ class SourceShare:
         self.actor = actor
         self.max_tokens = max_tokens
         self.vision = vision
-        self.catalog = read_catalog(source)
+        catalog = checked_catalog(source)
+        self.catalog = catalog.row_groups()
+        self.catalog_digest = catalog.digest()  # what it registers with: the Planner finds the catalog by it
         self.row_groups = owned_row_groups(self.catalog, actor, source.loaders) if actor < source.loaders else []
         self._paths = dict(zip(source.file_ids, source.files))
         self._open: collections.OrderedDict[str, pq.ParquetFile] = collections.OrderedDict()  # most recent last

@@ -8,7 +8,6 @@ state (re-adding it continues there). What cannot be honoured is refused by ``ch
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
@@ -83,19 +82,9 @@ def checked_weights(weights: dict, sources: list[str]) -> dict[str, float]:
 
 
 def source_fingerprint(source) -> str:
-    """A digest of a source's files as the Parquet footers describe them: file names, and per row
-    group its rows and bytes (other contents under the same name change the bytes)."""
-    from .. import source_files as storage
-    parts = []
-    for path, file_id in zip(source.files, source.file_ids):
-        try:
-            with storage.parquet_file(path) as opened:
-                meta = opened.metadata
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"sources.{source.name}: cannot read Parquet file {storage.display(path)}: {exc}") from None
-        parts.append([file_id, [[meta.row_group(i).num_rows, meta.row_group(i).total_byte_size]
-                                for i in range(meta.num_row_groups)]])
-    return hashlib.blake2b(json.dumps(sorted(parts)).encode(), digest_size=16).hexdigest()
+    """A digest of a source's files as the Parquet footers describe them (its catalog's fingerprint)."""
+    from ..source_catalog import load_catalog
+    return load_catalog(source).fingerprint()
 
 
 def check_sources(cfg: Config, *, resume: bool) -> list[str]:

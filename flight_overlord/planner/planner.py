@@ -26,6 +26,7 @@ from .program import StepPlan, plan_step
 from .replay import Replayer, is_plan, state_before, step_record
 from . import costing
 from .costing import PlannedCost
+from .catalogs import CatalogCache
 from .registry import Registry
 from .scaling import SourceScaling
 from .strategy import Strategy
@@ -39,7 +40,7 @@ class Planner:
         self.cfg = cfg
         self.strategy = strategy
         self.mesh: Mesh = strategy.mesh
-        self.registry = Registry(cfg, self.mesh.num_constructors)
+        self.registry = Registry(cfg, self.mesh.num_constructors, CatalogCache(cfg))
         self.feedback = FeedbackLog(expected=cfg.mesh.dp)  # one report per data-parallel group
         self.next_step = 0
         self.feeds: dict[str, SourceFeed] = {}   # built once every loader has registered (start_feeds)
@@ -86,7 +87,7 @@ class Planner:
         for name, feed_state in self._feed_states.items():
             if name in self.feeds:
                 self.feeds[name].load_state_dict(feed_state)
-        self.replayer.configs.note_row_groups({name: feed.row_groups for name, feed in self.feeds.items()})
+        self.replayer.configs.note_catalogs(dict(self.registry.catalogs))
         if self.scaling is not None:
             self.scaling.start(self.registry)
 

@@ -1,33 +1,44 @@
 """Who is where: the loader actors (each with its shadows), their row groups, and the constructors."""
 from __future__ import annotations
 
+from typing import Callable
+
 from ..config import Config
-from ..core.order import RowGroupRef
+from ..core.order import RowGroupRef, owned_row_groups
 from ..core.scaling import Ownership
+
+CatalogOf = Callable[[str, str], list[RowGroupRef]]  # (source, catalog digest) -> its row groups, sorted
 
 
 REGISTRY_FILE = "planner/registry.json"  # in run_dir: the registrations, rewritten at each (a recovery reads them)
 
 
 class Registry:
-    def __init__(self, cfg: Config, num_constructors: int):
+    def __init__(self, cfg: Config, num_constructors: int, catalog_of: CatalogOf | None = None):
+        """``catalog_of``: the row groups of a catalog a loader registers with (its digest)."""
         self.cfg = cfg
         self.num_constructors = num_constructors
+        self.catalog_of = catalog_of
         self.loaders: dict[tuple[str, int], dict[int, str]] = {}  # (source, actor) -> replica -> location
         self.row_groups: dict[tuple[str, int], list[RowGroupRef]] = {}
+        self.catalogs: dict[str, str] = {}  # source -> the digest of the catalog its loaders registered with
         self.constructors: dict[int, str] = {}
         self._owner: dict[tuple[str, str, int], tuple[str, int]] = {}
         self.ownership: dict[str, Ownership] = {}  # per source, once planning starts: who owns each position
 
-    def register_loader(self, source: str, actor: int, replica: int, location: str, row_groups: list) -> None:
-        """``replica`` 0 is the active loader actor, 1.. its shadows."""
+    def register_loader(self, source: str, actor: int, replica: int, location: str, row_groups: list | str) -> None:
+        """``replica`` 0 is the active loader actor, 1.. its shadows; ``row_groups``: the actor's, or the
+        digest of its source's catalog (the actor owns its share of it, as ``owned_row_groups`` splits)."""
         spec = self.cfg.source(source)
         if not 0 <= actor < self.cfg.provisioned_actors(spec):
             raise ValueError(f"register: actor {actor} out of range for source {source!r} "
                              f"({self.cfg.provisioned_actors(spec)} loaders)")
         if not 0 <= replica <= self.cfg.loader.shadows:
             raise ValueError(f"register: replica {replica} out of range (loader.shadows: {self.cfg.loader.shadows})")
-        refs = [RowGroupRef(str(f), int(g), int(n)) for f, g, n in row_groups]
+        if isinstance(row_groups, str):
+            refs = self._share(source, actor, row_groups)
+        else:
+            refs = [RowGroupRef(str(f), int(g), int(n)) for f, g, n in row_groups]
         known = self.row_groups.get((source, actor))
         if known is not None and known != refs:
             raise ValueError(f"register: loader {source}[{actor}] announced different row groups than its peers")
@@ -35,6 +46,18 @@ class Registry:
         self.row_groups[(source, actor)] = refs
         for rg in refs:
             self._owner[(source, rg.file, rg.row_group)] = (source, actor)
+
+    def _share(self, source: str, actor: int, digest: str) -> list[RowGroupRef]:
+        known = self.catalogs.get(source)
+        if known is not None and known != digest:
+            raise ValueError(f"register: loader {source}[{actor}] registered with catalog {digest}, its peers with "
+                             f"{known}: the source's files differ between its loaders")
+        if self.catalog_of is None:
+            raise ValueError("register: this Planner takes row groups, not a catalog digest")
+        loaders = self.cfg.source(source).loaders
+        catalog = self.catalog_of(source, digest)
+        self.catalogs[source] = digest
+        return owned_row_groups(catalog, actor, loaders) if actor < loaders else []
 
     def register_constructor(self, index: int, location: str) -> None:
         if not 0 <= index < self.num_constructors:
@@ -62,7 +85,13 @@ class Registry:
         return [loc for _, loc in sorted(self.loaders[actor].items())]
 
     def state_dict(self) -> dict:
-        return {"loaders": [[s, a, r, loc, [[rg.file, rg.row_group, rg.num_rows] for rg in self.row_groups[(s, a)]]]
+        """Each loader's row groups as its catalog's digest where it registered with one (a few bytes,
+        whatever the corpus), else listed."""
+        def share(source: str, actor: int):
+            if source in self.catalogs:
+                return self.catalogs[source]
+            return [[rg.file, rg.row_group, rg.num_rows] for rg in self.row_groups[(source, actor)]]
+        return {"loaders": [[s, a, r, loc, share(s, a)]
                             for (s, a), replicas in sorted(self.loaders.items()) for r, loc in sorted(replicas.items())],
                 "constructors": {str(i): loc for i, loc in sorted(self.constructors.items())}}
 

@@ -32,6 +32,7 @@ from ..core.mixing import Mixer
 from ..core.order import ReadOrder, RowGroupRef
 from ..journal import read_journal
 from ..wire.plan_channel import PLAN_AHEAD
+from ..source_catalog import cached_catalog
 from .costing import cost_fns
 from .feed import FetchMeta, SourceFeed, row_group_metadata
 from .run_inputs import ConfigHistory, JsonFile, Unreadable
@@ -306,9 +307,26 @@ class Replayer:
             return derive(record, offset, before, self.strategy, self._live)
         cfg, strategy = in_force or (self.cfg, self.strategy)
         if index not in self._readers:
-            known = {n: [RowGroupRef(*rg) for rg in g] for n, g in (entry or {}).get("row_groups", {}).items()}
-            self._readers[index] = SourceReader(cfg, self.unreadable, row_groups=known.get)
+            self._readers[index] = SourceReader(cfg, self.unreadable, row_groups=registered_row_groups(entry))
         return derive(record, offset, before, strategy, self._readers[index])
+
+
+def registered_row_groups(entry: dict | None) -> Callable[[str], list[RowGroupRef] | None]:
+    """A source's row groups as its loaders registered them at the start ``entry`` of ``planner/configs.json``
+    notes: its catalog by digest, or listed (runs of before catalogs); None when neither is known (then
+    the files as they are now)."""
+    listed = (entry or {}).get("row_groups", {})
+    digests = (entry or {}).get("catalogs", {})
+
+    def row_groups(name: str) -> list[RowGroupRef] | None:
+        if name in listed:
+            return [RowGroupRef(*rg) for rg in listed[name]]
+        catalog = cached_catalog(digests[name]) if name in digests else None
+        if name in digests and catalog is None:
+            log.warning("source %s: catalog %s of the run is not in the catalog cache: replayed with its files as "
+                        "they are now", name, digests[name])
+        return catalog.row_groups() if catalog is not None else None
+    return row_groups
 
 
 class RecentPlans:

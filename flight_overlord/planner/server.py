@@ -73,7 +73,8 @@ class PlannerServer(ActionServer):
             raise ValueError(f"register: location {location!r} must be {scheme}://HOST:PORT (the scheme of this run)")
         if registration.role == "loader":
             self.service.register_loader(registration.source, registration.actor, registration.replica, location,
-                                         registration.row_groups)
+                                         registration.catalog if registration.catalog is not None
+                                         else registration.row_groups)
         else:
             self.service.register_constructor(registration.index, location)
         return {"ok": True}
