@@ -23,7 +23,7 @@ def stable_hash(*parts: object) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)  # slots: a Planner holds one per row group of the corpus
 class RowGroupRef:
     file: str  # file id (path relative to the data root)
     row_group: int

@@ -1,6 +1,7 @@
 """Who is where: the loader actors (each with its shadows), their row groups, and the constructors."""
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Callable
 
 from ..config import Config
@@ -22,6 +23,7 @@ class Registry:
         self.loaders: dict[tuple[str, int], dict[int, str]] = {}  # (source, actor) -> replica -> location
         self.row_groups: dict[tuple[str, int], list[RowGroupRef]] = {}
         self.catalogs: dict[str, str] = {}  # source -> the digest of the catalog its loaders registered with
+        self._catalog: dict[str, list[RowGroupRef]] = {}  # source -> that catalog (sorted): owners by position
         self.constructors: dict[int, str] = {}
         self._owner: dict[tuple[str, str, int], tuple[str, int]] = {}
         self.ownership: dict[str, Ownership] = {}  # per source, once planning starts: who owns each position
@@ -44,8 +46,9 @@ class Registry:
             raise ValueError(f"register: loader {source}[{actor}] announced different row groups than its peers")
         self.loaders.setdefault((source, actor), {})[replica] = location
         self.row_groups[(source, actor)] = refs
-        for rg in refs:
-            self._owner[(source, rg.file, rg.row_group)] = (source, actor)
+        if source not in self._catalog:  # listed row groups: owners noted one by one
+            for rg in refs:
+                self._owner[(source, rg.file, rg.row_group)] = (source, actor)
 
     def _share(self, source: str, actor: int, digest: str) -> list[RowGroupRef]:
         known = self.catalogs.get(source)
@@ -56,7 +59,7 @@ class Registry:
             raise ValueError("register: this Planner takes row groups, not a catalog digest")
         loaders = self.cfg.source(source).loaders
         catalog = self.catalog_of(source, digest)
-        self.catalogs[source] = digest
+        self.catalogs[source], self._catalog[source] = digest, catalog
         return owned_row_groups(catalog, actor, loaders) if actor < loaders else []
 
     def register_constructor(self, index: int, location: str) -> None:
@@ -71,6 +74,8 @@ class Registry:
                 and len(self.constructors) == self.num_constructors)
 
     def source_row_groups(self, source: str) -> list[RowGroupRef]:
+        if source in self._catalog:
+            return self._catalog[source]
         return sorted(rg for (src, _), refs in self.row_groups.items() if src == source for rg in refs)
 
     def owner(self, source: str, file: str, row_group: int, epoch: int = 0) -> tuple[str, int]:
@@ -78,6 +83,12 @@ class Registry:
         sources' ``ownership`` (live resharding), the segment covering its position."""
         if source in self.ownership:
             return source, self.ownership[source].owner(epoch, file, row_group)
+        if source in self._catalog:  # actor i of n owns every n-th row group of the sorted catalog
+            catalog = self._catalog[source]
+            i = bisect_left(catalog, (file, row_group), key=_file_and_group)
+            if i == len(catalog) or _file_and_group(catalog[i]) != (file, row_group):
+                raise KeyError((source, file, row_group))
+            return source, i % self.cfg.source(source).loaders
         return self._owner[(source, file, row_group)]
 
     def locations(self, actor: tuple[str, int]) -> list[str]:
@@ -100,3 +111,7 @@ class Registry:
             self.register_loader(source, actor, replica, location, row_groups)
         for index, location in state["constructors"].items():
             self.register_constructor(int(index), location)
+
+
+def _file_and_group(rg: RowGroupRef) -> tuple[str, int]:
+    return rg.file, rg.row_group
