@@ -14,6 +14,8 @@ import functools
 import glob
 import hashlib
 import os
+import re
+import stat
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -123,6 +125,55 @@ def file_states(paths: list[str]) -> list[tuple[int, int]]:
                 raise StorageError(f"cannot read {display(path)}: not found")
             states[path] = (info.size, info.mtime_ns or 0)
     return [states[p] for p in paths]
+
+
+def local_files(pattern: str) -> list[str]:
+    """The files a local path or glob names, each as ``Path.resolve()`` makes it (symlinks followed),
+    sorted. A folder is resolved once for all its files, not once per file (a resolve costs a syscall per
+    path component), and a glob in the file name alone (``dir/*.parquet``) reads the folder's entries
+    once, their types with them (no ``stat`` per file)."""
+    folder, name = os.path.split(pattern)
+    if glob.has_magic(name) and not glob.has_magic(folder) and "**" not in name:
+        return _files_in(folder, name)
+    folders: dict[str, str] = {}
+    found = []
+    for match in glob.glob(pattern, recursive=True):
+        try:
+            mode = os.lstat(match).st_mode
+        except OSError:
+            continue
+        if stat.S_ISLNK(mode):
+            if os.path.isfile(match):
+                found.append(str(Path(match).resolve()))
+        elif stat.S_ISREG(mode):
+            folder, name = os.path.split(match)
+            if folder not in folders:
+                folders[folder] = str(Path(folder or ".").resolve())
+            found.append(os.path.join(folders[folder], name))
+    return sorted(found)
+
+
+def _files_in(folder: str, name_pattern: str) -> list[str]:
+    """``local_files`` of ``folder/name_pattern``: the matches ``glob`` gives (names starting with a dot
+    only when the pattern does), resolved."""
+    match = re.compile(fnmatch.translate(name_pattern)).match
+    hidden = name_pattern.startswith(".")
+    try:
+        entries = os.scandir(folder or ".")
+    except OSError:
+        return []
+    real = str(Path(folder or ".").resolve())
+    found = []
+    with entries:
+        for entry in entries:
+            if (entry.name.startswith(".") and not hidden) or not match(entry.name):
+                continue
+            if entry.is_symlink():
+                if entry.is_file():
+                    found.append(str(Path(entry.path).resolve()))
+            elif entry.is_file(follow_symlinks=False):
+                found.append(os.path.join(real, entry.name))
+    return sorted(found)
 
 
 def has_magic(pattern: str) -> bool:

@@ -5,7 +5,6 @@ because a config is the first thing a user gets wrong.
 """
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
@@ -246,7 +245,7 @@ def _resolve_paths(raw: Any, data_root: Path, where: str) -> tuple[str, ...]:
             full = source_files.display(str(pattern))
         else:
             full = str(_path(data_root, pattern, where, resolve=False))
-            matches = [str(Path(m).resolve()) for m in sorted(glob.glob(full, recursive=True)) if os.path.isfile(m)]
+            matches = source_files.local_files(full)
         if not matches:
             what = "no file matches the glob" if source_files.has_magic(str(pattern)) else "file not found"
             raise ConfigError(f"{where}: {what}: {full}")
@@ -257,10 +256,8 @@ def _resolve_paths(raw: Any, data_root: Path, where: str) -> tuple[str, ...]:
 def _file_id(path: str, data_root: Path) -> str:
     if source_files.is_uri(path):
         return source_files.display(path)
-    try:
-        return str(Path(path).relative_to(data_root))
-    except ValueError:
-        return path
+    root = str(data_root).rstrip(os.sep) + os.sep  # lexical, as Path.relative_to: a string test per file
+    return path[len(root):] if path.startswith(root) else path
 
 
 def _parse_transform(raw: Any, where: str, data_root: Path) -> TransformConfig:

@@ -124,3 +124,23 @@ def test_each_schema_is_checked_with_the_first_file_that_has_it(source):
     write(pathlib.Path(source.files[1]), rows=4, row_group_size=4, column="body")
     with pytest.raises(ConfigError, match=f"file {source.files[1]} has no column 'text'"):
         checked_catalog(source)
+
+
+def test_local_files_are_what_glob_and_resolve_give(tmp_path):
+    """The fast listing of a source's files gives glob's matches, each resolved, whatever the pattern."""
+    import glob
+    from flight_overlord.source_files import local_files
+    data, other = tmp_path / "data", tmp_path / "other"
+    (data / "sub").mkdir(parents=True)
+    other.mkdir()
+    for p in (data / "a.parquet", data / ".hidden.parquet", data / "sub" / "b.parquet", other / "x.parquet"):
+        p.write_bytes(b"x")
+    (data / "folder.parquet").mkdir()  # a folder that matches: not a file
+    (data / "link.parquet").symlink_to(other / "x.parquet")  # followed, as Path.resolve does
+    (data / "broken.parquet").symlink_to(other / "gone.parquet")
+    (tmp_path / "alias").symlink_to(data)  # a linked folder: resolved once
+    for pattern in ("data/*.parquet", "alias/*.parquet", "data/.*.parquet", "data/a.parquet", "data/**/*.parquet",
+                    "*/*.parquet", "data/missing/*.parquet"):
+        full = str(tmp_path / pattern)
+        expected = sorted(str(pathlib.Path(m).resolve()) for m in glob.glob(full, recursive=True) if os.path.isfile(m))
+        assert local_files(full) == expected, pattern
