@@ -18,7 +18,7 @@ import json
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -63,18 +63,18 @@ class SourceCatalog:
     nbytes: np.ndarray   # int64 per row group (Parquet's total_byte_size)
     schema_of: np.ndarray  # int32 per file: index into ``schemas``
     schemas: list[pa.Schema]
+    known_fingerprint: str | None = field(default=None, compare=False)  # as cached: not derived again
 
     @property
     def num_row_groups(self) -> int:
         return len(self.rows)
 
     def row_groups(self) -> list[RowGroupRef]:
-        """Every row group, sorted (the order ``core.order`` works in)."""
-        counts = np.diff(self.offsets)
-        file_of = np.repeat(np.arange(len(self.files)), counts)
-        index = np.arange(len(self.rows)) - np.repeat(self.offsets[:-1], counts)
-        return sorted(RowGroupRef(self.file_ids[f], int(g), int(n))
-                      for f, g, n in zip(file_of.tolist(), index.tolist(), self.rows.tolist()))
+        """Every row group, sorted (the order ``core.order`` works in: by file id, then row group)."""
+        ids, offsets, rows = self.file_ids, self.offsets.tolist(), self.rows.tolist()
+        in_order = all(a < b for a, b in zip(ids, ids[1:]))  # a config's files come sorted
+        files = range(len(ids)) if in_order else sorted(range(len(ids)), key=ids.__getitem__)
+        return [RowGroupRef(ids[f], g - offsets[f], rows[g]) for f in files for g in range(offsets[f], offsets[f + 1])]
 
     def schemas_by_file(self) -> list[tuple[str, pa.Schema]]:
         """Each distinct schema with the first file that has it."""
@@ -86,9 +86,12 @@ class SourceCatalog:
     def fingerprint(self) -> str:
         """A digest of the file names and, per row group, its rows and bytes (other contents under the
         same name change the bytes): the one ``planner/sources.json`` has kept since runs began."""
+        if self.known_fingerprint is not None:
+            return self.known_fingerprint
         parts = [[fid, [[int(r), int(b)] for r, b in zip(self.rows[lo:hi].tolist(), self.nbytes[lo:hi].tolist())]]
                  for fid, lo, hi in zip(self.file_ids, self.offsets[:-1].tolist(), self.offsets[1:].tolist())]
-        return hashlib.blake2b(json.dumps(sorted(parts)).encode(), digest_size=16).hexdigest()
+        self.known_fingerprint = hashlib.blake2b(json.dumps(sorted(parts)).encode(), digest_size=16).hexdigest()
+        return self.known_fingerprint
 
     def digest(self) -> str:
         """The name of this catalog in the cache: its files (as listed) and fingerprint."""
@@ -100,7 +103,7 @@ class SourceCatalog:
         return pa.table({"file": self.files, "file_id": self.file_ids, "size": self.sizes, "mtime_ns": self.mtimes,
                          "rows": lists(self.rows), "bytes": lists(self.nbytes),
                          "schema": pa.array(self.schema_of, pa.int32())},
-                        metadata={"format": str(FORMAT), "schemas": json.dumps(schemas)})
+                        metadata={"format": str(FORMAT), "schemas": json.dumps(schemas), "fingerprint": self.fingerprint()})
 
     @classmethod
     def from_table(cls, table: pa.Table) -> "SourceCatalog":
@@ -116,7 +119,7 @@ class SourceCatalog:
                    sizes=table.column("size").to_numpy(), mtimes=table.column("mtime_ns").to_numpy(),
                    offsets=rows.offsets.to_numpy().astype(np.int64), rows=rows.values.to_numpy(),
                    nbytes=table.column("bytes").combine_chunks().values.to_numpy(), schema_of=schema_of,
-                   schemas=schemas)
+                   schemas=schemas, known_fingerprint=meta[b"fingerprint"].decode())
 
 
 def _blake(*parts: str) -> str:
@@ -143,12 +146,13 @@ def load_catalog(source: SourceConfig) -> SourceCatalog:
     footers: dict[int, FileFooter] = {}
     stale = [i for i, f in enumerate(files)
              if f not in known or (int(cached.sizes[known[f]]), int(cached.mtimes[known[f]])) != states[i]]
-    if stale:
-        for i, footer in zip(stale, read_footers(source, [source.files[i] for i in stale])):
-            footers[i] = footer
+    if not stale and cached is not None:
+        cached.file_ids = list(source.file_ids)  # the config's strings (equal): one copy per process
+        return cached
+    for i, footer in zip(stale, read_footers(source, [source.files[i] for i in stale])):
+        footers[i] = footer
     catalog = _assemble(source, files, states, footers, cached, known)
-    if stale or cached is None:
-        _store(source, catalog)
+    _store(source, catalog)
     return catalog
 
 

@@ -25,10 +25,13 @@ class CatalogCache:
             return self._row_groups[(source, digest)]
 
     def _read(self, source: str, digest: str) -> list[RowGroupRef]:
+        spec = self.cfg.source(source)
         catalog = cached_catalog(digest)
         if catalog is None:  # another host's cache: the files say
-            catalog = load_catalog(self.cfg.source(source))
+            catalog = load_catalog(spec)
             if catalog.digest() != digest:
                 raise ValueError(f"register: a loader of source {source!r} has catalog {digest}, the source's files "
                                  f"give {catalog.digest()} here: its files differ between hosts")
+        if catalog.file_ids == list(spec.file_ids):
+            catalog.file_ids = list(spec.file_ids)  # the config's strings (equal): one copy per process
         return catalog.row_groups()
