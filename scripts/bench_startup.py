@@ -3,9 +3,10 @@
 
 A corpus of 4 text sources (``--files`` files in all, each of ``--row-groups`` row groups of 32
 rows; the files of a source are copies of one template, under /tmp by default) is started with
-``overlord up``'s code path (``LocalCluster``: dp 2, 1 loader actor per source) and driven to its
+``overlord up``'s code path (``LocalCluster``: dp 2, one loader process hosting the 4 actors) and driven to its
 first step by one ``StepFetcher`` per rank; then stopped and resumed (``mode="resume"``), driven
-to the next step. Per start, measured:
+to the next step; then a new run of the same corpus (``rerun``: the catalogs the first start made
+are there; the cache is emptied before each corpus and code). Per start, measured:
 
 - ``first step s``: from the start call to every rank holding its first step;
 - ``planner MiB`` / ``loaders MiB``: PSS (and RSS) of the Planner and of all loader processes at
@@ -122,10 +123,14 @@ def start_in_process(python: str, config: Path, mode: str, step: int, env: dict)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def fresh_and_resume(code: str, run: Path, config: Path, env: dict) -> dict:
+def three_starts(code: str, run: Path, config: Path, env: dict) -> dict:
+    """The first start of the corpus (``fresh``), its ``resume``, and a new run of the same corpus (``rerun``)."""
     shutil.rmtree(run / "run", ignore_errors=True)
-    return {"fresh": start_in_process(code, config, "new", 0, env),
-            "resume": start_in_process(code, config, "resume", 1, env)}
+    starts = {"fresh": start_in_process(code, config, "new", 0, env),
+              "resume": start_in_process(code, config, "resume", 1, env)}
+    shutil.rmtree(run / "run")
+    starts["rerun"] = start_in_process(code, config, "new", 0, env)
+    return starts
 
 
 def s3_corpus(data: Path, latency_ms: float):
@@ -164,6 +169,8 @@ def main() -> None:
     p.add_argument("--places", default="disk,s3", help="disk, s3 or both (default)")
     p.add_argument("--s3-files", type=int, default=2000, help="at most this many files on S3 (default 2000)")
     p.add_argument("--latency-ms", type=float, default=20.0, help="held per S3 request (default 20)")
+    p.add_argument("--max-row-groups", type=int, default=100_000, help="skip corpora of more row groups "
+                   "(default 100000)")
     p.add_argument("--baseline", help="an interpreter whose flight_overlord is the old code, measured beside this one")
     p.add_argument("--workdir", type=Path, help="where corpora go (kept; default: a temp dir, removed)")
     p.add_argument("--json", type=Path, help="write every row here too")
@@ -192,6 +199,8 @@ def main() -> None:
                 if place == "s3" and files > args.s3_files:
                     continue
                 for row_groups in map(int, args.row_groups.split(",")):
+                    if files * row_groups > args.max_row_groups:
+                        continue
                     data = make_corpus(work, files, row_groups)
                     paths, close = (lambda n: f"{n}/*.parquet", lambda: None)
                     label = place
@@ -205,8 +214,8 @@ def main() -> None:
                             run.mkdir(parents=True, exist_ok=True)
                             shutil.rmtree(catalogs, ignore_errors=True)  # a first start builds the catalog
                             log(f"{label}: {files} files x {row_groups}, {code}")
-                            result = fresh_and_resume(where, run, write_config(run, data, paths), env)
-                            for start in ("fresh", "resume"):
+                            result = three_starts(where, run, write_config(run, data, paths), env)
+                            for start in result:
                                 rows.append(row(label, files, row_groups, code, start, result[start]))
                                 print_row(rows[-1])
                             shutil.rmtree(run, ignore_errors=True)
