@@ -36,7 +36,8 @@ FORMAT = 1  # of the cached file: another value is rebuilt
 
 
 def catalog_dir() -> Path:
-    """Where catalogs are cached: ``$OVERLORD_CATALOG_DIR``, else ``$XDG_CACHE_HOME`` (or ~/.cache)/flight_overlord/catalogs."""
+    """Where catalogs are cached: ``$OVERLORD_CATALOG_DIR``, else ``$XDG_CACHE_HOME`` (or ~/.cache)
+    ``/flight_overlord/catalogs``."""
     if os.environ.get(CATALOG_DIR_ENV):
         return Path(os.environ[CATALOG_DIR_ENV])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flight_overlord" / "catalogs"
@@ -98,12 +99,14 @@ class SourceCatalog:
         return _blake("\n".join(self.files), self.fingerprint())
 
     def to_table(self) -> pa.Table:
-        lists = lambda values: pa.ListArray.from_arrays(pa.array(self.offsets, pa.int32()), pa.array(values, pa.int64()))  # noqa: E731
+        offsets = pa.array(self.offsets, pa.int32())
+        lists = lambda values: pa.ListArray.from_arrays(offsets, pa.array(values, pa.int64()))  # noqa: E731
         schemas = [base64.b64encode(s.serialize().to_pybytes()).decode() for s in self.schemas]
         return pa.table({"file": self.files, "file_id": self.file_ids, "size": self.sizes, "mtime_ns": self.mtimes,
                          "rows": lists(self.rows), "bytes": lists(self.nbytes),
                          "schema": pa.array(self.schema_of, pa.int32())},
-                        metadata={"format": str(FORMAT), "schemas": json.dumps(schemas), "fingerprint": self.fingerprint()})
+                        metadata={"format": str(FORMAT), "schemas": json.dumps(schemas),
+                                  "fingerprint": self.fingerprint()})
 
     @classmethod
     def from_table(cls, table: pa.Table) -> "SourceCatalog":
@@ -166,7 +169,8 @@ def read_footers(source: SourceConfig, paths: list[str]) -> list[FileFooter]:
             raise ConfigError(f"sources.{source.name}: cannot read Parquet file {source_files.display(path)}: "
                               f"{exc}") from None
         groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
-        return FileFooter([g.num_rows for g in groups], [g.total_byte_size for g in groups], meta.schema.to_arrow_schema())
+        return FileFooter([g.num_rows for g in groups], [g.total_byte_size for g in groups],
+                          meta.schema.to_arrow_schema())
     if len(paths) == 1:
         return [read(paths[0])]
     with ThreadPoolExecutor(min(FOOTER_READS, len(paths)), thread_name_prefix="footers") as pool:
@@ -227,7 +231,8 @@ def _cached(source: SourceConfig, files: list[str]) -> SourceCatalog | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        log.warning("source %s: catalog pointer %s cannot be read (%s): rebuilding the catalog", source.name, pointer, exc)
+        log.warning("source %s: catalog pointer %s cannot be read (%s): rebuilding the catalog",
+                    source.name, pointer, exc)
         return None
     catalog = cached_catalog(str(digest))
     if catalog is None:
