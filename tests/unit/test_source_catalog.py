@@ -144,3 +144,43 @@ def test_local_files_are_what_glob_and_resolve_give(tmp_path):
         full = str(tmp_path / pattern)
         expected = sorted(str(pathlib.Path(m).resolve()) for m in glob.glob(full, recursive=True) if os.path.isfile(m))
         assert local_files(full) == expected, pattern
+
+
+def test_a_loader_registered_by_catalog_digest_owns_what_its_listed_row_groups_said(source, tmp_path):
+    """The Planner's registry derives each actor's share from the catalog the loaders name: the same
+    owners as the row groups listed one by one, a digest (not the row groups) in its saved state."""
+    import dataclasses
+
+    from flight_overlord.core.order import owned_row_groups
+    from flight_overlord.planner.registry import Registry
+    spec = dataclasses.replace(source, loaders=3)
+    cfg = parse_config({"sources": [{"name": "s", "paths": "part-*.parquet", "loaders": 3}],
+                        "run_dir": str(tmp_path / "run"),
+                        "global_batch": {"context_length": 256, "microbatches": 1, "samples_per_step": 4}},
+                       base_dir=pathlib.Path(source.files[0]).parent)
+    catalog = load_catalog(spec)
+    digest = catalog.digest()
+    asked = []
+
+    def catalog_of(name, d):
+        asked.append((name, d))
+        return catalog.row_groups()
+    by_digest, listed = Registry(cfg, 1, catalog_of), Registry(cfg, 1)
+    for actor in range(3):
+        by_digest.register_loader("s", actor, 0, f"grpc://127.0.0.1:{actor + 1}", digest)
+        share = owned_row_groups(catalog.row_groups(), actor, 3)
+        listed.register_loader("s", actor, 0, f"grpc://127.0.0.1:{actor + 1}",
+                               [[rg.file, rg.row_group, rg.num_rows] for rg in share])
+    rgs = catalog.row_groups()
+    assert by_digest.source_row_groups("s") == listed.source_row_groups("s") == rgs
+    assert [by_digest.owner("s", rg.file, rg.row_group) for rg in rgs] == \
+        [listed.owner("s", rg.file, rg.row_group) for rg in rgs]
+    assert set(asked) == {("s", digest)}
+    assert {loader[4] for loader in by_digest.state_dict()["loaders"]} == {digest}
+    restored = Registry(cfg, 1, catalog_of)
+    restored.load_state_dict(by_digest.state_dict())
+    assert restored.row_groups == by_digest.row_groups
+    with pytest.raises(KeyError):
+        by_digest.owner("s", "no-such-file.parquet", 0)
+    with pytest.raises(ValueError, match="its peers with"):
+        by_digest.register_loader("s", 1, 0, "grpc://127.0.0.1:2", "another-digest")
