@@ -47,7 +47,7 @@ def cluster_status(planner_address: str, *, timeout: float = 10.0, pool: ClientP
                                                       "mixture") if k in answer}
         where = PlannerStatus.from_wire(answer) if planner["up"] else PlannerStatus()
         loaders = [{"role": "loader", "source": source, "actor": actor, "replica": replica, "address": location,
-                    "row_groups": len(row_groups)}
+                    "row_groups": row_groups}
                    for source, actor, replica, location, row_groups in where.loaders]
         constructors = [{"role": "constructor", "index": int(index), "address": location}
                         for index, location in sorted(where.constructors.items(), key=lambda kv: int(kv[0]))]

@@ -106,6 +106,12 @@ class Registry:
                             for (s, a), replicas in sorted(self.loaders.items()) for r, loc in sorted(replicas.items())],
                 "constructors": {str(i): loc for i, loc in sorted(self.constructors.items())}}
 
+    def status(self) -> dict:
+        """Who is where, each loader with its number of row groups (the ``status`` answer's ``loaders``)."""
+        return {"loaders": [[s, a, r, loc, len(self.row_groups[(s, a)])]
+                            for (s, a), replicas in sorted(self.loaders.items()) for r, loc in sorted(replicas.items())],
+                "constructors": {str(i): loc for i, loc in sorted(self.constructors.items())}}
+
     def load_state_dict(self, state: dict) -> None:
         for source, actor, replica, location, row_groups in state["loaders"]:
             self.register_loader(source, actor, replica, location, row_groups)

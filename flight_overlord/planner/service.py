@@ -362,7 +362,7 @@ class PlanService:
                 recovered=self.resumed, samples_planned=dict(self._planned["samples"]),
                 tokens_planned=dict(self._planned["tokens"]), mixture_realized=_shares(self._planned[unit]),
                 reregistrations=dict(self._reregistrations), plan_answers=dict(self._plan_answers),
-                **registry.state_dict(),
+                **registry.status(),
                 scaling=self.planner.scaling.status() if self.planner.scaling is not None else None,
                 cost=self.planner.cost_status(),
                 trainer_waits={str(r): w for r, w in self._trainer_waits.totals().items()},

@@ -37,7 +37,7 @@ class PlannerStatus(_Status):
     tokens_planned: dict[str, int] = field(default_factory=dict)
     mixture_realized: dict[str, float] = field(default_factory=dict)
     reregistrations: dict[str, int] = field(default_factory=dict)
-    loaders: list = field(default_factory=list)  # [source, actor, replica, location, catalog digest (or row groups)]
+    loaders: list = field(default_factory=list)  # [source, actor, replica, location, row groups owned]
     constructors: dict[str, str] = field(default_factory=dict)  # index -> location
     scaling: dict | None = None                           # with loader.scaling: active actors, events
     metrics: str | None = None                            # the metrics page, if served
