@@ -184,3 +184,16 @@ def test_a_loader_registered_by_catalog_digest_owns_what_its_listed_row_groups_s
         by_digest.owner("s", "no-such-file.parquet", 0)
     with pytest.raises(ValueError, match="its peers with"):
         by_digest.register_loader("s", 1, 0, "grpc://127.0.0.1:2", "another-digest")
+
+
+def test_a_read_orders_epoch_is_epoch_order():
+    """ReadOrder sorts an array of hashes: the same order as ``epoch_order``'s key, for any files."""
+    import numpy as np
+
+    from flight_overlord.core.order import ReadOrder, epoch_order
+    rng = np.random.default_rng(3)
+    catalog = [RowGroupRef(f"d{rng.integers(0, 5)}/part-{f:05d}.parquet", g, int(rng.integers(1, 50)))
+               for f in rng.choice(10_000, 400, replace=False) for g in range(int(rng.integers(1, 4)))]
+    order = ReadOrder("web", reversed(catalog), seed=11)
+    for epoch in range(3):
+        assert order.epoch(epoch) == epoch_order(catalog, seed=11, source="web", epoch=epoch)
