@@ -145,6 +145,25 @@ class Planner:
         the state before it and checked against its digest (``replay.PlanMismatch`` if it differs)."""
         return None if step >= self.next_step else self.replayer.plan(step)
 
+    def check_rewind(self, rank: int, step: int) -> None:
+        """A rank that goes back to a planned step (a trainer restarted from a checkpoint) gets it again
+        as it was, if the journal can still serve it (``rewind_floor``); else a refusal saying what to do."""
+        if step >= self.next_step:
+            return
+        floor = self.rewind_floor()
+        if step < floor:
+            raise ValueError(f"rank {rank} cannot go back to step {step}: this run's journal serves steps again "
+                             f"from step {floor} on (its oldest planner snapshot, or a resume on a new layout); "
+                             f"load a checkpoint of step {floor} or later")
+
+    def rewind_floor(self) -> int:
+        """The earliest step a trainer may go back to: the journal serves a step again from the snapshot
+        at or before it (``planner/planner-STEP.json``; the first of every ``10 x checkpoint.every``
+        steps stays), and plans before the last rewind on a new layout or mixture are not this run's."""
+        steps = self._snapshots.steps()
+        layout_rewinds = [step for step, _ in self.replayer.rewinds()]
+        return max([steps[0] if steps else self.next_step, *layout_rewinds])
+
     def _checked_weights(self, step: int, weights: dict) -> dict[str, float]:
         unknown = sorted(set(weights) - set(self.strategy.sources))
         if unknown:
