@@ -31,8 +31,8 @@ from ..config import Config
 from ..core.mixing import Mixer
 from ..core.order import ReadOrder, RowGroupRef
 from ..journal import read_journal
-from ..wire.plan_channel import PLAN_AHEAD
 from ..source_catalog import cached_catalog
+from ..wire.plan_channel import PLAN_AHEAD
 from .costing import cost_fns
 from .feed import FetchMeta, SourceFeed, row_group_metadata
 from .run_inputs import ConfigHistory, JsonFile, Unreadable
