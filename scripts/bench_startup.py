@@ -175,12 +175,16 @@ def main() -> None:
     p.add_argument("--workdir", type=Path, help="where corpora go (kept; default: a temp dir, removed)")
     p.add_argument("--json", type=Path, help="write every row here too")
     p.add_argument("--plot", type=Path, help="write a plot here (needs matplotlib: the bench extra)")
+    p.add_argument("--replot", type=Path, help="only plot (--plot) the table of a saved output of this script")
     p.add_argument("--measure", type=Path, help=argparse_hidden())
     p.add_argument("--mode", default="new", help=argparse_hidden())
     p.add_argument("--step", type=int, default=0, help=argparse_hidden())
     args = p.parse_args()
     if args.measure:  # one start, in a child process (see start_in_process)
         print(json.dumps(measure(args.measure, args.mode, args.step)))
+        return
+    if args.replot:
+        plot(args.plot, parse_rows(args.replot.read_text()))
         return
     benchlib.print_header()
     codes = [("new", sys.executable)] + ([("baseline", args.baseline)] if args.baseline else [])
@@ -214,7 +218,13 @@ def main() -> None:
                             run.mkdir(parents=True, exist_ok=True)
                             shutil.rmtree(catalogs, ignore_errors=True)  # a first start builds the catalog
                             log(f"{label}: {files} files x {row_groups}, {code}")
-                            result = three_starts(where, run, write_config(run, data, paths), env)
+                            try:
+                                result = three_starts(where, run, write_config(run, data, paths), env)
+                            except RuntimeError as exc:  # e.g. the old code past its start-up timeout
+                                last = str(exc).strip().splitlines()[-1]
+                                print(f"{label:<10} {files:>7} {row_groups:>3} {code:<9} did not start: {last}",
+                                      flush=True)
+                                continue
                             for start in result:
                                 rows.append(row(label, files, row_groups, code, start, result[start]))
                                 print_row(rows[-1])
@@ -233,29 +243,47 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def parse_rows(text: str) -> list[dict]:
+    """The rows ``print_row`` printed in ``text`` (a saved output)."""
+    keys = ("place", "files", "row_groups", "code", "start", "seconds", "planner_pss", "planner_rss", "loaders_pss",
+            "loaders_rss", "run_dir_kb")
+    rows = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == len(keys) and parts[1].isdigit() and parts[3] in ("new", "baseline"):
+            rows.append({k: v if i in (0, 3, 4) else (int(v) if i in (1, 2) else float(v))
+                         for i, (k, v) in enumerate(zip(keys, parts))})
+    return rows
+
+
 def argparse_hidden():
     import argparse
     return argparse.SUPPRESS
 
 
 def plot(path: Path, rows: list[dict]) -> None:
+    """Local disk, 1 row group per file: each start of this code (solid) and of the baseline (dashed)
+    against the file count (the other corpora are in the table)."""
     plt = benchlib.pyplot(path)
     if plt is None:
         return
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    panels = [("seconds", "time to first step (s)"), ("planner_pss", "Planner PSS (MiB)"),
-              ("run_dir_kb", "run_dir KB written per start")]
-    series = sorted({(r["place"], r["row_groups"], r["code"], r["start"]) for r in rows})
-    for ax, (key, title) in zip(axes, panels):
-        for place, rgs, code, start in series:
-            points = sorted((r["files"], r[key]) for r in rows
-                            if (r["place"], r["row_groups"], r["code"], r["start"]) == (place, rgs, code, start))
-            ax.plot(*zip(*points), marker="o", linestyle="-" if code == "new" else "--",
-                    label=f"{code} {start} {place} {rgs} rg/file")
+    panels = [("seconds", "time to first step (s)", "log"), ("planner_pss", "Planner PSS (MiB)", "linear"),
+              ("run_dir_kb", "run_dir KB written per start", "log")]
+    colours = {"fresh": "tab:red", "resume": "tab:blue", "rerun": "tab:green"}
+    for ax, (key, title, yscale) in zip(axes, panels):
+        for code in ("new", "baseline"):
+            for start, colour in colours.items():
+                points = sorted((r["files"], r[key]) for r in rows if (r["place"], r["row_groups"], r["code"],
+                                                                       r["start"]) == ("disk", 1, code, start))
+                if points:
+                    ax.plot(*zip(*points), marker="o", color=colour, linestyle="-" if code == "new" else "--",
+                            label=f"{'this code' if code == 'new' else 'main'}: {start}")
         ax.set_xscale("log")
-        ax.set_xlabel("files")
+        ax.set_yscale(yscale)
+        ax.set_xlabel("files (1 row group each, local disk)")
         ax.set_title(title)
-    axes[0].legend(fontsize=6)
+    axes[0].legend(fontsize=7)
     benchlib.save_plot(fig, path)
 
 
