@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from . import source_files
+from . import formats, source_files
 from .config import ConfigError, SourceConfig
 from .core.order import RowGroupRef
 from .journal import write_bytes_atomic, write_text_atomic
@@ -160,17 +160,17 @@ def load_catalog(source: SourceConfig) -> SourceCatalog:
 
 
 def read_footers(source: SourceConfig, paths: list[str]) -> list[FileFooter]:
-    """The footers of ``paths``, ``FOOTER_READS`` at a time; an unreadable file is a ConfigError naming it."""
+    """The footers (or indexes) of ``paths``, ``FOOTER_READS`` at a time, in the source's format
+    (``formats.open_chunks``: a chunk is a Parquet row group, an IPC record batch...); an unreadable file
+    is a ConfigError naming it."""
     def read(path: str) -> FileFooter:
         try:
-            with source_files.parquet_file(path) as opened:
-                meta = opened.metadata
-        except (OSError, pa.ArrowException) as exc:
-            raise ConfigError(f"sources.{source.name}: cannot read Parquet file {source_files.display(path)}: "
-                              f"{exc}") from None
-        groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
-        return FileFooter([g.num_rows for g in groups], [g.total_byte_size for g in groups],
-                          meta.schema.to_arrow_schema())
+            with formats.open_chunks(path, source.format) as opened:
+                chunks = range(opened.num_chunks)
+                return FileFooter([opened.chunk_rows(i) for i in chunks], [opened.chunk_bytes(i) for i in chunks],
+                                  opened.schema)
+        except source_files.StorageError as exc:
+            raise ConfigError(f"sources.{source.name}: {exc}") from None
     if len(paths) == 1:
         return [read(paths[0])]
     with ThreadPoolExecutor(min(FOOTER_READS, len(paths)), thread_name_prefix="footers") as pool:

@@ -127,53 +127,56 @@ def file_states(paths: list[str]) -> list[tuple[int, int]]:
     return [states[p] for p in paths]
 
 
-def local_files(pattern: str) -> list[str]:
-    """The files a local path or glob names, each as ``Path.resolve()`` makes it (symlinks followed),
-    sorted. A folder is resolved once for all its files, not once per file (a resolve costs a syscall per
-    path component), and a glob in the file name alone (``dir/*.parquet``) reads the folder's entries
-    once, their types with them (no ``stat`` per file)."""
+def local_matches(pattern: str) -> tuple[list[str], list[str]]:
+    """(files, folders) a local path or glob names: the files each as ``Path.resolve()`` makes it
+    (symlinks followed), sorted; the folders as ``glob`` gives them. A folder is resolved once for all
+    its files, not once per file (a resolve costs a syscall per path component), and a glob in the file
+    name alone (``dir/*.parquet``) reads the folder's entries once, their types with them (no ``stat``
+    per file)."""
     folder, name = os.path.split(pattern)
     if glob.has_magic(name) and not glob.has_magic(folder) and "**" not in name:
-        return _files_in(folder, name)
-    folders: dict[str, str] = {}
-    found = []
+        return _matches_in(folder, name)
+    real: dict[str, str] = {}
+    files, folders = [], []
     for match in glob.glob(pattern, recursive=True):
         try:
             mode = os.lstat(match).st_mode
         except OSError:
             continue
-        if stat.S_ISLNK(mode):
-            if os.path.isfile(match):
-                found.append(str(Path(match).resolve()))
-        elif stat.S_ISREG(mode):
-            folder, name = os.path.split(match)
-            if folder not in folders:
-                folders[folder] = str(Path(folder or ".").resolve())
-            found.append(os.path.join(folders[folder], name))
-    return sorted(found)
+        if stat.S_ISREG(mode):
+            parent, name = os.path.split(match)
+            if parent not in real:
+                real[parent] = str(Path(parent or ".").resolve())
+            files.append(os.path.join(real[parent], name))
+        elif os.path.isfile(match):  # a link to a file
+            files.append(str(Path(match).resolve()))
+        elif os.path.isdir(match):
+            folders.append(match)
+    return sorted(files), sorted(folders)
 
 
-def _files_in(folder: str, name_pattern: str) -> list[str]:
-    """``local_files`` of ``folder/name_pattern``: the matches ``glob`` gives (names starting with a dot
-    only when the pattern does), resolved."""
+def _matches_in(folder: str, name_pattern: str) -> tuple[list[str], list[str]]:
+    """``local_matches`` of ``folder/name_pattern``: the matches ``glob`` gives (names starting with a
+    dot only when the pattern does)."""
     match = re.compile(fnmatch.translate(name_pattern)).match
     hidden = name_pattern.startswith(".")
     try:
         entries = os.scandir(folder or ".")
     except OSError:
-        return []
+        return [], []
     real = str(Path(folder or ".").resolve())
-    found = []
+    files, folders = [], []
     with entries:
         for entry in entries:
             if (entry.name.startswith(".") and not hidden) or not match(entry.name):
                 continue
-            if entry.is_symlink():
-                if entry.is_file():
-                    found.append(str(Path(entry.path).resolve()))
-            elif entry.is_file(follow_symlinks=False):
-                found.append(os.path.join(real, entry.name))
-    return sorted(found)
+            if entry.is_file(follow_symlinks=False):
+                files.append(os.path.join(real, entry.name))
+            elif entry.is_file():  # a link to a file
+                files.append(str(Path(entry.path).resolve()))
+            elif entry.is_dir():
+                folders.append(entry.path)
+    return sorted(files), sorted(folders)
 
 
 def has_magic(pattern: str) -> bool:

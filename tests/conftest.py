@@ -54,3 +54,21 @@ def idle_cluster(corpus, tmp_path_factory):
     later step, sends bad input or stops a role starts its own cluster."""
     with LocalCluster(write_config(tmp_path_factory.mktemp("idle"), corpus)) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def plugin_file(tmp_path_factory) -> pathlib.Path:
+    """A user's transform file (``shifted_bytes``), written once: a plugin registers its names once per
+    process, so every config of the session names this one file."""
+    from .corpora import PLUGIN_SOURCE
+    path = tmp_path_factory.mktemp("plugins") / "their_transforms.py"
+    path.write_text(PLUGIN_SOURCE)
+    return path
+
+
+@pytest.fixture(scope="session")
+def recovery_reference(corpus, tmp_path_factory):
+    """The undisturbed run of ``test_recovery``'s config, made once for the session: the failure tests
+    of several modules (kill -9, hangs) compare every rank's stream with it."""
+    from .integration.test_recovery import config, run
+    return run(config(tmp_path_factory.mktemp("reference"), corpus))

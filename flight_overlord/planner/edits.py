@@ -82,7 +82,7 @@ def checked_weights(weights: dict, sources: list[str]) -> dict[str, float]:
 
 
 def source_fingerprint(source) -> str:
-    """A digest of a source's files as the Parquet footers describe them (its catalog's fingerprint)."""
+    """A digest of a source's files as their footers (or indexes) describe them (its catalog's fingerprint)."""
     from ..source_catalog import load_catalog
     return load_catalog(source).fingerprint()
 

@@ -23,6 +23,7 @@ from ..core import hdp
 from ..core.cost import CostFn, config_cost, make_cost, patches_cost
 from ..core.mesh import BROADCAST_DIMS, DISTRIBUTE_AXES, Mesh
 from ..core.schedules import Schedule, as_schedule, constant
+from ..core.stages import StageContents
 
 BALANCE_LEVELS = ("both", "inter", "intra")
 @dataclass
@@ -83,6 +84,8 @@ class Strategy:
         self.min_cp, self.hdp_widen = 1, True
         self.balancing = Balancing(cfg.balance.method)
         self.broadcast: frozenset[str] = frozenset()
+        self.silent: frozenset[str] = frozenset()  # broadcast dimensions whose ranks above 0 never read
+        self.stage_contents = StageContents()
         self.raw: Callable | None = None
         self.image_graph: ImageGraph | None = None
         self.buffer_policy: Callable | None = None
@@ -148,11 +151,26 @@ class Strategy:
         self.balancing = Balancing(method, level, keep_global_batch, equal_size)
         return self
 
-    def broadcast_at(self, dim: str) -> "Strategy":
-        """The trainer broadcasts along ``dim`` itself: only its rank 0 there receives tokens."""
+    def broadcast_at(self, dim: str, others_read: bool = True) -> "Strategy":
+        """The trainer broadcasts along ``dim`` itself: only its rank 0 there receives tokens; the
+        others get metadata. ``others_read=False``: those others never read at all (Megatron-Core calls
+        ``next()`` on TP rank 0 only), so the constructors do not keep steps for them."""
         if dim not in BROADCAST_DIMS:
             raise ValueError(f"broadcast_at(): unknown dimension {dim!r} (dimensions: {', '.join(BROADCAST_DIMS)})")
+        if not isinstance(others_read, bool):
+            raise ValueError(f"broadcast_at({dim!r}): others_read must be true or false, got {others_read!r}")
         self.broadcast = self.broadcast | {dim}
+        if not others_read:
+            self.silent = self.silent | {dim}
+        return self
+
+    def pipeline_stages(self, first=None, middle=None, last=None) -> "Strategy":
+        """The token fields each pipeline stage receives (of ``input_ids``, ``position_ids``,
+        ``labels``, ``loss_mask``, ``pixel_values``); a stage not named keeps the default, what
+        Megatron-Core's stages read: the first ``input_ids``, ``position_ids`` and ``pixel_values``, the
+        last ``labels`` and ``loss_mask``, the middle ones none. Every stage gets the sequence
+        boundaries and sample keys."""
+        self.stage_contents = StageContents.of(first, middle, last)
         return self
 
     def plan_raw(self, fn: Callable) -> "Strategy":

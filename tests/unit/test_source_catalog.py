@@ -126,24 +126,28 @@ def test_each_schema_is_checked_with_the_first_file_that_has_it(source):
         checked_catalog(source)
 
 
-def test_local_files_are_what_glob_and_resolve_give(tmp_path):
-    """The fast listing of a source's files gives glob's matches, each resolved, whatever the pattern."""
+def test_local_matches_are_what_glob_and_resolve_give(tmp_path):
+    """The fast listing of a source's files gives glob's matches, the files each resolved and the
+    folders (a datasets folder) as glob names them, whatever the pattern."""
     import glob
-    from flight_overlord.source_files import local_files
+    from flight_overlord.source_files import local_matches
     data, other = tmp_path / "data", tmp_path / "other"
     (data / "sub").mkdir(parents=True)
     other.mkdir()
     for p in (data / "a.parquet", data / ".hidden.parquet", data / "sub" / "b.parquet", other / "x.parquet"):
         p.write_bytes(b"x")
-    (data / "folder.parquet").mkdir()  # a folder that matches: not a file
+    (data / "folder.parquet").mkdir()  # a folder that matches: a folder, not a file
     (data / "link.parquet").symlink_to(other / "x.parquet")  # followed, as Path.resolve does
     (data / "broken.parquet").symlink_to(other / "gone.parquet")
+    (data / "linked.parquet").symlink_to(data / "sub")  # a link to a folder: a folder
     (tmp_path / "alias").symlink_to(data)  # a linked folder: resolved once
     for pattern in ("data/*.parquet", "alias/*.parquet", "data/.*.parquet", "data/a.parquet", "data/**/*.parquet",
                     "*/*.parquet", "data/missing/*.parquet"):
         full = str(tmp_path / pattern)
-        expected = sorted(str(pathlib.Path(m).resolve()) for m in glob.glob(full, recursive=True) if os.path.isfile(m))
-        assert local_files(full) == expected, pattern
+        matches = glob.glob(full, recursive=True)
+        files = sorted(str(pathlib.Path(m).resolve()) for m in matches if os.path.isfile(m))
+        folders = sorted(m for m in matches if os.path.isdir(m))
+        assert local_matches(full) == (files, folders), pattern
 
 
 def test_a_loader_registered_by_catalog_digest_owns_what_its_listed_row_groups_said(source, tmp_path):
