@@ -1,5 +1,6 @@
-"""A source's catalog: every row group of its Parquet files (rows, bytes), each file's size and
-modification time and its schema, read from the footers once per corpus and reused afterwards.
+"""A source's catalog: every chunk of its files (rows, bytes: Parquet row groups, Arrow IPC record
+batches..., ``formats``), each file's size and modification time and its schema, read from the footers
+(or indexes: an IPC stream file is scanned once) once per corpus and reused afterwards.
 
 A start lists the files' sizes and modification times (``source_files.file_states``: a stat per local
 file, one LIST per folder on object storage) and reads only the footers of files that are new or whose
