@@ -40,19 +40,22 @@ def compute_audit(starts: list[float], records: list[dict], plans: Iterable[Step
     for record in delivered:
         served[record["step"]][record["bucket"]].append(record["digest"])
     last_segment = max((r["segment"] for r in delivered), default=0)
-    reached = defaultdict(lambda: -1)
-    for record in delivered:
-        if record["segment"] == last_segment:
-            reached[record["rank"]] = max(reached[record["rank"]], record["step"])
-    through = min(reached.values(), default=-1)
 
     seen: Counter = Counter()
-    per_source: dict[str, dict] = defaultdict(lambda: {"samples": 0, "duplicates": 0, "missing": 0, "epochs": set()})
+    per_source: dict[str, dict] = defaultdict(lambda: {"samples": 0, "duplicates": 0, "missing": 0, "skipped": 0,
+                                                       "epochs": set()})
     step_samples: dict[int, Counter] = defaultdict(Counter)
-    planned, unverified, missing = set(), set(), 0
+    unserved: dict[int, Counter] = {}  # step -> source -> planned samples no rank was served (yet)
+    skipped: dict[int, int] = {}  # step -> samples dropped on purpose (overlord skip)
+    planned, unverified, buckets_of_last = set(), set(), 0
     for plan in plans:
         step = plan.step
         planned.add(step)
+        if step == max(planned):
+            buckets_of_last = plan.num_buckets
+        for key, _ in plan.dropped:
+            per_source[key.split(":", 1)[0]]["skipped"] += 1
+            skipped[step] = skipped.get(step, 0) + 1
         buckets = served.get(step, {})
         for bucket, digests in buckets.items():  # served: its keys count, and must be the plan's
             keys = _bucket_keys(plan, bucket)
@@ -67,15 +70,22 @@ def compute_audit(starts: list[float], records: list[dict], plans: Iterable[Step
                 if seen[(key, epoch)] > 1:
                     entry["duplicates"] += 1
                 step_samples[step][source] += 1
-        if step <= through:  # every rank got past it: what no one was served is missing
-            for bucket in range(plan.num_buckets):
-                if bucket not in buckets:
-                    for key, _ in _bucket_keys(plan, bucket):
-                        per_source[key.split(":", 1)[0]]["missing"] += 1
-                        missing += 1
+        unserved[step] = Counter(key.split(":", 1)[0] for bucket in range(plan.num_buckets) if bucket not in buckets
+                                 for key, _ in _bucket_keys(plan, bucket))
+    through = _passed_by_all(delivered, last_segment, buckets_of_last)
+    missing = undelivered = 0
+    for step, counts in unserved.items():
+        if step > through:  # some rank has not got there yet: on its way, not missing
+            undelivered += sum(counts.values())
+            continue
+        for source, n in counts.items():  # every rank got past it: what no one was served is missing
+            per_source[source]["missing"] += n
+            missing += n
     samples = sum(seen.values())
     return {
         "samples": samples, "unique": len(seen), "duplicates": samples - len(seen), "missing": missing,
+        "not_yet_delivered": undelivered, "planned_through": max(planned, default=-1),
+        "skipped": sum(skipped.values()), "skipped_steps": sorted(skipped),
         "steps": len(planned & set(served)), "through_step": through,
         "segments": last_segment + 1 if delivered else 0,
         "unverified": sorted(unverified),
@@ -83,6 +93,21 @@ def compute_audit(starts: list[float], records: list[dict], plans: Iterable[Step
         "per_source": {s: {**v, "epochs": sorted(v["epochs"])} for s, v in sorted(per_source.items())},
         "phases": _phases(step_samples, edits),
     }
+
+
+def _passed_by_all(delivered: list[dict], segment: int, buckets: int) -> int:
+    """The last step every rank that reads in ``segment`` (the latest), and some rank of every bucket of
+    the latest plan, has been served: a bucket no one read yet holds the audit back."""
+    ranks: dict[int, int] = defaultdict(lambda: -1)
+    by_bucket: dict[int, int] = {}
+    first = min((r["step"] for r in delivered if r["segment"] == segment), default=0)
+    for record in delivered:
+        if record["segment"] == segment:
+            ranks[record["rank"]] = max(ranks[record["rank"]], record["step"])
+            by_bucket[record["bucket"]] = max(by_bucket.get(record["bucket"], -1), record["step"])
+    if not ranks:
+        return -1
+    return min(min(ranks.values()), *(by_bucket.get(b, first - 1) for b in range(buckets)))
 
 
 def _bucket_keys(plan: StepPlan, bucket: int) -> list[tuple[str, int]]:
@@ -109,21 +134,28 @@ def _phases(step_samples: dict[int, Counter], edits: list[dict]) -> list[dict]:
 
 
 def render(report: dict) -> str:
-    """The audit as a few lines of text."""
-    lines = [f"samples delivered {report['samples']} ({report['unique']} unique) through step "
-             f"{report['through_step']} in {report['segments']} segment(s): duplicates {report['duplicates']}, "
-             f"missing {report['missing']}"]
+    """The audit as a few lines of text, its words explained."""
+    through = report["through_step"]
+    lines = [f"samples delivered {report['samples']} ({report['unique']} unique) through step {through} in "
+             f"{report['segments']} segment(s): duplicates {report['duplicates']}, missing {report['missing']}",
+             f"  duplicates: samples delivered in more than one step; missing: samples planned for steps 0-{through} "
+             f"(which every rank has passed) and never delivered"]
+    if report.get("not_yet_delivered"):
+        lines.append(f"  not yet delivered: {report['not_yet_delivered']} samples planned for steps {through + 1}-"
+                     f"{report['planned_through']}, which some rank has not reached (on a live run: on their way; "
+                     f"not missing)")
     if report["unverified"]:
         lines.append(f"steps whose served keys differ from their plan (dropped samples?): {report['unverified']}")
     lines.append(f"{'source':<16}{'samples':>9}{'dupl.':>7}{'missing':>9}  epochs")
     for source, v in report["per_source"].items():
         lines.append(f"{source:<16}{v['samples']:>9}{v['duplicates']:>7}{v['missing']:>9}  {v['epochs']}")
     if len(report["phases"]) > 1:
+        lines.append("realized mixture (share of the samples delivered) between mixture edits:")
         for phase in report["phases"]:
             end = "" if phase["to_step"] is None else phase["to_step"]
             kinds = ", ".join(e.get("kind", "?") for e in phase["edits"])
-            shares = " ".join(f"{s}={x:.3f}" for s, x in phase["shares"].items())
-            lines.append(f"steps {phase['from_step']}-{end}{' (' + kinds + ')' if kinds else ''}: {shares}")
+            shares = " ".join(f"{s}={x:.3f}" for s, x in phase["shares"].items()) or "nothing delivered yet"
+            lines.append(f"  steps {phase['from_step']}-{end}{' (' + kinds + ')' if kinds else ''}: {shares}")
     return "\n".join(lines)
 
 

@@ -20,7 +20,7 @@ from ..core.mesh import Mesh
 from ..core.mixing import Mixer
 from ..core.schedules import FeedbackLog, weights_at
 from ..journal import Journal, Snapshots, read_journal
-from .edits import MixOverrides, describe_edit, mixture_of
+from .edits import MixOverrides, describe_edit, mixed_weights, mixture_of
 from .feed import FetchMeta, SourceFeed
 from .program import StepPlan, plan_step
 from .replay import Replayer, is_plan, state_before, step_record
@@ -315,20 +315,37 @@ class Planner:
         log.info("mixture edit at step %d: %s", step, edit)
         return edit
 
-    def mix(self, weights: dict[str, float], at: int | None = None) -> dict:
+    def mix(self, weights: dict[str, float], at: int | None = None, *, only: bool = False,
+            dry_run: bool = False) -> dict:
         """Live reweighting from step ``at`` (default: the first step not planned yet); journaled
-        (fsync'd) before any plan reads it. Steps already planned keep their weights."""
+        (fsync'd) before any plan reads it. Steps already planned keep their weights. A source not in
+        ``weights`` keeps the weight it has at that step (``only``: weighs 0). The answer names the
+        weights in force from that step on, and those before it; ``dry_run`` journals nothing."""
         with self._planning:
-            return self._mix(weights, at)
+            step = self.next_step if at is None else int(at)
+            if step < self.next_step:
+                raise ValueError(f"mix: step {step} is already planned (planned up to {self.next_step - 1}); "
+                                 f"the earliest step a new mixture can start at is {self.next_step}")
+            before = self._weights_in_force(step, need_fixed=not only)
+            after = mixed_weights(weights, before or {}, self.strategy.sources, only=only)
+            if not dry_run:
+                self._journal.append({"mix": {"step": step, "weights": after}})
+                self.overrides.add(step, after)
+            return {"step": step, "weights": after, "before": before, "applied": not dry_run}
 
-    def _mix(self, weights: dict[str, float], at: int | None) -> dict:
-        step = self.next_step if at is None else int(at)
-        if step < self.next_step:
-            raise ValueError(f"mix: step {step} is already planned (planned up to {self.next_step - 1}); "
-                             f"the earliest step a new mixture can start at is {self.next_step}")
-        self._journal.append({"mix": {"step": step, "weights": weights}})
-        self.overrides.add(step, weights)
-        return {"step": step, "weights": weights}
+    def _weights_in_force(self, step: int, *, need_fixed: bool) -> dict[str, float] | None:
+        """The weights step ``step`` would be planned with now: a live reweighting's, else the schedule's.
+        None for a dynamic schedule (its weights wait for feedback), refused when ``need_fixed``."""
+        override = self.overrides.weights_at(step)
+        if override is not None:
+            return override
+        if self.strategy.schedule.lag:
+            if need_fixed:
+                raise ValueError("mix: this run's mixture follows trainer feedback (a dynamic schedule), so a source "
+                                 "not named has no fixed weight to keep: name every source, or pass --only "
+                                 "(sources not named weigh 0)")
+            return None
+        return {s: float(w) for s, w in self.strategy.schedule.weights(step).items()}
 
     def close(self) -> None:
         if self._journal is not None:

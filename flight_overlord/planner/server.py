@@ -221,9 +221,11 @@ class PlannerServer(ActionServer):
     @requires(CLUSTER)
     def action_mix(self, body):
         """Live reweighting: {"weights": {source: w}, "step": first step (optional, default the first
-        one not planned)}. Journaled; a resume replays it."""
+        one not planned), "only": sources not named weigh 0 (default: they keep theirs), "dry_run"}.
+        Journaled; a resume replays it. Answers the weights in force from that step on, and before it."""
         request = MixRequest.from_wire(body)
-        return self.planner.mix(checked_weights(request.weights, [s.name for s in self.cfg.sources]), request.step)
+        return self.planner.mix(checked_weights(request.weights, [s.name for s in self.cfg.sources]), request.step,
+                                only=request.only, dry_run=request.dry_run)
 
     @requires(INSPECT)
     def action_audit(self, body):

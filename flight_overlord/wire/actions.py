@@ -92,13 +92,19 @@ class StatsRequest:
 
 @dataclass(frozen=True)
 class MixRequest:
-    """Live reweighting (action ``mix``): new weights from ``step`` on (None: the first step not planned)."""
+    """Live reweighting (action ``mix``): new weights from ``step`` on (None: the first step not planned).
+    Sources not named keep the weight they have at ``step``; with ``only`` they weigh 0. ``dry_run``: the
+    answer says what would be in force, nothing is journaled."""
     weights: dict
     step: int | None = None
+    only: bool = False
+    dry_run: bool = False
 
     def to_wire(self) -> dict:
-        return {"weights": self.weights, **({"step": self.step} if self.step is not None else {})}
+        return {"weights": self.weights, **({"step": self.step} if self.step is not None else {}),
+                "only": self.only, "dry_run": self.dry_run}
 
     @classmethod
     def from_wire(cls, raw: dict) -> "MixRequest":
-        return cls(field(raw, "weights", dict, "mix"), optional_field(raw, "step", int, "mix"))
+        return cls(field(raw, "weights", dict, "mix"), optional_field(raw, "step", int, "mix"),
+                   optional_field(raw, "only", bool, "mix", False), optional_field(raw, "dry_run", bool, "mix", False))
