@@ -240,6 +240,7 @@ class Config:
     metrics: MetricsConfig = MetricsConfig()
     ray: RayConfig = RayConfig()
     planner: PlannerConfig = PlannerConfig()
+    skip: tuple[tuple[int, int], ...] = ()  # [first, last] steps whose first draw is dropped (core/skips.py)
     deployment: str = "default"  # one of DEPLOYMENTS (single_node: every role in one process, topology.roles)
     path: Path | None = None  # the YAML file this came from, so child processes can reload it
 

@@ -185,6 +185,27 @@ def _mix(args) -> None:
           f"until then: {before}\n(a weight is relative: a source's share is its weight over the sum)")
 
 
+def _skip(args) -> None:
+    from .. import wire
+    from ..core.skips import parse_window
+    from ..wire.actions import SkipRequest
+    from ..wire.server import connect
+    try:
+        first, last = parse_window(args.steps, "skip --steps")
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    client = connect(args.address, _credentials(args))
+    try:
+        answer = wire.call(client, "skip", SkipRequest(first, last).to_wire())
+    except Exception as exc:  # noqa: BLE001 - refused or invalid: the server's message, no traceback
+        raise SystemExit(f"error: skip: {str(exc).split('. Detail:')[0]}") from None
+    finally:
+        client.close()
+    said = "set" if answer["added"] else "was set already"
+    print(f"steps {first}-{last} ({said}): the samples first drawn for them are dropped, each step is drawn again "
+          f"from the samples after them; `overlord audit` counts the dropped ones as skipped")
+
+
 def _audit(args) -> None:
     from ..planner.audit import dumps, offline_audit, render
     target = args.target
@@ -297,6 +318,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the weights that would be in force, change nothing")
     _add_credential_args(p)
     p.set_defaults(func=_mix)
+    p = sub.add_parser("skip", help="drop the samples a window of future steps would have had (after a loss "
+                       "spike); each step is drawn again from the samples after them (journaled; --config)")
+    p.add_argument("address", help="the Planner's address")
+    p.add_argument("--steps", required=True, metavar="FIRST:LAST", help="the steps, both included, not planned yet "
+                   "(for steps planned already: stop, add `skip: [\"FIRST:LAST\"]` to the config, resume)")
+    _add_credential_args(p)
+    p.set_defaults(func=_skip)
     p = sub.add_parser("audit", help="what a run delivered, from its journals: samples, duplicates, missing, "
                        "per source, across every resume and mixture edit")
     p.add_argument("target", help="a run_dir (a stopped run) or the Planner's address (a running one)")

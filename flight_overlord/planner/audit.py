@@ -144,11 +144,15 @@ def render(report: dict) -> str:
         lines.append(f"  not yet delivered: {report['not_yet_delivered']} samples planned for steps {through + 1}-"
                      f"{report['planned_through']}, which some rank has not reached (on a live run: on their way; "
                      f"not missing)")
+    if report.get("skipped"):
+        lines.append(f"  skipped on purpose (overlord skip): {report['skipped']} samples first drawn for steps "
+                     f"{_ranges(report['skipped_steps'])}, dropped; those steps hold the samples drawn after them")
     if report["unverified"]:
         lines.append(f"steps whose served keys differ from their plan (dropped samples?): {report['unverified']}")
-    lines.append(f"{'source':<16}{'samples':>9}{'dupl.':>7}{'missing':>9}  epochs")
+    lines.append(f"{'source':<16}{'samples':>9}{'dupl.':>7}{'missing':>9}{'skipped':>9}  epochs")
     for source, v in report["per_source"].items():
-        lines.append(f"{source:<16}{v['samples']:>9}{v['duplicates']:>7}{v['missing']:>9}  {v['epochs']}")
+        lines.append(f"{source:<16}{v['samples']:>9}{v['duplicates']:>7}{v['missing']:>9}{v.get('skipped', 0):>9}  "
+                     f"{v['epochs']}")
     if len(report["phases"]) > 1:
         lines.append("realized mixture (share of the samples delivered) between mixture edits:")
         for phase in report["phases"]:
@@ -157,6 +161,17 @@ def render(report: dict) -> str:
             shares = " ".join(f"{s}={x:.3f}" for s, x in phase["shares"].items()) or "nothing delivered yet"
             lines.append(f"  steps {phase['from_step']}-{end}{' (' + kinds + ')' if kinds else ''}: {shares}")
     return "\n".join(lines)
+
+
+def _ranges(steps: list[int]) -> str:
+    """[10, 11, 12, 20] -> '10-12, 20'."""
+    runs: list[list[int]] = []
+    for step in steps:
+        if runs and step == runs[-1][1] + 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step])
+    return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
 def mark_run_start(cfg, mixture: dict, *, resume: bool) -> None:

@@ -19,10 +19,12 @@ from ..config import Config
 from ..core.mesh import Mesh
 from ..core.mixing import Mixer
 from ..core.schedules import FeedbackLog, weights_at
+from ..core.skips import StepSkips
 from ..journal import Journal, Snapshots, read_journal
 from .edits import MixOverrides, describe_edit, mixed_weights, mixture_of
 from .feed import FetchMeta, SourceFeed
-from .program import StepPlan, plan_step
+from .program import StepPlan
+from .skips import plan_step_dropping
 from .replay import Replayer, is_plan, state_before, step_record
 from . import costing
 from .costing import PlannedCost
@@ -49,6 +51,8 @@ class Planner:
         self.journal_mixture: dict | None = None  # the mixture of the run restored from, if any
         self.overrides = MixOverrides()  # live reweighting (overlord mix), journaled
         self.last_weights: dict[str, float] | None = None  # the weights of the step planned last (status)
+        self.skips = StepSkips()  # steps whose first draw is dropped (overlord skip, the config's skip:), journaled
+        self.skips_replan = False  # the config set a skip of steps already planned: re-plan from the resume step
         self._planning = threading.Lock()  # a live mix lands wholly before or after a step's planning
         self._fetch_meta = fetch_meta
         self._dir = cfg.run_dir / "planner"
@@ -74,6 +78,9 @@ class Planner:
             self._restore_latest()
         if self._fetch_meta is not None:  # a Planner that plans (not an offline reader)
             self.replayer.configs.note(self._journal.synced_size())  # an offset an OS crash cannot take back
+            for first, last in self.skips.new_in(self.cfg.skip):
+                self._add_skip(first, last, "config")
+                self.skips_replan = self.skips_replan or first < self.next_step
 
     def start_feeds(self) -> None:
         """Build the source feeds once every loader has registered (they announce the row groups). A
@@ -122,12 +129,13 @@ class Planner:
             cost_params[name] = [cost.in_force.a, cost.in_force.b]
             if fit_record is not None:
                 self._journal.append(fit_record)
-        plan = plan_step(step, self.feeds, self.mixer, self.strategy, weights, feedback,
-                         cost_fn=cost_fns.get("backbone"), encoder_cost_fn=cost_fns.get("encoder"))
+        drop_first = self.skips.covers(step)
+        plan = plan_step_dropping(step, self.feeds, self.mixer, self.strategy, weights, feedback, drop_first=drop_first,
+                                  cost_fn=cost_fns.get("backbone"), encoder_cost_fn=cost_fns.get("encoder"))
         for cost in self.costs.values():
             cost.planned(plan)
         plan.stats["skipped"] = sum(f.skipped for f in self.feeds.values())
-        record = step_record(plan, weights, reset_credit, cost_params)
+        record = step_record(plan, weights, reset_credit, cost_params, drop_first)
         record["state"] = self._planning_state()
         if scaled:
             record["scaling"] = scaled
@@ -197,7 +205,8 @@ class Planner:
         feeds.update((name, feed.state_dict()) for name, feed in self.feeds.items())
         scaling = {"scaling": self.scaling.state_dict()} if self.scaling is not None else {}
         return {"feeds": feeds, "mixer": self.mixer.state_dict(), "mixer_sources": self.mixer.sources,
-                "mixture": self.mixture, "overrides": self.overrides.state_dict(), **scaling}
+                "mixture": self.mixture, "overrides": self.overrides.state_dict(), "skips": self.skips.state_dict(),
+                **scaling}
 
     def state_dict(self) -> dict:
         lag = self.strategy.schedule.lag
@@ -212,6 +221,7 @@ class Planner:
         self.feedback.floor = min(self.feedback.floor, self.next_step - self.strategy.schedule.lag - 1)  # a rewind
         self.mixer.load_state_dict(_mixer_state(state["mixer"], state.get("mixer_sources"), self.mixer.sources))
         self.overrides.load_state_dict(state.get("overrides", []))
+        self.skips.load_state_dict(state.get("skips", []))
         if "mixture" in state:
             self.journal_mixture = state["mixture"]
         if self.scaling is not None and "scaling" in state:
@@ -250,7 +260,7 @@ class Planner:
             self.load_state_dict(snapshot[1])
             offset = snapshot[1]["journal_offset"]
             self.journal_layout = snapshot[1]["layout"]
-        last, mixes = None, []
+        last, mixes, skips = None, [], []
         for _, record in read_journal(self._journal_path, offset):
             if "report" in record:
                 r = record["report"]
@@ -262,14 +272,18 @@ class Planner:
                 self.costs[record["cost_fit"].get("model", "backbone")].restore(record["cost_fit"])
             elif "mix" in record:  # a live reweighting: in the state of the plans after it
                 mixes.append(record["mix"])
+            elif "skip" in record:  # likewise a skip
+                skips.append(record["skip"])
             elif "rewind" in record or is_plan(record):  # a rewind: plans from that step on were made again
-                last, mixes = record, []
+                last, mixes, skips = record, [], []
         if last is not None:
             self.journal_layout = last["layout"]
             next_step = last["rewind"] if "rewind" in last else last["step"] + 1
             self.load_state_dict({**last["state"], "next_step": next_step, "feedback": {}})
         for mix in mixes:
             self.overrides.add(mix["step"], mix["weights"])
+        for skip in skips:
+            self.skips.add(skip["first"], skip["last"])
         log.info("restored at step %d", self.next_step)
 
     def rewind(self, step: int) -> None:
@@ -346,6 +360,24 @@ class Planner:
                                  "(sources not named weigh 0)")
             return None
         return {s: float(w) for s, w in self.strategy.schedule.weights(step).items()}
+
+    def skip(self, first: int, last: int) -> dict:
+        """Drop the first draw of steps ``first``..``last`` (each is drawn again from the samples after
+        it); journaled (fsync'd) before any plan reads it. Steps already planned cannot be skipped live."""
+        with self._planning:
+            if first < self.next_step:
+                raise ValueError(f"skip: step {first} is already planned (planned up to {self.next_step - 1}); the "
+                                 f"earliest step a skip can start at is {self.next_step} (or stop the run, add "
+                                 f"skip: [\"{first}:{last}\"] to its config and resume from a checkpoint before it)")
+            added = self._add_skip(first, last, "operator")
+            return {"first": first, "last": last, "added": added, "windows": self.skips.state_dict()}
+
+    def _add_skip(self, first: int, last: int, by: str) -> bool:
+        if not self.skips.add(first, last):
+            return False
+        self._journal.append({"skip": {"first": first, "last": last, "by": by}})
+        log.info("steps %d-%d: their first draw is dropped (skip set by the %s)", first, last, by)
+        return True
 
     def close(self) -> None:
         if self._journal is not None:

@@ -35,7 +35,7 @@ from ..wire.plan_channel import PLAN_AHEAD
 from .costing import cost_fns
 from .feed import FetchMeta, SourceFeed, row_group_metadata
 from .run_inputs import ConfigHistory, JsonFile, Unreadable
-from .program import plan_step
+from .skips import plan_step_dropping
 from .step_plan import StepPlan
 
 log = logging.getLogger(__name__)
@@ -73,10 +73,11 @@ def plan_digest(plan: StepPlan) -> str:
     return h.hexdigest()
 
 
-def step_record(plan: StepPlan, weights: dict, reset_credit: bool, costs: dict[str, list[float]]) -> dict:
+def step_record(plan: StepPlan, weights: dict, reset_credit: bool, costs: dict[str, list[float]],
+                drop_first: bool = False) -> dict:
     """A step's journal record, without its samples: the step's own inputs (``weights`` as given to
-    planning, before any buffer policy; the credit reset; the cost models in force as [a, b]) and the
-    plan's digest, weights, stats and feedback."""
+    planning, before any buffer policy; the credit reset; the cost models in force as [a, b]; whether
+    its first draw was dropped, ``overlord skip``) and the plan's digest, weights, stats and feedback."""
     record = {"step": plan.step, "layout": plan.layout(), "weights": plan.weights, "stats": plan.stats,
               "digest": plan_digest(plan)}
     if plan.feedback is not None:
@@ -88,6 +89,8 @@ def step_record(plan: StepPlan, weights: dict, reset_credit: bool, costs: dict[s
         inputs["reset_credit"] = True
     if costs:
         inputs["cost"] = costs
+    if drop_first:
+        inputs["drop_first"] = True
     if inputs:
         record["inputs"] = inputs
     return record
@@ -183,8 +186,9 @@ def derive(record: dict, offset: int, before: dict, strategy, reader: SourceRead
     if inputs.get("reset_credit"):
         mixer.reset_credit()
     cost = cost_fns(inputs.get("cost", {}))
-    plan = plan_step(step, feeds, mixer, strategy, inputs.get("weights", record["weights"]), record.get("feedback"),
-                     cost_fn=cost.get("backbone"), encoder_cost_fn=cost.get("encoder"))
+    plan = plan_step_dropping(step, feeds, mixer, strategy, inputs.get("weights", record["weights"]),
+                              record.get("feedback"), drop_first=bool(inputs.get("drop_first")),
+                              cost_fn=cost.get("backbone"), encoder_cost_fn=cost.get("encoder"))
     if plan_digest(plan) != record["digest"]:
         raise PlanMismatch(f"step {step}: planned again from the journal, its plan differs from the one served "
                            f"(digest {record['digest']}): a source file or the strategy changed since; "
@@ -198,14 +202,18 @@ def state_before(path: Path, snapshot: dict, step: int) -> dict:
     ``step``, and the records after it), with the live reweightings set since, as overrides."""
     state = dict(snapshot)
     mixes: list[dict] = []
+    skips: list[dict] = []
     for _, record, _ in walk(path, state["journal_offset"]):
         if is_plan(record) and record["step"] < step:
             state.update(record["state"])
             state["next_step"] = record["step"] + 1
-            mixes = []
+            mixes, skips = [], []
         elif "mix" in record:
             mixes.append(record["mix"])
+        elif "skip" in record:
+            skips.append(record["skip"])
     state["overrides"] = state.get("overrides", []) + [[m["step"], m["weights"]] for m in mixes]
+    state["skips"] = state.get("skips", []) + [[s["first"], s["last"]] for s in skips]
     state["feedback"] = {}
     return state
 

@@ -28,7 +28,7 @@ from .. import wire
 from ..config import Config, load_config
 from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
-from ..wire.actions import MixRequest, PlanRequest, Report, ResumePointRequest, StatsRequest
+from ..wire.actions import MixRequest, PlanRequest, Report, ResumePointRequest, SkipRequest, StatsRequest
 from ..wire.plan import PlanView
 from ..wire.plan_channel import OK, VIEWS_PER_ANSWER, check_descriptor, serve_plans
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
@@ -226,6 +226,13 @@ class PlannerServer(ActionServer):
         request = MixRequest.from_wire(body)
         return self.planner.mix(checked_weights(request.weights, [s.name for s in self.cfg.sources]), request.step,
                                 only=request.only, dry_run=request.dry_run)
+
+    @requires(CLUSTER)
+    def action_skip(self, body):
+        """{"first", "last"}: the samples steps first..last would have had are dropped, each step drawn
+        again from the samples after them (``core/skips.py``). Journaled; a resume replays it."""
+        request = SkipRequest.from_wire(body)
+        return self.planner.skip(request.first, request.last)
 
     @requires(INSPECT)
     def action_audit(self, body):

@@ -56,7 +56,8 @@ class PlanService:
             self.planner.registry.load_state_dict(wire.decode(self._registry_file.read_bytes(), str(self._registry_file)))
         layout = planner.journal_layout
         # a new layout, or an edited mixture: re-plan from the step the trainers resume at
-        self.rewind_pending = (layout is not None and layout != planner.layout()) or planner.mixture_changed
+        self.rewind_pending = ((layout is not None and layout != planner.layout()) or planner.mixture_changed
+                               or planner.skips_replan)  # a skip of steps planned already: planned again
         self._views: dict[int, list[PlanView]] = {}  # planned steps' views, not yet fetched by every constructor
         self._fetched: dict[int, set[int]] = {}
         self._registrations = 0  # bumped by every registration at a new location: encoded views name the loaders' locations

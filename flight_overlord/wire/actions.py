@@ -7,6 +7,7 @@ ValueError naming the field that is wrong), used by both ends.
 - ``Report`` trainer -> Planner (action ``report``): losses and/or measured seconds of one step;
 - ``StatsRequest`` anyone -> Planner (action ``stats``): per-step plan statistics of a step range;
 - ``MixRequest`` operator -> Planner (action ``mix``): live reweighting from a future step on.
+- ``SkipRequest`` operator -> Planner (action ``skip``): drop the first draw of a window of future steps.
 """
 from __future__ import annotations
 
@@ -88,6 +89,22 @@ class StatsRequest:
     @classmethod
     def from_wire(cls, raw: dict) -> "StatsRequest":
         return cls(field({"from": 0, **raw}, "from", int, "stats"), optional_field(raw, "to", int, "stats"))
+
+
+@dataclass(frozen=True)
+class SkipRequest:
+    """Drop the first draw of steps ``first``..``last`` (action ``skip``): each is drawn again after it."""
+    first: int
+    last: int
+
+    def to_wire(self) -> dict:
+        return {"first": self.first, "last": self.last}
+
+    @classmethod
+    def from_wire(cls, raw: dict) -> "SkipRequest":
+        first, last = field(raw, "first", int, "skip"), field(raw, "last", int, "skip")
+        from ..core.skips import checked_window
+        return cls(*checked_window(first, last, where="skip"))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,75 @@
+"""``overlord skip``: a skipped step's first draw is dropped and the step drawn again from the samples
+after it; the same steps come out of a live skip, of the config's ``skip:`` and of a replay of the
+journal, and the dropped samples are never planned again."""
+from __future__ import annotations
+
+import pytest
+
+from flight_overlord.config import ConfigError, parse_config
+from flight_overlord.core.skips import parse_window
+
+from .test_replay import _config_raw, _planner
+
+
+def keys(plan) -> list[str]:
+    return [p.ref.key for b in plan.bins for p in b]
+
+
+def test_a_skipped_steps_samples_are_dropped_and_the_step_drawn_again(tmp_path):
+    plain = _planner(parse_config(_config_raw(tmp_path, run="plain"), base_dir=tmp_path), resume=False)
+    reference = [plain.plan_next() for _ in range(10)]
+    plain.close()
+    live = _planner(parse_config(_config_raw(tmp_path, run="live"), base_dir=tmp_path), resume=False)
+    plans = [live.plan_next() for _ in range(3)]
+    with pytest.raises(ValueError, match="step 2 is already planned"):
+        live.skip(2, 4)
+    assert live.skip(4, 5)["added"] and not live.skip(4, 5)["added"]
+    plans += [live.plan_next() for _ in range(5)]
+    live.close()
+    assert [keys(p) for p in plans[:4]] == [keys(p) for p in reference[:4]]
+    assert [p.dropped for p in plans[:4]] == [[]] * 4
+    dropped = [k for p in plans[4:6] for k, _ in p.dropped]
+    assert dropped and set(dropped) <= {k for p in reference[4:8] for k in keys(p)}
+    delivered = [k for p in plans for k in keys(p)]
+    assert len(delivered) == len(set(delivered)) and not set(dropped) & set(delivered)
+    assert plans[4].stats["dropped"] == len(plans[4].dropped)
+
+    # the config's skip: gives the same plans; a restarted Planner re-derives them, dropped samples included
+    raw = {**_config_raw(tmp_path, run="config"), "skip": ["4:5"]}
+    configured = _planner(parse_config(raw, base_dir=tmp_path), resume=False)
+    assert [configured.plan_next().to_record() for _ in range(8)] == [p.to_record() for p in plans]
+    configured.close()
+    again = _planner(parse_config(raw, base_dir=tmp_path), resume=True)
+    assert again.skips.windows == [(4, 5)] and not again.skips_replan
+    assert [(again.journaled(s).dropped, keys(again.journaled(s))) for s in (5, 4, 6)] == \
+        [(plans[s].dropped, keys(plans[s])) for s in (5, 4, 6)]
+    again.close()
+
+
+def test_a_skip_in_the_config_of_steps_already_planned_asks_for_a_re_plan(tmp_path):
+    first = _planner(parse_config(_config_raw(tmp_path), base_dir=tmp_path), resume=False)
+    for _ in range(6):
+        first.plan_next()
+    first.close()
+    resumed = _planner(parse_config({**_config_raw(tmp_path), "skip": ["3:4"]}, base_dir=tmp_path), resume=True)
+    assert resumed.skips_replan and resumed.skips.windows == [(3, 4)]
+    resumed.close()
+
+
+@pytest.mark.parametrize("value, message", [("4", None), (["3:1"], "skip\\[0\\]: 3:1 is no window"),
+                                            (["a:b"], "skip\\[0\\]: 'a:b' is not FIRST:LAST"),
+                                            ([[1, 2, 3]], "skip\\[0\\]: expected"), ("x", "skip: expected a list")])
+def test_bad_skip_keys_are_named(tmp_path, value, message):
+    raw = {**_config_raw(tmp_path), "skip": value}
+    if message is None:
+        value = [value]
+        assert parse_config({**raw, "skip": value}, base_dir=tmp_path).skip == ((4, 4),)
+        return
+    with pytest.raises(ConfigError, match=message):
+        parse_config(raw, base_dir=tmp_path)
+
+
+def test_a_window_is_first_colon_last():
+    assert parse_window("10:14", "w") == (10, 14) and parse_window("7", "w") == (7, 7)
+    with pytest.raises(ValueError, match="w: -1:2 is no window"):
+        parse_window("-1:2", "w")
