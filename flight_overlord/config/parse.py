@@ -23,7 +23,7 @@ from .fields import REQUIRED, as_choice, as_flag, as_int, as_number, check_host,
 from .model import (BalanceConfig, CheckpointConfig, Config, ConfigError, ConstructorConfig, CostConfig, GlobalBatchConfig,
                     LoaderConfig, MetricsConfig, NetworkConfig, PartitionBudget, PlannerConfig, RayConfig, ScalingConfig,
                     SecurityConfig, SourceConfig, StrategyConfig, TLSConfig, TransformConfig, VisionConfig, deployment_defaults)
-from .shape import parse_skips
+from .shape import shape_keys
 
 MESH_KEYS = {k: v for k, v in defaults_of(Mesh).items() if k != "dp_per_constructor"}  # its own section's
 SHUFFLE_WINDOW = 2  # row groups per shuffle window of a source (sources[].shuffle_window): docs/methods/data-order.md
@@ -68,7 +68,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         "mesh": None, "global_batch": REQUIRED, "cost": None, "balance": None,
         "prefetch": 2, "network": None, "loader": None, "constructor": None,
         "pad_token_id": 0, "strategy": None, "vision": None, "checkpoint": None, "security": None,
-        "metrics": None, "ray": None, "planner": None, "deployment": "default", "skip": None,
+        "metrics": None, "ray": None, "planner": None, "deployment": "default", "skip": None, "schedule": None,
     })
     data_root = _path(base_dir, top["data_root"], "data_root")
     global_batch = _parse_global_batch(top["global_batch"])
@@ -110,7 +110,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         metrics=_parse_metrics(top["metrics"]),
         ray=_parse_ray(top["ray"], mesh.world_size),
         planner=PlannerConfig(as_int(planner["standbys"], "planner.standbys", minimum=0, maximum=1)),  # 2 would race
-        skip=parse_skips(top["skip"]), deployment=top["deployment"], path=path,  # deployment checked by deployment_defaults
+        **shape_keys(top, global_batch), deployment=top["deployment"], path=path,  # deployment checked above
     )
 
 

@@ -29,6 +29,8 @@ def audit_run(run_dir: Path, planner, mesh=None) -> dict:
     starts, records = read_deliveries(run_dir)
     edits = [r.get("edit") or {"kind": "mix", **r["mix"]} for _, r in read_journal(run_dir / "plan-journal.jsonl")
              if "edit" in r or "mix" in r]
+    edits += [{"step": stage.first_step, "kind": f"context {stage.context_length}"}  # a stage's mixture, realized
+              for stage in planner.strategy.stages if stage.first_step > 0]
     return compute_audit(starts, records, planner.replayer.in_force(), edits)
 
 
@@ -115,7 +117,8 @@ def _bucket_keys(plan: StepPlan, bucket: int) -> list[tuple[str, int]]:
 
 
 def _phases(step_samples: dict[int, Counter], edits: list[dict]) -> list[dict]:
-    """Per-source samples delivered before and after each mixture edit (and the realized shares)."""
+    """Per-source samples delivered before and after each mixture edit or context stage (and the realized
+    shares)."""
     bounds = sorted({0, *(int(e["step"]) for e in edits)})
     phases = []
     for i, first in enumerate(bounds):

@@ -238,9 +238,12 @@ class Planner:
                 self.feedback.add(int(step), int(group), losses)
 
     def layout(self) -> dict:
+        """What the plans' shape follows: a resume under another layout re-plans from the trainers' step."""
+        shape = self.strategy.shape()  # the run's schedules (batch, context stages), when it has some
         return {"axis": self.strategy.axis, "buckets": self.strategy.num_buckets,
                 "microbatches": self.cfg.global_batch.microbatches, "capacity": self.strategy.capacity,
-                "encoder_axis": self.strategy.image_graph.axis if self.strategy.image_graph else None}
+                "encoder_axis": self.strategy.image_graph.axis if self.strategy.image_graph else None,
+                **({"shape": shape} if shape else {})}
 
     def _snapshot(self) -> None:
         # The offset first, then the state: a report or timing journaled (under the service's lock,

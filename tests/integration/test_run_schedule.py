@@ -1,5 +1,5 @@
 """The training run's own schedule (issue 33) on real servers, each with a kill -9 of every role and a
-resume: skipped steps. Every rank's stream is compared with an undisturbed run of the same config, and
+resume: a batch ramp with a context stage, skipped steps. Every rank's stream is compared with an undisturbed run of the same config, and
 ``overlord audit`` reports 0 duplicates and 0 missing."""
 from __future__ import annotations
 
@@ -45,3 +45,40 @@ def test_skip_steps_10_to_14_live_then_kill_and_resume_with_more_skipped_in_the_
     cli.main(["audit", str(load_config(path).run_dir)])
     assert f"skipped on purpose (overlord skip): {report['skipped']} samples first drawn for steps 10-16" \
         in capsys.readouterr().out
+
+
+SHAPE = {"batch": {"ramp": {"from": 8, "to": 32, "start": 0, "end": 40}},
+         "context": [{"from_step": 0, "context_length": 2048, "microbatches": 4},
+                     {"from_step": 20, "context_length": 8192, "microbatches": 2,
+                      "weights": {"longdocs": 0.6, "code": 0.4}}]}
+
+
+def shape_config(directory, corpus):
+    return write_config(directory, corpus, checkpoint={"every": 4}, schedule=SHAPE,
+                        global_batch={"context_length": 8192, "microbatches": 4, "samples_per_step": 8})
+
+
+def test_a_batch_ramp_and_a_context_stage_killed_mid_ramp_and_resumed_across_the_stage(corpus, tmp_path, capsys):
+    """8 -> 32 samples per step over 40 steps; sequences of 2K in 4 microbatches per rank until step 20,
+    then of 8K in 2, with the stage's own mixture. Every role killed at step 18 (the Planner had planned
+    past step 20), resumed: every rank's stream equals the undisturbed run's."""
+    steps, cut = 42, 18
+    with LocalCluster(shape_config(tmp_path / "undisturbed", corpus)) as cluster:
+        reference = stock_read(cluster.planner, range(steps))
+    path = shape_config(tmp_path / "killed", corpus)
+    with LocalCluster(path) as cluster:
+        before = stock_read(cluster.planner, range(cut + 2))
+        kill_all(cluster)
+    with LocalCluster(path, mode="resume") as cluster:
+        after = stock_read(cluster.planner, range(cut, steps))
+    assert {**{s: before[s] for s in range(cut)}, **after} == reference
+    drawn = {r["step"]: r["stats"]["deferred"] + sum(r["stats"]["samples"].values()) for r in journal_records(path)
+             if "digest" in r}
+    assert [drawn[s] for s in (0, 10, 20, 39, 40, 41)] == [8, 14, 20, 31, 32, 32]  # the ramp, deferrals included
+    assert max(n for _, n in reference[19]) <= 2048 < max(n for s in range(20, steps) for _, n in reference[s])
+    report = audit(path, capsys)
+    assert report["duplicates"] == 0 and report["missing"] == 0
+    assert report["samples"] == sum(len(v) for v in reference.values())
+    first, stage = report["phases"]
+    assert (first["from_step"], stage["from_step"], stage["edits"][0]["kind"]) == (0, 20, "context 8192")
+    assert set(stage["samples"]) == {"longdocs", "code"} and len(first["samples"]) == 6

@@ -73,3 +73,26 @@ def test_a_window_is_first_colon_last():
     assert parse_window("10:14", "w") == (10, 14) and parse_window("7", "w") == (7, 7)
     with pytest.raises(ValueError, match="w: -1:2 is no window"):
         parse_window("-1:2", "w")
+
+
+def test_a_batch_ramp_and_a_context_stage_shape_each_step(tmp_path):
+    """8 -> 32 samples per step over 40 steps; from step 20 sequences of 256 tokens, 3 microbatches per
+    rank and the stage's own mixture; a restarted Planner re-derives the steps."""
+    raw = {**_config_raw(tmp_path), "schedule": {
+        "batch": {"ramp": {"from": 8, "to": 32, "start": 0, "end": 40}},
+        "context": [{"from_step": 20, "context_length": 256, "microbatches": 3, "weights": {"b": 1.0}}]}}
+    planner = _planner(parse_config(raw, base_dir=tmp_path), resume=False)
+    plans = [planner.plan_next() for _ in range(24)]
+    planner.close()
+    drawn = [len(keys(p)) + p.stats["deferred"] for p in plans]
+    assert drawn == [round(8 + 24 * s / 40) for s in range(24)]
+    assert [(p.microbatches, p.capacity) for p in (plans[19], plans[20])] == [(2, 512), (3, 256)]
+    assert all(len(p.bins) == 2 * 3 and max(sum(x.tokens for x in b) for b in p.bins) <= 256 for p in plans[20:])
+    assert {k.split(":")[0] for p in plans[20:] for k in keys(p)} == {"b"}
+    again = _planner(parse_config(raw, base_dir=tmp_path), resume=True)
+    assert [keys(again.journaled(s)) for s in (5, 21)] == [keys(plans[5]), keys(plans[21])]
+    again.close()
+    with pytest.raises(ValueError, match=r"schedule.context\[0\] \(from step 3\): context_length 1024 is over"):
+        from flight_overlord.planner.strategy import load_strategy
+        cfg = parse_config({**raw, "schedule": {"context": [{"from_step": 3, "context_length": 1024}]}}, base_dir=tmp_path)
+        load_strategy(cfg)
