@@ -24,14 +24,14 @@ from ..helpers import WEIGHTS, write_config
 RANKS = 2
 
 
-def stock_read(planner: str, steps: range) -> dict[int, list[tuple[str, int]]]:
+def stock_read(planner: str, steps: range, ranks: int = RANKS) -> dict[int, list[tuple[str, int]]]:
     """Per step, every rank's (key, tokens) with the stock pyarrow.flight API only."""
     client = fl.connect(planner)
     out = {}
     try:
         for step in steps:
             out[step] = []
-            for rank in range(RANKS):
+            for rank in range(ranks):
                 info = client.get_flight_info(fl.FlightDescriptor.for_path("batch", str(step), str(rank)))
                 for endpoint in info.endpoints:
                     table = fl.connect(endpoint.locations[0].uri.decode()).do_get(endpoint.ticket).read_all()

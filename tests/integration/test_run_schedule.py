@@ -9,7 +9,7 @@ from flight_overlord.config import load_config
 from flight_overlord.deploy import cli
 from flight_overlord.deploy.launch import LocalCluster
 
-from ..helpers import journal_records, write_config
+from ..helpers import journal_records, train, write_config
 from .test_data_order import kill_all, stock_read
 
 
@@ -82,3 +82,30 @@ def test_a_batch_ramp_and_a_context_stage_killed_mid_ramp_and_resumed_across_the
     first, stage = report["phases"]
     assert (first["from_step"], stage["from_step"], stage["edits"][0]["kind"]) == (0, 20, "context 8192")
     assert set(stage["samples"]) == {"longdocs", "code"} and len(first["samples"]) == 6
+
+
+def shape_change_config(directory, corpus, *, cp: int, microbatches: int):
+    """2 samples per rank and step, each at most a microbatch (the loaders cut there): no layout defers one."""
+    return write_config(directory, corpus, checkpoint={"every": 4}, mesh={"dp": 2, "cp": cp},
+                        global_batch={"context_length": 4096, "microbatches": microbatches, "samples_per_step": 4})
+
+
+def test_resume_with_cp_1_to_2_and_microbatches_4_to_2(corpus, tmp_path, capsys):
+    """Killed at step 8 with cp 1 and 4 microbatches per rank, resumed with cp 2 and 2 microbatches: the
+    steps from 8 on are planned again on the new layout from the state step 7 left, so every rank's
+    stream from there equals a run started on the new layout (the same samples are drawn per step).
+    Trainers (TrainerClient threads, one per rank) read concurrently, as a constructor's ranks resume together."""
+    steps, cut = 14, 8
+    with LocalCluster(shape_change_config(tmp_path / "new_layout", corpus, cp=2, microbatches=2)) as cluster:
+        reference = train(cluster.planner, 0, steps, ranks=4)
+    path = shape_change_config(tmp_path / "changed", corpus, cp=1, microbatches=4)
+    with LocalCluster(path) as cluster:
+        train(cluster.planner, 0, cut + 2, ranks=2)
+        kill_all(cluster)
+    shape_change_config(tmp_path / "changed", corpus, cp=2, microbatches=2)
+    with LocalCluster(path, mode="resume") as cluster:
+        after = train(cluster.planner, cut, steps, ranks=4)
+    assert after == {rank: [(s, d) for s, d in stream if s >= cut] for rank, stream in reference.items()}
+    assert [r["rewind"] for r in journal_records(path) if "rewind" in r] == [cut]
+    report = audit(path, capsys)
+    assert report["duplicates"] == 0 and report["missing"] == 0 and report["through_step"] == steps - 1
