@@ -30,6 +30,7 @@ from . import costing
 from .costing import PlannedCost
 from .registry import Registry
 from .scaling import SourceScaling
+from .shape import batch_of, layout_of
 from .strategy import Strategy
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ class Planner:
         self.last_weights: dict[str, float] | None = None  # the weights of the step planned last (status)
         self.skips = StepSkips()  # steps whose first draw is dropped (overlord skip, the config's skip:), journaled
         self.skips_replan = False  # the config set a skip of steps already planned: re-plan from the resume step
+        self.batch = batch_of(cfg)  # journaled with the state: a resume on another batch re-plans
+        self.journal_batch: list | None = None  # the batch of the run restored from (None: journaled without)
         self._planning = threading.Lock()  # a live mix lands wholly before or after a step's planning
         self._fetch_meta = fetch_meta
         self._dir = cfg.run_dir / "planner"
@@ -206,7 +209,7 @@ class Planner:
         scaling = {"scaling": self.scaling.state_dict()} if self.scaling is not None else {}
         return {"feeds": feeds, "mixer": self.mixer.state_dict(), "mixer_sources": self.mixer.sources,
                 "mixture": self.mixture, "overrides": self.overrides.state_dict(), "skips": self.skips.state_dict(),
-                **scaling}
+                "batch": self.batch, **scaling}
 
     def state_dict(self) -> dict:
         lag = self.strategy.schedule.lag
@@ -224,6 +227,7 @@ class Planner:
         self.skips.load_state_dict(state.get("skips", []))
         if "mixture" in state:
             self.journal_mixture = state["mixture"]
+        self.journal_batch = state.get("batch", self.journal_batch)
         if self.scaling is not None and "scaling" in state:
             self.scaling.load_state_dict(state["scaling"])
         self._feed_states = dict(state["feeds"])
@@ -238,12 +242,7 @@ class Planner:
                 self.feedback.add(int(step), int(group), losses)
 
     def layout(self) -> dict:
-        """What the plans' shape follows: a resume under another layout re-plans from the trainers' step."""
-        shape = self.strategy.shape()  # the run's schedules (batch, context stages), when it has some
-        return {"axis": self.strategy.axis, "buckets": self.strategy.num_buckets,
-                "microbatches": self.cfg.global_batch.microbatches, "capacity": self.strategy.capacity,
-                "encoder_axis": self.strategy.image_graph.axis if self.strategy.image_graph else None,
-                **({"shape": shape} if shape else {})}
+        return layout_of(self.strategy)
 
     def _snapshot(self) -> None:
         # The offset first, then the state: a report or timing journaled (under the service's lock,
@@ -313,6 +312,12 @@ class Planner:
             raise ValueError(f"no snapshot at or before step {step} in {self._dir}")
         return state_before(self._journal_path, snapshot[1], step)
 
+    @property
+    def batch_changed(self) -> bool:
+        """The config's global batch per step is not the restored run's: steps are re-planned from the
+        trainers' resume step (the planned-ahead ones would keep the old size)."""
+        return self.journal_batch is not None and self.journal_batch != self.batch
+
     # -- mixture edits -----------------------------------------------------------------
     @property
     def mixture_changed(self) -> bool:
@@ -334,10 +339,9 @@ class Planner:
 
     def mix(self, weights: dict[str, float], at: int | None = None, *, only: bool = False,
             dry_run: bool = False) -> dict:
-        """Live reweighting from step ``at`` (default: the first step not planned yet); journaled
-        (fsync'd) before any plan reads it. Steps already planned keep their weights. A source not in
-        ``weights`` keeps the weight it has at that step (``only``: weighs 0). The answer names the
-        weights in force from that step on, and those before it; ``dry_run`` journals nothing."""
+        """Live reweighting from step ``at`` (default: the first not planned yet), journaled (fsync'd) before
+        any plan reads it. A source not in ``weights`` keeps its weight at that step (``only``: weighs 0).
+        Answers the weights in force from that step on, and before it; ``dry_run`` journals nothing."""
         with self._planning:
             step = self.next_step if at is None else int(at)
             if step < self.next_step:

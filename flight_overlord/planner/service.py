@@ -57,7 +57,7 @@ class PlanService:
         layout = planner.journal_layout
         # a new layout, or an edited mixture: re-plan from the step the trainers resume at
         self.rewind_pending = ((layout is not None and layout != planner.layout()) or planner.mixture_changed
-                               or planner.skips_replan)  # a skip of steps planned already: planned again
+                               or planner.skips_replan or planner.batch_changed)  # steps planned ahead: again
         self._views: dict[int, list[PlanView]] = {}  # planned steps' views, not yet fetched by every constructor
         self._fetched: dict[int, set[int]] = {}
         self._registrations = 0  # bumped by every registration at a new location: encoded views name the loaders' locations

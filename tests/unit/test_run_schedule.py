@@ -1,6 +1,7 @@
-"""``overlord skip``: a skipped step's first draw is dropped and the step drawn again from the samples
-after it; the same steps come out of a live skip, of the config's ``skip:`` and of a replay of the
-journal, and the dropped samples are never planned again."""
+"""The run's own schedule without servers: ``overlord skip`` (a skipped step's first draw is dropped and
+the step drawn again from the samples after it; the same steps come out of a live skip, of the config's
+``skip:`` and of a replay of the journal), a batch ramp and context stages planned per step, and a
+rewind onto another shape that delivers nothing twice and loses nothing planned."""
 from __future__ import annotations
 
 import pytest
@@ -96,3 +97,47 @@ def test_a_batch_ramp_and_a_context_stage_shape_each_step(tmp_path):
         from flight_overlord.planner.strategy import load_strategy
         cfg = parse_config({**raw, "schedule": {"context": [{"from_step": 3, "context_length": 1024}]}}, base_dir=tmp_path)
         load_strategy(cfg)
+
+
+def strategy_file_config(tmp_path) -> dict:
+    """The schedules of ``test_a_batch_ramp_and_a_context_stage_shape_each_step`` in a strategy file."""
+    (tmp_path / "shape.py").write_text(
+        "from flight_overlord.orchestration import batch_ramp, context_stage\n"
+        "def build(s):\n"
+        "    return s.batch(batch_ramp(8, 32, start=0, end=40)).context(\n"
+        "        context_stage(20, 256, microbatches=3, weights={'b': 1.0}))\n")
+    return {**_config_raw(tmp_path, run="file"), "strategy": "shape.py"}
+
+
+def test_a_strategy_file_programs_the_same_schedules_as_the_config(tmp_path):
+    raw = {**_config_raw(tmp_path, run="yaml"), "schedule": {
+        "batch": {"ramp": {"from": 8, "to": 32, "start": 0, "end": 40}},
+        "context": [{"from_step": 20, "context_length": 256, "microbatches": 3, "weights": {"b": 1.0}}]}}
+    plans = {}
+    for name, config in (("yaml", raw), ("file", strategy_file_config(tmp_path))):
+        planner = _planner(parse_config(config, base_dir=tmp_path), resume=False)
+        plans[name] = [planner.plan_next().to_record() for _ in range(23)]
+        assert planner.layout()["shape"]["context"] == [[20, 256, 3, {"b": 1.0}]]
+        planner.close()
+    assert plans["yaml"] == plans["file"]
+
+
+@pytest.mark.parametrize("change", [{"global_batch": {"context_length": 256, "microbatches": 2, "samples_per_step": 12}},
+                                    {"global_batch": {"context_length": 512, "microbatches": 4, "samples_per_step": 12}},
+                                    {"global_batch": {"context_length": 512, "microbatches": 2, "samples_per_step": 7}},
+                                    {"mesh": {"dp": 2, "cp": 2}}])
+def test_a_rewind_onto_another_shape_delivers_nothing_twice_and_loses_nothing_planned(tmp_path, change):
+    """Planned 10 steps, trainers resume at step 6 on another context length, microbatch count, global
+    batch or cp size: steps 0-5 as delivered, then steps planned again from the state step 5 left. Every
+    sample the old steps 6-9 had (planned, never delivered) comes in the new steps, none twice."""
+    old = _planner(parse_config(_config_raw(tmp_path), base_dir=tmp_path), resume=False)
+    first = [keys(old.plan_next()) for _ in range(10)]
+    old.close()
+    new = _planner(parse_config({**_config_raw(tmp_path), **change}, base_dir=tmp_path), resume=True)
+    assert new.journal_layout != new.layout() or new.batch_changed
+    new.rewind(6)
+    again = [keys(new.plan_next()) for _ in range(12)]
+    new.close()
+    delivered = [k for step in first[:6] + again for k in step]
+    assert len(delivered) == len(set(delivered))
+    assert {k for step in first[6:] for k in step} <= set(delivered)
