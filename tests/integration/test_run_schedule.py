@@ -1,11 +1,13 @@
 """The training run's own schedule (issue 33) on real servers, each with a kill -9 of every role and a
-resume: a batch ramp with a context stage, skipped steps. Every rank's stream is compared with an undisturbed run of the same config, and
-``overlord audit`` reports 0 duplicates and 0 missing."""
+resume: a batch ramp with a context stage, skipped steps, a resume on another shape. Every rank's
+stream is compared with an undisturbed run, and ``overlord audit`` reports 0 duplicates and 0 missing."""
 from __future__ import annotations
 
 import json
 
-from flight_overlord.config import load_config
+import pytest
+
+from flight_overlord.config import ConfigError, load_config
 from flight_overlord.deploy import cli
 from flight_overlord.deploy.launch import LocalCluster
 
@@ -84,27 +86,32 @@ def test_a_batch_ramp_and_a_context_stage_killed_mid_ramp_and_resumed_across_the
     assert set(stage["samples"]) == {"longdocs", "code"} and len(first["samples"]) == 6
 
 
-def shape_change_config(directory, corpus, *, cp: int, microbatches: int):
+def shape_change_config(directory, corpus, *, cp: int, pp: int, microbatches: int, seed: int = 7):
     """2 samples per rank and step, each at most a microbatch (the loaders cut there): no layout defers one."""
-    return write_config(directory, corpus, checkpoint={"every": 4}, mesh={"dp": 2, "cp": cp},
+    return write_config(directory, corpus, checkpoint={"every": 4}, mesh={"dp": 2, "cp": cp, "pp": pp}, seed=seed,
                         global_batch={"context_length": 4096, "microbatches": microbatches, "samples_per_step": 4})
 
 
-def test_resume_with_cp_1_to_2_and_microbatches_4_to_2(corpus, tmp_path, capsys):
-    """Killed at step 8 with cp 1 and 4 microbatches per rank, resumed with cp 2 and 2 microbatches: the
+def test_resume_with_cp_1_to_2_pp_1_to_2_and_microbatches_4_to_2(corpus, tmp_path, capsys):
+    """Killed at step 8 with cp 1, pp 1 and 4 microbatches per rank, resumed with cp 2, pp 2 and 2: the
     steps from 8 on are planned again on the new layout from the state step 7 left, so every rank's
     stream from there equals a run started on the new layout (the same samples are drawn per step).
     Trainers (TrainerClient threads, one per rank) read concurrently, as a constructor's ranks resume together."""
     steps, cut = 14, 8
-    with LocalCluster(shape_change_config(tmp_path / "new_layout", corpus, cp=2, microbatches=2)) as cluster:
-        reference = train(cluster.planner, 0, steps, ranks=4)
-    path = shape_change_config(tmp_path / "changed", corpus, cp=1, microbatches=4)
+    with LocalCluster(shape_change_config(tmp_path / "new_layout", corpus, cp=2, pp=2, microbatches=2)) as cluster:
+        reference = train(cluster.planner, 0, steps, ranks=8)
+    path = shape_change_config(tmp_path / "changed", corpus, cp=1, pp=1, microbatches=4)
     with LocalCluster(path) as cluster:
         train(cluster.planner, 0, cut + 2, ranks=2)
         kill_all(cluster)
-    shape_change_config(tmp_path / "changed", corpus, cp=2, microbatches=2)
+    shape_change_config(tmp_path / "changed", corpus, cp=2, pp=2, microbatches=2, seed=8)
+    refused = LocalCluster(path, mode="resume")  # the read order follows the seed: no re-plan makes it exact
+    with pytest.raises(ConfigError, match="seed: 7 when the run planned its steps, 8 now"):
+        refused.start()
+    assert not refused.children, "a role started before the check"
+    shape_change_config(tmp_path / "changed", corpus, cp=2, pp=2, microbatches=2)
     with LocalCluster(path, mode="resume") as cluster:
-        after = train(cluster.planner, cut, steps, ranks=4)
+        after = train(cluster.planner, cut, steps, ranks=8)
     assert after == {rank: [(s, d) for s, d in stream if s >= cut] for rank, stream in reference.items()}
     assert [r["rewind"] for r in journal_records(path) if "rewind" in r] == [cut]
     report = audit(path, capsys)
