@@ -47,6 +47,7 @@ def compute_audit(starts: list[float], records: list[dict], plans: Iterable[Step
     per_source: dict[str, dict] = defaultdict(lambda: {"samples": 0, "duplicates": 0, "missing": 0, "skipped": 0,
                                                        "epochs": set()})
     step_samples: dict[int, Counter] = defaultdict(Counter)
+    step_tokens: dict[int, Counter] = defaultdict(Counter)  # planned tokens delivered: the mixer's other unit
     unserved: dict[int, Counter] = {}  # step -> source -> planned samples no rank was served (yet)
     skipped: dict[int, int] = {}  # step -> samples dropped on purpose (overlord skip)
     planned, unverified, buckets_of_last = set(), set(), 0
@@ -63,6 +64,8 @@ def compute_audit(starts: list[float], records: list[dict], plans: Iterable[Step
             keys = _bucket_keys(plan, bucket)
             if any(d != keys_digest(k for k, _ in keys) for d in digests):
                 unverified.add(step)
+            for pick in (p for bin_ in plan.bucket_bins(bucket) for p in bin_):
+                step_tokens[step][pick.ref.key.split(":", 1)[0]] += pick.tokens
             for key, epoch in keys:
                 source = key.split(":", 1)[0]
                 seen[(key, epoch)] += 1
@@ -93,7 +96,7 @@ def compute_audit(starts: list[float], records: list[dict], plans: Iterable[Step
         "unverified": sorted(unverified),
         "unplanned_steps": sorted((set(served) | set(range(through + 1))) - planned),
         "per_source": {s: {**v, "epochs": sorted(v["epochs"])} for s, v in sorted(per_source.items())},
-        "phases": _phases(step_samples, edits),
+        "phases": _phases(step_samples, step_tokens, edits),
     }
 
 
@@ -116,24 +119,32 @@ def _bucket_keys(plan: StepPlan, bucket: int) -> list[tuple[str, int]]:
     return [(p.ref.key, p.ref.epoch) for bin_ in plan.bucket_bins(bucket) for p in bin_]
 
 
-def _phases(step_samples: dict[int, Counter], edits: list[dict]) -> list[dict]:
-    """Per-source samples delivered before and after each mixture edit or context stage (and the realized
-    shares)."""
+def _phases(step_samples: dict[int, Counter], step_tokens: dict[int, Counter], edits: list[dict]) -> list[dict]:
+    """Per-source samples delivered before and after each mixture edit or context stage, and the realized
+    shares of samples and of tokens (the mixer weighs the unit of the global batch)."""
     bounds = sorted({0, *(int(e["step"]) for e in edits)})
     phases = []
     for i, first in enumerate(bounds):
         end = bounds[i + 1] if i + 1 < len(bounds) else None
-        counts: Counter = Counter()
-        for step, c in step_samples.items():
-            if step >= first and (end is None or step < end):
-                counts.update(c)
-        total = sum(counts.values())
+        counts, tokens = (_summed(per_step, first, end) for per_step in (step_samples, step_tokens))
         phase = {"from_step": first, "to_step": None if end is None else end - 1,
                  "edits": [e for e in edits if int(e["step"]) == first],
-                 "samples": dict(sorted(counts.items())),
-                 "shares": {s: n / total for s, n in sorted(counts.items())} if total else {}}
+                 "samples": dict(sorted(counts.items())), "shares": _shares(counts), "token_shares": _shares(tokens)}
         phases.append(phase)
     return phases
+
+
+def _summed(per_step: dict[int, Counter], first: int, end: int | None) -> Counter:
+    total: Counter = Counter()
+    for step, counts in per_step.items():
+        if step >= first and (end is None or step < end):
+            total.update(counts)
+    return total
+
+
+def _shares(counts: Counter) -> dict[str, float]:
+    total = sum(counts.values())
+    return {s: n / total for s, n in sorted(counts.items())} if total else {}
 
 
 def render(report: dict) -> str:
@@ -157,11 +168,13 @@ def render(report: dict) -> str:
         lines.append(f"{source:<16}{v['samples']:>9}{v['duplicates']:>7}{v['missing']:>9}{v.get('skipped', 0):>9}  "
                      f"{v['epochs']}")
     if len(report["phases"]) > 1:
-        lines.append("realized mixture (share of the samples delivered) between mixture edits:")
+        lines.append("realized mixture between mixture edits and context stages (shares of samples; of tokens):")
         for phase in report["phases"]:
             end = "" if phase["to_step"] is None else phase["to_step"]
             kinds = ", ".join(e.get("kind", "?") for e in phase["edits"])
             shares = " ".join(f"{s}={x:.3f}" for s, x in phase["shares"].items()) or "nothing delivered yet"
+            if phase.get("token_shares"):
+                shares += "; tokens " + " ".join(f"{s}={x:.3f}" for s, x in phase["token_shares"].items())
             lines.append(f"  steps {phase['from_step']}-{end}{' (' + kinds + ')' if kinds else ''}: {shares}")
     return "\n".join(lines)
 

@@ -29,7 +29,7 @@ class FakeRef:
 
 class FakePick:
     def __init__(self, key):
-        self.ref = FakeRef(key)
+        self.ref, self.tokens = FakeRef(key), 10
 
 
 class Plan:
