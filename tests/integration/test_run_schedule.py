@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pyarrow.flight as fl
 import pytest
 
+from flight_overlord import harness
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.deploy import cli
 from flight_overlord.deploy.launch import LocalCluster
@@ -55,6 +57,11 @@ SHAPE = {"batch": {"ramp": {"from": 8, "to": 32, "start": 0, "end": 40}},
                       "weights": {"longdocs": 0.6, "code": 0.4}}]}
 
 
+def rows_of(planner: str, step: int) -> int:
+    """Rank 0's microbatches of ``step``, read with a stock client."""
+    return harness.stock_fetch(fl.connect, planner, step, 0).num_rows
+
+
 def shape_config(directory, corpus):
     return write_config(directory, corpus, checkpoint={"every": 4}, schedule=SHAPE,
                         global_batch={"context_length": 8192, "microbatches": 4, "samples_per_step": 8})
@@ -67,12 +74,15 @@ def test_a_batch_ramp_and_a_context_stage_killed_mid_ramp_and_resumed_across_the
     steps, cut = 42, 18
     with LocalCluster(shape_config(tmp_path / "undisturbed", corpus)) as cluster:
         reference = stock_read(cluster.planner, range(steps))
+        rows = {steps: rows_of(cluster.planner, steps)}  # planned ahead, not read yet
     path = shape_config(tmp_path / "killed", corpus)
     with LocalCluster(path) as cluster:
-        before = stock_read(cluster.planner, range(cut + 2))
+        before = stock_read(cluster.planner, range(cut))
+        rows.update({step: rows_of(cluster.planner, step) for step in (cut, cut + 1)})  # read past the cut
         kill_all(cluster)
     with LocalCluster(path, mode="resume") as cluster:
         after = stock_read(cluster.planner, range(cut, steps))
+    assert rows == {cut: 4, cut + 1: 4, steps: 2}  # microbatches of rank 0: its stage's
     assert {**{s: before[s] for s in range(cut)}, **after} == reference
     drawn = {r["step"]: r["stats"]["deferred"] + sum(r["stats"]["samples"].values()) for r in journal_records(path)
              if "digest" in r}
