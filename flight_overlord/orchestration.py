@@ -19,6 +19,7 @@ from .planner.strategy import Strategy, load_strategy
 from .core.balance import partition
 
 __all__ = ["CPSplit", "FeedbackLog", "PlanContext", "Registry", "Schedule", "Strategy", "UnknownName",
-           "attention_cost", "batch_ramp", "batch_steps", "constant", "context_stage", "cosine", "dynamic", "fill_in_order", "linear", "load_strategy",
-           "loss_weighted", "partition", "patches_cost", "register_balancer", "register_cost_model",
-           "register_cp_split", "register_transform", "staged", "tokens_cost"]
+           "attention_cost", "batch_ramp", "batch_steps", "constant", "context_stage", "cosine", "dynamic",
+           "fill_in_order", "linear", "load_strategy", "loss_weighted", "partition", "patches_cost",
+           "register_balancer", "register_cost_model", "register_cp_split", "register_transform", "staged",
+           "tokens_cost"]

@@ -55,7 +55,7 @@ class Planner:
         self.skips = StepSkips()  # steps whose first draw is dropped (overlord skip, the config's skip:), journaled
         self.skips_replan = False  # the config set a skip of steps already planned: re-plan from the resume step
         self.batch = batch_of(cfg)  # journaled with the state: a resume on another batch re-plans
-        self.journal_batch: list | None = None  # the batch of the run restored from (None: journaled without)
+        self.journal_batch: list | None = None  # the batch of the run restored from (None: not journaled)
         self._planning = threading.Lock()  # a live mix lands wholly before or after a step's planning
         self._fetch_meta = fetch_meta
         self._dir = cfg.run_dir / "planner"
@@ -313,10 +313,11 @@ class Planner:
         return state_before(self._journal_path, snapshot[1], step)
 
     @property
-    def batch_changed(self) -> bool:
-        """The config's global batch per step is not the restored run's: steps are re-planned from the
-        trainers' resume step (the planned-ahead ones would keep the old size)."""
-        return self.journal_batch is not None and self.journal_batch != self.batch
+    def replan_needed(self) -> bool:
+        """Resumed on another layout, batch or mixture, or a skip of planned steps: re-plan from the resume step."""
+        layout = self.journal_layout is not None and self.journal_layout != self.layout()
+        batch = self.journal_batch is not None and self.journal_batch != self.batch
+        return layout or batch or self.mixture_changed or self.skips_replan
 
     # -- mixture edits -----------------------------------------------------------------
     @property
@@ -373,9 +374,8 @@ class Planner:
         it); journaled (fsync'd) before any plan reads it. Steps already planned cannot be skipped live."""
         with self._planning:
             if first < self.next_step:
-                raise ValueError(f"skip: step {first} is already planned (planned up to {self.next_step - 1}); the "
-                                 f"earliest step a skip can start at is {self.next_step} (or stop the run, add "
-                                 f"skip: [\"{first}:{last}\"] to its config and resume from a checkpoint before it)")
+                raise ValueError(f"skip: step {first} is already planned (up to {self.next_step - 1}): start at "
+                                 f"{self.next_step} or later, or stop, add skip: [\"{first}:{last}\"] to the config, resume")
             added = self._add_skip(first, last, "operator")
             return {"first": first, "last": last, "added": added, "windows": self.skips.state_dict()}
 

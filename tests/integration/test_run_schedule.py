@@ -34,6 +34,8 @@ def test_skip_steps_10_to_14_live_then_kill_and_resume_with_more_skipped_in_the_
         before = stock_read(cluster.planner, range(2))
         cli.main(["skip", cluster.planner, "--config", str(path), "--steps", "10:14"])
         assert capsys.readouterr().out.startswith("steps 10-14 (set): the samples first drawn for them are dropped")
+        cli.main(["status", cluster.planner, "--once"])
+        assert "skipped steps (first draw dropped): 10-14" in capsys.readouterr().out
         before.update(stock_read(cluster.planner, range(2, cut + 2)))
         kill_all(cluster)
     write_config(tmp_path / "live", corpus, checkpoint={"every": 4}, skip=["10:14", "15:16"])
