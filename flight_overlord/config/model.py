@@ -242,7 +242,7 @@ class Config:
     ray: RayConfig = RayConfig()
     planner: PlannerConfig = PlannerConfig()
     schedule: RunShape = RunShape()  # the global batch and context stages per step (core/run_shape.py)
-    skip: tuple[tuple[int, int], ...] = ()  # [first, last] steps whose first draw is dropped (core/skips.py)
+    skip: tuple[tuple[int, int], ...] = ()  # [first, last] steps whose samples are dropped (core/skips.py)
     deployment: str = "default"  # one of DEPLOYMENTS (single_node: every role in one process, topology.roles)
     path: Path | None = None  # the YAML file this came from, so child processes can reload it
 

@@ -1,5 +1,5 @@
 """Config keys that shape a run over its steps: ``schedule`` (the global batch and context stages per
-step, ``core/run_shape.py``) and ``skip`` (steps whose first draw is dropped, ``core/skips.py``)."""
+step, ``core/run_shape.py``) and ``skip`` (windows of steps whose samples are dropped, ``core/skips.py``)."""
 from __future__ import annotations
 
 from typing import Any

@@ -202,8 +202,8 @@ def _skip(args) -> None:
     finally:
         client.close()
     said = "set" if answer["added"] else "was set already"
-    print(f"steps {first}-{last} ({said}): the samples first drawn for them are dropped, each step is drawn again "
-          f"from the samples after them; `overlord audit` counts the dropped ones as skipped")
+    print(f"steps {first}-{last} ({said}): the samples they would have had are dropped; from step {first} on the steps "
+          f"hold the samples after them; `overlord audit` counts the dropped ones as skipped")
 
 
 def _audit(args) -> None:
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     _add_credential_args(p)
     p.set_defaults(func=_mix)
     p = sub.add_parser("skip", help="drop the samples a window of future steps would have had (after a loss "
-                       "spike); each step is drawn again from the samples after them (journaled; --config)")
+                       "spike); the steps from its first on hold the samples after them (journaled; --config)")
     p.add_argument("address", help="the Planner's address")
     p.add_argument("--steps", required=True, metavar="FIRST:LAST", help="the steps, both included, not planned yet "
                    "(for steps planned already: stop, add `skip: [\"FIRST:LAST\"]` to the config, resume)")

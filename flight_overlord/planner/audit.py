@@ -58,7 +58,10 @@ def compute_audit(starts: list[float], records: list[dict], plans: Iterable[Step
             buckets_of_last = plan.num_buckets
         for key, _ in plan.dropped:
             per_source[key.split(":", 1)[0]]["skipped"] += 1
-            skipped[step] = skipped.get(step, 0) + 1
+        if plan.dropped:
+            first, last = plan.stats.get("dropped_steps", (step, step))
+            skipped.update({number: 0 for number in range(first, last + 1)})
+            skipped[first] = len(plan.dropped)
         buckets = served.get(step, {})
         for bucket, digests in buckets.items():  # served: its keys count, and must be the plan's
             keys = _bucket_keys(plan, bucket)
@@ -159,8 +162,9 @@ def render(report: dict) -> str:
                      f"{report['planned_through']}, which some rank has not reached (on a live run: on their way; "
                      f"not missing)")
     if report.get("skipped"):
-        lines.append(f"  skipped on purpose (overlord skip): {report['skipped']} samples first drawn for steps "
-                     f"{_ranges(report['skipped_steps'])}, dropped; those steps hold the samples drawn after them")
+        lines.append(f"  skipped on purpose (overlord skip): {report['skipped']} samples that steps "
+                     f"{_ranges(report['skipped_steps'])} would have had, dropped (not missing); those steps hold the "
+                     f"samples after them")
     if report["unverified"]:
         lines.append(f"steps whose served keys differ from their plan (dropped samples?): {report['unverified']}")
     lines.append(f"{'source':<16}{'samples':>9}{'dupl.':>7}{'missing':>9}{'skipped':>9}  epochs")

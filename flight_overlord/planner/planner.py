@@ -52,7 +52,7 @@ class Planner:
         self.journal_mixture: dict | None = None  # the mixture of the run restored from, if any
         self.overrides = MixOverrides()  # live reweighting (overlord mix), journaled
         self.last_weights: dict[str, float] | None = None  # the weights of the step planned last (status)
-        self.skips = StepSkips()  # steps whose first draw is dropped (overlord skip, the config's skip:), journaled
+        self.skips = StepSkips()  # windows of steps whose samples are dropped (overlord skip, skip:), journaled
         self.skips_replan = False  # the config set a skip of steps already planned: re-plan from the resume step
         self.batch = batch_of(cfg)  # journaled with the state: a resume on another batch re-plans
         self.journal_batch: list | None = None  # the batch of the run restored from (None: not journaled)
@@ -132,13 +132,13 @@ class Planner:
             cost_params[name] = [cost.in_force.a, cost.in_force.b]
             if fit_record is not None:
                 self._journal.append(fit_record)
-        drop_first = self.skips.covers(step)
-        plan = plan_step_dropping(step, self.feeds, self.mixer, self.strategy, weights, feedback, drop_first=drop_first,
+        drop = self.skips.to_drop(step)
+        plan = plan_step_dropping(step, self.feeds, self.mixer, self.strategy, weights, feedback, drop=drop,
                                   cost_fn=cost_fns.get("backbone"), encoder_cost_fn=cost_fns.get("encoder"))
         for cost in self.costs.values():
             cost.planned(plan)
         plan.stats["skipped"] = sum(f.skipped for f in self.feeds.values())
-        record = step_record(plan, weights, reset_credit, cost_params, drop_first)
+        record = step_record(plan, weights, reset_credit, cost_params, drop)
         record["state"] = self._planning_state()
         if scaled:
             record["scaling"] = scaled
@@ -285,7 +285,7 @@ class Planner:
         for mix in mixes:
             self.overrides.add(mix["step"], mix["weights"])
         for skip in skips:
-            self.skips.add(skip["first"], skip["last"])
+            self.skips.add(skip["first"], skip["last"], planned_to=skip.get("planned_to", 0))
         log.info("restored at step %d", self.next_step)
 
     def rewind(self, step: int) -> None:
@@ -297,6 +297,7 @@ class Planner:
                              "resume on the run's own layout")
         state = self._state_before(step)
         self.load_state_dict(state)
+        self.skips.replan_from(step)
         edit = self._config_edit(step)
         offset = self._journal.size()
         self._journal.append({"rewind": step, "layout": self.layout(), "state": self._planning_state()})
@@ -370,8 +371,8 @@ class Planner:
         return {s: float(w) for s, w in self.strategy.schedule.weights(step).items()}
 
     def skip(self, first: int, last: int) -> dict:
-        """Drop the first draw of steps ``first``..``last`` (each is drawn again from the samples after
-        it); journaled (fsync'd) before any plan reads it. Steps already planned cannot be skipped live."""
+        """Drop the samples steps ``first``..``last`` would have had (``core/skips.py``); journaled (fsync'd)
+        before any plan reads it. Steps already planned cannot be skipped live."""
         with self._planning:
             if first < self.next_step:
                 raise ValueError(f"skip: step {first} is already planned (up to {self.next_step - 1}): start at "
@@ -380,10 +381,10 @@ class Planner:
             return {"first": first, "last": last, "added": added, "windows": self.skips.state_dict()}
 
     def _add_skip(self, first: int, last: int, by: str) -> bool:
-        if not self.skips.add(first, last):
+        if not self.skips.add(first, last, planned_to=self.next_step):
             return False
-        self._journal.append({"skip": {"first": first, "last": last, "by": by}})
-        log.info("steps %d-%d: their first draw is dropped (skip set by the %s)", first, last, by)
+        self._journal.append({"skip": {"first": first, "last": last, "by": by, "planned_to": self.next_step}})
+        log.info("steps %d-%d: their samples are dropped (skip set by the %s)", first, last, by)
         return True
 
     def close(self) -> None:

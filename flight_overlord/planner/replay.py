@@ -30,6 +30,7 @@ import numpy as np
 from ..config import Config
 from ..core.mixing import Mixer
 from ..core.order import ReadOrder, RowGroupRef
+from ..core.skips import window
 from ..journal import read_journal
 from ..wire.plan_channel import PLAN_AHEAD
 from .costing import cost_fns
@@ -74,10 +75,10 @@ def plan_digest(plan: StepPlan) -> str:
 
 
 def step_record(plan: StepPlan, weights: dict, reset_credit: bool, costs: dict[str, list[float]],
-                drop_first: bool = False) -> dict:
+                drop: tuple[int, int] | None = None) -> dict:
     """A step's journal record, without its samples: the step's own inputs (``weights`` as given to
     planning, before any buffer policy; the credit reset; the cost models in force as [a, b]; whether
-    its first draw was dropped, ``overlord skip``) and the plan's digest, weights, stats and feedback."""
+    the steps whose draws were dropped before it, ``overlord skip``) and the plan's digest, weights, stats and feedback."""
     record = {"step": plan.step, "layout": plan.layout(), "weights": plan.weights, "stats": plan.stats,
               "digest": plan_digest(plan)}
     if plan.feedback is not None:
@@ -89,8 +90,8 @@ def step_record(plan: StepPlan, weights: dict, reset_credit: bool, costs: dict[s
         inputs["reset_credit"] = True
     if costs:
         inputs["cost"] = costs
-    if drop_first:
-        inputs["drop_first"] = True
+    if drop:
+        inputs["drop_steps"] = list(drop)
     if inputs:
         record["inputs"] = inputs
     return record
@@ -187,7 +188,7 @@ def derive(record: dict, offset: int, before: dict, strategy, reader: SourceRead
         mixer.reset_credit()
     cost = cost_fns(inputs.get("cost", {}))
     plan = plan_step_dropping(step, feeds, mixer, strategy, inputs.get("weights", record["weights"]),
-                              record.get("feedback"), drop_first=bool(inputs.get("drop_first")),
+                              record.get("feedback"), drop=inputs.get("drop_steps"),
                               cost_fn=cost.get("backbone"), encoder_cost_fn=cost.get("encoder"))
     if plan_digest(plan) != record["digest"]:
         raise PlanMismatch(f"step {step}: planned again from the journal, its plan differs from the one served "
@@ -213,7 +214,7 @@ def state_before(path: Path, snapshot: dict, step: int) -> dict:
         elif "skip" in record:
             skips.append(record["skip"])
     state["overrides"] = state.get("overrides", []) + [[m["step"], m["weights"]] for m in mixes]
-    state["skips"] = state.get("skips", []) + [[s["first"], s["last"]] for s in skips]
+    state["skips"] = state.get("skips", []) + [window(s["first"], s["last"], s.get("planned_to", 0)) for s in skips]
     state["feedback"] = {}
     return state
 

@@ -229,8 +229,8 @@ class PlannerServer(ActionServer):
 
     @requires(CLUSTER)
     def action_skip(self, body):
-        """{"first", "last"}: the samples steps first..last would have had are dropped, each step drawn
-        again from the samples after them (``core/skips.py``). Journaled; a resume replays it."""
+        """{"first", "last"}: the samples steps first..last would have had are dropped; from step first on
+        the steps hold the samples after them (``core/skips.py``). Journaled; a resume replays it."""
         request = SkipRequest.from_wire(body)
         return self.planner.skip(request.first, request.last)
 

@@ -7,7 +7,7 @@ ValueError naming the field that is wrong), used by both ends.
 - ``Report`` trainer -> Planner (action ``report``): losses and/or measured seconds of one step;
 - ``StatsRequest`` anyone -> Planner (action ``stats``): per-step plan statistics of a step range;
 - ``MixRequest`` operator -> Planner (action ``mix``): live reweighting from a future step on.
-- ``SkipRequest`` operator -> Planner (action ``skip``): drop the first draw of a window of future steps.
+- ``SkipRequest`` operator -> Planner (action ``skip``): drop the samples a window of future steps would have had.
 """
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ class StatsRequest:
 
 @dataclass(frozen=True)
 class SkipRequest:
-    """Drop the first draw of steps ``first``..``last`` (action ``skip``): each is drawn again after it."""
+    """Drop the samples steps ``first``..``last`` would have had (action ``skip``)."""
     first: int
     last: int
 

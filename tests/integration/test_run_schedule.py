@@ -33,9 +33,9 @@ def test_skip_steps_10_to_14_live_then_kill_and_resume_with_more_skipped_in_the_
     with LocalCluster(path) as cluster:
         before = stock_read(cluster.planner, range(2))
         cli.main(["skip", cluster.planner, "--config", str(path), "--steps", "10:14"])
-        assert capsys.readouterr().out.startswith("steps 10-14 (set): the samples first drawn for them are dropped")
+        assert capsys.readouterr().out.startswith("steps 10-14 (set): the samples they would have had are dropped")
         cli.main(["status", cluster.planner, "--once"])
-        assert "skipped steps (first draw dropped): 10-14" in capsys.readouterr().out
+        assert "skipped steps (their samples dropped): 10-14" in capsys.readouterr().out
         before.update(stock_read(cluster.planner, range(2, cut + 2)))
         kill_all(cluster)
     write_config(tmp_path / "live", corpus, checkpoint={"every": 4}, skip=["10:14", "15:16"])
@@ -49,7 +49,7 @@ def test_skip_steps_10_to_14_live_then_kill_and_resume_with_more_skipped_in_the_
     assert report["samples"] == sum(len(v) for v in reference.values())
     assert sum(v["skipped"] for v in report["per_source"].values()) == report["skipped"]
     cli.main(["audit", str(load_config(path).run_dir)])
-    assert f"skipped on purpose (overlord skip): {report['skipped']} samples first drawn for steps 10-16" \
+    assert f"skipped on purpose (overlord skip): {report['skipped']} samples that steps 10-16 would have had" \
         in capsys.readouterr().out
 
 

@@ -37,6 +37,7 @@ class Plan:
 
     def __init__(self, step, buckets, dropped=()):
         self.step, self.num_buckets, self.dropped = step, len(buckets), list(dropped)
+        self.stats = {"dropped_steps": [step, step]} if dropped else {}
         self.bins = [[FakePick(k) for k in keys] for keys in buckets]
 
     def bucket_bins(self, bucket):

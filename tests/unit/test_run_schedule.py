@@ -1,7 +1,7 @@
-"""The run's own schedule without servers: ``overlord skip`` (a skipped step's first draw is dropped and
-the step drawn again from the samples after it; the same steps come out of a live skip, of the config's
-``skip:`` and of a replay of the journal), a batch ramp and context stages planned per step, and a
-rewind onto another shape that delivers nothing twice and loses nothing planned."""
+"""The run's own schedule without servers: ``overlord skip`` (the samples a window of steps would have
+had are dropped and the stream moves on by the window; the same steps come out of a live skip, of the
+config's ``skip:`` and of a replay of the journal), a batch ramp and context stages planned per step,
+and a rewind onto another shape that delivers nothing twice and loses nothing planned."""
 from __future__ import annotations
 
 import pytest
@@ -16,9 +16,9 @@ def keys(plan) -> list[str]:
     return [p.ref.key for b in plan.bins for p in b]
 
 
-def test_a_skipped_steps_samples_are_dropped_and_the_step_drawn_again(tmp_path):
+def test_a_skipped_windows_samples_are_dropped_and_the_stream_moves_on_by_the_window(tmp_path):
     plain = _planner(parse_config(_config_raw(tmp_path, run="plain"), base_dir=tmp_path), resume=False)
-    reference = [plain.plan_next() for _ in range(10)]
+    reference = [keys(plain.plan_next()) for _ in range(10)]
     plain.close()
     live = _planner(parse_config(_config_raw(tmp_path, run="live"), base_dir=tmp_path), resume=False)
     plans = [live.plan_next() for _ in range(3)]
@@ -27,13 +27,10 @@ def test_a_skipped_steps_samples_are_dropped_and_the_step_drawn_again(tmp_path):
     assert live.skip(4, 5)["added"] and not live.skip(4, 5)["added"]
     plans += [live.plan_next() for _ in range(5)]
     live.close()
-    assert [keys(p) for p in plans[:4]] == [keys(p) for p in reference[:4]]
-    assert [p.dropped for p in plans[:4]] == [[]] * 4
-    dropped = [k for p in plans[4:6] for k, _ in p.dropped]
-    assert dropped and set(dropped) <= {k for p in reference[4:8] for k in keys(p)}
-    delivered = [k for p in plans for k in keys(p)]
-    assert len(delivered) == len(set(delivered)) and not set(dropped) & set(delivered)
-    assert plans[4].stats["dropped"] == len(plans[4].dropped)
+    # steps 4 and 5 would have had reference[4] and reference[5]: dropped; step 4 holds what step 6 would
+    assert [keys(p) for p in plans] == reference[:4] + reference[6:10]
+    assert [k for k, _ in plans[4].dropped] == reference[4] + reference[5] and not plans[5].dropped
+    assert plans[4].stats["dropped"] == len(plans[4].dropped) and plans[4].stats["dropped_steps"] == [4, 5]
 
     # the config's skip: gives the same plans; a restarted Planner re-derives them, dropped samples included
     raw = {**_config_raw(tmp_path, run="config"), "skip": ["4:5"]}
@@ -41,20 +38,26 @@ def test_a_skipped_steps_samples_are_dropped_and_the_step_drawn_again(tmp_path):
     assert [configured.plan_next().to_record() for _ in range(8)] == [p.to_record() for p in plans]
     configured.close()
     again = _planner(parse_config(raw, base_dir=tmp_path), resume=True)
-    assert again.skips.windows == [(4, 5)] and not again.skips_replan
+    assert again.skips.windows == [[4, 5, 4]] and not again.replan_needed
     assert [(again.journaled(s).dropped, keys(again.journaled(s))) for s in (5, 4, 6)] == \
         [(plans[s].dropped, keys(plans[s])) for s in (5, 4, 6)]
     again.close()
 
 
-def test_a_skip_in_the_config_of_steps_already_planned_asks_for_a_re_plan(tmp_path):
+@pytest.mark.parametrize("resume_at, dropped", [(3, [3, 4]), (4, [4]), (6, [])])
+def test_a_window_the_config_adds_over_planned_steps_drops_from_where_trainers_resume(tmp_path, resume_at, dropped):
+    """Steps 0-7 planned, the config adds a skip of 3-4 at a resume: the trainers' resume step decides
+    which of the window's steps were delivered already (kept) and which are dropped."""
     first = _planner(parse_config(_config_raw(tmp_path), base_dir=tmp_path), resume=False)
-    for _ in range(6):
-        first.plan_next()
+    reference = [keys(first.plan_next()) for _ in range(8)]
     first.close()
     resumed = _planner(parse_config({**_config_raw(tmp_path), "skip": ["3:4"]}, base_dir=tmp_path), resume=True)
-    assert resumed.skips_replan and resumed.skips.windows == [(3, 4)]
+    assert resumed.replan_needed and resumed.skips.windows == [[3, 4, None]]
+    resumed.rewind(resume_at)
+    plans = [resumed.plan_next() for _ in range(2)]
     resumed.close()
+    assert [k for k, _ in plans[0].dropped] == [k for s in dropped for k in reference[s]]
+    assert [keys(p) for p in plans] == reference[resume_at + len(dropped):resume_at + len(dropped) + 2]
 
 
 @pytest.mark.parametrize("value, message", [("4", None), (["3:1"], "skip\\[0\\]: 3:1 is no window"),
