@@ -50,17 +50,16 @@ def compute_audit(starts: list[float], records: list[dict], plans: Iterable[Step
     step_tokens: dict[int, Counter] = defaultdict(Counter)  # planned tokens delivered: the mixer's other unit
     unserved: dict[int, Counter] = {}  # step -> source -> planned samples no rank was served (yet)
     skipped: dict[int, int] = {}  # step -> samples dropped on purpose (overlord skip)
-    planned, unverified, buckets_of_last = set(), set(), 0
+    planned, unverified, last = set(), set(), (-1, 0)  # last: the highest step planned, and its buckets
     for plan in plans:
         step = plan.step
         planned.add(step)
-        if step == max(planned):
-            buckets_of_last = plan.num_buckets
+        last = max(last, (step, plan.num_buckets))
         for key, _ in plan.dropped:
             per_source[key.split(":", 1)[0]]["skipped"] += 1
-        if plan.dropped:
-            first, last = plan.stats.get("dropped_steps", (step, step))
-            skipped.update({number: 0 for number in range(first, last + 1)})
+        if plan.dropped:  # the window's samples, dropped when its first step was planned
+            first, end = plan.stats.get("dropped_steps", (step, step))
+            skipped.update({number: 0 for number in range(first, end + 1)})
             skipped[first] = len(plan.dropped)
         buckets = served.get(step, {})
         for bucket, digests in buckets.items():  # served: its keys count, and must be the plan's
@@ -80,7 +79,7 @@ def compute_audit(starts: list[float], records: list[dict], plans: Iterable[Step
                 step_samples[step][source] += 1
         unserved[step] = Counter(key.split(":", 1)[0] for bucket in range(plan.num_buckets) if bucket not in buckets
                                  for key, _ in _bucket_keys(plan, bucket))
-    through = _passed_by_all(delivered, last_segment, buckets_of_last)
+    through = _passed_by_all(delivered, last_segment, last[1])
     missing = undelivered = 0
     for step, counts in unserved.items():
         if step > through:  # some rank has not got there yet: on its way, not missing
