@@ -35,11 +35,11 @@ SOURCES = ["captions", "code", "docstrings", "qa"]
 def per_step_audit(run_dir: Path, config: Path) -> dict:
     """The audit as it was made before: each step's plan looked up alone (``Planner.journaled``)."""
     with offline_planner(run_dir, str(config)) as planner:
-        starts, records = read_deliveries(run_dir)
+        starts, records, rewinds = read_deliveries(run_dir)
         edits = [r.get("edit") or {"kind": "mix", **r["mix"]} for _, r in read_journal(run_dir / "plan-journal.jsonl")
                  if "edit" in r or "mix" in r]
         plans = (p for step in range(planner.next_step) if (p := planner.journaled(step)) is not None)
-        return compute_audit(starts, records, plans, edits)
+        return compute_audit(starts, records, plans, edits, rewinds)
 
 
 def one_pass_audit(run_dir: Path, config: Path) -> dict:

@@ -3,6 +3,7 @@ from .. import allocator
 allocator.system_pool_if_first_to_load_pyarrow()  # before anything of ours loads pyarrow
 
 from .compute_timer import ComputeTimer
-from .trainer import StepFetcher, TrainerClient, launcher_rank, table_to_microbatches
+from .fetcher import StepFetcher
+from .trainer import TrainerClient, launcher_rank, table_to_microbatches
 
 __all__ = ["ComputeTimer", "StepFetcher", "TrainerClient", "launcher_rank", "table_to_microbatches"]

@@ -17,141 +17,15 @@ import time
 from typing import Iterator
 
 import pyarrow as pa
-import pyarrow.flight as fl
 
 from .. import allocator, wire
+from ..wire.credits import HEARTBEAT_SECONDS, credit_after
 from ..wire.security import Credentials
 from ..wire.actions import Report
-from ..wire.server import RETRY_SECONDS, ClientPool, ask_again
+from .fetcher import StepFetcher
 from .launcher import PLANNER_ENV, launcher_rank
 from .tensors import TensorPlacement, table_to_encoder_inputs, table_to_microbatches
 
-
-
-def _batches(reader: fl.FlightStreamReader) -> Iterator[pa.RecordBatch]:
-    while True:
-        try:
-            yield reader.read_chunk().data
-        except StopIteration:
-            return
-
-
-class StepFetcher:
-    """Fetches one rank's raw Arrow tables step by step: Planner ticket, then the constructor's do_get.
-
-    ``token``: a trainer token (default ``$OVERLORD_TRAINER_TOKEN``), needed when the run's config
-    names trainer tokens; ``credentials`` (``wire.security.Credentials``): token and TLS material at
-    once (default: the token, and the CA / client certificate files of ``$OVERLORD_TLS_CA``,
-    ``$OVERLORD_TLS_CERT``, ``$OVERLORD_TLS_KEY``)."""
-
-    def __init__(self, planner: str, rank: int, *, timeout: float = 300.0, token: str | None = None,
-                 credentials: Credentials | None = None):
-        self.rank = rank
-        self.timeout = timeout
-        if credentials is None:
-            credentials = Credentials.for_trainer(token)
-        elif token is not None:
-            credentials = credentials.with_token(token)
-        self._pool = ClientPool(credentials)
-        self._closed = False
-        self._reader: fl.FlightStreamReader | None = None  # the rank stream being read, if any
-        self.planner_location = planner
-        self.last_ticket_seconds = 0.0  # the Planner call of the last fetch (starvation attribution)
-
-    @property
-    def planner(self) -> fl.FlightClient:
-        """A client of the Planner (for calls of your own: it carries the credentials)."""
-        return self._pool.get(self.planner_location)
-
-    def fetch(self, step: int, kind: str = "batch") -> pa.Table:
-        """``kind`` "batch": the rank's microbatches; "encoder": the images its vision encoder
-        processes (only when the strategy has an image graph)."""
-        descriptor = fl.FlightDescriptor.for_path(kind, str(step), str(self.rank))
-        asked = time.monotonic()
-        info = self.retry(lambda client: client.get_flight_info(descriptor), self.planner_location,
-                          f"ticket of step {step}", "the planner")
-        self.last_ticket_seconds = time.monotonic() - asked
-        tables = []
-        for endpoint in info.endpoints:
-            # pyarrow does not follow endpoint locations: redeem the ticket where the Planner says.
-            location = endpoint.locations[0].uri.decode() if endpoint.locations else self.planner_location
-            tables.append(self.retry(lambda client: client.do_get(endpoint.ticket).read_all(), location,
-                                     f"data of step {step}", "the constructor"))
-        return pa.concat_tables(tables)
-
-    def stream(self, step: int, end: int | None = None, kind: str = "rank") -> Iterator[tuple[int, pa.Table]]:
-        """(step, table) from ``step`` on (up to ``end``) over the rank stream (``kind`` "rank": its
-        batches; "encoder-rank": the images its vision encoder processes): one ticket from the Planner,
-        one long-lived ``do_get`` at the constructor. When the stream breaks (the constructor died or
-        moved) the Planner is asked again for where to resume, at the next step not yet received, so no
-        step comes twice or is skipped; after ``timeout`` of failures the error names the constructor."""
-        down_since = None
-        while end is None or step < end:
-            descriptor = fl.FlightDescriptor.for_path(kind, str(self.rank), str(step),
-                                                      *([] if end is None else [str(end)]))
-            info = self.retry(lambda client: client.get_flight_info(descriptor), self.planner_location,
-                              f"rank ticket from step {step}", "the planner")
-            endpoint = info.endpoints[0]
-            location = endpoint.locations[0].uri.decode() if endpoint.locations else self.planner_location
-            reader = None
-            try:
-                if self._closed:
-                    raise RuntimeError(f"rank {self.rank}: the client is closed (no step {step})")
-                reader = self._reader = self._pool.get(location).do_get(endpoint.ticket)
-                for batch in _batches(reader):
-                    down_since = None
-                    got = batch.column("step")[0].as_py() if batch.num_rows else step
-                    if got != step:
-                        raise RuntimeError(f"rank {self.rank}: the rank stream sent step {got}, expected {step}")
-                    yield step, pa.Table.from_batches([batch])
-                    step += 1
-                    if end is not None and step >= end:
-                        return
-                raise fl.FlightUnavailableError(f"the rank stream at {location} ended (the constructor is stopping)")
-            except (fl.FlightUnavailableError, fl.FlightInternalError, fl.FlightCancelledError,
-                    fl.FlightTimedOutError) as exc:
-                down_since = down_since or time.time()
-                self._pool.forget(location)
-                if time.time() - down_since > self.timeout:
-                    raise TimeoutError(f"rank {self.rank}: the {kind} stream from the constructor at {location} broke "
-                                       f"at step {step} and has not come back since "
-                                       f"{time.strftime('%H:%M:%S', time.localtime(down_since))}: {exc}") from None
-                time.sleep(RETRY_SECONDS)
-            finally:
-                self._reader = None
-                if reader is not None:
-                    reader.cancel()
-
-    def retry(self, call, location: str, what: str, role: str):
-        """``call(client)`` at ``location``. Server-side waits time out and are asked again
-        (``ask_again``); an unreachable role (restarting) is polled every ``RETRY_SECONDS`` on a fresh
-        connection; after ``timeout`` the error says which role is down, where, and since when."""
-        deadline = time.monotonic() + self.timeout
-        down_since = None
-        while True:
-            try:
-                answer = ask_again(lambda: call(self._pool.get(location)), stop=lambda: self._closed,
-                                   deadline=deadline)
-            except fl.FlightTimedOutError:  # the server waited its share each time, till the deadline
-                raise TimeoutError(f"rank {self.rank}: no {what} after {self.timeout:.0f}s") from None
-            except fl.FlightUnavailableError:
-                down_since = down_since or time.time()
-                self._pool.forget(location)
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"rank {self.rank}: no {what}: {role} at {location} has been unreachable "
-                                       f"since {time.strftime('%H:%M:%S', time.localtime(down_since))}") from None
-                time.sleep(RETRY_SECONDS)
-                continue
-            if answer is None and self._closed:
-                raise RuntimeError(f"rank {self.rank}: the client is closed (no {what})")
-            return answer
-
-    def close(self) -> None:
-        self._closed = True
-        reader = self._reader
-        if reader is not None:  # a stream waiting for its next step ends now
-            reader.cancel()
-        self._pool.close()
 
 
 def in_step(rank: int, batches: Iterator[tuple[int, pa.Table]],
@@ -209,10 +83,11 @@ class TrainerClient:
         self.num_steps = num_steps
         self.prefetch = prefetch
         self.as_tensors = as_tensors
-        self._fetcher = StepFetcher(planner, rank, timeout=timeout, token=token, credentials=credentials)
+        # rank streams with credits: at most prefetch + 1 steps sent and not yet yielded (wire/credits.py)
+        options = {"timeout": timeout, "token": token, "credentials": credentials, "window": prefetch + 1}
+        self._fetcher = StepFetcher(planner, rank, **options)
         # the encoder inputs come on a second rank stream, read in step with the first
-        self._encoder_fetcher = (StepFetcher(planner, rank, timeout=timeout, token=token, credentials=credentials)
-                                 if encoder else None)
+        self._encoder_fetcher = StepFetcher(planner, rank, **options) if encoder else None
         self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -263,7 +138,7 @@ class TrainerClient:
         if self._end is not None and self.next_step >= self._end:
             raise StopIteration
         idle = time.monotonic()
-        item = self._queue.get()
+        item = self._next_item()
         if isinstance(item, BaseException):
             self._failure = item  # the thread has stopped: every later call says why
             raise item
@@ -274,6 +149,15 @@ class TrainerClient:
             return (table, encoder) if self.encoder else table
         batch = self._place(table_to_microbatches(table))
         return (batch, self._place(table_to_encoder_inputs(encoder))) if self.encoder else batch
+
+    def _next_item(self):
+        """The next prefetched item; a wait that lasts is logged (what, where, since when)."""
+        since = time.time()
+        while True:
+            try:
+                return self._queue.get(timeout=HEARTBEAT_SECONDS)
+            except queue.Empty:
+                self._fetcher.waiting(f"step {self.next_step}", since)
 
     def _place(self, rows: list[dict]) -> list[dict]:
         return rows if self._placement is None else [self._placement(row) for row in rows]
@@ -321,6 +205,7 @@ class TrainerClient:
                      if self.encoder else ((s, table, None) for s, table in batches))
             for item in items:
                 self._put(item)
+                self._credit(credit_after(item[0], self.prefetch, self._queue.qsize()))
                 step = item[0] + 1
                 if self._stop.is_set():
                     return
@@ -338,12 +223,22 @@ class TrainerClient:
                 del self._waits[old]
 
     def _put(self, item) -> None:
+        """Queue ``item`` once there is room; meanwhile the streams hear the credit again now and then, so
+        that a constructor's handler waiting for it notices its server stopping (``wire/credits.py``)."""
+        waited = time.monotonic()
         while not self._stop.is_set():
             try:
                 self._queue.put(item, timeout=0.2)
                 return
             except queue.Full:
-                continue
+                if time.monotonic() - waited >= HEARTBEAT_SECONDS:
+                    waited = time.monotonic()
+                    self._credit(None)
+
+    def _credit(self, upto: int | None) -> None:
+        for fetcher in (self._fetcher, self._encoder_fetcher):
+            if fetcher is not None:
+                fetcher.credit(upto)
 
     def close(self) -> None:
         """Stop the prefetch thread and join it; the client yields nothing more."""

@@ -33,6 +33,7 @@ from ..wire.status import ConstructorStatus
 from .assembly import (Sample, build_microbatch, decode_or_error, drop_bad, encoder_table, rank_table,
                        shipped_images, truncate)
 from .hdp import hdp_rank_table
+from .rebuilt import RebuiltSteps
 from .staging import Staging
 
 WAIT_SECONDS = 30.0  # a trainer's do_get waits this long server-side for its step, then asks again
@@ -40,10 +41,15 @@ WAIT_SECONDS = 30.0  # a trainer's do_get waits this long server-side for its st
 
 class Constructor:
     def __init__(self, cfg: Config, index: int, strategy: Strategy,
-                 on_served: Callable[[int, int, int, list[str]], None] | None = None):
+                 on_served: Callable[[int, int, int, list[str]], None] | None = None,
+                 rebuild: Callable[[int], dict] | None = None,
+                 on_rewind: Callable[[int, int, int], None] | None = None):
         """Constructor ``index`` of the mesh; ``strategy``: for its ``constructor_do_plan`` hook;
         ``on_served(step, rank, bucket, keys)``: told of every batch handed to a rank (the server
-        records it for ``overlord audit``)."""
+        records it for ``overlord audit``); ``rebuild(step)``: a released step's tables assembled
+        again (its plan from the journal, its samples from the loaders), for a rank that went back to
+        it; ``on_rewind(rank, first, served)``: a rank's stream starts at ``first``, at or before
+        ``served``, the last step it was served (recorded for the audit)."""
         self.cfg = cfg
         self.index = index
         self.mesh = strategy.mesh
@@ -65,6 +71,9 @@ class Constructor:
         self.failure: BackgroundFailure | None = None  # assembly failed: every waiting take gets it
         self.stopping = False
         self._on_served = on_served
+        # a trainer restarted from a checkpoint asks for steps released here: each built again once
+        self._rebuilt = RebuiltSteps(rebuild, keep=2 + cfg.prefetch) if rebuild is not None else None
+        self._on_rewind = on_rewind
 
     # -- fetching ----------------------------------------------------------------------
     @staticmethod
@@ -196,19 +205,40 @@ class Constructor:
             self._wait_staged(kind, step, rank)
             if self.failure:
                 raise BackgroundFailure(str(self.failure), self.failure.cause)
-            return self._served_table(kind, step, rank)
+            table = self._served_table(kind, step, rank)
+        return table if table is not None else self._served_again(kind, step, rank)
 
-    def _served_table(self, kind: str, step: int, rank: int) -> pa.Table:
-        """(lock held, step assembled) The staged table, counted as served."""
+    def _key(self, kind: str, step: int, rank: int) -> tuple:
+        """(lock held) The staging key of a rank's ``kind`` table of ``step``."""
         if kind == "batch":
-            key = (step, self._deliveries[rank].key)
-        else:
-            key = (step, ("encoder", self.mesh.bucket_of(rank, self._encoder_axis or "WORLD")))
-        if key not in self.staging.tables:
-            if kind == "encoder" and self._encoder_axis is None:
-                raise KeyError("no encoder stream: this run's plans have no image graph")
+            return step, self._deliveries[rank].key
+        return step, ("encoder", self.mesh.bucket_of(rank, self._encoder_axis or "WORLD"))
+
+    def _served_table(self, kind: str, step: int, rank: int) -> pa.Table | None:
+        """(lock held, step assembled) The staged table, counted as served; None when it was released
+        already and can be built again (``_served_again``, outside the lock)."""
+        if self._deliveries:
+            key = self._key(kind, step, rank)
+            if key in self.staging.tables:
+                return self._count(kind, step, rank, self.staging.tables[key])
+        if kind == "encoder" and self._deliveries and self._encoder_axis is None:
+            raise KeyError("no encoder stream: this run's plans have no image graph")
+        if self._rebuilt is None:
             raise KeyError(f"{kind} of step {step} for rank {rank} was already served and released")
-        table = self.staging.tables[key]
+        return None
+
+    def _served_again(self, kind: str, step: int, rank: int) -> pa.Table:
+        """A released step's table for a rank that went back to it, built again (the same table: the plan
+        and the samples are the journaled ones), counted as served."""
+        tables = self._rebuilt.tables(step)
+        with self.cond:
+            key = self._key(kind, step, rank)
+            if key not in tables:
+                raise KeyError(f"{kind} of step {step} for rank {rank}: not in the step's plan built again")
+            return self._count(kind, step, rank, tables[key])
+
+    def _count(self, kind: str, step: int, rank: int, table: pa.Table) -> pa.Table:
+        """(lock held) ``table`` handed to ``rank``: counted (and journaled) as served."""
         self.staging.served(kind, rank, step)
         if kind == "batch":
             self._count_served(rank, step, table)
@@ -236,6 +266,8 @@ class Constructor:
         tables from ``first`` on, one per step, each counted (and journaled) as served when it is handed
         out; it ends at ``end`` or when this constructor stops. A batch stream's position paces planning."""
         self.check_rank(rank)
+        if kind == "batch":
+            self._note_rewind(rank, first)
         table = self._stream_take(kind, rank, first, stream=False)  # the schema comes with the first step
         if table is None:
             raise RuntimeError(f"constructor {self.index} is stopping: ask the Planner for rank {rank}'s stream again")
@@ -261,9 +293,19 @@ class Constructor:
             if self.stopping:
                 return None
             table = self._served_table(kind, step, rank)
+        if table is None:
+            table = self._served_again(kind, step, rank)
         # combine_chunks (a copy) outside the lock that assembly and the streams share
         batches = table.combine_chunks().to_batches()  # one record batch per step, even an empty one (no images)
         return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+
+    def _note_rewind(self, rank: int, first: int) -> None:
+        """A rank stream starting at or before the last step this rank was served goes back (a trainer
+        restarted from a checkpoint, or a stream reopened with steps in flight): told to ``on_rewind``."""
+        with self.cond:
+            served = self._served.get(rank, {}).get("step", -1)
+        if first <= served and self._on_rewind is not None:
+            self._on_rewind(rank, first, served)
 
     def paced(self, step: int, timeout: float | None = None) -> bool | None:
         """Wait until every rank stream here is within ``prefetch`` steps of ``step`` (so the positions a

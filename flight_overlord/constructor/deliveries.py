@@ -33,6 +33,11 @@ class DeliveryJournal:
         self._journal.append({"t": time.time(), "step": step, "rank": rank, "bucket": bucket,
                               "n": len(keys), "digest": keys_digest(keys)})
 
+    def rewound(self, rank: int, first: int, served: int) -> None:
+        """Rank ``rank``'s stream starts again at ``first``, at or before ``served``, the last step it was
+        served: those steps are served again (a trainer restarted from a checkpoint, or steps lost in flight)."""
+        self._journal.append({"t": time.time(), "rewind": rank, "step": first, "served": served})
+
     def close(self) -> None:
         self._journal.close()
 
@@ -44,14 +49,16 @@ def mark_segment(run_dir: Path, *, resume: bool) -> None:
     journal.close()
 
 
-def read_deliveries(run_dir: Path) -> tuple[list[float], list[dict]]:
-    """(segment start times, every delivery record) of a run."""
+def read_deliveries(run_dir: Path) -> tuple[list[float], list[dict], list[dict]]:
+    """(segment start times, every delivery record, every rewind record) of a run."""
     directory = run_dir / DIRECTORY
     starts = [r["t"] for _, r in read_journal(directory / SEGMENTS)]
     records: list[dict] = []
+    rewinds: list[dict] = []
     for path in sorted(directory.glob("constructor-*.jsonl")):
-        records.extend(record for _, record in read_journal(path))
-    return starts, records
+        for _, record in read_journal(path):
+            (rewinds if "rewind" in record else records).append(record)
+    return starts, records, sorted(rewinds, key=lambda r: r["t"])
 
 
 def in_force(starts: list[float], records: list[dict]) -> Iterator[dict]:

@@ -30,6 +30,7 @@ from ..planner.strategy import load_strategy
 from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.actions import PlanRequest, ResumePointRequest
 from ..wire.plan import ConstructorPlan, FetchGroup
+from ..wire.credits import CreditReader
 from ..wire.plan_channel import POSITIONS_SECONDS, PlanChannel
 from ..wire.security import INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, ClientPool, ask_again, call_any, location_of, register, serve
@@ -51,7 +52,8 @@ class ConstructorServer(ActionServer):
         security = security or Security.from_config(cfg)
         self.index = index
         self._delivered = DeliveryJournal(cfg.run_dir, index)  # what was served, for `overlord audit`
-        self.constructor = Constructor(cfg, index, load_strategy(cfg, cfg.mesh), self._delivered.served)
+        self.constructor = Constructor(cfg, index, load_strategy(cfg, cfg.mesh), self._delivered.served,
+                                       rebuild=self._assemble_again, on_rewind=self._delivered.rewound)
         self.mesh = self.constructor.mesh
         self.ranks = self.constructor.ranks
         self._planner_location = planner
@@ -91,6 +93,18 @@ class ConstructorServer(ActionServer):
         except Exception as exc:
             log.exception("assembly failed")
             constructor.fail(exc)
+
+    def _assemble_again(self, step: int) -> dict:
+        """A released step's tables built again, for a rank that went back to it: its plan as the Planner
+        serves it again (from its journal), its samples from the loaders (a released row group is read
+        again), the same assembly: the same tables as the first time."""
+        raw = self._call_planner("plan", PlanRequest(step, self.index).to_wire())
+        if raw is None:
+            raise RuntimeError(f"constructor {self.index} is stopping: ask the Planner for the stream again")
+        plan = ConstructorPlan.from_wire(raw)
+        samples, _ = self._fetch(step, plan)
+        log.info("constructor %d: step %d assembled again for a rank that went back to it", self.index, step)
+        return self.constructor.assemble(step, plan, samples)
 
     def _plan_of(self, step: int) -> ConstructorPlan | None:
         """This constructor's view of ``step``: taken ahead with an earlier step's answer (a plan's samples
@@ -162,17 +176,40 @@ class ConstructorServer(ActionServer):
 
     # -- Flight ------------------------------------------------------------------------
     def do_get(self, context, ticket):
-        request = wire.decode(ticket.ticket, "ticket")
-        kind = BatchTicket.checked_kind(request)
-        self.authorize(context, TRAINER, f"do_get of a {kind!r} ticket")
-        batch = BatchTicket.from_wire(request)
-        self.authorize(context, TRAINER, f"do_get of a {kind!r} ticket", rank=batch.rank)
-        self.constructor.check_rank(batch.rank)
-        self.security.verify_ticket(request)  # forged, altered or expired: FlightUnauthorizedError
-        if batch.kind in STREAM_KINDS:  # one record batch per step, flow-controlled by gRPC
+        batch = self._redeemed(context, ticket.ticket, "do_get")
+        if batch.kind in STREAM_KINDS:  # one record batch per step, flow-controlled by gRPC (bytes)
             return fl.GeneratorStream(*self.constructor.rank_stream(batch.rank, batch.step, batch.end,
                                                                     STREAM_KINDS[batch.kind]))
         return fl.RecordBatchStream(self.constructor.take(batch.kind, batch.step, batch.rank))
+
+    def do_exchange(self, context, descriptor, reader, writer):
+        """A rank stream with credits (``wire/credits.py``): the rank ticket as the descriptor's command;
+        a step is taken and sent only once the client's credit allows it."""
+        if descriptor.command is None:
+            raise ValueError("do_exchange of a constructor takes a rank ticket as the descriptor's command")
+        batch = self._redeemed(context, descriptor.command, "do_exchange")
+        if batch.kind not in STREAM_KINDS:
+            raise ValueError(f"do_exchange takes a rank stream ticket ({', '.join(STREAM_KINDS)}), not {batch.kind!r}")
+        credits = CreditReader(reader, batch.step)
+        schema, steps = self.constructor.rank_stream(batch.rank, batch.step, batch.end, STREAM_KINDS[batch.kind])
+        writer.begin(schema)
+        step = batch.step
+        for record_batch in steps:  # the next step is taken (and counted served) only after the credit
+            writer.write_batch(record_batch)
+            step += 1
+            if not credits.allows(step, lambda: self.constructor.stopping):
+                return
+
+    def _redeemed(self, context, raw: bytes, call: str) -> BatchTicket:
+        """A trainer's ticket, checked: its kind, the caller's right to it, its rank and signature."""
+        request = wire.decode(raw, "ticket")
+        kind = BatchTicket.checked_kind(request)
+        self.authorize(context, TRAINER, f"{call} of a {kind!r} ticket")
+        batch = BatchTicket.from_wire(request)
+        self.authorize(context, TRAINER, f"{call} of a {kind!r} ticket", rank=batch.rank)
+        self.constructor.check_rank(batch.rank)
+        self.security.verify_ticket(request)  # forged, altered or expired: FlightUnauthorizedError
+        return batch
 
     @requires(INSPECT)
     def action_status(self, body):

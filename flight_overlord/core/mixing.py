@@ -186,3 +186,9 @@ def interleave(counts: np.ndarray) -> np.ndarray:
     starts = np.repeat(np.cumsum(counts) - counts, counts)
     at = (np.arange(sources.size) - starts + 0.5) / np.repeat(np.maximum(counts, 1), counts)
     return sources[np.argsort(at, kind="stable")]  # stable: equal times keep the source order
+
+
+def shares(counts: dict[str, int]) -> dict[str, float]:
+    """Each source's share of ``counts`` (what was planned, in the unit the mixer weighs: tokens or samples)."""
+    total = sum(counts.values())
+    return {source: n / total for source, n in counts.items()} if total else {}

@@ -49,3 +49,17 @@ class TrainerPositions:
     def slowest(self) -> int:
         """The step the slowest rank waits for (-1 before any rank said where it is)."""
         return min(self.requested.values()) if self.requested else -1
+
+
+def checked_positions(raw, constructor: int, ranks) -> dict[int, int]:
+    """A constructor's positions report, ``{rank: step}`` of the ranks it serves (``ranks``), checked."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"malformed plan request: 'positions' must be an object, got {type(raw).__name__}")
+    try:
+        positions = {int(r): int(s) for r, s in raw.items()}
+    except (TypeError, ValueError):
+        raise ValueError("malformed plan request: 'positions' maps rank numbers to step numbers") from None
+    if not positions.keys() <= set(ranks):
+        raise ValueError(f"plan: positions name ranks {sorted(set(positions) - set(ranks))} "
+                         f"that constructor {constructor} does not serve")
+    return positions

@@ -152,18 +152,19 @@ def _status(args) -> None:
 
 def _inspect(args) -> None:
     from .inspection import inspect_server
+    from ..wire.server import refusal
     credentials = _credentials(args)
     import pyarrow.flight as fl
     try:
         inspect_server(args.address, rows=args.rows, credentials=credentials)
     except fl.FlightError as exc:  # refused, unreachable: say so, without a client-side traceback
-        raise SystemExit(f"error: {args.address}: {type(exc).__name__}: {str(exc).split('. Detail:')[0]}") from None
+        raise SystemExit(f"error: {args.address}: {type(exc).__name__}: {refusal(exc)}") from None
 
 
 def _mix(args) -> None:
     from .. import wire
     from ..wire.actions import MixRequest
-    from ..wire.server import connect
+    from ..wire.server import connect, refusal
     weights: dict[str, float] = {}
     for item in filter(None, (part.strip() for part in args.set.split(","))):
         name, _, value = item.partition("=")
@@ -175,7 +176,7 @@ def _mix(args) -> None:
     try:
         answer = wire.call(client, "mix", MixRequest(weights, args.at, args.only, args.dry_run).to_wire())
     except Exception as exc:  # noqa: BLE001 - refused or invalid: the server's message, no traceback
-        raise SystemExit(f"error: mix: {str(exc).split('. Detail:')[0]}") from None
+        raise SystemExit(f"error: mix: {refusal(exc)}") from None
     finally:
         client.close()
     from ..planner.edits import format_weights
@@ -223,7 +224,8 @@ def _audit(args) -> None:
     except (OSError, ValueError) as exc:
         raise SystemExit(f"error: audit: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - a Flight error: the server's message, no traceback
-        raise SystemExit(f"error: audit: {str(exc).split('. Detail:')[0]}") from None
+        from ..wire.server import refusal
+        raise SystemExit(f"error: audit: {refusal(exc)}") from None
     print(dumps(report) if args.json else render(report), flush=True)
 
 

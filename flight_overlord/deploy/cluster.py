@@ -21,6 +21,7 @@ from .. import wire
 from ..config import Config, ConfigError, load_config
 from ..wire.security import Credentials, Security, cluster_secret, secret_path, write_secret
 from ..wire.server import connect
+from . import planner_address
 from .topology import RoleSpec, roles
 
 log = logging.getLogger(__name__)
@@ -93,9 +94,11 @@ class Cluster:
             cpus = self.backend.open(self)
             planner, *others = roles(self.cfg, cpus=cpus, resume=self.mode == "resume",
                                      standbys=self.backend.hot_standbys, one_process=self.backend.one_process)
-            first = self.backend.start_role(planner, list(planner.args))
+            port = planner_address.resume_port_args(self.cfg) if self.mode == "resume" else []
+            first = self.backend.start_role(planner, [*planner.args, *port])
             self.backend.wait_ready([first], self.startup_timeout)
             self.planner = first.location
+            planner_address.record(self.cfg, self.planner)
             started = [self.backend.start_role(s, [*s.args, "--standby-of" if s.standby else "--planner", self.planner])
                        for s in others]
             self.backend.wait_ready([h for h in started if not h.spec.standby], self.startup_timeout)  # a standby

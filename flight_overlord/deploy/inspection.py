@@ -9,7 +9,7 @@ from __future__ import annotations
 import pyarrow.flight as fl
 
 from ..wire.security import Credentials
-from ..wire.server import connect
+from ..wire.server import connect, refusal
 
 
 def _describe(descriptor: fl.FlightDescriptor) -> str:
@@ -40,7 +40,7 @@ def inspect_server(address: str, *, rows: int = 2, max_flights: int = 20,
             server = connect(endpoint.locations[0].uri.decode(), credentials) if endpoint.locations else client
             table = server.do_get(endpoint.ticket).read_all()
         except (fl.FlightUnauthenticatedError, fl.FlightUnauthorizedError) as exc:
-            print(f"\nno stream head: {str(exc).split('. Detail:')[0]}")  # reading a rank's data is a trainer call
+            print(f"\nno stream head: {refusal(exc)}")  # reading a rank's data is a trainer call
             return
         print(f"\nhead of the stream ({table.num_rows} rows, {table.nbytes:,} bytes):")
         for row in table.slice(0, rows).to_pylist():

@@ -40,7 +40,10 @@ class LoaderState:
         raise ValueError(f"unknown loader journal record {sorted(record)}")
 
     def _fetched(self, position: int, row: int, consumers: int, constructor: int) -> bool:
-        """A constructor has a sample; it is popped once every constructor that needs it has it."""
+        """A constructor has a sample; it is popped once every constructor that needs it has it. A
+        released position's rows were all popped: a step built again for a rank that went back changes nothing."""
+        if self.is_released(position):
+            return False
         if consumers > 1:
             have = self.partial.setdefault((position, row), set())
             have.add(constructor)

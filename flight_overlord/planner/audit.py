@@ -26,17 +26,19 @@ def audit_run(run_dir: Path, planner, mesh=None) -> dict:
     """The audit of the run in ``run_dir``; ``planner`` reads the journaled plans back, each step's plan in
     force once, re-derived in one pass over its journal (``planner.replayer.in_force()``); the edits are a
     second, parse-only read of it."""
-    starts, records = read_deliveries(run_dir)
+    starts, records, rewinds = read_deliveries(run_dir)
     edits = [r.get("edit") or {"kind": "mix", **r["mix"]} for _, r in read_journal(run_dir / "plan-journal.jsonl")
              if "edit" in r or "mix" in r]
     edits += [{"step": stage.first_step, "kind": f"context {stage.context_length}"}  # a stage's mixture, realized
               for stage in planner.strategy.stages if stage.first_step > 0]
-    return compute_audit(starts, records, planner.replayer.in_force(), edits)
+    return compute_audit(starts, records, planner.replayer.in_force(), edits, rewinds)
 
 
-def compute_audit(starts: list[float], records: list[dict], plans: Iterable[StepPlan], edits: list[dict]) -> dict:
+def compute_audit(starts: list[float], records: list[dict], plans: Iterable[StepPlan], edits: list[dict],
+                  rewinds: list[dict] = ()) -> dict:
     """Pure: the delivery records, the plan in force of every planned step (any order, each step once:
-    read as they come, none kept) and the journaled edits -> the audit."""
+    read as they come, none kept), the journaled edits and the rank streams' rewinds -> the audit. A step
+    served to a rank again (a rewind) is one delivery: the latest (``in_force``); the rewinds are listed."""
     delivered = list(in_force(starts, records))
     served: dict[int, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))  # step -> bucket -> digests
     for record in delivered:
@@ -99,6 +101,8 @@ def compute_audit(starts: list[float], records: list[dict], plans: Iterable[Step
         "unplanned_steps": sorted((set(served) | set(range(through + 1))) - planned),
         "per_source": {s: {**v, "epochs": sorted(v["epochs"])} for s, v in sorted(per_source.items())},
         "phases": _phases(step_samples, step_tokens, edits),
+        "rewinds": [{"rank": r["rewind"], "to_step": r["step"], "served_through": r["served"],
+                     "steps_again": r["served"] - r["step"] + 1} for r in rewinds],
     }
 
 
@@ -164,6 +168,9 @@ def render(report: dict) -> str:
         lines.append(f"  skipped on purpose (overlord skip): {report['skipped']} samples that steps "
                      f"{_ranges(report['skipped_steps'])} would have had, dropped (not missing); those steps hold the "
                      f"samples after them")
+    for rewind in report.get("rewinds", []):
+        lines.append(f"rewind: rank {rewind['rank']} went back to step {rewind['to_step']} after step "
+                     f"{rewind['served_through']} ({rewind['steps_again']} step(s) served again, not duplicates)")
     if report["unverified"]:
         lines.append(f"steps whose served keys differ from their plan (dropped samples?): {report['unverified']}")
     lines.append(f"{'source':<16}{'samples':>9}{'dupl.':>7}{'missing':>9}{'skipped':>9}  epochs")

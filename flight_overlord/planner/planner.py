@@ -21,8 +21,9 @@ from ..core.mixing import Mixer
 from ..core.schedules import FeedbackLog, weights_at
 from ..core.skips import StepSkips
 from ..journal import Journal, Snapshots, read_journal
-from .edits import MixOverrides, describe_edit, mixed_weights, mixture_of
+from .edits import MixOverrides, describe_edit, mixture_of
 from .feed import FetchMeta, SourceFeed
+from .live_edits import LiveEdits
 from .program import StepPlan
 from .skips import plan_step_dropping
 from .replay import Replayer, is_plan, state_before, step_record
@@ -36,7 +37,7 @@ from .strategy import Strategy
 log = logging.getLogger(__name__)
 
 
-class Planner:
+class Planner(LiveEdits):
     def __init__(self, cfg: Config, strategy: Strategy, fetch_meta: Callable[[str], FetchMeta] | None):
         """``fetch_meta``: a source's metadata from its loaders; None offline (an audit): from its files."""
         self.cfg = cfg
@@ -154,6 +155,25 @@ class Planner:
         """A step planned before (by this process or one before it): served last, or re-derived from
         the state before it and checked against its digest (``replay.PlanMismatch`` if it differs)."""
         return None if step >= self.next_step else self.replayer.plan(step)
+
+    def check_rewind(self, rank: int, step: int) -> None:
+        """A rank that goes back to a planned step (a trainer restarted from a checkpoint) gets it again
+        as it was, if the journal can still serve it (``rewind_floor``); else a refusal saying what to do."""
+        if step >= self.next_step:
+            return
+        floor = self.rewind_floor()
+        if step < floor:
+            raise ValueError(f"rank {rank} cannot go back to step {step}: this run's journal serves steps again "
+                             f"from step {floor} on (its oldest planner snapshot, or a resume on a new layout); "
+                             f"load a checkpoint of step {floor} or later")
+
+    def rewind_floor(self) -> int:
+        """The earliest step a trainer may go back to: the journal serves a step again from the snapshot
+        at or before it (``planner/planner-STEP.json``; the first of every ``10 x checkpoint.every``
+        steps stays), and plans before the last rewind on a new layout or mixture are not this run's."""
+        steps = self._snapshots.steps()
+        layout_rewinds = [step for step, _ in self.replayer.rewinds()]
+        return max([steps[0] if steps else self.next_step, *layout_rewinds])
 
     def _checked_weights(self, step: int, weights: dict) -> dict[str, float]:
         unknown = sorted(set(weights) - set(self.strategy.sources))
@@ -338,54 +358,6 @@ class Planner:
         self.journal_mixture = self.mixture
         log.info("mixture edit at step %d: %s", step, edit)
         return edit
-
-    def mix(self, weights: dict[str, float], at: int | None = None, *, only: bool = False,
-            dry_run: bool = False) -> dict:
-        """Live reweighting from step ``at`` (default: the first not planned yet), journaled (fsync'd) before
-        any plan reads it. A source not in ``weights`` keeps its weight at that step (``only``: weighs 0).
-        Answers the weights in force from that step on, and before it; ``dry_run`` journals nothing."""
-        with self._planning:
-            step = self.next_step if at is None else int(at)
-            if step < self.next_step:
-                raise ValueError(f"mix: step {step} is already planned (planned up to {self.next_step - 1}); "
-                                 f"the earliest step a new mixture can start at is {self.next_step}")
-            before = self._weights_in_force(step, need_fixed=not only)
-            after = mixed_weights(weights, before or {}, self.strategy.sources, only=only)
-            if not dry_run:
-                self._journal.append({"mix": {"step": step, "weights": after}})
-                self.overrides.add(step, after)
-            return {"step": step, "weights": after, "before": before, "applied": not dry_run}
-
-    def _weights_in_force(self, step: int, *, need_fixed: bool) -> dict[str, float] | None:
-        """The weights step ``step`` would be planned with now: a live reweighting's, else the schedule's.
-        None for a dynamic schedule (its weights wait for feedback), refused when ``need_fixed``."""
-        override = self.overrides.weights_at(step)
-        if override is not None:
-            return override
-        if self.strategy.schedule.lag:
-            if need_fixed:
-                raise ValueError("mix: this run's mixture follows trainer feedback (a dynamic schedule), so a source "
-                                 "not named has no fixed weight to keep: name every source, or pass --only "
-                                 "(sources not named weigh 0)")
-            return None
-        return {s: float(w) for s, w in self.strategy.schedule.weights(step).items()}
-
-    def skip(self, first: int, last: int) -> dict:
-        """Drop the samples steps ``first``..``last`` would have had (``core/skips.py``); journaled (fsync'd)
-        before any plan reads it. Steps already planned cannot be skipped live."""
-        with self._planning:
-            if first < self.next_step:
-                raise ValueError(f"skip: step {first} is already planned (up to {self.next_step - 1}): start at "
-                                 f"{self.next_step} or later, or stop, add skip: [\"{first}:{last}\"] to the config, resume")
-            added = self._add_skip(first, last, "operator")
-            return {"first": first, "last": last, "added": added, "windows": self.skips.state_dict()}
-
-    def _add_skip(self, first: int, last: int, by: str) -> bool:
-        if not self.skips.add(first, last, planned_to=self.next_step):
-            return False
-        self._journal.append({"skip": {"first": first, "last": last, "by": by, "planned_to": self.next_step}})
-        log.info("steps %d-%d: their samples are dropped (skip set by the %s)", first, last, by)
-        return True
 
     def close(self) -> None:
         if self._journal is not None:

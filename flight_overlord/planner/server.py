@@ -89,7 +89,9 @@ class PlannerServer(ActionServer):
             self.authorize(context, TRAINER, f"get_flight_info of {parts[0]!r}", rank=rank)
             self._check_encoder(parts[0])
             self.service.trainer_asks(step, rank)
-            return self._batch_info(descriptor, step, rank, parts[0])
+            with self.service.cond:
+                location = self.service.constructor_of(rank)
+            return self._batch_info(descriptor, step, rank, location, parts[0])
         if parts and parts[0] in STREAM_KINDS:
             self.authorize(context, TRAINER, f"get_flight_info of {parts[0]!r}")
             stream = RankStream.from_path(parts, self.mesh)
@@ -141,9 +143,7 @@ class PlannerServer(ActionServer):
         schema = self._batch_schema() if stream.kind == "rank" else ENCODER_BATCH
         return fl.FlightInfo(load_schema(schema), descriptor, [endpoint], -1, -1)
 
-    def _batch_info(self, descriptor, step: int, rank: int, kind: str = "batch") -> fl.FlightInfo:
-        coord = self.mesh.coord(rank)
-        location = self.planner.registry.constructors[self.mesh.constructor_of(coord.dp)]
+    def _batch_info(self, descriptor, step: int, rank: int, location: str, kind: str = "batch") -> fl.FlightInfo:
         endpoint = fl.FlightEndpoint(wire.ticket(self.security.sign_ticket(kind, step, rank)), [location])
         if kind == "encoder":
             return fl.FlightInfo(load_schema(ENCODER_BATCH), descriptor, [endpoint], -1, -1)
@@ -172,10 +172,12 @@ class PlannerServer(ActionServer):
             for kind in ("rank", "encoder-rank")[:kinds]:
                 stream = RankStream(rank, kind=kind)
                 yield self._rank_info(fl.FlightDescriptor.for_path(*stream.descriptor_path()), stream, first, location)
+        located = {rank: location for rank, _, location in self.service.stream_starts()}  # registered ones
         for step in self.service.upcoming_steps():
-            for rank in range(self.mesh.world_size):
+            for rank, location in located.items():
                 for kind in ("batch", "encoder")[:kinds]:
-                    yield self._batch_info(fl.FlightDescriptor.for_path(kind, str(step), str(rank)), step, rank, kind)
+                    yield self._batch_info(fl.FlightDescriptor.for_path(kind, str(step), str(rank)), step, rank,
+                                           location, kind)
         for source in self.cfg.sources:
             yield self._source_info(fl.FlightDescriptor.for_path("source", source.name), source.name)
 

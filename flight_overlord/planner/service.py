@@ -17,7 +17,8 @@ from ..config import Config
 from ..errors import BackgroundFailure, Busy, WaitTimedOut
 from ..journal import write_json_atomic
 from ..waiting import wait_until
-from ..core.positions import TrainerPositions
+from ..core.mixing import shares
+from ..core.positions import TrainerPositions, checked_positions
 from ..core.starvation import TrainerWaits
 from ..wire.plan import PlanView
 from ..wire.plan_channel import PLAN_AHEAD
@@ -94,6 +95,8 @@ class PlanService:
                 log.warning("%s moved from %s (not answering) to %s", name, current, location)
             registry = self.planner.registry
             write_json_atomic(self._registry_file, registry.state_dict())
+            self.cond.notify_all()  # trainers waiting for their constructor's location,
+            self._published.notify_all()  # and requests for journaled steps, for every loader
             if registry.complete():
                 self._start_planning()
 
@@ -174,8 +177,10 @@ class PlanService:
                              f"{self.planner.next_step - 1}, trainers may ask at most {horizon}")
 
     def _wait_for_plan(self, step: int, timeout: float) -> None:
-        """Until ``step`` is planned, and its views made (a constructor's ask then finds them)."""
-        wait_until(self._published, lambda: self.failure is not None or self.stopping or self._published_step(step),
+        """Until ``step`` is planned, and its views made (a constructor's ask then finds them), and every role
+        registered (a restarted Planner re-derives journaled steps with the loaders' metadata)."""
+        ready = lambda: self._published_step(step) and self.planner.registry.complete()  # noqa: E731
+        wait_until(self._published, lambda: self.failure is not None or self.stopping or ready(),
                    timeout, f"the plan of step {step}")
         if self.failure:
             raise BackgroundFailure(str(self.failure), self.failure.cause)
@@ -185,6 +190,8 @@ class PlanService:
         """Rank ``rank`` asks for ``step`` (which is how a trainer tells where it is): returns once
         the step is planned. The first ask after a resume on a new layout rewinds there."""
         with self.cond:
+            if step < self.requested.get(rank, 0) and not self.rewind_pending:
+                self.planner.check_rewind(rank, step)
             self._trainer_at(step, lambda: self.positions.asked_step(rank, step))
             self._wait_for_plan(step, WAIT_SECONDS)
 
@@ -194,8 +201,16 @@ class PlanService:
         its per-step path. Returns (first step, the location of the rank's constructor)."""
         with self.cond:
             first = self.requested.get(rank, 0) if first is None else first
+            if not self.rewind_pending:
+                self.planner.check_rewind(rank, first)
             self._trainer_at(first, lambda: self.positions.asked_stream(rank, first))
-            return first, self.planner.registry.constructors[self.mesh.constructor_of(self.mesh.coord(rank).dp)]
+            return first, self.constructor_of(rank)
+
+    def constructor_of(self, rank: int) -> str:
+        """(Held lock.) Where the rank's constructor is, once registered (a restarted Planner answers first)."""
+        index, constructors = self.mesh.constructor_of(self.mesh.coord(rank).dp), self.planner.registry.constructors
+        wait_until(self.cond, lambda: index in constructors or self.stopping, WAIT_SECONDS, f"constructor {index}")
+        return constructors[index]
 
     def stream_starts(self) -> list[tuple[int, int, str]]:
         """(rank, the step it waits for, its constructor's location) of every rank whose constructor is
@@ -308,7 +323,7 @@ class PlanService:
         """{rank: step}: the next step each rank stream of ``constructor`` sends (with a plan request, or
         reported alone while it waits for its trainers)."""
         self._check_constructor(constructor, "plan")
-        positions = self._checked_positions(positions, constructor)
+        positions = checked_positions(positions, constructor, self.ranks_of(constructor))
         with self.cond:
             if self.positions.reported(positions):  # the slowest moved (they only move forward), or a new rank
                 self.cond.notify_all()
@@ -325,18 +340,6 @@ class PlanService:
             wait_until(self.cond, lambda: all(r in self.requested for r in ranks), WAIT_SECONDS,
                             f"the ranks of constructor {constructor} to say where they resume")
             return min(self.requested[r] for r in ranks)
-
-    def _checked_positions(self, raw, constructor: int) -> dict[int, int]:
-        if not isinstance(raw, dict):
-            raise ValueError(f"malformed plan request: 'positions' must be an object, got {type(raw).__name__}")
-        try:
-            positions = {int(r): int(s) for r, s in raw.items()}
-        except (TypeError, ValueError):
-            raise ValueError("malformed plan request: 'positions' maps rank numbers to step numbers") from None
-        if not positions.keys() <= set(self.ranks_of(constructor)):
-            raise ValueError(f"plan: positions name ranks {sorted(set(positions) - set(self.ranks_of(constructor)))} "
-                             f"that constructor {constructor} does not serve")
-        return positions
 
     def _check_constructor(self, constructor: int, what: str) -> None:
         if not 0 <= constructor < self.mesh.num_constructors:
@@ -358,7 +361,7 @@ class PlanService:
                 requested={str(r): s for r, s in sorted(self.requested.items())},
                 error=str(self.failure) if self.failure else None,
                 recovered=self.resumed, samples_planned=dict(self._planned["samples"]),
-                tokens_planned=dict(self._planned["tokens"]), mixture_realized=_shares(self._planned[unit]),
+                tokens_planned=dict(self._planned["tokens"]), mixture_realized=shares(self._planned[unit]),
                 reregistrations=dict(self._reregistrations), plan_answers=dict(self._plan_answers),
                 **registry.state_dict(),
                 scaling=self.planner.scaling.status() if self.planner.scaling is not None else None,
@@ -392,9 +395,3 @@ class PlanService:
             self.stopping = True
             self.cond.notify_all()
             self._published.notify_all()
-
-
-def _shares(counts: dict[str, int]) -> dict[str, float]:
-    """Each source's share of what was planned, in the unit the mixer weighs (tokens or samples)."""
-    total = sum(counts.values())
-    return {source: n / total for source, n in counts.items()} if total else {}

@@ -129,6 +129,14 @@ for _name in ("do_action", "list_actions", "do_put", "do_exchange"):
     setattr(ActionServer, _name, _guarded(_name, ActionServer.__dict__[_name]))
 
 
+def refusal(exc: BaseException) -> str:
+    """A server's refusal as one line: its message without the transport's detail and gRPC debug context."""
+    text = str(exc)
+    for marker in (". Detail:", ". gRPC client debug context:", "\n"):
+        text = text.split(marker)[0]
+    return text
+
+
 def connect(location: str, credentials: Credentials | None = None) -> fl.FlightClient:
     """The one place this package opens a Flight client: with ``credentials`` it carries their
     bearer token on every call and, for ``grpc+tls://``, their CA and client certificate."""

@@ -31,10 +31,19 @@ class _EndsEarly(fl.FlightServerBase):
         endpoint = fl.FlightEndpoint(ticket, [f"grpc://127.0.0.1:{self.port}"])
         return fl.FlightInfo(SCHEMA, descriptor, [endpoint], -1, -1)
 
+    def _batches(self, raw: bytes):
+        asked = json.loads(raw)
+        return (pa.record_batch([pa.array([s], pa.int64())], schema=SCHEMA)
+                for s in range(asked["first"], self.ends[asked["kind"]]))
+
     def do_get(self, context, ticket):
-        asked = json.loads(ticket.ticket)
-        steps = range(asked["first"], self.ends[asked["kind"]])
-        return fl.GeneratorStream(SCHEMA, (pa.record_batch([pa.array([s], pa.int64())], schema=SCHEMA) for s in steps))
+        return fl.GeneratorStream(SCHEMA, self._batches(ticket.ticket))
+
+    def do_exchange(self, context, descriptor, reader, writer):
+        """The rank stream as TrainerClient reads it (credits not heeded: the steps are tiny)."""
+        writer.begin(SCHEMA)
+        for batch in self._batches(descriptor.command):
+            writer.write_batch(batch)
 
 
 def _read(ends: dict[str, int], steps: int) -> tuple[list[int], BaseException]:
