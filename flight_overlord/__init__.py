@@ -5,7 +5,7 @@ Trainers import :class:`TrainerClient`; everything else runs as Flight servers
 """
 from .errors import ConfigError
 
-__all__ = ["ComputeTimer", "Config", "ConfigError", "TrainerClient", "load_config"]
+__all__ = ["ComputeTimer", "Config", "ConfigError", "MicrobatchView", "TrainerClient", "load_config"]
 
 
 def __getattr__(name: str):
@@ -13,7 +13,7 @@ def __getattr__(name: str):
     trainer's client does without the config parser (image decoders, Parquet, file systems: ~6 MiB
     of private memory per rank), and ``overlord`` chooses Arrow's allocator before pyarrow loads
     (flight_overlord/allocator.py)."""
-    if name in ("ComputeTimer", "TrainerClient"):
+    if name in ("ComputeTimer", "MicrobatchView", "TrainerClient"):
         from . import client
         return getattr(client, name)
     if name in ("Config", "load_config"):

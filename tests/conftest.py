@@ -38,3 +38,13 @@ def idle_cluster(corpus, tmp_path_factory):
     later step, sends bad input or stops a role starts its own cluster."""
     with LocalCluster(write_config(tmp_path_factory.mktemp("idle"), corpus)) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def plugin_file(tmp_path_factory) -> pathlib.Path:
+    """A user's transform file (``shifted_bytes``), written once: a plugin registers its names once per
+    process, so every config of the session names this one file."""
+    from .corpora import PLUGIN_SOURCE
+    path = tmp_path_factory.mktemp("plugins") / "their_transforms.py"
+    path.write_text(PLUGIN_SOURCE)
+    return path

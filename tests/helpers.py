@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import math
+import os
 import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -39,6 +42,32 @@ def write_config(directory: pathlib.Path, corpus: pathlib.Path, *, loaders: dict
     path = directory / "config.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
+
+
+ONE_RANK_BATCH = {"context_length": 512, "microbatches": 2, "tokens_per_step": 800}
+
+
+def one_rank_config(directory: pathlib.Path, corpus: pathlib.Path) -> pathlib.Path:
+    """A one-rank run (dp 1) of 2 microbatches of 512 tokens, so a test drives its only trainer alone."""
+    return write_config(directory, corpus, mesh={"dp": 1}, global_batch=ONE_RANK_BATCH)
+
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+
+
+def run_example(planner: str, script: str, *args: str, nproc: int | None = 2, expect_ok: bool = True) -> str:
+    """``examples/SCRIPT`` as a user runs it against ``planner``: under torchrun with ``nproc`` ranks
+    (None: one plain process); its stdout, after checking it exits 0 (or, ``expect_ok=False``, not)."""
+    env = {**os.environ, "OVERLORD_PLANNER": planner, "OMP_NUM_THREADS": "1"}
+    env.pop("PYTHONPATH", None)
+    launcher = [] if nproc is None else ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+    out = subprocess.run([sys.executable, *launcher, str(EXAMPLES / script), *args], env=env, capture_output=True,
+                         text=True, timeout=240)
+    if expect_ok:
+        assert out.returncode == 0, f"{script} exited {out.returncode}\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+    else:
+        assert out.returncode != 0, out.stdout[-2000:]
+    return out.stdout
 
 
 IMAGE_SOURCES = [  # image-text sources of the demo corpus, and a text one

@@ -18,13 +18,26 @@ def _rows(table: pa.Table, name: str) -> list["torch.Tensor"]:
     return [values[offsets[i]:offsets[i + 1]] for i in range(len(column))]
 
 
+def held_positions(token_ranges: list[int]) -> int:
+    """How many positions of the sequence flat (start, end) pairs name."""
+    return sum(end - start for start, end in zip(token_ranges[::2], token_ranges[1::2]))
+
+
+def received(row: "torch.Tensor", token_ranges: list[int], held: int) -> "torch.Tensor | None":
+    """A token field's row (``held`` positions), or None where the rank holds no positions at all
+    (no ``token_ranges``) or did not receive this field (another pipeline stage's: its row is empty)."""
+    return row if token_ranges and len(row) == held else None
+
+
 def table_to_microbatches(table: pa.Table) -> list[dict]:
     """Arrow microbatch rows -> dicts of torch tensors (token and pixel tensors are zero-copy views).
 
     ``input_ids`` (and ``position_ids``, ``labels``, ``loss_mask``) hold the positions
     ``token_ranges`` names: the whole sequence, this rank's context-parallel share, or nothing
     (metadata only: they are None; ``cu_seqlens`` and the keys are still there for pipeline
-    stages and broadcast receivers). Under THD context parallelism ``cu_seqlens`` and
+    stages and broadcast receivers). A field the rank's pipeline stage does not receive is None too
+    (by default the first stage gets ``input_ids``, ``position_ids`` and pixels, the last ``labels``
+    and ``loss_mask``: ``Strategy.pipeline_stages``). Under THD context parallelism ``cu_seqlens`` and
     ``cu_seqlens_padded`` may end with a padding-only sequence (zero real tokens: the buffer's tail
     padding), one more than ``sample_keys``, as TransformerEngine takes them. Image-text rows add ``pixel_values`` uint8 [patches, 3*p*p]
     and ``image_grid_thw`` int32 [images, 3]. Under distribute('HDP'): :func:`hdp_microbatches`."""
@@ -40,12 +53,13 @@ def table_to_microbatches(table: pa.Table) -> list[dict]:
                           "num_tokens")}
     out = []
     for i in range(table.num_rows):
-        has_tokens = len(lists["token_ranges"][i]) > 0
+        ranges = lists["token_ranges"][i]
+        held = held_positions(ranges)
         grid = tensors["image_grid_thw"][i].view(-1, 3)
         pixels = tensors["pixel_values"][i]
         patches = int(grid.prod(dim=1).sum()) if len(grid) else 0
         mb = {name: lists[name][i] for name in lists}
-        mb.update({name: tensors[name][i] if has_tokens else None
+        mb.update({name: received(tensors[name][i], ranges, held)
                    for name in ("input_ids", "position_ids", "labels", "loss_mask")})
         mb["microbatch"] = i
         mb["cu_seqlens"] = torch.tensor(lists["cu_seqlens"][i], dtype=torch.int32)
@@ -70,8 +84,8 @@ def hdp_microbatches(table: pa.Table) -> list[dict]:
     out = []
     for i in range(table.num_rows):
         mb = {name: lists[name][i] for name in lists}
-        has_tokens = len(lists["token_ranges"][i]) > 0
-        mb.update({name: tensors[name][i] if has_tokens else None for name in names})
+        held = int(lists["cu_local"][i][-1]) if lists["cu_local"][i] else 0
+        mb.update({name: received(tensors[name][i], lists["token_ranges"][i], held) for name in names})
         for name in ("cu_seqlens", "cu_seqlens_padded", "cu_local"):
             mb[name] = torch.tensor(lists[name][i], dtype=torch.int32)
         out.append(mb)

@@ -96,9 +96,10 @@ class TrainerClient:
         self._waits: dict[int, dict[str, float]] = {}  # step -> its ticket, fetch and starved seconds
         self._waits_lock = threading.Lock()  # the prefetch thread and the training loop both write
 
-    def report(self, step: int, losses: dict[str, float] | None = None,
+    def report(self, step: int, losses: dict[str, float] | float | None = None,
                compute_seconds: float | list[float] | None = None, encoder_seconds: float | None = None) -> None:
         """Feedback on ``step``: per-source training loss, for dynamic mixing schedules (``dynamic(...)``),
+        or one number, the overall loss (shown by ``overlord status``, under ``trainer_losses``),
         and/or this rank's measured compute seconds (one number, or one per microbatch: see
         :class:`~.compute_timer.ComputeTimer`), from which ``cost: {fit: true}`` fits the cost model.
         ``encoder_seconds``: the vision encoder's seconds on this rank's images (image graph), for
@@ -109,8 +110,11 @@ class TrainerClient:
         if compute_seconds is not None:
             compute_seconds = ([float(s) for s in compute_seconds] if isinstance(compute_seconds, (list, tuple))
                                else float(compute_seconds))
+        overall = None
+        if isinstance(losses, (int, float)) and not isinstance(losses, bool):
+            losses, overall = None, float(losses)
         body = Report(step, self.rank, losses, compute_seconds,
-                      None if encoder_seconds is None else float(encoder_seconds), waits).to_wire()
+                      None if encoder_seconds is None else float(encoder_seconds), waits, overall).to_wire()
         fetcher = self._fetcher
         fetcher.retry(lambda client: wire.call(client, "report", body),
                       fetcher.planner_location, f"report of step {step}", "the planner")

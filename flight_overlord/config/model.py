@@ -29,11 +29,14 @@ class SourceConfig:
     file_ids: tuple[str, ...]  # stable names used in sample keys: path relative to data_root, or the URI
     # without its query string
     text_column: str
-    transform: TransformConfig
+    transform: TransformConfig | None  # None: pre-tokenized (tokens_column)
     weight: float
     loaders: int  # source-loader actors; the row groups are split this many ways
     image_column: str | None = None  # image-text sources: list<binary> of images interleaved with text_column
     shuffle_window: int = 1  # row groups whose rows are drawn interleaved (core/order.py; docs/methods/data-order.md)
+    format: str = "auto"  # parquet | arrow (IPC file or stream) | auto: each file's from its name (formats/)
+    tokens_column: str | None = None  # pre-tokenized: a column of token id lists, no transform
+    loss_mask_column: str | None = None  # pre-tokenized: per-token 0/1, 0 = not a training target (SFT)
 
 
 @dataclass(frozen=True)
@@ -245,6 +248,7 @@ class Config:
     skip: tuple[tuple[int, int], ...] = ()  # [first, last] steps whose samples are dropped (core/skips.py)
     deployment: str = "default"  # one of DEPLOYMENTS (single_node: every role in one process, topology.roles)
     path: Path | None = None  # the YAML file this came from, so child processes can reload it
+    plugins: tuple[str, ...] = ()  # user code imported when the config was read (config/plugins.py)
 
     @property
     def num_constructors(self) -> int:

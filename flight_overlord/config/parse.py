@@ -5,7 +5,6 @@ because a config is the first thing a user gets wrong.
 """
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
@@ -14,19 +13,20 @@ from typing import Any
 
 import yaml
 
-from .. import source_files
 from ..core import balance
 from ..core.context_parallel import CP_FORMATS, CP_SPLITS, chunk_count
 from ..core.cost import COST_MODELS
 from ..core.mesh import Mesh
 from .fields import REQUIRED, as_choice, as_flag, as_int, as_number, check_host, check_keys, defaults_of, join_key
+from .plugins import import_plugins
+from .sources import parse_sources, relative_path as _path
 from .model import (BalanceConfig, CheckpointConfig, Config, ConfigError, ConstructorConfig, CostConfig, GlobalBatchConfig,
                     LoaderConfig, MetricsConfig, NetworkConfig, PartitionBudget, PlannerConfig, RayConfig, ScalingConfig,
-                    SecurityConfig, SourceConfig, StrategyConfig, TLSConfig, TransformConfig, VisionConfig, deployment_defaults)
+                    SecurityConfig, StrategyConfig, TLSConfig, VisionConfig, deployment_defaults)
 from .shape import shape_keys
 
 MESH_KEYS = {k: v for k, v in defaults_of(Mesh).items() if k != "dp_per_constructor"}  # its own section's
-SHUFFLE_WINDOW = 2  # row groups per shuffle window of a source (sources[].shuffle_window): docs/methods/data-order.md
+
 
 def balance_methods() -> tuple[str, ...]:
     """The registered balancers, and "none" (samples in arrival order)."""
@@ -68,11 +68,13 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         "mesh": None, "global_batch": REQUIRED, "cost": None, "balance": None,
         "prefetch": 2, "network": None, "loader": None, "constructor": None,
         "pad_token_id": 0, "strategy": None, "vision": None, "checkpoint": None, "security": None,
-        "metrics": None, "ray": None, "planner": None, "deployment": "default", "skip": None, "schedule": None,
+        "metrics": None, "ray": None, "planner": None, "deployment": "default", "plugins": None,
+        "skip": None, "schedule": None,
     })
+    plugins = import_plugins(top["plugins"], base_dir)  # first: they may register what the rest names
     data_root = _path(base_dir, top["data_root"], "data_root")
     global_batch = _parse_global_batch(top["global_batch"])
-    sources = _parse_sources(top["sources"], data_root)
+    sources = parse_sources(top["sources"], data_root)
     network = check_keys(top["network"], "network", defaults_of(NetworkConfig))
     balancing = check_keys(top["balance"], "balance", defaults_of(BalanceConfig))
     loader, constructor = (check_keys(top[k], k, keys) for k, keys in zip(("loader", "constructor"),
@@ -110,7 +112,8 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         metrics=_parse_metrics(top["metrics"]),
         ray=_parse_ray(top["ray"], mesh.world_size),
         planner=PlannerConfig(as_int(planner["standbys"], "planner.standbys", minimum=0, maximum=1)),  # 2 would race
-        **shape_keys(top, global_batch), deployment=top["deployment"], path=path,  # deployment checked above
+        deployment=top["deployment"], path=path,  # deployment checked by deployment_defaults
+        plugins=plugins, **shape_keys(top, global_batch),
     )
 
 
@@ -185,101 +188,6 @@ def _parse_ray(raw: Any, world_size: int) -> RayConfig:
         raise ConfigError(f"ray.cpus: must be > 0 (a fraction of a CPU per actor), got {cpus}")
     return RayConfig(cpus, {str(k): as_number(v, f"ray.loader_resources.{k}", minimum=0.0) for k, v in resources.items()},
                      tuple(nodes))
-
-
-def _parse_sources(raw: Any, data_root: Path) -> tuple[SourceConfig, ...]:
-    if not isinstance(raw, list) or not raw:
-        raise ConfigError("sources: expected a non-empty list of sources")
-    sources, names = [], set()
-    for i, item in enumerate(raw):
-        where = f"sources[{i}]"
-        f = check_keys(item, where, {
-            "name": REQUIRED, "paths": REQUIRED, "text_column": "text",
-            "transform": "byte_tokenizer", "weight": 1.0, "loaders": 1, "image_column": None,
-            "shuffle_window": SHUFFLE_WINDOW,
-        })
-        name = str(f["name"])
-        if name in names:
-            raise ConfigError(f"{where}.name: duplicate source name {name!r}")
-        if ":" in name:
-            raise ConfigError(f"{where}.name: {name!r} may not contain ':' (it is part of sample keys)")
-        names.add(name)
-        files = _resolve_paths(f["paths"], data_root, f"{where}.paths")
-        sources.append(SourceConfig(
-            name=name,
-            files=files,
-            file_ids=tuple(_file_id(p, data_root) for p in files),
-            text_column=str(f["text_column"]),
-            transform=_parse_transform(f["transform"], f"{where}.transform", data_root),
-            weight=as_number(f["weight"], f"{where}.weight", minimum=0.0),
-            loaders=as_int(f["loaders"], f"{where}.loaders", minimum=1),
-            image_column=None if f["image_column"] is None else str(f["image_column"]),
-            shuffle_window=as_int(f["shuffle_window"], f"{where}.shuffle_window", minimum=1),
-        ))
-    if sum(s.weight for s in sources) <= 0:
-        raise ConfigError("sources: at least one source needs a positive weight")
-    return tuple(sources)
-
-
-def _path(base: Path, value: Any, where: str, *, resolve: bool = True) -> Path:
-    """``value`` as a path relative to ``base``; a value no file system takes (a NUL byte) names its key."""
-    text = str(value)
-    if "\x00" in text:
-        raise ConfigError(f"{where}: a path may not contain a NUL byte: {text!r}")
-    path = base / text
-    return path.resolve() if resolve else path
-
-
-def _resolve_paths(raw: Any, data_root: Path, where: str) -> tuple[str, ...]:
-    """The files of a source: local paths and globs (relative to ``data_root``), or URIs (``s3://``,
-    ``gs://``, ``hdfs://``, ``file://``, globs included) read through ``pyarrow.fs``."""
-    patterns = [raw] if isinstance(raw, str) else raw
-    if not isinstance(patterns, list) or not patterns:
-        raise ConfigError(f"{where}: expected a path, a glob or a list of them")
-    files: list[str] = []
-    for pattern in patterns:
-        if source_files.is_uri(str(pattern)):
-            try:
-                matches = source_files.expand(str(pattern))
-            except source_files.StorageError as exc:
-                raise ConfigError(f"{where}: {exc}") from None
-            full = source_files.display(str(pattern))
-        else:
-            full = str(_path(data_root, pattern, where, resolve=False))
-            matches = [str(Path(m).resolve()) for m in sorted(glob.glob(full, recursive=True)) if os.path.isfile(m)]
-        if not matches:
-            what = "no file matches the glob" if source_files.has_magic(str(pattern)) else "file not found"
-            raise ConfigError(f"{where}: {what}: {full}")
-        files.extend(matches)
-    return tuple(sorted(set(files)))
-
-
-def _file_id(path: str, data_root: Path) -> str:
-    if source_files.is_uri(path):
-        return source_files.display(path)
-    try:
-        return str(Path(path).relative_to(data_root))
-    except ValueError:
-        return path
-
-
-def _parse_transform(raw: Any, where: str, data_root: Path) -> TransformConfig:
-    """A name, or a mapping with ``name`` and the factory's options. A ``path`` option (e.g. the
-    ``hf_tokenizer`` file) names a file: a relative one is resolved against ``data_root`` here,
-    because transform factories never see the config, and it must exist."""
-    if isinstance(raw, str):
-        return TransformConfig(name=raw)
-    if isinstance(raw, dict) and "name" in raw:
-        options = {k: v for k, v in raw.items() if k != "name"}
-        if "path" in options:
-            if not isinstance(options["path"], str) or not options["path"]:
-                raise ConfigError(f"{where}.path: expected a file path, got {options['path']!r}")
-            file = (data_root / options["path"]).resolve()
-            if not file.is_file():
-                raise ConfigError(f"{where}.path: file not found: {file}")
-            options["path"] = str(file)
-        return TransformConfig(name=str(raw["name"]), options=options)
-    raise ConfigError(f"{where}: expected a transform name or a mapping with 'name'")
 
 
 def _parse_mesh(raw: Any, context_length: int, pad_to_multiple: int | None, dp_per_constructor: int) -> Mesh:

@@ -18,7 +18,7 @@ from ..errors import OverlordError
 from ..config import Config
 from ..core.context_parallel import take_ranges, thd_token_ranges, token_ranges
 from ..core.mesh import Delivery, Mesh
-from ..core.packing import PackedSequence, pack, shifted_labels
+from ..core.packing import PackedSequence, mask_labels, pack, shifted_labels
 from ..core.vision import ImageError, decode_sample_images, patches_from_bytes
 from ..wire.schemas import ENCODER_BATCH, MICROBATCH, list_array, load_schema
 
@@ -33,6 +33,7 @@ class Sample:
     patches: np.ndarray | None = None  # uint8 [patches, 3*p*p] of the images in ``decoded``, in order
     grids: np.ndarray | None = None    # int32 flattened (t, h, w) per image (every image)
     decoded: tuple[int, ...] | None = None  # the images whose pixels are in ``patches``; None: all
+    loss_mask: np.ndarray | None = None  # pre-tokenized with a loss-mask column: 0/1 per token
 
 
 @dataclass
@@ -53,6 +54,17 @@ class Failed:
 
 class BadSample(OverlordError, RuntimeError):
     """A sample that cannot be delivered under ``vision.on_bad_image: fail``."""
+
+
+def sample_loss_masks(masks: pa.ListArray, token_offsets: np.ndarray):
+    """``j -> row j's loss mask`` (a view), or None where the loader sent none (its source has no
+    loss-mask column: an empty list)."""
+    offsets, values = masks.offsets.to_numpy(), masks.values.to_numpy()
+
+    def of(j: int) -> np.ndarray | None:
+        n = offsets[j + 1] - offsets[j]
+        return values[offsets[j]:offsets[j + 1]] if n and n == token_offsets[j + 1] - token_offsets[j] else None
+    return of
 
 
 def decode_stage(key: str, tokens: np.ndarray, images: list[bytes], grids: list[int], cfg: Config,
@@ -82,7 +94,8 @@ def truncate(sample: Sample, length: int, cfg: Config) -> Sample:
     if len(sample.tokens) <= length:
         return sample
     if sample.grids is None:
-        return Sample(sample.key, sample.tokens[:length])
+        return Sample(sample.key, sample.tokens[:length],
+                      loss_mask=None if sample.loss_mask is None else sample.loss_mask[:length])
     starts = np.flatnonzero(sample.tokens == cfg.vision.vision_start_id)
     ends = np.flatnonzero(sample.tokens == cfg.vision.vision_end_id)
     whole = int(np.sum(ends < length))  # images whose run ends inside the cut
@@ -116,8 +129,16 @@ def build_microbatch(items: list[Sample], capacity: int, cfg: Config, image_toke
     images = [s for s in items if s.patches is not None]
     pixels = np.concatenate([s.patches.reshape(-1) for s in images]) if images else np.zeros(0, np.uint8)
     grids = np.concatenate([s.grids for s in images]) if images else np.zeros(0, np.int32)
-    return Microbatch(packed, [s.key for s in items], shifted_labels(packed, image_token_id), pixels,
-                      grids)
+    return Microbatch(packed, [s.key for s in items], labels_of(packed, items, image_token_id), pixels, grids)
+
+
+def labels_of(packed: PackedSequence, items: list[Sample], image_token_id: int | None) -> np.ndarray:
+    """Next-token labels of packed ``items``; where a sample has a loss mask, its untrained targets -100."""
+    labels = shifted_labels(packed, image_token_id)
+    if all(s.loss_mask is None for s in items):
+        return labels
+    return mask_labels(labels, packed, [np.ones(len(s.tokens), np.uint8) if s.loss_mask is None else s.loss_mask
+                                        for s in items])
 
 
 def delivery_ranges(delivery: Delivery, packed: PackedSequence, mesh: Mesh) -> list[int]:
@@ -160,11 +181,15 @@ def encoder_table(step: int, rows: list[tuple[Sample, int, int, int]]) -> pa.Tab
 
 def rank_table(step: int, bucket: int, microbatches: list[Microbatch], delivery: Delivery, cfg: Config,
                with_pixels: bool = True) -> pa.Table:
-    """One delivery's table: a row per microbatch. Pixels go to every rank that gets tokens, unless an
-    image graph sends them to the encoder ranks instead (``with_pixels=False``)."""
-    with_pixels = with_pixels and delivery.tokens
+    """One delivery's table: a row per microbatch, each token field the delivery names holding the
+    positions of ``token_ranges`` (the others empty). Pixels go where the delivery names them, unless
+    an image graph sends them to the encoder ranks instead (``with_pixels=False``)."""
+    with_pixels = with_pixels and "pixel_values" in delivery.fields
     n = len(microbatches)
     ranges = [delivery_ranges(delivery, mb.packed, cfg.mesh) for mb in microbatches]
+
+    def field(name: str, rows):
+        return rows if name in delivery.fields else (values[:0] for values in rows)
 
     def kept(values: np.ndarray, r: list[int]) -> np.ndarray:
         return take_ranges(values, r) if r else values[:0]
@@ -176,10 +201,12 @@ def rank_table(step: int, bucket: int, microbatches: list[Microbatch], delivery:
         "step": pa.array(np.full(n, step, dtype=np.int64)),
         "bucket": pa.array(np.full(n, bucket, dtype=np.int32)),
         "microbatch": pa.array(np.arange(n, dtype=np.int32)),
-        "input_ids": flat(kept(mb.packed.input_ids, r) for mb, r in zip(microbatches, ranges)),
-        "position_ids": flat(kept(mb.packed.position_ids, r) for mb, r in zip(microbatches, ranges)),
-        "labels": flat(kept(mb.labels, r) for mb, r in zip(microbatches, ranges)),
-        "loss_mask": flat((kept(mb.labels, r) != -100 for mb, r in zip(microbatches, ranges)), pa.int8()),
+        "input_ids": flat(field("input_ids", (kept(mb.packed.input_ids, r) for mb, r in zip(microbatches, ranges)))),
+        "position_ids": flat(field("position_ids",
+                                   (kept(mb.packed.position_ids, r) for mb, r in zip(microbatches, ranges)))),
+        "labels": flat(field("labels", (kept(mb.labels, r) for mb, r in zip(microbatches, ranges)))),
+        "loss_mask": flat(field("loss_mask", (kept(mb.labels, r) != -100 for mb, r in zip(microbatches, ranges))),
+                          pa.int8()),
         "token_ranges": flat(np.array(r, dtype=np.int32) for r in ranges),
         "sequence_length": pa.array(np.array([len(mb.packed.input_ids) for mb in microbatches], dtype=np.int32)),
         "cu_seqlens": flat(mb.packed.cu_seqlens for mb in microbatches),

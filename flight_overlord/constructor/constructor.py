@@ -31,7 +31,7 @@ from ..waiting import wait_until
 from ..wire.plan import ConstructorPlan, FetchGroup
 from ..wire.status import ConstructorStatus
 from .assembly import (Sample, build_microbatch, decode_or_error, drop_bad, encoder_table, rank_table,
-                       shipped_images, truncate)
+                       sample_loss_masks, shipped_images, truncate)
 from .hdp import hdp_rank_table
 from .rebuilt import RebuiltSteps
 from .staging import Staging
@@ -115,7 +115,8 @@ class Constructor:
         tokens = table.column("tokens").combine_chunks()
         offsets, values = tokens.offsets.to_numpy(), tokens.values.to_numpy()
         if not any(len(chunk.values) for chunk in table.column("images").chunks):  # text only: no decode stage
-            return {item: truncate(Sample(plan.keys[item], values[offsets[j]:offsets[j + 1]]),
+            masks = sample_loss_masks(table.column("loss_mask").combine_chunks(), offsets)
+            return {item: truncate(Sample(plan.keys[item], values[offsets[j]:offsets[j + 1]], loss_mask=masks(j)),
                                    plan.lengths[item], self.cfg)
                     for j, item in enumerate(group.items)}
         images, grids = table.column("images").to_pylist(), table.column("image_grids").to_pylist()
@@ -133,9 +134,12 @@ class Constructor:
         """Build each bucket's microbatches once, then cut one table per distinct delivery of its ranks."""
         if not self._deliveries:
             broadcast = frozenset(plan.broadcast)
-            self._deliveries = {r: self.mesh.delivery(r, plan.axis, broadcast) for r in self.ranks}
+            self._deliveries = {r: self.mesh.delivery(r, plan.axis, broadcast, self.strategy.stage_contents)
+                                for r in self.ranks}
             self._encoder_axis = plan.encoder_axis
-            self.staging.streams = len(self.ranks) * (2 if plan.encoder_axis else 1)
+            readers = [r for r in self.ranks if self.mesh.reads(r, self.strategy.silent)]
+            self.staging.silent = frozenset(self.ranks) - set(readers)
+            self.staging.streams = len(readers) * (2 if plan.encoder_axis else 1)
         samples, bad = drop_bad(samples, self.cfg)
         self._bad_samples.extend(bad)
         image_token = self.cfg.vision.image_token_id if any(s.image_column for s in self.cfg.sources) else None

@@ -12,17 +12,18 @@ import pyarrow as pa
 from ..config import Config
 from ..core.context_parallel import take_ranges, token_ranges
 from ..core.mesh import Delivery
-from ..core.packing import pack, shifted_labels
+from ..core.packing import pack
 from ..wire.schemas import HDP_MICROBATCH, list_array, load_schema
-from .assembly import Sample
+from .assembly import Sample, labels_of
 
 
-def shard(tokens: np.ndarray, size: int, rank: int, pad_token_id: int):
+def shard(sample: Sample, size: int, rank: int, pad_token_id: int):
     """(ids, positions, labels, [s0, e0, s1, e1], padded length) of CP rank ``rank`` of a group of
     ``size`` for one sequence."""
+    tokens = sample.tokens
     slot = len(tokens) if size == 1 else -(-len(tokens) // (2 * size)) * (2 * size)
     packed = pack([tokens], slot, pad_token_id, None, 2 * size if size > 1 else 1)
-    labels = shifted_labels(packed, None)
+    labels = labels_of(packed, [sample], None)
     if size == 1:
         ranges = [0, slot, slot, slot]
     else:
@@ -34,17 +35,19 @@ def shard(tokens: np.ndarray, size: int, rank: int, pad_token_id: int):
 def hdp_rank_table(step: int, bucket: int, microbatches: list[list[tuple[Sample, int, int]]],
                    delivery: Delivery, cfg: Config) -> pa.Table:
     """One rank's microbatches: per microbatch, its (sample, group size, first rank) entries in order."""
-    rows = {k: [] for k in ("ids", "pos", "labels", "keys", "size", "rank", "first", "ranges", "cu", "cu_pad",
+    rows = {k: [] for k in ("ids", "pos", "labels", "mask", "keys", "size", "rank", "first", "ranges", "cu", "cu_pad",
                             "cu_local", "real")}
     for entries in microbatches:
         parts = _whole(entries)  # sequences this rank holds whole: one pack for all of them
-        parts = [parts.get(k) or shard(s.tokens, size, bucket - first, cfg.pad_token_id)
+        parts = [parts.get(k) or shard(s, size, bucket - first, cfg.pad_token_id)
                  for k, (s, size, first) in enumerate(entries)]
         lengths = [len(s.tokens) for s, _, _ in entries]
         kept = [len(p[0]) for p in parts]
-        rows["ids"].append(_cat([p[0] for p in parts]) if delivery.tokens else _empty())
-        rows["pos"].append(_cat([p[1] for p in parts]) if delivery.tokens else _empty())
-        rows["labels"].append(_cat([p[2] for p in parts]) if delivery.tokens else _empty())
+        labels = _cat([p[2] for p in parts]) if delivery.tokens else _empty()
+        rows["ids"].append(_cat([p[0] for p in parts]) if "input_ids" in delivery.fields else _empty())
+        rows["pos"].append(_cat([p[1] for p in parts]) if "position_ids" in delivery.fields else _empty())
+        rows["labels"].append(labels if "labels" in delivery.fields else _empty())
+        rows["mask"].append((labels != -100) if "loss_mask" in delivery.fields else _empty())
         rows["keys"].append([s.key for s, _, _ in entries])
         rows["size"].append(np.array([size for _, size, _ in entries], np.int32))
         rows["rank"].append(np.array([bucket - first for _, _, first in entries], np.int32))
@@ -62,7 +65,7 @@ def hdp_rank_table(step: int, bucket: int, microbatches: list[list[tuple[Sample,
         "input_ids": list_array(rows["ids"]),
         "position_ids": list_array(rows["pos"]),
         "labels": list_array(rows["labels"]),
-        "loss_mask": list_array([(x != -100) for x in rows["labels"]], pa.int8()),
+        "loss_mask": list_array(rows["mask"], pa.int8()),
         "sample_keys": pa.ListArray.from_arrays(pa.array(np.cumsum([0] + [len(k) for k in rows["keys"]], dtype=np.int32)),
                                                 pa.array([k for keys in rows["keys"] for k in keys], pa.string())),
         "seq_cp_size": list_array(rows["size"]),
@@ -82,9 +85,9 @@ def _whole(entries) -> dict[int, tuple]:
     whole = [k for k, (_, size, _) in enumerate(entries) if size == 1]
     if not whole:
         return {}
-    tokens = [entries[k][0].tokens for k in whole]
-    packed = pack(tokens, sum(len(t) for t in tokens))
-    labels = shifted_labels(packed, None)
+    samples = [entries[k][0] for k in whole]
+    packed = pack([s.tokens for s in samples], sum(len(s.tokens) for s in samples))
+    labels = labels_of(packed, samples, None)
     cu = packed.cu_seqlens.tolist()
     return {k: (packed.input_ids[a:b], packed.position_ids[a:b], labels[a:b], [0, b - a, b - a, b - a], b - a)
             for k, a, b in zip(whole, cu[:-1], cu[1:])}

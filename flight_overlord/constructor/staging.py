@@ -17,6 +17,7 @@ class Staging:
         self.next_step = 0            # the next step to assemble
         self.tables: dict[tuple[int, tuple], pa.Table] = {}
         self._served: dict[tuple[str, int], int] = {}  # (kind, rank) -> last step served
+        self.silent: frozenset[int] = frozenset()  # ranks that may never read: served while staged, never waited for
 
     def stage(self, step: int, tables: dict[tuple[int, tuple], pa.Table]) -> None:
         self.tables.update(tables)
@@ -26,6 +27,8 @@ class Staging:
         return step < self.next_step
 
     def served(self, kind: str, rank: int, step: int) -> None:
+        if rank in self.silent:
+            return
         self._served[(kind, rank)] = max(step, self._served.get((kind, rank), -1))
         if len(self._served) < self.streams:
             return

@@ -12,13 +12,16 @@ Where the data goes follows from the tree and the strategy (``distribute`` and `
   its own, :mod:`.hdp`) or a single rank (axis ``WORLD``);
 - under ``DP`` with cp > 1 each packed sequence is split across the CP ranks
   (:mod:`.context_parallel`);
-- pipeline stages after the first, and ranks behind a ``broadcast_at`` dimension, get metadata
-  only (shapes, cu_seqlens, keys), not tokens.
+- each pipeline stage gets the token fields it needs (:mod:`.stages`: by default tokens and
+  positions to the first, labels and loss mask to the last); ranks behind a ``broadcast_at``
+  dimension get metadata only (shapes, cu_seqlens, keys), not tokens.
 """
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+
+from .stages import ALL_FIELDS, StageContents
 
 AXES = ("pp", "dp", "cp", "tp")
 MEGATRON_ORDER = ("tp", "cp", "dp", "pp")  # fastest-varying first
@@ -36,14 +39,19 @@ class Coord:
 
 @dataclass(frozen=True)
 class Delivery:
-    """What one rank receives of a step: its bucket's rows, which CP chunk, and whether tokens come at all."""
+    """What one rank receives of a step: its bucket's rows, which CP chunk, and which token fields."""
     bucket: int
     cp_rank: int | None  # the chunk of each sequence this rank holds; None: the whole sequence
-    tokens: bool         # False: metadata only
+    fields: frozenset[str] = ALL_FIELDS  # token fields (core/stages.py); empty: metadata only
+
+    @property
+    def tokens(self) -> bool:
+        """Whether the rank holds positions of the sequence at all (else metadata only)."""
+        return bool(self.fields)
 
     @property
     def key(self) -> tuple:
-        return (self.bucket, -1 if self.cp_rank is None else self.cp_rank, self.tokens)
+        return (self.bucket, -1 if self.cp_rank is None else self.cp_rank, tuple(sorted(self.fields)))
 
 
 @dataclass(frozen=True)
@@ -122,15 +130,23 @@ class Mesh:
         dps = set(self.dp_ranks_of(constructor))
         return tuple(r for r in range(self.world_size) if self.coord(r).dp in dps)
 
-    def delivery(self, rank: int, axis: str = "DP", broadcast: frozenset[str] = frozenset()) -> Delivery:
-        """The ClientPlaceTree's rule for one rank."""
+    def reads(self, rank: int, silent: frozenset[str]) -> bool:
+        """Whether a rank reads its stream: not when it is above 0 along a broadcast dimension whose
+        other ranks never read (``broadcast_at(dim, others_read=False)``: Megatron's TP rank 0 reads
+        and broadcasts, the others never call ``next()``)."""
+        c = self.coord(rank)
+        return not any(getattr(c, dim.lower()) > 0 for dim in silent)
+
+    def delivery(self, rank: int, axis: str = "DP", broadcast: frozenset[str] = frozenset(),
+                 stages: StageContents = StageContents()) -> Delivery:
+        """The ClientPlaceTree's rule for one rank; ``stages``: the token fields per pipeline stage."""
         c = self.coord(rank)
         bucket = self.bucket_of(rank, axis)
         if axis == "WORLD":
-            return Delivery(bucket, None, True)  # every rank is its own consumer
-        tokens = c.pp == 0 and not ("TP" in broadcast and c.tp > 0) and not ("CP" in broadcast and c.cp > 0)
+            return Delivery(bucket, None, ALL_FIELDS)  # every rank is its own consumer
+        receiver = not ("TP" in broadcast and c.tp > 0) and not ("CP" in broadcast and c.cp > 0)
         split = axis == "DP" and self.cp > 1 and "CP" not in broadcast
-        return Delivery(bucket, c.cp if split else None, tokens)
+        return Delivery(bucket, c.cp if split else None, stages.fields(c.pp, self.pp) if receiver else frozenset())
 
 
 def _check_axis(axis: str) -> str:

@@ -85,3 +85,16 @@ def shifted_labels(packed: PackedSequence, image_token_id: int | None) -> np.nda
     if image_token_id is not None:
         labels[labels == image_token_id] = -100
     return labels
+
+
+def mask_labels(labels: np.ndarray, packed: PackedSequence, masks: list[np.ndarray]) -> np.ndarray:
+    """``labels`` with -100 wherever the target token's loss mask is 0 (supervised fine-tuning: prompt
+    tokens are inputs, not targets); ``masks``: one 0/1 array per packed sample, as long as its tokens.
+    ``labels[i]`` predicts token i+1, so it is kept only where that token's mask is 1."""
+    trained = np.zeros(len(labels), dtype=bool)
+    if masks:
+        where, _ = _real_positions(packed.cu_seqlens, packed.cu_seqlens_padded)
+        trained[where] = np.concatenate(masks).astype(bool)
+    out = labels.copy()
+    out[:-1][~trained[1:]] = -100
+    return out

@@ -43,7 +43,10 @@ def _up(args) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        planner = cluster.start()
+        try:
+            planner = cluster.start()
+        except (RuntimeError, TimeoutError) as exc:  # a role that could not start: its log's tail, not our traceback
+            raise SystemExit(f"error: {exc}") from None
         print(planner, flush=True)
         logging.getLogger("overlord").info("all roles up; logs in %s; Ctrl-C to stop", cluster.cfg.run_dir / "logs")
         stop.wait()
@@ -229,6 +232,14 @@ def _audit(args) -> None:
     print(dumps(report) if args.json else render(report), flush=True)
 
 
+def _convert(args) -> None:
+    from ..formats.convert import convert_files
+    columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
+    files = convert_files(args.inputs, args.out, columns=columns, row_group_bytes=args.row_group_bytes,
+                          row_groups_per_file=args.row_groups_per_file, progress=not args.quiet)
+    print(f"wrote {len(files)} Parquet file(s) to {Path(args.out).resolve()}", flush=True)
+
+
 def _certs(args) -> None:
     from .certs import config_snippet, make_certs
     files = make_certs(args.dir, hosts=tuple(args.host), days=args.days)
@@ -333,6 +344,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     _add_credential_args(p)
     p.set_defaults(func=_audit)
+    p = sub.add_parser("convert", help="JSON Lines (.jsonl, .gz, .bz2, .zst) and WebDataset tar shards into Parquet "
+                       "with row groups sized for the loader (a source's files)")
+    p.add_argument("inputs", nargs="+", help="JSON Lines files or WebDataset shards (.tar, .tar.gz), converted in "
+                   "the order given")
+    p.add_argument("--out", required=True, help="an empty folder for part-NNNNN.parquet")
+    p.add_argument("--columns", help="keep only these fields (comma-separated)")
+    p.add_argument("--row-group-bytes", type=int, default=1 << 20, help="Arrow bytes per row group (default 1 MiB)")
+    p.add_argument("--row-groups-per-file", type=int, default=64, help="row groups per Parquet file (default 64)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_convert)
     p = sub.add_parser("certs", help="make a development CA and server/client certificates for TLS and mutual TLS")
     p.add_argument("dir")
     p.add_argument("--host", action="append", default=[], help="another name or IP for the server certificate "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -19,9 +20,11 @@ from typing import Protocol
 
 from .. import wire
 from ..config import Config, ConfigError, load_config
+from ..journal import read_journal
 from ..wire.security import Credentials, Security, cluster_secret, secret_path, write_secret
 from ..wire.server import connect
 from . import planner_address
+from .precheck import check_data
 from .topology import RoleSpec, roles
 
 log = logging.getLogger(__name__)
@@ -84,7 +87,9 @@ class Cluster:
         return self.backend.children
 
     def start(self) -> str:
+        check_data(self.cfg)  # before anything is written: a bad column or transform is one line, no run_dir
         self._prepare_run_dir()
+        before = set(os.listdir(self.cfg.run_dir)) if self.cfg.run_dir.is_dir() else set()
         if self._secret_source != "file":  # the tools and manual `overlord serve` of this run read it there
             write_secret(secret_path(self.cfg), self.secret)
         if self.cfg.loader.partition == "auto":
@@ -105,6 +110,8 @@ class Cluster:
             self._await_planner_ready()  # is ready once it takes over: not awaited
         except BaseException:
             self.stop()
+            if self.mode != "resume":
+                forget_failed_start(self.cfg.run_dir, before)
             raise
         self.backend.started()
         return self.planner
@@ -186,6 +193,17 @@ class Cluster:
 def holds_a_run(run_dir: Path) -> bool:
     """A run was started in ``run_dir`` (its plan journal exists)."""
     return (Path(run_dir) / "plan-journal.jsonl").exists()
+
+
+def forget_failed_start(run_dir: Path, before: set[str]) -> None:
+    """A start that failed before its first planned step leaves nothing that refuses the retry: what it
+    made in ``run_dir`` (journals without a plan, catalogs) is removed, its logs are kept for the reader."""
+    journal = Path(run_dir) / "plan-journal.jsonl"
+    if not journal.exists() or any(True for _ in read_journal(journal)):
+        return
+    for name in sorted(set(os.listdir(run_dir)) - before - {"logs"}):
+        path = Path(run_dir) / name
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
 
 def move_aside(run_dir: Path) -> Path:

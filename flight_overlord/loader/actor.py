@@ -257,7 +257,7 @@ class LoaderActor:
         rg = self._at(position)
         try:
             samples = self.share.read(rg)
-            if (self.sample_level_bytes and samples.images is None and not samples.failed
+            if (self.sample_level_bytes and samples.images is None and samples.loss_mask is None and not samples.failed
                     and samples.tokens.nbytes > self.sample_level_bytes):
                 return samples.sample_level(functools.partial(self.share.read_rows, rg))
             return samples
@@ -380,6 +380,7 @@ def samples_table(parts: list[tuple[RowGroupSamples, int]]) -> pa.Table:
             "tokens": buffered.tokens_of(indices).cast(schema.field("tokens").type),  # widened (compact_tokens)
             "images": taken(buffered.images, pa.binary()),   # text sources: empty lists
             "image_grids": taken(buffered.grids, pa.int32()),
+            "loss_mask": taken(buffered.loss_mask, pa.uint8()),  # sources without one: empty lists
         }, schema=schema))
         order.extend(positions)
     if not tables:

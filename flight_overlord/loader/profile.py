@@ -19,7 +19,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from .. import source_files
+from .. import formats
 from ..config import Config, ConfigError
 from ..core.order import epoch_order
 from ..core.partition_plan import GiB, Budget, PartitionPlan, SourceProfile, plan_partition, render
@@ -43,8 +43,9 @@ def fingerprint(cfg: Config) -> str:
                 sizes.append(os.path.getsize(path))
             except OSError:  # a remote file: its name stands for it
                 sizes.append(-1)
-        parts.append([s.name, list(s.file_ids), sizes, s.transform.name, s.transform.options, s.text_column,
-                      s.image_column])
+        transform = (s.transform.name, s.transform.options) if s.transform else (None, None)
+        parts.append([s.name, list(s.file_ids), sizes, *transform, s.text_column, s.image_column,
+                      *([s.format, s.tokens_column, s.loss_mask_column] if s.tokens_column or s.format != "auto" else [])])
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -54,14 +55,14 @@ def profile_source(cfg: Config, name: str, row_groups: int = PROFILE_ROW_GROUPS)
     catalog = read_catalog(one)
     footer = 0
     for path in one.files:
-        with source_files.parquet_file(path) as opened:
-            footer += opened.metadata.serialized_size
+        with formats.open_chunks(path, one.format) as opened:
+            footer += opened.index_bytes
     partition = SourceShare(one, 0, cfg.global_batch.context_length, cfg.vision)
     order = epoch_order(catalog, seed=cfg.seed, source=name, epoch=0)[:max(1, row_groups)]
     seconds = samples = in_bytes = out_bytes = tokens = 0
     try:
         for rg in order:
-            in_bytes += _column_bytes(partition, rg, [c for c in (one.text_column, one.image_column) if c])
+            in_bytes += partition._file(rg.file).chunk_bytes(rg.row_group, _read_columns(one))
             started = time.perf_counter()
             read = partition.read(rg)
             seconds += time.perf_counter() - started
@@ -79,10 +80,11 @@ def profile_source(cfg: Config, name: str, row_groups: int = PROFILE_ROW_GROUPS)
         reader_bytes=float(footer + 64 * 1024 * len(one.files)))  # footers + a reader's state per open file
 
 
-def _column_bytes(partition: SourceShare, rg, columns: list[str]) -> int:
-    meta = partition._file(rg.file).metadata.row_group(rg.row_group)
-    names = {meta.column(i).path_in_schema.split(".")[0]: i for i in range(meta.num_columns)}
-    return sum(meta.column(i).total_uncompressed_size for c, i in names.items() if c in columns)
+def _read_columns(source) -> list[str]:
+    """The columns a loader reads of the source's files."""
+    if source.tokens_column:
+        return [c for c in (source.tokens_column, source.loss_mask_column) if c]
+    return [c for c in (source.text_column, source.image_column) if c]
 
 
 def load_or_profile(cfg: Config, *, reprofile: bool = False) -> tuple[list[SourceProfile], bool]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import threading
 from dataclasses import dataclass
@@ -11,15 +12,16 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from .. import source_files
+from .. import formats, source_files
 from ..config import ConfigError, SourceConfig, VisionConfig
 from ..core.order import RowGroupRef, owned_row_groups, sample_key
 from ..core.vision import ImageError
 from ..transforms import make_transform
 from ..transforms.image_text import transform_rows
+from ..transforms.pretokenized import loss_masks, token_lists
 from ..wire.schemas import list_array
+from .columns import check_columns
 
 log = logging.getLogger(__name__)
 # Parquet files an actor keeps open (the most recently read): an open file holds its footer and reader
@@ -30,38 +32,17 @@ OPEN_FILES_KEPT = 2
 
 
 def read_catalog(source: SourceConfig) -> list[RowGroupRef]:
-    """Every row group of the source, from the Parquet footers; checks the text column exists."""
+    """Every chunk of the source (row groups, record batches), from the files' footers or index;
+    checks the source's columns in each file."""
     catalog = []
     for path, file_id in zip(source.files, source.file_ids):
         try:
-            with source_files.parquet_file(path) as opened:
-                meta = opened.metadata
-        except (OSError, pa.ArrowException) as exc:
-            raise ConfigError(f"source {source.name!r}: cannot read Parquet file {source_files.display(path)}: "
-                              f"{exc}") from None
-        _check_columns(source, source_files.display(path), meta.schema.to_arrow_schema())
-        catalog.extend(RowGroupRef(file_id, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups))
+            with formats.open_chunks(path, source.format) as opened:
+                check_columns(source, source_files.display(path), opened.schema)
+                catalog.extend(RowGroupRef(file_id, i, opened.chunk_rows(i)) for i in range(opened.num_chunks))
+        except source_files.StorageError as exc:
+            raise ConfigError(f"source {source.name!r}: {exc}") from None
     return sorted(catalog)
-
-
-def _is_text(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
-
-
-def _check_columns(source: SourceConfig, path, schema: pa.Schema) -> None:
-    """The source's columns exist with types it can read: text (string) for a text source; lists of
-    text and of images (binary) for an image-text one. Found at start-up, not row group by row group."""
-    wanted = {source.text_column: "string"}
-    if source.image_column:
-        wanted = {source.text_column: "list<string>", source.image_column: "list<binary>"}
-    for column, kind in wanted.items():
-        if column not in schema.names:
-            raise ConfigError(f"source {source.name!r}: file {path} has no column {column!r} "
-                              f"(columns: {', '.join(schema.names)})")
-        t = schema.field(column).type
-        ok = _is_text(t) if kind == "string" else (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_text(t.value_type)
-        if not ok:
-            raise ConfigError(f"source {source.name!r}: column {column!r} of file {path} is {t}, expected {kind}")
 
 
 def compact_tokens(tokens: pa.ListArray) -> pa.ListArray:
@@ -116,6 +97,7 @@ class RowGroupSamples:
     bad: np.ndarray | None = None       # bool per row: a bad image; reported as num_tokens -1, never served
     lengths: np.ndarray | None = None   # sample-level: tokens per row (int32), the token ids dropped
     reread: Callable[[pa.Array], pa.ListArray] | None = None  # sample-level: row indices -> their tokens
+    loss_mask: pa.ListArray | None = None  # pre-tokenized with loss_mask_column: uint8 0/1 per token
 
     @classmethod
     def failed_read(cls, source: str, rg: RowGroupRef) -> "RowGroupSamples":
@@ -139,7 +121,7 @@ class RowGroupSamples:
     @property
     def nbytes(self) -> int:
         held = self.tokens.nbytes if self.tokens is not None else self.lengths.nbytes
-        return held + (self.images.nbytes if self.images is not None else 0)
+        return held + sum(extra.nbytes for extra in (self.images, self.loss_mask) if extra is not None)
 
     def _image_sizes(self, rows: int) -> pa.ListArray:
         """Patches per image per row: the product of each (t, h, w) triple of the grids."""
@@ -189,30 +171,37 @@ class SourceShare:
         self.catalog = read_catalog(source)
         self.row_groups = owned_row_groups(self.catalog, actor, source.loaders) if actor < source.loaders else []
         self._paths = dict(zip(source.file_ids, source.files))
-        self._open: collections.OrderedDict[str, pq.ParquetFile] = collections.OrderedDict()  # most recent last
+        self._open: collections.OrderedDict[str, formats.ChunkFile] = collections.OrderedDict()  # most recent last
         self._open_lock = threading.Lock()  # the read-ahead thread and request threads read at once
-        self._tokenize = make_transform(source.transform.name, source.transform.options)
+        if source.tokens_column:  # pre-tokenized: the column holds the token ids
+            self._tokenize = functools.partial(token_lists, name=source.tokens_column)
+            self._column = source.tokens_column
+        else:
+            self._tokenize = make_transform(source.transform.name, source.transform.options)
+            self._column = source.text_column
 
     def read(self, rg: RowGroupRef) -> RowGroupSamples:
         keys = SampleKeys(self.source.name, rg)
         if self.source.image_column:
             return self._read_image_text(rg, keys)
-        table = self._file(rg.file).read_row_group(rg.row_group, columns=[self.source.text_column])
+        mask_column = self.source.loss_mask_column
+        table = self._file(rg.file).read(rg.row_group, [self._column, *([mask_column] if mask_column else [])])
         column = table.column(0).combine_chunks()
         tokens = compact_tokens(self._tokenize(column, self.max_tokens))
-        return RowGroupSamples(tokens, keys, np.ones(rg.num_rows, dtype=bool))
+        mask = loss_masks(table.column(1), column, self.max_tokens, mask_column) if mask_column else None
+        return RowGroupSamples(tokens, keys, np.ones(rg.num_rows, dtype=bool), loss_mask=mask)
 
     def read_rows(self, rg: RowGroupRef, indices: pa.Array) -> pa.ListArray:
-        """The tokens of rows ``indices`` of a text row group, as ``read`` makes them (the transform is
-        per row): its text column read again, only those rows transformed (the sample-level path)."""
-        table = self._file(rg.file).read_row_group(rg.row_group, columns=[self.source.text_column])
+        """The tokens of rows ``indices`` of a text (or pre-tokenized) row group, as ``read`` makes them
+        (the transform is per row): its column read again, only those rows transformed (the sample-level path)."""
+        table = self._file(rg.file).read(rg.row_group, [self._column])
         return self._tokenize(table.column(0).take(indices).combine_chunks(), self.max_tokens)
 
     def _read_image_text(self, rg: RowGroupRef, keys: SampleKeys) -> RowGroupSamples:
         """Sample transform of an image-text row group: tokens with image placeholder runs, patch
         counts from the image headers; pixels decoded here only with ``vision.decode_at: loader``."""
         columns = [self.source.text_column, self.source.image_column]
-        table = self._file(rg.file).read_row_group(rg.row_group, columns=columns)
+        table = self._file(rg.file).read(rg.row_group, columns)
         texts, images = (table.column(c).combine_chunks() for c in columns)
         rows = transform_rows(texts, images, self._tokenize, self.vision, self.max_tokens,
                               decode=self.vision.decode_at == "loader")
@@ -228,7 +217,7 @@ class SourceShare:
             images=pa.array(rows.images, pa.list_(pa.binary())), grids=pa.array(rows.grids, pa.list_(pa.int32())),
             patches=rows.patches, bad=bad)
 
-    def _file(self, file_id: str) -> pq.ParquetFile:
+    def _file(self, file_id: str) -> formats.ChunkFile:
         # The newest OPEN_FILES_KEPT files stay open: the footer stays in this process only. One that falls
         # out is not closed here (another thread may be reading through it): it closes with its last reference.
         with self._open_lock:
@@ -236,8 +225,8 @@ class SourceShare:
             if opened is not None:
                 self._open.move_to_end(file_id)
                 return opened
-        opened = source_files.parquet_file(self._paths[file_id], pre_buffer=False,
-                                           page_checksum_verification=True)  # where the file has CRCs
+        opened = formats.open_chunks(self._paths[file_id], self.source.format, pre_buffer=False,
+                                     page_checksum_verification=True)  # Parquet: where the file has CRCs
         with self._open_lock:
             self._open[file_id] = opened
             while len(self._open) > OPEN_FILES_KEPT:

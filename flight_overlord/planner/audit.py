@@ -30,7 +30,7 @@ def audit_run(run_dir: Path, planner, mesh=None) -> dict:
     edits = [r.get("edit") or {"kind": "mix", **r["mix"]} for _, r in read_journal(run_dir / "plan-journal.jsonl")
              if "edit" in r or "mix" in r]
     edits += [{"step": stage.first_step, "kind": f"context {stage.context_length}"}  # a stage's mixture, realized
-              for stage in planner.strategy.stages if stage.first_step > 0]
+              for stage in planner.strategy.context_stages if stage.first_step > 0]
     return compute_audit(starts, records, planner.replayer.in_force(), edits, rewinds)
 
 

@@ -99,18 +99,17 @@ def format_weights(weights: dict[str, float]) -> str:
 
 
 def source_fingerprint(source) -> str:
-    """A digest of a source's files as the Parquet footers describe them: file names, and per row
-    group its rows and bytes (other contents under the same name change the bytes)."""
-    from .. import source_files as storage
+    """A digest of a source's files as their footers (or indexes) describe them: file names, and per
+    chunk (row group) its rows and bytes (other contents under the same name change the bytes)."""
+    from .. import formats
     parts = []
     for path, file_id in zip(source.files, source.file_ids):
         try:
-            with storage.parquet_file(path) as opened:
-                meta = opened.metadata
+            with formats.open_chunks(path, source.format) as opened:
+                chunks = [[opened.chunk_rows(i), opened.chunk_bytes(i)] for i in range(opened.num_chunks)]
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"sources.{source.name}: cannot read Parquet file {storage.display(path)}: {exc}") from None
-        parts.append([file_id, [[meta.row_group(i).num_rows, meta.row_group(i).total_byte_size]
-                                for i in range(meta.num_row_groups)]])
+            raise ConfigError(f"sources.{source.name}: {exc}") from None
+        parts.append([file_id, chunks])
     return hashlib.blake2b(json.dumps(sorted(parts)).encode(), digest_size=16).hexdigest()
 
 

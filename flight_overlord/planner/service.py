@@ -8,7 +8,6 @@ One lock (``cond``) guards it; a blocking call waits on it server-side for at mo
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from typing import Callable
 
@@ -25,6 +24,7 @@ from ..wire.plan_channel import PLAN_AHEAD
 from ..wire.status import PlannerStatus
 from .planner import Planner
 from .registry import REGISTRY_FILE
+from .reports import checked_report
 from .views import step_views, wire_view
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class PlanService:
         self._plan_answers: dict[str, int] = {}  # views per plans-stream answer -> answers (status, metrics)
         self.failure: BackgroundFailure | None = None  # planning failed: every waiting call gets it
         self._trainer_waits = TrainerWaits()  # what trainers reported waiting for data (status; not journaled)
+        self._trainer_losses: dict[str, dict] = {}  # rank -> its last overall loss (status; plans never read it)
         self.stopping = False
         self._started = False
 
@@ -241,17 +242,12 @@ class PlanService:
         counts), ``compute_seconds`` / ``encoder_seconds`` (cost.fit: once per bucket) and ``waits``
         (its data waits, for status). Losses and timings are journaled before any plan reads them."""
         body = body or {}
-        self.planner.check_compute_report(body)
-        self.mesh.coord(rank)
-        for source, loss in (losses or {}).items():
-            self.cfg.source(source)  # names the unknown source
-            if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
-                raise ValueError(f"report: loss of source {source!r} must be a finite number, got {loss!r}")
-        if not 0 <= step < self.planner.next_step:
-            raise ValueError(f"report: step {step} was not planned (planned: 0..{self.planner.next_step - 1})")
+        overall = checked_report(self.cfg, self.mesh, self.planner, step, rank, losses, body)
         with self.cond:
             if body.get("waits") is not None:
                 self._trainer_waits.add(rank, wire.field(body, "waits", dict, "report"))
+            if overall is not None:
+                self._trainer_losses[str(rank)] = {"step": step, "loss": overall}
             changed = losses is not None and self.planner.report(step, rank, losses)
             for name, model in (("compute_seconds", "backbone"), ("encoder_seconds", "encoder")):
                 if body.get(name) is not None:
@@ -367,6 +363,7 @@ class PlanService:
                 scaling=self.planner.scaling.status() if self.planner.scaling is not None else None,
                 cost=self.planner.cost_status(),
                 trainer_waits={str(r): w for r, w in self._trainer_waits.totals().items()},
+                trainer_losses=dict(self._trainer_losses),
                 mixture={"weights": self.planner.last_weights, "skips": self.planner.skips.state_dict(),
                          "pending": self.planner.overrides.pending(self.planner.next_step)})
 

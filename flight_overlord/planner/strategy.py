@@ -24,6 +24,7 @@ from ..core.cost import CostFn, config_cost, make_cost, patches_cost
 from ..core.mesh import BROADCAST_DIMS, DISTRIBUTE_AXES, Mesh
 from ..core.run_shape import BatchSchedule, by_stage, checked_stages, context_stage, stage_at
 from ..core.schedules import Schedule, as_schedule, constant
+from ..core.stages import StageContents
 
 BALANCE_LEVELS = ("both", "inter", "intra")
 @dataclass
@@ -84,12 +85,15 @@ class Strategy:
         self.min_cp, self.hdp_widen = 1, True
         self.balancing = Balancing(cfg.balance.method)
         self.broadcast: frozenset[str] = frozenset()
+        self.silent: frozenset[str] = frozenset()  # broadcast dimensions whose ranks above 0 never read
+        self.stage_contents = StageContents()
         self.raw: Callable | None = None
         self.image_graph: ImageGraph | None = None
         self.buffer_policy: Callable | None = None
         self.constructor_policy: Callable | None = None
         self.batch_schedule: BatchSchedule | None = cfg.schedule.batch  # None: global_batch's size every step
-        self.stages: tuple[context_stage, ...] = cfg.schedule.context  # empty: global_batch's shape every step
+        # context-length stages (not pipeline stages): empty, global_batch's shape every step
+        self.context_stages: tuple[context_stage, ...] = cfg.schedule.context
 
     def images(self) -> ImageGraph:
         """The image graph: ``s.images().cost("patches").distribute("WORLD").balance("karmarkar_karp")``.
@@ -114,7 +118,7 @@ class Strategy:
         """Context-length stages (``context_stage(first_step, context_length, microbatches, weights)``)."""
         if not all(isinstance(stage, context_stage) for stage in stages):
             raise ValueError("context(): expected context_stage(...) arguments")
-        self.stages = checked_stages(stages)
+        self.context_stages = checked_stages(stages)
         return self
 
     def cost(self, fn="attention", **params) -> "Strategy":
@@ -165,11 +169,26 @@ class Strategy:
         self.balancing = Balancing(method, level, keep_global_batch, equal_size)
         return self
 
-    def broadcast_at(self, dim: str) -> "Strategy":
-        """The trainer broadcasts along ``dim`` itself: only its rank 0 there receives tokens."""
+    def broadcast_at(self, dim: str, others_read: bool = True) -> "Strategy":
+        """The trainer broadcasts along ``dim`` itself: only its rank 0 there receives tokens; the
+        others get metadata. ``others_read=False``: those others never read at all (Megatron-Core calls
+        ``next()`` on TP rank 0 only), so the constructors do not keep steps for them."""
         if dim not in BROADCAST_DIMS:
             raise ValueError(f"broadcast_at(): unknown dimension {dim!r} (dimensions: {', '.join(BROADCAST_DIMS)})")
+        if not isinstance(others_read, bool):
+            raise ValueError(f"broadcast_at({dim!r}): others_read must be true or false, got {others_read!r}")
         self.broadcast = self.broadcast | {dim}
+        if not others_read:
+            self.silent = self.silent | {dim}
+        return self
+
+    def pipeline_stages(self, first=None, middle=None, last=None) -> "Strategy":
+        """The token fields each pipeline stage receives (of ``input_ids``, ``position_ids``,
+        ``labels``, ``loss_mask``, ``pixel_values``); a stage not named keeps the default, what
+        Megatron-Core's stages read: the first ``input_ids``, ``position_ids`` and ``pixel_values``, the
+        last ``labels`` and ``loss_mask``, the middle ones none. Every stage gets the sequence
+        boundaries and sample keys."""
+        self.stage_contents = StageContents.of(first, middle, last)
         return self
 
     def plan_raw(self, fn: Callable) -> "Strategy":
@@ -210,16 +229,16 @@ class Strategy:
         if self.capacity < 1:
             raise ValueError(f"distribute({self.axis!r}): context_length {self.cfg.global_batch.context_length} "
                              f"over cp={self.mesh.cp} leaves no room per microbatch")
-        if self.stages:
+        if self.context_stages:
             self._check_stages()
-            if any(stage.weights is not None for stage in self.stages) and not isinstance(self.schedule, by_stage):
-                self.schedule = by_stage(self.schedule, self.stages)
+            if any(stage.weights is not None for stage in self.context_stages) and not isinstance(self.schedule, by_stage):
+                self.schedule = by_stage(self.schedule, self.context_stages)
         return self
 
     def _check_stages(self) -> None:
         """A stage's sequences fit what the loaders cut (context_length), split evenly under CP."""
         longest, multiple = self.cfg.global_batch.context_length, max(self.seq_multiple, self.mesh.cp)
-        for i, stage in enumerate(self.stages):
+        for i, stage in enumerate(self.context_stages):
             where = f"schedule.context[{i}] (from step {stage.first_step})"
             if self.axis == "HDP":
                 raise ValueError(f"{where}: context stages cannot be combined with distribute('HDP')")
@@ -229,7 +248,7 @@ class Strategy:
             if stage.context_length % multiple:
                 raise ValueError(f"{where}: context_length {stage.context_length} must be a multiple of {multiple} "
                                  f"(cp={self.mesh.cp})")
-        unknown = sorted({s for stage in self.stages for s in (stage.weights or {})} - set(self.sources))
+        unknown = sorted({s for stage in self.context_stages for s in (stage.weights or {})} - set(self.sources))
         if unknown:
             raise ValueError(f"schedule.context: weights name unknown source {unknown[0]!r} (sources: "
                              f"{', '.join(self.sources)})")
@@ -242,26 +261,26 @@ class Strategy:
         return gb.tokens_per_step if gb.tokens_per_step is not None else gb.samples_per_step
 
     def microbatches_at(self, step: int) -> int:
-        stage = stage_at(self.stages, step)
+        stage = stage_at(self.context_stages, step)
         return self.cfg.global_batch.microbatches if stage is None else stage.microbatches
 
     def capacity_at(self, step: int) -> int:
         """A bucket's tokens per microbatch at ``step``: its stage's context length (over cp under axis CP)."""
-        stage = stage_at(self.stages, step)
+        stage = stage_at(self.context_stages, step)
         if stage is None:
             return self.capacity
         return stage.context_length // self.mesh.cp if self.axis == "CP" else stage.context_length
 
     def max_sample_tokens_at(self, step: int) -> int:
-        return self.max_sample_tokens if stage_at(self.stages, step) is None else self.capacity_at(step)
+        return self.max_sample_tokens if stage_at(self.context_stages, step) is None else self.capacity_at(step)
 
     def shape(self) -> dict:
         """The schedules of the run's shape, as data (part of the layout; empty without them)."""
         shape = {}
         if self.batch_schedule is not None:
             shape["batch"] = self.batch_schedule.describe()
-        if self.stages:
-            shape["context"] = [stage.describe() for stage in self.stages]
+        if self.context_stages:
+            shape["context"] = [stage.describe() for stage in self.context_stages]
         return shape
 
     def _check_fit(self) -> None:

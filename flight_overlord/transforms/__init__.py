@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..core.registry import Registry
+from .separators import with_separators
 
 Tokenize = Callable[[pa.Array, int], pa.ListArray]
 TRANSFORMS: Registry = Registry("transform")
@@ -36,8 +37,9 @@ def _list_array(offsets: np.ndarray, values: np.ndarray) -> pa.ListArray:
 
 
 @register_transform("byte_tokenizer")
-def byte_tokenizer() -> Tokenize:
-    """UTF-8 bytes are the tokens (vocabulary 256): nothing to download, and vectorised in Arrow."""
+def byte_tokenizer(bos_token_id: int | None = None, eos_token_id: int | None = None) -> Tokenize:
+    """UTF-8 bytes are the tokens (vocabulary 256): nothing to download, and vectorised in Arrow.
+    ``bos_token_id`` / ``eos_token_id``: document separators (``separators.py``), none by default."""
     def tokenize(column: pa.Array, max_tokens: int) -> pa.ListArray:
         binary = pc.binary_slice(pc.fill_null(column, "").cast(pa.binary()), 0, max_tokens)
         if isinstance(binary, pa.ChunkedArray):
@@ -46,16 +48,19 @@ def byte_tokenizer() -> Tokenize:
         offsets = np.frombuffer(offset_buf, dtype=np.int32)[binary.offset:binary.offset + len(binary) + 1]
         raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
         return _list_array(offsets - offsets[0], raw[offsets[0]:offsets[-1]].astype(np.int32))
-    return tokenize
+    return with_separators(tokenize, bos_token_id, eos_token_id)
 
 
 @register_transform("hf_tokenizer")
-def hf_tokenizer(path: str, add_special_tokens: bool = False) -> Tokenize:
+def hf_tokenizer(path: str, add_special_tokens: bool = False, bos_token_id: int | None = None,
+                 eos_token_id: int | None = None) -> Tokenize:
     """A Hugging Face ``tokenizers`` JSON file (``pip install tokenizers``), e.g. the byte-level BPE
     ``overlord make-demo-data`` writes as ``tokenizer.json``.
 
     ``path`` is taken as given: configs resolve a relative one against ``data_root``. Null texts
-    give empty token lists (as for ``byte_tokenizer``). The whole row group is encoded with one
+    give empty token lists (as for ``byte_tokenizer``). ``add_special_tokens``: the tokenizer's own
+    template (its post-processor: a BOS for some, nothing for many); ``bos_token_id`` /
+    ``eos_token_id``: separators added here (``separators.py``). The whole row group is encoded with one
     ``encode_batch`` call (in parallel, in Rust); the token lists then go to Arrow in one
     conversion, truncated to ``max_tokens``.
     """
@@ -79,7 +84,7 @@ def hf_tokenizer(path: str, add_special_tokens: bool = False) -> Tokenize:
         texts = pc.fill_null(column, "").to_pylist()
         encodings = encode_batch(texts, add_special_tokens=add_special_tokens)
         return pa.array([e.ids[:max_tokens] for e in encodings], _TOKEN_LISTS)
-    return tokenize
+    return with_separators(tokenize, bos_token_id, eos_token_id)
 
 
 _TOKEN_LISTS = pa.list_(pa.int32())

@@ -53,29 +53,32 @@ class ResumePointRequest:
 
 @dataclass(frozen=True)
 class Report:
-    """A trainer's feedback on one step: per-source losses, and/or its compute seconds (one number or
-    one per microbatch), the vision encoder's seconds, and the data waits its client measured."""
+    """A trainer's feedback on one step: per-source losses and/or its overall loss, its compute seconds
+    (one number or one per microbatch), the vision encoder's seconds, and the data waits its client
+    measured."""
     step: int
     rank: int
     losses: dict | None = None
     compute_seconds: float | list | None = None
     encoder_seconds: float | None = None
     waits: dict | None = None
+    loss: float | None = None  # the rank's overall loss (status only: mixing needs per-source losses)
 
     def to_wire(self) -> dict:
         body = {"step": self.step, "rank": self.rank}
-        for name in ("waits", "losses", "compute_seconds", "encoder_seconds"):
+        for name in ("waits", "losses", "loss", "compute_seconds", "encoder_seconds"):
             if getattr(self, name) is not None:
                 body[name] = getattr(self, name)
         return body
 
     @classmethod
     def from_wire(cls, raw: dict) -> "Report":
-        if not {"losses", "compute_seconds", "encoder_seconds"} & set(raw):
-            raise ValueError("malformed report: give 'losses' ({source: loss}), 'compute_seconds' or 'encoder_seconds'")
+        if not {"losses", "loss", "compute_seconds", "encoder_seconds"} & set(raw):
+            raise ValueError("malformed report: give 'losses' ({source: loss}), 'loss' (overall), 'compute_seconds' "
+                             "or 'encoder_seconds'")
         return cls(field(raw, "step", int, "report"), field(raw, "rank", int, "report"),
                    optional_field(raw, "losses", dict, "report"), raw.get("compute_seconds"), raw.get("encoder_seconds"),
-                   optional_field(raw, "waits", dict, "report"))  # seconds: checked by the Planner's cost fit
+                   optional_field(raw, "waits", dict, "report"), raw.get("loss"))  # seconds: checked by the Planner's cost fit
 
 
 @dataclass(frozen=True)

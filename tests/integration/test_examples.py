@@ -13,17 +13,13 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from flight_overlord.deploy.launch import LocalCluster
 
-from ..helpers import write_config
+from ..helpers import run_example, write_config
 
-REPO = Path(__file__).resolve().parents[2]
 SMALL = {"context_length": 512, "microbatches": 2, "tokens_per_step": 1800}  # the examples compute on 2 cores
 STEPS, CRASH_AFTER = 22, 4  # then a crash after step 20, its checkpoint of step 10 being 10 steps old
 ALONE_CRASH_AFTER, CHECKPOINT_EVERY = 20, 11
@@ -31,16 +27,7 @@ STEP_LINE = re.compile(r"^step (\d+) loss \S+ exact (\S+) keys (\S+)$", re.M)
 
 
 def _torchrun(planner: str, script: str, *args: str, expect_ok: bool = True) -> str:
-    env = {**os.environ, "OVERLORD_PLANNER": planner, "OMP_NUM_THREADS": "1"}
-    env.pop("PYTHONPATH", None)
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          str(REPO / "examples" / script), *args], env=env, capture_output=True, text=True,
-                         timeout=240)
-    if expect_ok:
-        assert out.returncode == 0, f"{script} exited {out.returncode}\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
-    else:
-        assert out.returncode != 0, out.stdout[-2000:]
-    return out.stdout
+    return run_example(planner, script, *args, expect_ok=expect_ok)
 
 
 def _steps(stdout: str) -> dict[int, tuple[str, str]]:

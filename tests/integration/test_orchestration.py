@@ -15,7 +15,9 @@ from flight_overlord.core.context_parallel import reassemble
 from flight_overlord.core.mesh import Coord, Mesh
 from flight_overlord.core.schedules import FeedbackLog, weights_at
 from flight_overlord.deploy.launch import LocalCluster
+from flight_overlord.harness import stock_fetch
 from flight_overlord.planner.strategy import load_strategy
+from flight_overlord.wire.server import ClientPool
 
 from ..helpers import WEIGHTS, delivered_keys, each_rank, journal, journal_records, write_config
 
@@ -30,7 +32,9 @@ def build(s):
 
 
 def test_4d_mesh_end_to_end(corpus, tmp_path):
-    """pp=2 x dp=2 x cp=2 x tp=2: only (pp 0, tp 0) ranks get tokens, CP shares reassemble to sequences
+    """pp=2 x dp=2 x cp=2 x tp=2, read with a stock Flight client: the first stage's TP rank 0 gets
+    tokens and positions, the last stage's labels and loss mask (the next tokens of the same samples),
+    TP ranks above 0 metadata only; CP shares reassemble to sequences
     whose samples are the Parquet bytes, every sample reaches one data-parallel group once, and the
     curriculum's mixture is what the trainers got."""
     second = {"captions": 0.05, "longdocs": 0.5, "code": 0.15, "docstrings": 0.1, "manuals": 0.1, "qa": 0.1}
@@ -38,30 +42,42 @@ def test_4d_mesh_end_to_end(corpus, tmp_path):
     path = write_config(tmp_path, corpus, strategy="s4d.py", mesh={"pp": 2, "dp": 2, "cp": 2, "tp": 2},
                         global_batch={"context_length": 1024, "microbatches": 2, "tokens_per_step": 3600})
     cfg, mesh, steps = load_config(path), Mesh(2, 2, 2, 2), 8
-    with LocalCluster(path) as cluster:
-        fetchers = [StepFetcher(cluster.planner, r, timeout=60) for r in range(16)]
-        run = {r: [f.fetch(step) for step in range(steps)] for r, f in enumerate(fetchers)}
-        for f in fetchers:
-            f.close()
+    clients = ClientPool()  # plain pyarrow.flight clients, one per location
+    with LocalCluster(path) as cluster:  # read as a stock Flight client does
+        run = {r: [stock_fetch(clients.get, cluster.planner, step, r) for step in range(steps)] for r in range(16)}
+    clients.close()
     L = cfg.global_batch.context_length
     for step in range(steps):
         for dp in range(2):
             ranks = [r for r in range(16) if mesh.coord(r).dp == dp]
             keys = run[ranks[0]][step].column("sample_keys")
-            pieces = []
+            pieces, last = [], []
             for r in ranks:
                 c, table = mesh.coord(r), run[r][step]
                 assert table.column("sample_keys").equals(keys) and table.column("cu_seqlens").to_pylist()
-                if c.pp > 0 or c.tp > 0:
-                    assert all(len(x) == 0 for x in table.column("input_ids").to_pylist())
-                    assert all(len(x) == 0 for x in table.column("token_ranges").to_pylist())
-                else:
-                    assert all(len(x) == L // 2 for x in table.column("input_ids").to_pylist())
+                held = {name: [len(x) for x in table.column(name).to_pylist()]
+                        for name in ("input_ids", "position_ids", "labels", "loss_mask", "token_ranges")}
+                if c.tp > 0:  # broadcast_at("TP"): metadata only
+                    assert not any(n for lengths in held.values() for n in lengths)
+                elif c.pp == 0:  # the first stage: tokens and positions, no labels
+                    assert held["input_ids"] == held["position_ids"] == [L // 2] * table.num_rows
+                    assert not any(held["labels"] + held["loss_mask"])
                     pieces.append(table)
-            assert len(pieces) == 2  # the two CP ranks of pipeline stage 0, TP rank 0
+                else:  # the last stage: labels and loss mask of the same positions, no tokens
+                    assert held["labels"] == held["loss_mask"] == [L // 2] * table.num_rows
+                    assert not any(held["input_ids"] + held["position_ids"])
+                    last.append(table)
+            assert len(pieces) == len(last) == 2  # the two CP ranks of each stage, TP rank 0
             for m in range(pieces[0].num_rows):
                 full = reassemble([(np.array(p.column("input_ids")[m].as_py()), p.column("token_ranges")[m].as_py())
                                    for p in pieces], L)
+                labels = reassemble([(np.array(p.column("labels")[m].as_py()), p.column("token_ranges")[m].as_py())
+                                     for p in last], L)
+                mask = reassemble([(np.array(p.column("loss_mask")[m].as_py()), p.column("token_ranges")[m].as_py())
+                                   for p in last], L)
+                assert np.array_equal(mask, labels != -100)
+                assert_next_tokens(labels, full, pieces[0].column("cu_seqlens")[m].as_py(),
+                                   pieces[0].column("cu_seqlens_padded")[m].as_py())
                 lengths = np.diff(pieces[0].column("cu_seqlens")[m].as_py())
                 slots = pieces[0].column("cu_seqlens_padded")[m].as_py()  # THD: each sample in its own slot
                 assert all(b - a >= n and (b - a) % 4 == 0 for a, b, n in zip(slots, slots[1:], lengths))
@@ -78,6 +94,14 @@ def test_4d_mesh_end_to_end(corpus, tmp_path):
     for rec in records[6:]:
         late.update(rec["stats"]["tokens"])
     assert late["longdocs"] / sum(late.values()) > 0.3  # the curriculum moved the mixture
+
+
+def assert_next_tokens(labels: np.ndarray, tokens: np.ndarray, cu_seqlens: list[int], slots: list[int]) -> None:
+    """The last stage's labels are the first stage's next tokens within each sample, -100 elsewhere."""
+    expected = np.full(len(tokens), -100)
+    for start, n in zip(slots[:-1], np.diff(cu_seqlens)):
+        expected[start:start + n - 1] = tokens[start + 1:start + n]
+    assert np.array_equal(labels, expected)
 
 
 STRATEGY_DYNAMIC = """

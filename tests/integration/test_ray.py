@@ -15,6 +15,7 @@ from flight_overlord.deploy.ray_backend import NODE_SHARE, RayCluster, actor_opt
 from flight_overlord.deploy.topology import loader_hosts
 
 from ..helpers import delivered_keys, fetch_run, journal, write_config
+from .test_their_code import assert_plugin_tokens, with_plugin_transform
 
 STEPS = 12
 
@@ -47,10 +48,14 @@ def local_reference(corpus, tmp_path_factory):
     return {r: _keys_per_step(tables) for r, tables in fetch_run(path, STEPS).items()}
 
 
-def test_ray_backend_serves_the_local_streams_and_survives_kill_9(local_ray, local_reference, corpus, tmp_path):
+def test_ray_backend_serves_the_local_streams_and_survives_kill_9(local_ray, local_reference, corpus, plugin_file,
+                                                                  tmp_path):
+    """The actors also import the config's plugins: qa's transform is the user's own, in a file the
+    config names (it shifts the bytes: the same lengths, so the same plans and keys as the local run)."""
     ip = _node_ip(local_ray)  # rank 0 names its node by IP, rank 1 by a custom resource
     path = write_config(tmp_path, corpus, loaders={"captions": 2}, network={"host": "0.0.0.0"}, ray={
         "cpus": 0.05, "loader_resources": {"cpu-node": 0.01}, "trainer_nodes": [ip, "trainer-node-b"]})
+    with_plugin_transform(path, plugin_file, "qa")
     ranks = load_config(path).mesh.world_size
     cluster = RayCluster(path)
     cluster.start()
@@ -90,6 +95,7 @@ def test_ray_backend_serves_the_local_streams_and_survives_kill_9(local_ray, loc
     finally:
         cluster.stop()
     assert {r: _keys_per_step(tables) for r, tables in run.items()} == local_reference
+    assert assert_plugin_tokens([t for tables in run.values() for t in tables], corpus) > 0
     planned = [k for record in journal(path)[:STEPS] for b in record["bins"] for k in b]
     delivered = [k for r in run for k in delivered_keys(run[r])]
     assert sorted(delivered) == sorted(planned) and len(set(delivered)) == len(delivered)
@@ -135,3 +141,4 @@ def test_ray_backend_auto_partitions_at_start_up(local_ray, local_reference, cor
             f.close()
     assert {r: _keys_per_step(tables) for r, tables in run.items()} == \
         {r: keys[:steps] for r, keys in local_reference.items()}
+

@@ -237,7 +237,7 @@ def test_unreadable_parquet_file_is_named_at_start(corpus, tmp_path):
     bad = sorted((root / "qa").glob("*.parquet"))[0]
     bad.write_bytes(b"this is not parquet at all")
     cluster = LocalCluster(write_config(tmp_path, root))
-    with pytest.raises(ConfigError, match=f"sources.qa: cannot read Parquet file {bad}"):
+    with pytest.raises(ConfigError, match=f"source 'qa': cannot read Parquet file {bad}"):
         cluster.start()  # named before any role starts (the check of the sources' files)
     assert not cluster.children
 
@@ -246,8 +246,10 @@ def test_missing_column_is_named_at_start(corpus, tmp_path):
     root = _copy_corpus(corpus, tmp_path)
     path = sorted((root / "code").glob("*.parquet"))[0]
     pq.write_table(pq.read_table(path).rename_columns(["body", "doc_id"]), path)
-    with pytest.raises(RuntimeError, match="has no column 'text'"):
-        LocalCluster(write_config(tmp_path, root)).start()
+    cluster = LocalCluster(write_config(tmp_path, root))
+    with pytest.raises(ConfigError, match=f"source 'code': file {path} has no column 'text'"):
+        cluster.start()  # the check before any role starts reads the first file's schema
+    assert not cluster.children
 
 
 def test_corrupt_row_group_is_skipped_and_the_run_goes_on(corpus, tmp_path):

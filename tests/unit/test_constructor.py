@@ -45,7 +45,7 @@ def plan(step: int = 0, lengths=(5, 3, 3, 2)) -> ConstructorPlan:
 def loader_answer(keys: list[str]) -> pa.Table:
     """A loader's samples table for ``keys`` (text: no images)."""
     return pa.table({"key": keys, "tokens": [TOKENS[k] for k in keys], "images": [[] for _ in keys],
-                     "image_grids": [[] for _ in keys]}, schema=load_schema("samples"))
+                     "image_grids": [[] for _ in keys], "loss_mask": [[] for _ in keys]}, schema=load_schema("samples"))
 
 
 def fetched(constructor: Constructor, p: ConstructorPlan) -> dict:

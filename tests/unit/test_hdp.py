@@ -192,7 +192,7 @@ def test_shards_reassemble_the_sequence_with_its_labels(size):
     tokens = rng.integers(1, 30000, size=int(rng.integers(50, 500))).astype(np.int32)
     pieces, labels, positions = [], [], []
     for rank in range(size):
-        ids, pos, lab, ranges, slot = shard(tokens, size, rank, pad_token_id=0)
+        ids, pos, lab, ranges, slot = shard(Sample("s:f:0:0", tokens), size, rank, pad_token_id=0)
         assert len(ids) == slot // size and ranges[1] - ranges[0] == ranges[3] - ranges[2] or size == 1
         pieces.append((ids, ranges))
         labels.append((lab, ranges))

@@ -12,6 +12,7 @@ import pytest
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.core.context_parallel import reassemble, token_ranges
 from flight_overlord.core.mesh import Coord, Mesh
+from flight_overlord.core.stages import ALL_FIELDS, StageContents
 from flight_overlord.core import balance
 from flight_overlord.core.mixing import Mixer
 from flight_overlord.core.order import RowGroupRef, row_permutation
@@ -52,17 +53,44 @@ def test_megatron_order_and_buckets():
         mesh.num_buckets("EP")
 
 
+FIRST_STAGE = frozenset({"input_ids", "position_ids", "pixel_values"})
+LAST_STAGE = frozenset({"labels", "loss_mask"})
+
+
+def test_stage_contents_default_to_megatrons_and_are_configurable():
+    default = StageContents()
+    assert default.fields(0, 1) == ALL_FIELDS  # one stage is first and last
+    assert [default.fields(s, 4) for s in range(4)] == [FIRST_STAGE, frozenset(), frozenset(), LAST_STAGE]
+    mtp = StageContents.of(last=["labels", "loss_mask", "input_ids", "position_ids"], middle="position_ids")
+    assert mtp.first == FIRST_STAGE and mtp.fields(1, 3) == {"position_ids"}
+    assert mtp.fields(2, 3) == {"labels", "loss_mask", "input_ids", "position_ids"}
+    with pytest.raises(ValueError, match=r"pipeline_stages\(last=...\): unknown field\(s\) 'tokens'"):
+        StageContents.of(last=["tokens"])
+    with pytest.raises(ValueError, match="stage 2 is outside 0..1"):
+        default.fields(2, 2)
+    deliveries = {Mesh(pp=3).delivery(r, "DP", stages=mtp).key for r in range(3)}
+    assert len(deliveries) == 3  # each stage its own table at the constructor
+
+
+def test_ranks_behind_a_silent_broadcast_do_not_read():
+    mesh = Mesh(pp=2, dp=1, cp=2, tp=2)
+    readers = [r for r in range(mesh.world_size) if mesh.reads(r, frozenset({"TP"}))]
+    assert readers == [r for r in range(mesh.world_size) if mesh.coord(r).tp == 0]
+    assert all(mesh.reads(r, frozenset()) for r in range(mesh.world_size))
+
+
 def test_delivery_rules_follow_the_tree():
     mesh = Mesh(pp=2, dp=2, cp=2, tp=2)
     for rank in range(16):
         c = mesh.coord(rank)
         plain = mesh.delivery(rank, "DP")
-        assert plain.tokens == (c.pp == 0)  # later pipeline stages: metadata only
+        stage = FIRST_STAGE if c.pp == 0 else LAST_STAGE  # what Megatron's stages read
+        assert plain.fields == stage and plain.tokens
         assert plain.cp_rank == c.cp        # each CP rank its share of the sequence
         tp = mesh.delivery(rank, "DP", frozenset({"TP"}))
-        assert tp.tokens == (c.pp == 0 and c.tp == 0)
+        assert tp.fields == (stage if c.tp == 0 else frozenset())
         cp_bcast = mesh.delivery(rank, "DP", frozenset({"CP"}))
-        assert cp_bcast.cp_rank is None and cp_bcast.tokens == (c.pp == 0 and c.cp == 0)
+        assert cp_bcast.cp_rank is None and cp_bcast.fields == (stage if c.cp == 0 else frozenset())
         hybrid = mesh.delivery(rank, "CP")
         assert hybrid.cp_rank is None and hybrid.bucket == c.dp * 2 + c.cp
         world = mesh.delivery(rank, "WORLD")
@@ -256,6 +284,10 @@ def test_strategy_errors_are_clear(tmp_path, corpus):
         s.cost("flops")
     with pytest.raises(ValueError, match="does not apply under distribute"):
         _strategy(tmp_path, corpus).distribute("WORLD").broadcast_at("TP").plan()
+    with pytest.raises(ValueError, match=r"broadcast_at\('TP'\): others_read must be true or false, got 'no'"):
+        s.broadcast_at("TP", others_read="no")
+    with pytest.raises(ValueError, match=r"pipeline_stages\(first=...\): unknown field\(s\) 'pixels'"):
+        s.pipeline_stages(first=["input_ids", "pixels"])
     (tmp_path / "nobuild.py").write_text("x = 1\n")
     with pytest.raises(ConfigError, match="defines no function 'build'"):
         load_strategy(load_config(write_config(tmp_path, corpus, strategy="nobuild.py")))
