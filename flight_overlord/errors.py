@@ -37,3 +37,8 @@ class WaitTimedOut(OverlordError, TimeoutError):
 
 class Busy(OverlordError, RuntimeError):
     """Too many calls already wait on this server: retry later (answered as a server error)."""
+
+
+class Fenced(OverlordError, RuntimeError):
+    """This process was replaced (a newer process claimed its role, ``fence.py``): it serves and
+    journals nothing more."""

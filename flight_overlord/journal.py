@@ -20,7 +20,7 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 log = logging.getLogger(__name__)
 BASE = "journal_base"  # the first line of a compacted journal: the offset its tail starts at
@@ -29,10 +29,13 @@ BASE = "journal_base"  # the first line of a compacted journal: the offset its t
 class Journal:
     """Append-only JSON lines. Several processes may append to one file (O_APPEND, one write per line)."""
 
-    def __init__(self, path: Path, *, fsync: bool = False):
+    def __init__(self, path: Path, *, fsync: bool = False, guard: Callable[[], None] | None = None):
+        """``guard``: called before every record is written; raises (or ends the process) when this
+        process may no longer write here (``fence.Fence.enforce``)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.fsync = fsync
+        self.guard = guard
         self._lock = threading.Lock()  # an append never races a compaction
         self._open()
 
@@ -50,6 +53,8 @@ class Journal:
         """Write one record; returns the offset just past it. ``durable=False``: not fsync'd now (a record
         that can be derived again): it survives its process's death, and the next durable record or
         ``sync`` makes it durable with everything before it (the file is append-only)."""
+        if self.guard is not None:
+            self.guard()
         with self._lock:
             os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
             if self.fsync and durable:

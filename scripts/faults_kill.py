@@ -101,23 +101,27 @@ def run_dir_bytes(run_dir: Path) -> dict:
 
 
 def part1_config(tmp: Path, data_dir: Path, name: str, args, *, prefetch: int, shadows: int,
-                 standbys: int = 0) -> Path:
+                 standbys: int = 0, **extra) -> Path:
     directory = tmp / "part1" / name
     directory.mkdir(parents=True)
     return write_config(directory / "config.yaml", data_dir, [{"name": n, "weight": w} for n, w in SOURCES.items()],
                         ranks=args.ranks, context_length=1024, microbatches=2, tokens_per_step=1800 * args.ranks,
                         seed=SEED, run_dir=directory / "run", balance={"method": "greedy"}, prefetch=prefetch,
                         checkpoint={"every": args.checkpoint_every}, planner={"standbys": standbys},
-                        loader={"shadows": shadows, "hosts": 0})  # one process per actor: a kill hits one source
+                        loader={"shadows": shadows, "hosts": 0}, **extra)  # one process per actor: a kill hits one source
 
 
 def kill_targets(args) -> list[int]:
+    if getattr(args, "at", None):  # bench_hangs: the steps named
+        return list(args.at)
     return list(range(args.kill_every, args.steps - args.kill_every + 1, args.kill_every))
 
 
 def run_part1(config: Path, name: str, args, *, prefetch: int, kind: str | None = None,
-              measure_loaders: bool = False) -> Run:
-    """One supervised run of ``args.steps`` steps; ``kind``: the role kind to kill every ``args.kill_every`` steps."""
+              measure_loaders: bool = False, strike=None) -> Run:
+    """One supervised run of ``args.steps`` steps; ``kind``: the role kind to kill every ``args.kill_every`` steps.
+    ``strike(cluster, role, fault, done)``: what befalls the role instead of kill -9 and the wait for its
+    recovery (bench_hangs: SIGSTOP)."""
     run = Run(name, args.steps)
     cfg = load_config(config)
     started = time.perf_counter()
@@ -175,8 +179,11 @@ def run_part1(config: Path, name: str, args, *, prefetch: int, kind: str | None 
                 child = cluster.child(role)
                 before = len(child.restarts)
                 fault = Fault(role, step, time.time())
-                cluster.kill(role)
                 run.faults.append(fault)
+                if strike is not None:
+                    strike(cluster, role, fault, done)
+                    continue
+                cluster.kill(role)
                 watch_recovery(cluster, child, before, fault, done)
 
         threads = [threading.Thread(target=rank_loop, args=(r,), daemon=True) for r in range(args.ranks)]

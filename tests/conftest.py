@@ -48,3 +48,11 @@ def plugin_file(tmp_path_factory) -> pathlib.Path:
     path = tmp_path_factory.mktemp("plugins") / "their_transforms.py"
     path.write_text(PLUGIN_SOURCE)
     return path
+
+
+@pytest.fixture(scope="session")
+def recovery_reference(corpus, tmp_path_factory):
+    """The undisturbed run of ``test_recovery``'s config, made once for the session: the failure tests
+    of several modules (kill -9, hangs) compare every rank's stream with it."""
+    from .integration.test_recovery import config, run
+    return run(config(tmp_path_factory.mktemp("reference"), corpus))

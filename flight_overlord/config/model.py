@@ -13,6 +13,7 @@ from ..core.mesh import Mesh
 from ..core.run_shape import RunShape
 from ..core.vision import VisionSpec
 from .fields import defaults_of
+from .liveness import LivenessConfig
 
 
 @dataclass(frozen=True)
@@ -244,6 +245,7 @@ class Config:
     metrics: MetricsConfig = MetricsConfig()
     ray: RayConfig = RayConfig()
     planner: PlannerConfig = PlannerConfig()
+    liveness: LivenessConfig = LivenessConfig()
     schedule: RunShape = RunShape()  # the global batch and context stages per step (core/run_shape.py)
     skip: tuple[tuple[int, int], ...] = ()  # [first, last] steps whose samples are dropped (core/skips.py)
     deployment: str = "default"  # one of DEPLOYMENTS (single_node: every role in one process, topology.roles)

@@ -26,6 +26,7 @@ import pyarrow.flight as fl
 from .. import wire
 from ..config import Config, load_config
 from ..core.starvation import fetch_shares
+from ..fence import claim as claim_fence
 from ..planner.strategy import load_strategy
 from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.actions import PlanRequest, ResumePointRequest
@@ -33,7 +34,7 @@ from ..wire.plan import ConstructorPlan, FetchGroup
 from ..wire.credits import CreditReader
 from ..wire.plan_channel import POSITIONS_SECONDS, PlanChannel
 from ..wire.security import INSPECT, TRAINER, Security, requires
-from ..wire.server import ActionServer, ClientPool, ask_again, call_any, location_of, register, serve
+from ..wire.server import ActionServer, ClientPool, ask_again, call_any, location_of, register, serve, within
 from ..wire.tickets import STREAM_KINDS, BatchTicket, Registration, SamplesPart, SamplesTicket
 from .assembly import Sample
 from .deliveries import DeliveryJournal
@@ -77,6 +78,7 @@ class ConstructorServer(ActionServer):
             constructor.begin_at(start["step"])
             log.info("constructor %d assembles from step %d", self.index, start["step"])
             while True:
+                self._check_fence()  # a replaced constructor asks for no more plans or samples
                 step = constructor.staging.next_step
                 if not self._paced(step):
                     return
@@ -143,7 +145,9 @@ class ConstructorServer(ActionServer):
 
         def one(client):
             message = body() if callable(body) else body
-            return self._plans.ask(client, message) if action is None else wire.call(client, action, message)
+            if action is None:
+                return self._plans.ask(client, message)
+            return wire.call(client, action, message, timeout=self.cfg.liveness.call_seconds)
         try:
             return ask_again(lambda: call_any(self._clients, [self._planner_location], one, what="planner",
                                               stop=stopping), stop=stopping)
@@ -157,12 +161,14 @@ class ConstructorServer(ActionServer):
         the decode stage: item index -> sample (or the failure of its decode). With them, how the call
         that finished last spent its time (seconds per source at the loader, the rest network)."""
         calls_done: list[tuple[float, dict[str, float]]] = []  # (end, shares) of each loader call
+        deadline = self.cfg.liveness.fetch_seconds  # a hung loader's fetch goes to its shadow (or again) after it
 
         def one(groups: list[FetchGroup]) -> list[dict]:
             parts = tuple(SamplesPart(g.source, g.actor, tuple(map(tuple, g.samples))) for g in groups)
             request = wire.ticket(SamplesTicket(step, self.index, parts).to_wire())
             start = time.monotonic()
-            table = call_any(self._clients, self._loaders.of(groups[0]), lambda c: c.do_get(request).read_all(),
+            table = call_any(self._clients, self._loaders.of(groups[0]),
+                             lambda c: within(deadline, lambda options: c.do_get(request, options).read_all()),
                              what=f"the loader of {', '.join(sorted({g.source for g in groups}))}",
                              stop=lambda: self.constructor.stopping)
             served = json.loads((table.schema.metadata or {}).get(b"serve_seconds", b"{}"))
@@ -178,8 +184,8 @@ class ConstructorServer(ActionServer):
     def do_get(self, context, ticket):
         batch = self._redeemed(context, ticket.ticket, "do_get")
         if batch.kind in STREAM_KINDS:  # one record batch per step, flow-controlled by gRPC (bytes)
-            return fl.GeneratorStream(*self.constructor.rank_stream(batch.rank, batch.step, batch.end,
-                                                                    STREAM_KINDS[batch.kind]))
+            schema, steps = self.constructor.rank_stream(batch.rank, batch.step, batch.end, STREAM_KINDS[batch.kind])
+            return fl.GeneratorStream(schema, self._fenced(steps))
         return fl.RecordBatchStream(self.constructor.take(batch.kind, batch.step, batch.rank))
 
     def do_exchange(self, context, descriptor, reader, writer):
@@ -194,7 +200,7 @@ class ConstructorServer(ActionServer):
         schema, steps = self.constructor.rank_stream(batch.rank, batch.step, batch.end, STREAM_KINDS[batch.kind])
         writer.begin(schema)
         step = batch.step
-        for record_batch in steps:  # the next step is taken (and counted served) only after the credit
+        for record_batch in self._fenced(steps):  # the next step is taken (and counted served) only after the credit
             writer.write_batch(record_batch)
             step += 1
             if not credits.allows(step, lambda: self.constructor.stopping):
@@ -210,6 +216,19 @@ class ConstructorServer(ActionServer):
         self.constructor.check_rank(batch.rank)
         self.security.verify_ticket(request)  # forged, altered or expired: FlightUnauthorizedError
         return batch
+
+    def _fenced(self, steps):
+        """A rank stream that ends this process, not its next step, once it was replaced (``fence.py``)."""
+        while True:
+            self._check_fence()
+            step = next(steps, None)
+            if step is None:
+                return
+            yield step
+
+    def _check_fence(self) -> None:
+        if self.fence is not None:
+            self.fence.enforce()
 
     @requires(INSPECT)
     def action_status(self, body):
@@ -236,10 +255,12 @@ def start(argv=None) -> tuple[ConstructorServer, str, str | None]:
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     host = advertised_host(cfg, args)
+    fence = claim_fence(cfg.run_dir, f"constructor-{args.index}")  # before it serves: a hung predecessor is fenced
     server = ConstructorServer(cfg, args.index, args.planner, port=args.port)
+    server.fence = fence
     location = location_of(server, host)
     start_metrics(server, cfg, args, "constructor", location)
     register(args.planner, Registration("constructor", location, index=args.index).to_wire(),
-             server.security.credentials)
+             server.security.credentials, call_seconds=cfg.liveness.call_seconds)
     server.start()
     return server, location, args.ready_file

@@ -4,7 +4,7 @@ Each child is ``python -m flight_overlord.deploy.cli serve ROLE ...`` (the same 
 deployment runs), announces its address in a ready file, and logs to ``run_dir/logs``. A child
 that exits without being asked is restarted on the same address; it rebuilds its state from the
 run's journals and snapshots (the Planner with ``--recover``), and the other roles ride out the
-gap by retrying (or fail over to a shadow loader).
+gap by retrying (or fail over to a shadow loader). A child that hangs is killed first (``liveness.py``).
 
 The run's cluster secret (the config's ``security.cluster_secret_file``, else
 ``$OVERLORD_CLUSTER_SECRET``, else a fresh random one per start) reaches the children through their
@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ..wire.security import SECRET_ENV
 from .cluster import Cluster
+from .liveness import Liveness
 from .topology import NODE, STANDBY, RoleSpec
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class Processes:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._cluster: Cluster | None = None
+        self.liveness: Liveness | None = None  # kills a hung child, so that it is replaced (supervised runs)
 
     def open(self, cluster: Cluster) -> None:
         self._cluster = cluster  # its config path, run_dir and secret
@@ -84,6 +86,9 @@ class Processes:
     def started(self) -> None:
         if self.supervise:
             threading.Thread(target=self._supervise, name="supervisor", daemon=True).start()
+            self.liveness = Liveness(self.children, self._cluster.credentials, self._cluster.cfg.liveness,
+                                     skip=lambda child: child.name == STANDBY)
+            self.liveness.start()
 
     def _spawn(self, child: Child, *, restart: bool = False) -> None:
         """Start ``child``'s process (``restart``: again, on its own address; its log is appended to)."""
@@ -166,6 +171,8 @@ class Processes:
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM every child (constructors and loaders first), then SIGKILL what is left."""
         self._stopping.set()
+        if self.liveness is not None:
+            self.liveness.stop()
         with self._lock:
             self._terminate(timeout)
         shutil.rmtree(self._tmp, ignore_errors=True)  # the ready files

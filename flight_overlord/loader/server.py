@@ -31,6 +31,7 @@ import pyarrow.flight as fl
 
 from .. import allocator, wire
 from ..config import load_config
+from ..fence import claim as claim_fence, loader_fence_name
 from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.schemas import SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, Security, requires
@@ -176,12 +177,15 @@ def start(argv=None) -> tuple[LoaderServer, str, str | None]:
                           sample_level_bytes=cfg.loader.sample_level_bytes, replicated=cfg.loader.shadows > 0)
               for source, index in wanted]
     security = Security.from_config(cfg)
+    fence = claim_fence(cfg.run_dir, loader_fence_name(wanted, args.replica))  # a hung predecessor is fenced
     server = LoaderServer(actors, security, host=cfg.network.host, port=args.port)
+    server.fence = fence
     location = location_of(server, host)
     start_metrics(server, cfg, args, "loader", location)
     for actor in actors:
         share = actor.share
         register(args.planner, Registration("loader", location, share.source.name, share.actor, args.replica,
                                             tuple((rg.file, rg.row_group, rg.num_rows) for rg in share.row_groups)
-                                            ).to_wire(), security.credentials)
+                                            ).to_wire(), security.credentials,
+                 call_seconds=cfg.liveness.call_seconds)
     return server, location, args.ready_file

@@ -7,12 +7,11 @@ import threading
 from typing import Callable
 
 import numpy as np
-import pyarrow.flight as fl
 
 from .. import wire
 from ..core.order import RowGroupRef
 from ..wire.security import Credentials
-from ..wire.server import ClientPool, call_any, connect
+from ..wire.server import ANSWERED, ClientPool, call_any, connect, probe, within
 from ..wire.tickets import MetadataTicket, Reshard
 from .feed import row_group_metadata
 from .planner import Planner
@@ -21,9 +20,11 @@ log = logging.getLogger(__name__)
 
 
 class PlannerCalls:
-    def __init__(self, credentials: Credentials, stopping: Callable[[], bool]):
-        """``stopping()``: whether the Planner is shutting down (a metadata fetch then gives up)."""
+    def __init__(self, credentials: Credentials, stopping: Callable[[], bool], *, fetch_seconds: float = 300.0):
+        """``stopping()``: whether the Planner is shutting down (a metadata fetch then gives up);
+        ``fetch_seconds``: the deadline of one metadata fetch (``liveness.fetch_seconds``)."""
         self.credentials = credentials
+        self.fetch_seconds = fetch_seconds
         self.clients = ClientPool(credentials)
         self.stopping = stopping
         self.planner: Planner | None = None  # set once built (it is built with ``meta_fetcher``)
@@ -39,12 +40,7 @@ class PlannerCalls:
         except Exception:  # noqa: BLE001 - an unusable address does not answer
             return False
         try:
-            client.list_actions(options=fl.FlightCallOptions(timeout=3.0))
-            return True
-        except (fl.FlightUnavailableError, fl.FlightTimedOutError):
-            return False
-        except Exception:  # noqa: BLE001 - a server is there: it answered with an error
-            return True
+            return probe(client, 3.0) == ANSWERED
         finally:
             client.close()
 
@@ -72,7 +68,8 @@ class PlannerCalls:
             request = MetadataTicket(source, actor[1], epoch, rg.file, rg.row_group,
                                      tuple(map(tuple, segments)) if segments else None)
             table = call_any(self.clients, lambda: self.planner.registry.locations(actor),  # a moved loader too
-                             lambda c: c.do_get(wire.ticket(request.to_wire())).read_all(),
+                             lambda c: within(self.fetch_seconds,
+                                              lambda options: c.do_get(wire.ticket(request.to_wire()), options).read_all()),
                              what=f"loader {source}[{actor[1]}]", stop=self.stopping)
             return row_group_metadata(table, rg.num_rows)
         return fetch

@@ -75,9 +75,10 @@ class Planner(LiveEdits):
                 self.costs["encoder"] = costing.encoder(cfg, strategy, cfg.cost.lag, cfg.cost.window)
 
     # -- set-up ------------------------------------------------------------------------
-    def open(self, *, resume: bool) -> None:
-        """Open the journal; with ``resume``, restore the state at its end (a no-op on an empty run_dir)."""
-        self._journal = Journal(self._journal_path, fsync=True)
+    def open(self, *, resume: bool, guard: Callable[[], None] | None = None) -> None:
+        """Open the journal; with ``resume``, restore the state at its end (a no-op on an empty run_dir).
+        ``guard``: called before every record (``Journal``): a fenced Planner journals nothing."""
+        self._journal = Journal(self._journal_path, fsync=True, guard=guard)
         if resume:
             self._restore_latest()
         if self._fetch_meta is not None:  # a Planner that plans (not an offline reader)

@@ -26,6 +26,7 @@ import pyarrow.flight as fl
 
 from .. import wire
 from ..config import Config, load_config
+from ..fence import Fence, claim as claim_fence
 from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
 from ..wire.actions import MixRequest, PlanRequest, Report, ResumePointRequest, SkipRequest, StatsRequest
@@ -45,17 +46,20 @@ from .strategy import load_strategy
 
 class PlannerServer(ActionServer):
     def __init__(self, cfg: Config, *, port: int | None = None, resume: bool = False, recover: bool = False,
-                 security: Security | None = None):
+                 security: Security | None = None, fence: Fence | None = None):
         """``resume``: continue the run in ``run_dir`` from its journal; ``recover``: also take the
         registrations of the roles still running (a restart of the Planner alone). ``security``: the
-        run's secrets (default: from the config and environment)."""
+        run's secrets (default: from the config and environment). ``fence``: this process's claim on the
+        Planner's role, checked on every call and before every journal record."""
         self.cfg = cfg
+        self.fence = fence
         security = security or Security.from_config(cfg)
         self.mesh = cfg.mesh
         self.strategy = load_strategy(cfg, self.mesh)
-        self.calls = PlannerCalls(security.credentials, stopping=lambda: self.service.stopping)
+        self.calls = PlannerCalls(security.credentials, stopping=lambda: self.service.stopping,
+                                  fetch_seconds=cfg.liveness.fetch_seconds)
         self.planner = self.calls.planner = Planner(cfg, self.strategy, self.calls.meta_fetcher)
-        self.planner.open(resume=resume or recover)
+        self.planner.open(resume=resume or recover, guard=fence.enforce if fence is not None else None)
         if not recover:  # a new segment of the run (overlord audit tells what a resume rolled back)
             mark_run_start(cfg, self.planner.mixture, resume=resume)
         self.service = PlanService(cfg, self.planner, resumed=resume, recover=recover, answers=self.calls.answers,
@@ -200,6 +204,8 @@ class PlannerServer(ActionServer):
         serve_plans(reader, writer, self._plans_answer, lambda: self.service.stopping)
 
     def _plans_answer(self, body: dict) -> bytes | list[PlanView]:
+        if self.fence is not None:  # the stream outlives the call's own check: each message is one
+            self.fence.enforce()
         if "step" in body:
             return self._views(body, VIEWS_PER_ANSWER)
         self.service.constructor_positions(wire.field(body, "constructor", int, "positions report"), body.get("positions"))
@@ -275,8 +281,9 @@ def start(argv=None) -> tuple[PlannerServer, str, str | None]:
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     host = advertised_host(cfg, args)
-    take_over_if_standby(args, Security.from_config(cfg).credentials)
-    server = PlannerServer(cfg, port=args.port, resume=args.resume, recover=args.recover)
+    take_over_if_standby(args, Security.from_config(cfg).credentials, cfg)
+    server = PlannerServer(cfg, port=args.port, resume=args.resume, recover=args.recover,
+                           fence=claim_fence(cfg.run_dir, "planner"))
     location = location_of(server, host)
     start_metrics(server, cfg, args, "planner", location)
     return server, location, args.ready_file

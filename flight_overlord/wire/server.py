@@ -12,6 +12,7 @@ from typing import Any, Callable
 import pyarrow.flight as fl
 
 from ..errors import Busy, OverlordError, WaitTimedOut
+from ..fence import Fence
 from . import call, decode, encode
 from .security import CLUSTER, INSPECT, MIDDLEWARE_KEY, Credentials, Security
 
@@ -64,6 +65,8 @@ def _guarded(name: str, handler: Callable) -> Callable:
     # call's context (and its caller identity) is certainly alive, and so that errors surface as the call's
 
     def call_handler(self, context, *args):
+        if self.fence is not None:
+            self.fence.enforce()  # a process that was replaced answers nothing (fence.py)
         try:
             result = handler(self, context, *args)
             return list(result) if eager and result is not None else result
@@ -78,6 +81,8 @@ class ActionServer(fl.FlightServerBase):
     secret); other handlers call ``self.authorize(context, ROLE, what)`` first. Every handler a
     subclass defines is wrapped so that a client's bad request gets a clear error naming what is
     wrong, and never a traceback, and the server stays up."""
+
+    fence: Fence | None = None  # this process's claim on its role, checked on every call (``fence.py``)
 
     def __init__(self, host: str, port: int, security: Security):
         self.security = security  # before super().__init__: Flight may accept calls during it
@@ -272,6 +277,39 @@ def call_any(pool: "ClientPool", locations: list[str] | Callable[[], list[str]],
         time.sleep(RETRY_SECONDS)
 
 
+ANSWERED, SILENT, REFUSED = "answered", "silent", "refused"
+
+
+def probe(client: fl.FlightClient, timeout: float) -> str:
+    """Whether a role's server is there at all: a trivial call (``list_actions``, which its gRPC threads
+    answer beside any work it is doing) under ``timeout``. ``ANSWERED``: any reply, an error too;
+    ``REFUSED``: nothing listens (a dead process, or one not started yet); ``SILENT``: a server took the
+    call and let the deadline pass (hung)."""
+    try:
+        client.list_actions(options=fl.FlightCallOptions(timeout=timeout))
+        return ANSWERED
+    except fl.FlightUnavailableError:
+        return REFUSED
+    except fl.FlightTimedOutError:
+        return SILENT
+    except Exception:  # noqa: BLE001 - an error is an answer: a server is there
+        return ANSWERED
+
+
+def within(seconds: float, call: Callable[[fl.FlightCallOptions], Any]) -> Any:
+    """``call(options)`` under a deadline of ``seconds`` (``liveness.fetch_seconds`` or ``call_seconds``):
+    a peer that lets it pass did not answer at all (hung, or gone without a word), which is raised as
+    ``FlightUnavailableError`` so that ``call_any`` moves on to the next replica (a shadow) or asks again. A
+    server's own bounded wait, which times out well before the deadline, passes through as it was."""
+    started = time.monotonic()
+    try:
+        return call(fl.FlightCallOptions(timeout=seconds))
+    except fl.FlightTimedOutError as exc:
+        if time.monotonic() - started < seconds * 0.9:
+            raise
+        raise fl.FlightUnavailableError(f"no answer within the {seconds:g}s deadline: {exc}") from None
+
+
 def ask_again(ask: Callable[[], Any], *, stop: Callable[[], bool] = lambda: False,
               deadline: float | None = None) -> Any:
     """``ask()`` again while the server's wait times out (``FlightTimedOutError``: it waited its share,
@@ -286,12 +324,12 @@ def ask_again(ask: Callable[[], Any], *, stop: Callable[[], bool] = lambda: Fals
     return None
 
 
-def register(planner: str, body: dict, credentials: Credentials) -> None:
+def register(planner: str, body: dict, credentials: Credentials, *, call_seconds: float = 30.0) -> None:
     """Announce this role to the Planner, waiting for it to come up (processes start in any order).
-    Registration needs the run's cluster secret (``credentials``)."""
+    Registration needs the run's cluster secret (``credentials``); each try has ``call_seconds``."""
     pool = ClientPool(credentials)
     try:
-        call_any(pool, [planner], lambda client: call(client, "register", body), what="planner",
+        call_any(pool, [planner], lambda client: call(client, "register", body, timeout=call_seconds), what="planner",
                  timeout=REGISTER_SECONDS)
     finally:
         pool.close()

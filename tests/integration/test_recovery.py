@@ -65,8 +65,8 @@ def run_killing(path, kills: dict[int, str], drive, *, check=None, before_kill=N
 
 
 @pytest.fixture(scope="module")
-def reference(corpus, tmp_path_factory):
-    return run(config(tmp_path_factory.mktemp("reference"), corpus))
+def reference(recovery_reference):
+    return recovery_reference
 
 
 @pytest.mark.parametrize("role, seed", [("loader-captions-1", 1), ("loader-code-0", 2), ("planner", 3),
