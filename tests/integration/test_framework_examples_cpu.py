@@ -35,9 +35,22 @@ def _stopped_and_resumed_equals_undisturbed(tmp_path, corpus, script: str, ranks
     assert sorted(before) == [(r, s) for r in ranks for s in range(STOP_AFTER)]
     assert sorted(after) == [(r, s) for r in ranks for s in range(STOP_AFTER, STEPS)]
     assert {**before, **after} == expected
+    assert len(set(expected.values())) > 1  # the steps trained on different data
 
 
 @pytest.mark.slow  # two clusters and three torchruns: about 80 s on 2 shared cores
 def test_torchtitan_example_resumed_by_its_checkpoint_manager_equals_an_undisturbed_run(corpus, tmp_path):
     pytest.importorskip("flight_overlord.integrations.torchtitan", reason="torchtitan not installed")
     _stopped_and_resumed_equals_undisturbed(tmp_path, corpus, "train_torchtitan.py", [0, 1])
+
+
+@pytest.mark.slow  # two clusters and three torchruns of megatron-core: about 55 s on 2 shared cores
+def test_megatron_example_read_on_tp_rank_0_and_resumed_at_its_iteration_equals_an_undisturbed_run(
+        corpus, tmp_path):
+    pytest.importorskip("megatron.core", reason="megatron-core not installed")
+    (tmp_path / "undisturbed").mkdir()
+    (tmp_path / "stopped").mkdir()
+    for run in ("undisturbed", "stopped"):
+        (tmp_path / run / "tp.py").write_text(TP_READS_ONLY_ON_RANK_0)
+    _stopped_and_resumed_equals_undisturbed(tmp_path, corpus, "train_megatron.py", [0, 1],
+                                            mesh={"dp": 1, "tp": 2}, strategy="tp.py")
