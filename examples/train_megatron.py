@@ -2,7 +2,7 @@
 iterator, read on tensor-parallel rank 0 only.
 
     OVERLORD_PLANNER=grpc://HOST:PORT torchrun --standalone --nproc-per-node 2 examples/train_megatron.py \\
-        --microbatches 2 --steps 4 --checkpoint-dir runs/megatron [--stop-after 2]
+        --microbatches 2 --steps 4 --checkpoint-dir runs/megatron [--crash-after-step 1]
 
 The run's mesh is ``{dp: 1, tp: 2}`` with ``broadcast_at("TP", others_read=False)``: ``provide_iterators``
 gives TP rank 0 the iterator and TP rank 1 nothing; rank 0 broadcasts each batch over the TP group, as
@@ -12,13 +12,15 @@ spec and one submodule swapped: its ``DotProductAttention`` needs CUDA and refus
 ``PackedCoreAttention`` (plain SDPA, causal within each document of the THD ``PackedSeqParams``) takes its
 place. Each iteration saves model and optimizer per TP rank and the iterator's ``save_state()`` as
 ``--dataloader-save`` does (``train_dataloader_dprank000.pt``); a rerun with the same ``--checkpoint-dir``
-starts the iterator at the saved iteration and restores it. Each rank prints ``rank R step S loss HEX``.
+starts the iterator at the saved iteration and restores it. Each rank prints
+``rank R step S loss HEX`` and, at the end, ``rank R weights SHA256`` (its TP shard).
 Needs ``pip install -e '.[megatron]'``; nothing is downloaded.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 from pathlib import Path
 
 import torch
@@ -30,6 +32,8 @@ from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from flight_overlord.integrations.megatron import packed_seq_params, provide_iterators
+
+from tiny_lm import weights_digest
 
 TP = 2
 VOCAB, MAX_POSITION = 512, 4096
@@ -86,10 +90,11 @@ class Checkpoint:
 
     def save(self, iteration: int, model, optimizer, data_iterator) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        torch.save({"iteration": iteration, "model": model.state_dict(), "optimizer": optimizer.state_dict()},
-                   self.model_file)
+        _save_atomically({"iteration": iteration, "model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                         self.model_file)
         if data_iterator is not None:
-            torch.save({"dataloader_state_dict": data_iterator.save_state()}, self.dataloader_file)
+            _save_atomically({"dataloader_state_dict": data_iterator.save_state()}, self.dataloader_file)
+        dist.barrier()  # every TP rank's part written before any goes on, as Megatron's save_checkpoint does
 
     def load(self, model, optimizer) -> int:
         """The saved iteration (0 when there is no checkpoint), with model and optimizer restored."""
@@ -105,12 +110,20 @@ class Checkpoint:
             data_iterator.restore_state(torch.load(self.dataloader_file)["dataloader_state_dict"])
 
 
+def _save_atomically(obj, path: Path) -> None:
+    """A crash mid-write leaves the previous file whole."""
+    partial = path.with_suffix(".partial")
+    torch.save(obj, partial)
+    os.replace(partial, path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--microbatches", type=int, required=True, help="the run's global_batch.microbatches")
     parser.add_argument("--steps", type=int, default=4, help="iterations in all (a resume counts on)")
     parser.add_argument("--checkpoint-dir", type=Path, required=True, help="resumed from when it holds one")
-    parser.add_argument("--stop-after", type=int, default=None, help="exit after this many iterations in all")
+    parser.add_argument("--crash-after-step", type=int, default=None,
+                        help="fault injection for the recovery test: kill -9 this process once that step is saved")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=TP)
@@ -123,8 +136,7 @@ def main() -> None:
     iteration = checkpoint.load(model, optimizer)  # Megatron's args.iteration
     train_iterator, _, _ = provide_iterators(iteration, tp_rank, timeout=120)
     checkpoint.restore_iterator(train_iterator)
-    last = min(args.steps, args.stop_after or args.steps)
-    while iteration < last:
+    while iteration < args.steps:
         total = 0.0
         for _ in range(args.microbatches):  # get_num_microbatches() next() calls per iteration
             loss = microbatch_loss(model, batch_on_this_tp_rank(train_iterator)) / args.microbatches
@@ -135,6 +147,9 @@ def main() -> None:
         os.write(1, f"rank {dist.get_rank()} step {iteration} loss {total.hex()}\n".encode())
         iteration += 1
         checkpoint.save(iteration, model, optimizer, train_iterator)
+        if iteration - 1 == args.crash_after_step:
+            os.kill(os.getpid(), signal.SIGKILL)  # fault injection: a crashed host, after its checkpoint
+    os.write(1, f"rank {dist.get_rank()} weights {weights_digest(model)}\n".encode())
     if train_iterator is not None:
         train_iterator.close()
     dist.destroy_process_group()

@@ -1,7 +1,7 @@
 """TorchTitan's components on CPU: a tiny LM trained from ``OverlordDataLoader``, 2 gloo data-parallel ranks.
 
     OVERLORD_PLANNER=grpc://HOST:PORT torchrun --standalone --nproc-per-node 2 examples/train_torchtitan.py \\
-        --microbatches 2 --steps 4 --checkpoint-dir runs/titan [--stop-after 2]
+        --microbatches 2 --steps 4 --checkpoint-dir runs/titan [--crash-after-step 1]
 
 TorchTitan's ``Trainer`` needs CUDA, so this script assembles what it would from TorchTitan's own parts:
 the loader built by its ``Config.build`` (as the Trainer builds ``config.dataloader``), its
@@ -10,12 +10,13 @@ optimizer, schedule, train state and every data-parallel rank's loader position 
 the same ``--checkpoint-dir`` loads the latest checkpoint and continues. The model is ``TinyLM`` (not
 TorchTitan's Llama, whose block-causal attention is FlexAttention): documents are kept apart from the
 positions the loader yields, as TorchTitan's ``get_attention_masks(positions=...)`` does. Each rank
-prints ``rank R step S loss HEX``. Needs ``pip install -e '.[torchtitan]'``; nothing is downloaded.
+prints ``rank R step S loss HEX`` and, at the end, ``rank R weights SHA256``. Needs ``pip install -e '.[torchtitan]'``; nothing is downloaded.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from torchtitan.components.optimizer.optimizer import OptimizersContainer, Param
 
 from flight_overlord.integrations.torchtitan import OverlordDataLoader
 
-from tiny_lm import TinyLM
+from tiny_lm import TinyLM, weights_digest
 
 
 class TrainState:
@@ -66,7 +67,8 @@ def main() -> None:
     parser.add_argument("--microbatches", type=int, required=True, help="the run's global_batch.microbatches")
     parser.add_argument("--steps", type=int, default=4, help="optimizer steps in all (a resume counts on)")
     parser.add_argument("--checkpoint-dir", type=Path, required=True, help="resumed from when it holds one")
-    parser.add_argument("--stop-after", type=int, default=None, help="exit after this many steps in all")
+    parser.add_argument("--crash-after-step", type=int, default=None,
+                        help="fault injection for the recovery test: kill -9 this process once that step is saved")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -86,9 +88,8 @@ def main() -> None:
         dataloader=dataloader, model_parts=[model], optimizers=optimizers, lr_schedulers=lr_schedulers,
         states={"train_state": state}, sd_adapter=None, base_folder=str(args.checkpoint_dir))
     checkpoint.load(step=-1)  # the latest checkpoint, if any: model, optimizer, schedule, step, data position
-    last = min(args.steps, args.stop_after or args.steps)
     batches = iter(dataloader)
-    while state.step < last:
+    while state.step < args.steps:
         total = 0.0
         for _ in range(args.microbatches):
             inputs, labels = next(batches)
@@ -101,7 +102,10 @@ def main() -> None:
         optimizers.zero_grad()
         os.write(1, f"rank {rank} step {state.step} loss {total.hex()}\n".encode())
         state.step += 1
-        checkpoint.save(curr_step=state.step)
+        checkpoint.save(curr_step=state.step)  # collective: every rank's part is written when it returns
+        if state.step - 1 == args.crash_after_step:
+            os.kill(os.getpid(), signal.SIGKILL)  # fault injection: a crashed host, after its checkpoint
+    os.write(1, f"rank {rank} weights {weights_digest(model)}\n".encode())
     dataloader.close()
     checkpoint.close()
     dist.destroy_process_group()
