@@ -74,7 +74,8 @@ def batch_on_this_tp_rank(data_iterator) -> dict:
 
 def microbatch_loss(model: GPTModel, batch: dict) -> torch.Tensor:
     """Megatron's masked mean of the per-token losses (labels are next-token targets already)."""
-    per_token = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"].clamp(min=0),
+    targets = batch["labels"].clamp(min=0)  # -100 is no vocabulary id; the loss mask zeroes those positions
+    per_token = model(batch["tokens"], batch["position_ids"], None, labels=targets,
                       packed_seq_params=packed_seq_params(batch))
     mask = batch["loss_mask"]
     return (per_token.float() * mask).sum() / mask.sum().clamp(min=1)
