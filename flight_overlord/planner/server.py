@@ -29,7 +29,8 @@ from ..config import Config, load_config
 from ..fence import Fence, claim as claim_fence
 from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
-from ..wire.actions import MixRequest, PlanRequest, PositionRequest, Report, ResumePointRequest, StatsRequest
+from ..wire.actions import (MixRequest, PlanRequest, PositionRequest, Report, ResumePointRequest, SkipRequest,
+                            StatsRequest)
 from ..wire.plan import PlanView
 from ..wire.plan_channel import OK, VIEWS_PER_ANSWER, check_descriptor, serve_plans
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
@@ -244,9 +245,18 @@ class PlannerServer(ActionServer):
     @requires(CLUSTER)
     def action_mix(self, body):
         """Live reweighting: {"weights": {source: w}, "step": first step (optional, default the first
-        one not planned)}. Journaled; a resume replays it."""
+        one not planned), "only": sources not named weigh 0 (default: they keep theirs), "dry_run"}.
+        Journaled; a resume replays it. Answers the weights in force from that step on, and before it."""
         request = MixRequest.from_wire(body)
-        return self.planner.mix(checked_weights(request.weights, [s.name for s in self.cfg.sources]), request.step)
+        return self.planner.mix(checked_weights(request.weights, [s.name for s in self.cfg.sources]), request.step,
+                                only=request.only, dry_run=request.dry_run)
+
+    @requires(CLUSTER)
+    def action_skip(self, body):
+        """{"first", "last"}: the samples steps first..last would have had are dropped; from step first on
+        the steps hold the samples after them (``core/skips.py``). Journaled; a resume replays it."""
+        request = SkipRequest.from_wire(body)
+        return self.planner.skip(request.first, request.last)
 
     @requires(INSPECT)
     def action_audit(self, body):

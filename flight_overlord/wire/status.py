@@ -44,7 +44,7 @@ class PlannerStatus(_Status):
     cost: dict | None = None                              # the cost model in force (fitted with cost.fit)
     trainer_waits: dict[str, dict] = field(default_factory=dict)  # rank -> reported ticket/fetch/starved seconds
     trainer_losses: dict[str, dict] = field(default_factory=dict)  # rank -> {"step", "loss"}: its last overall loss
-    mixture: dict = field(default_factory=dict)           # {"weights": in force, "pending": [{"step", "weights"}]}
+    mixture: dict = field(default_factory=dict)  # {"weights": in force, "pending": [{"step", "weights"}], "skips"}
     plan_answers: dict[str, int] = field(default_factory=dict)  # views in an answer -> plans-stream answers with so many
 
     def to_wire(self) -> dict:

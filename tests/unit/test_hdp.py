@@ -208,14 +208,14 @@ def test_rank_table_columns(corpus, tmp_path):
     cfg = load_config(write_config(tmp_path, corpus, mesh={"dp": 2, "cp": 2}))
     a, b = Sample("s:a:0:0", np.arange(1, 11, dtype=np.int32)), Sample("s:b:0:1", np.arange(1, 8, dtype=np.int32))
     # rank 1 of the domain: sample a on the group [0, 2) (its CP rank 1), sample b whole
-    table = hdp_rank_table(3, 1, [[(a, 2, 0), (b, 1, 1)]], Delivery(1, None, True), cfg)
+    table = hdp_rank_table(3, 1, [[(a, 2, 0), (b, 1, 1)]], Delivery(1, None), cfg)
     row = table.to_pylist()[0]
     assert row["sample_keys"] == ["s:a:0:0", "s:b:0:1"]
     assert (row["seq_cp_size"], row["seq_cp_rank"], row["seq_cp_first"]) == ([2, 1], [1, 0], [0, 1])
     assert row["cu_seqlens"] == [0, 10, 17] and row["cu_seqlens_padded"] == [0, 12, 19]
     assert row["token_ranges"] == [3, 6, 6, 9, 0, 7, 7, 7] and row["cu_local"] == [0, 6, 13]
     assert row["input_ids"] == [4, 5, 6, 7, 8, 9] + list(range(1, 8)) and row["num_tokens"] == 13
-    meta = hdp_rank_table(3, 1, [[(a, 2, 0)]], Delivery(1, None, False), cfg).to_pylist()[0]
+    meta = hdp_rank_table(3, 1, [[(a, 2, 0)]], Delivery(1, None, frozenset()), cfg).to_pylist()[0]
     assert meta["input_ids"] == [] and meta["token_ranges"] == [] and meta["seq_cp_size"] == [2]
 
 
