@@ -164,6 +164,18 @@ def _inspect(args) -> None:
         raise SystemExit(f"error: {args.address}: {type(exc).__name__}: {refusal(exc)}") from None
 
 
+def _probe(args) -> None:
+    """Exit 0 when the role at the address answers within ``--timeout``, else 1 (``probe.liveness``)."""
+    from .probe import liveness
+    try:
+        alive, line = liveness(args.address, args.timeout, _credentials(args))
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    if not alive:
+        raise SystemExit(line)
+    print(line)
+
+
 def _mix(args) -> None:
     from .. import wire
     from ..wire.actions import MixRequest
@@ -321,6 +333,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     _add_credential_args(p)
     p.set_defaults(func=_status)
+    p = sub.add_parser("probe", help="liveness probe: exit 0 when the role at ADDRESS answers within --timeout, "
+                       "else 1 (for a Kubernetes exec probe or a Slurm health check)")
+    p.add_argument("address", help="any role's address (grpc://HOST:PORT)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer (default 5)")
+    _add_credential_args(p)
+    p.set_defaults(func=_probe)
     p = sub.add_parser("mix", help="reweight the sources of a running run from a future step on (journaled; "
                        "needs the run's cluster secret: --config)")
     p.add_argument("address", help="the Planner's address")

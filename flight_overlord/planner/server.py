@@ -16,7 +16,7 @@ other roles are in :class:`~.calls.PlannerCalls`:
   stream (``wire/plan_channel.py``: the ``plan`` action's body and answer as one message each).
 
 Who may call what (``wire/security.py``): ``register``, ``plan`` (and the plans stream), ``resume_point`` need the cluster
-secret; batch/encoder tickets and ``report`` are trainer calls; ``list_flights``, ``get_schema``,
+secret; batch/encoder tickets, ``report`` and ``position`` are trainer calls; ``list_flights``, ``get_schema``,
 source infos, ``status``, ``stats`` and ``list_actions`` are inspection calls.
 """
 from __future__ import annotations
@@ -29,7 +29,8 @@ from ..config import Config, load_config
 from ..fence import Fence, claim as claim_fence
 from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
-from ..wire.actions import MixRequest, PlanRequest, Report, ResumePointRequest, SkipRequest, StatsRequest
+from ..wire.actions import (MixRequest, PlanRequest, PositionRequest, Report, ResumePointRequest, SkipRequest,
+                            StatsRequest)
 from ..wire.plan import PlanView
 from ..wire.plan_channel import OK, VIEWS_PER_ANSWER, check_descriptor, serve_plans
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
@@ -218,6 +219,21 @@ class PlannerServer(ActionServer):
         return {"step": self.service.resume_point(ResumePointRequest.from_wire(body).constructor)}
 
     # -- trainer feedback --------------------------------------------------------------
+    @requires(TRAINER, rank_field="rank")
+    def action_position(self, body):
+        """Where a rank that lost its state continues: {"rank"} -> {"rank", "step", "group"}: the ranks of
+        its replica group continue together (``TrainerPositions.rejoin_step``, with what their constructor says
+        it served). Records nothing: the rank
+        says where it starts when it asks for its stream from there."""
+        rank = PositionRequest.from_wire(body).rank
+        group = self.mesh.replica_group(rank)  # ValueError naming a rank outside the mesh
+        with self.service.cond:
+            location = self.service.constructor_of(rank)
+        served = self.calls.served_steps(location)
+        with self.service.cond:
+            step = self.service.positions.rejoin_step(group, served)
+        return {"rank": rank, "step": step, "group": list(group)}
+
     @requires(TRAINER, rank_field="rank")
     def action_report(self, body):
         """A trainer's feedback on one step: {"step", "rank", "losses": {source: loss}, "compute_seconds":

@@ -5,6 +5,7 @@ ValueError naming the field that is wrong), used by both ends.
 - ``PlanRequest`` constructor -> Planner (action ``plan``, or a message on its plans stream): its share of a step, with its streams' positions;
 - ``ResumePointRequest`` constructor -> Planner (action ``resume_point``): where a (re)started one begins;
 - ``Report`` trainer -> Planner (action ``report``): losses and/or measured seconds of one step;
+- ``PositionRequest`` trainer -> Planner (action ``position``): where a rank that lost its state continues;
 - ``StatsRequest`` anyone -> Planner (action ``stats``): per-step plan statistics of a step range;
 - ``MixRequest`` operator -> Planner (action ``mix``): live reweighting from a future step on.
 - ``SkipRequest`` operator -> Planner (action ``skip``): drop the samples a window of future steps would have had.
@@ -79,6 +80,18 @@ class Report:
         return cls(field(raw, "step", int, "report"), field(raw, "rank", int, "report"),
                    optional_field(raw, "losses", dict, "report"), raw.get("compute_seconds"), raw.get("encoder_seconds"),
                    optional_field(raw, "waits", dict, "report"), raw.get("loss"))  # seconds: checked by the Planner's cost fit
+
+
+@dataclass(frozen=True)
+class PositionRequest:
+    rank: int
+
+    def to_wire(self) -> dict:
+        return {"rank": self.rank}
+
+    @classmethod
+    def from_wire(cls, raw: dict) -> "PositionRequest":
+        return cls(field(raw, "rank", int, "position"))
 
 
 @dataclass(frozen=True)
