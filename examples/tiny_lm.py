@@ -61,3 +61,13 @@ class TinyLM(nn.Module):
 def loss_sum(logits, labels):
     """Summed next-token cross entropy over the labelled positions (label -100: ignored)."""
     return F.cross_entropy(logits.float(), labels.long(), ignore_index=-100, reduction="sum")
+
+
+def weights_digest(model: nn.Module) -> str:
+    """A digest of every parameter and buffer, by name: two runs' final weights compared bit for bit."""
+    import hashlib
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        if isinstance(tensor, torch.Tensor):
+            digest.update(name.encode() + tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()

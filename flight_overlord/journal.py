@@ -220,13 +220,17 @@ def write_json_atomic(path: Path, obj, *, durable: bool = False) -> None:
 
 
 def write_text_atomic(path: Path, text: str, *, durable: bool = False) -> None:
-    """Write ``path`` whole (a temporary file, then rename): a reader sees the old or the new text.
+    write_bytes_atomic(path, text.encode(), durable=durable)
+
+
+def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = False) -> None:
+    """Write ``path`` whole (a temporary file, then rename): a reader sees the old or the new bytes.
     ``durable``: also fsync'd, the file then its folder (the rename), so an OS crash keeps it, for a
     file that names journal offsets whose records may survive the crash."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with tmp.open("w") as f:
-        f.write(text)
+    with tmp.open("wb") as f:
+        f.write(data)
         if durable:
             f.flush()
             os.fsync(f.fileno())

@@ -14,6 +14,8 @@ import functools
 import glob
 import hashlib
 import os
+import re
+import stat
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -93,6 +95,88 @@ def expand(pattern: str) -> list[str]:
     prefix = f"{parts.netloc}" if parts.scheme in ("s3", "gs", "gcs") else ""
     return sorted(urlunsplit((parts.scheme, parts.netloc, m[len(prefix):] if prefix and m.startswith(prefix) else m,
                               parts.query, "")) for m in matches)
+
+
+def file_states(paths: list[str]) -> list[tuple[int, int]]:
+    """(size in bytes, modification time in ns) of every file of ``paths``: a stat per local file; for
+    URIs one listing per folder (a LIST on object storage, not a request per file). Errors name the file."""
+    states: dict[str, tuple[int, int]] = {}
+    folders: dict[tuple, list[str]] = {}
+    for path in paths:
+        if is_uri(path):
+            parts = urlsplit(path)
+            folders.setdefault((parts.scheme, parts.netloc, parts.query, parts.path.rsplit("/", 1)[0]), []).append(path)
+            continue
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise StorageError(f"cannot read {path}: {exc.strerror}") from None
+        states[path] = (st.st_size, st.st_mtime_ns)
+    for (scheme, netloc, query, folder), members in folders.items():
+        fs, inner = resolve(urlunsplit((scheme, netloc, folder + "/", query, "")))
+        try:
+            listed = {info.path.rstrip("/").rsplit("/", 1)[-1]: info
+                      for info in fs.get_file_info(pafs.FileSelector(inner.rstrip("/"), allow_not_found=True))}
+        except (pa.ArrowException, OSError) as exc:
+            raise StorageError(f"cannot list {display(members[0]).rsplit('/', 1)[0]}: {exc}") from None
+        for path in members:
+            info = listed.get(urlsplit(path).path.rsplit("/", 1)[-1])
+            if info is None or info.type != pafs.FileType.File:
+                raise StorageError(f"cannot read {display(path)}: not found")
+            states[path] = (info.size, info.mtime_ns or 0)
+    return [states[p] for p in paths]
+
+
+def local_matches(pattern: str) -> tuple[list[str], list[str]]:
+    """(files, folders) a local path or glob names: the files each as ``Path.resolve()`` makes it
+    (symlinks followed), sorted; the folders as ``glob`` gives them. A folder is resolved once for all
+    its files, not once per file (a resolve costs a syscall per path component), and a glob in the file
+    name alone (``dir/*.parquet``) reads the folder's entries once, their types with them (no ``stat``
+    per file)."""
+    folder, name = os.path.split(pattern)
+    if glob.has_magic(name) and not glob.has_magic(folder) and "**" not in name:
+        return _matches_in(folder, name)
+    real: dict[str, str] = {}
+    files, folders = [], []
+    for match in glob.glob(pattern, recursive=True):
+        try:
+            mode = os.lstat(match).st_mode
+        except OSError:
+            continue
+        if stat.S_ISREG(mode):
+            parent, name = os.path.split(match)
+            if parent not in real:
+                real[parent] = str(Path(parent or ".").resolve())
+            files.append(os.path.join(real[parent], name))
+        elif os.path.isfile(match):  # a link to a file
+            files.append(str(Path(match).resolve()))
+        elif os.path.isdir(match):
+            folders.append(match)
+    return sorted(files), sorted(folders)
+
+
+def _matches_in(folder: str, name_pattern: str) -> tuple[list[str], list[str]]:
+    """``local_matches`` of ``folder/name_pattern``: the matches ``glob`` gives (names starting with a
+    dot only when the pattern does)."""
+    match = re.compile(fnmatch.translate(name_pattern)).match
+    hidden = name_pattern.startswith(".")
+    try:
+        entries = os.scandir(folder or ".")
+    except OSError:
+        return [], []
+    real = str(Path(folder or ".").resolve())
+    files, folders = [], []
+    with entries:
+        for entry in entries:
+            if (entry.name.startswith(".") and not hidden) or not match(entry.name):
+                continue
+            if entry.is_file(follow_symlinks=False):
+                files.append(os.path.join(real, entry.name))
+            elif entry.is_file():  # a link to a file
+                files.append(str(Path(entry.path).resolve()))
+            elif entry.is_dir():
+                folders.append(entry.path)
+    return sorted(files), sorted(folders)
 
 
 def has_magic(pattern: str) -> bool:

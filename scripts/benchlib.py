@@ -52,7 +52,7 @@ def save_plot(fig, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     repo = Path(__file__).resolve().parent.parent
-    print(f"\nplot: {path.relative_to(repo) if path.resolve().is_relative_to(repo) else path}", flush=True)
+    print(f"\nplot: {path.resolve().relative_to(repo) if path.resolve().is_relative_to(repo) else path}", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------

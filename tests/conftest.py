@@ -2,6 +2,7 @@
 over it that tests only look at."""
 from __future__ import annotations
 
+import os
 import pathlib
 from typing import NamedTuple
 
@@ -10,7 +11,22 @@ import pytest
 from flight_overlord.demo.data import make_demo_data
 from flight_overlord.deploy.launch import LocalCluster
 
+from flight_overlord.source_catalog import CATALOG_DIR_ENV
+
 from .helpers import DEMO_SCALE, DEMO_SEED, write_config
+
+
+@pytest.fixture(scope="session", autouse=True)
+def catalog_cache(tmp_path_factory) -> pathlib.Path:
+    """The session's catalog cache (role processes inherit it): never the user's ~/.cache."""
+    folder = tmp_path_factory.mktemp("catalogs")
+    before = os.environ.get(CATALOG_DIR_ENV)
+    os.environ[CATALOG_DIR_ENV] = str(folder)
+    yield folder
+    if before is None:
+        os.environ.pop(CATALOG_DIR_ENV, None)
+    else:
+        os.environ[CATALOG_DIR_ENV] = before
 
 
 class DemoCorpus(NamedTuple):

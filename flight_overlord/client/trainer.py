@@ -21,7 +21,7 @@ import pyarrow as pa
 from .. import allocator, wire
 from ..wire.credits import HEARTBEAT_SECONDS, credit_after
 from ..wire.security import Credentials
-from ..wire.actions import Report
+from ..wire.actions import PositionRequest, Report
 from .fetcher import StepFetcher
 from .launcher import PLANNER_ENV, launcher_rank
 from .tensors import TensorPlacement, table_to_encoder_inputs, table_to_microbatches
@@ -124,10 +124,25 @@ class TrainerClient:
         return {"rank": self.rank, "next_step": self.next_step}
 
     def load_state_dict(self, state: dict) -> None:
-        if self._thread is not None:
-            raise RuntimeError(f"load_state_dict must be called before iterating (rank {self.rank} is at step "
-                               f"{self.next_step}): make a new TrainerClient to start elsewhere")
+        self._check_not_iterating("load_state_dict")
         self.next_step = int(state["next_step"])
+
+    def rejoin(self) -> int:
+        """Take this rank's position from the Planner, for a rank (or a whole replica group) restarted
+        without its state, as torchft heals one: the earliest step any rank of its data-parallel index
+        waits for (``TrainerPositions.rejoin_step``). Call it before iterating, instead of
+        ``load_state_dict``; returns the step the client now starts at."""
+        self._check_not_iterating("rejoin")
+        fetcher = self._fetcher
+        answer = fetcher.retry(lambda client: wire.call(client, "position", PositionRequest(self.rank).to_wire()),
+                               fetcher.planner_location, "position", "the planner")
+        self.next_step = int(answer["step"])
+        return self.next_step
+
+    def _check_not_iterating(self, what: str) -> None:
+        if self._thread is not None:
+            raise RuntimeError(f"{what} must be called before iterating (rank {self.rank} is at step "
+                               f"{self.next_step}): make a new TrainerClient to start elsewhere")
 
     def __iter__(self) -> "TrainerClient":
         return self

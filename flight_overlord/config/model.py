@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import ConfigError  # noqa: F401 - re-exported: config.ConfigError is the one of errors.py
 from ..core.mesh import Mesh
+from ..core.run_shape import RunShape
 from ..core.vision import VisionSpec
 from .fields import defaults_of
 from .liveness import LivenessConfig
@@ -245,6 +246,8 @@ class Config:
     ray: RayConfig = RayConfig()
     planner: PlannerConfig = PlannerConfig()
     liveness: LivenessConfig = LivenessConfig()
+    schedule: RunShape = RunShape()  # the global batch and context stages per step (core/run_shape.py)
+    skip: tuple[tuple[int, int], ...] = ()  # [first, last] steps whose samples are dropped (core/skips.py)
     deployment: str = "default"  # one of DEPLOYMENTS (single_node: every role in one process, topology.roles)
     path: Path | None = None  # the YAML file this came from, so child processes can reload it
     plugins: tuple[str, ...] = ()  # user code imported when the config was read (config/plugins.py)

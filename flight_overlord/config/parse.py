@@ -23,6 +23,7 @@ from .sources import parse_sources, relative_path as _path
 from .model import (BalanceConfig, CheckpointConfig, Config, ConfigError, ConstructorConfig, CostConfig, GlobalBatchConfig,
                     LivenessConfig, LoaderConfig, MetricsConfig, NetworkConfig, PartitionBudget, PlannerConfig, RayConfig,
                     ScalingConfig, SecurityConfig, StrategyConfig, TLSConfig, VisionConfig, deployment_defaults)
+from .shape import shape_keys
 
 MESH_KEYS = {k: v for k, v in defaults_of(Mesh).items() if k != "dp_per_constructor"}  # its own section's
 
@@ -68,6 +69,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         "prefetch": 2, "network": None, "loader": None, "constructor": None,
         "pad_token_id": 0, "strategy": None, "vision": None, "checkpoint": None, "security": None,
         "metrics": None, "ray": None, "planner": None, "deployment": "default", "plugins": None, "liveness": None,
+        "skip": None, "schedule": None,
     })
     plugins = import_plugins(top["plugins"], base_dir)  # first: they may register what the rest names
     data_root = _path(base_dir, top["data_root"], "data_root")
@@ -112,7 +114,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
         ray=_parse_ray(top["ray"], mesh.world_size),
         planner=PlannerConfig(as_int(planner["standbys"], "planner.standbys", minimum=0, maximum=1)),  # 2 would race
         deployment=top["deployment"], path=path,  # deployment checked by deployment_defaults
-        plugins=plugins,
+        plugins=plugins, **shape_keys(top, global_batch),
     )
 
 

@@ -2,7 +2,6 @@
 and transform; errors name the key (``sources[2].paths``) or the file."""
 from __future__ import annotations
 
-import glob
 import os
 from pathlib import Path
 from typing import Any
@@ -86,15 +85,12 @@ def _resolve_paths(raw: Any, data_root: Path, where: str) -> tuple[str, ...]:
             full = source_files.display(str(pattern))
         else:
             full = str(relative_path(data_root, pattern, where, resolve=False))
-            matches = []
-            for m in sorted(glob.glob(full, recursive=True)):
-                if os.path.isfile(m):
-                    matches.append(str(Path(m).resolve()))
-                elif os.path.isdir(m):  # a Hugging Face datasets folder (or a folder of data files)
-                    try:
-                        matches.extend(formats.directory_files(Path(m)))
-                    except source_files.StorageError as exc:
-                        raise ConfigError(f"{where}: {exc}") from None
+            matches, folders = source_files.local_matches(full)
+            for m in folders:  # a Hugging Face datasets folder (or a folder of data files)
+                try:
+                    matches.extend(formats.directory_files(Path(m)))
+                except source_files.StorageError as exc:
+                    raise ConfigError(f"{where}: {exc}") from None
         if not matches:
             what = "no file matches the glob" if source_files.has_magic(str(pattern)) else "file not found"
             raise ConfigError(f"{where}: {what}: {full}")
@@ -105,10 +101,8 @@ def _resolve_paths(raw: Any, data_root: Path, where: str) -> tuple[str, ...]:
 def _file_id(path: str, data_root: Path) -> str:
     if source_files.is_uri(path):
         return source_files.display(path)
-    try:
-        return str(Path(path).relative_to(data_root))
-    except ValueError:
-        return path
+    root = str(data_root).rstrip(os.sep) + os.sep  # lexical, as Path.relative_to: a string test per file
+    return path[len(root):] if path.startswith(root) else path
 
 
 def _parse_transform(raw: Any, where: str, data_root: Path) -> TransformConfig:

@@ -125,6 +125,13 @@ class Mesh:
         return tuple(b for b in range(self.num_buckets(axis)) if self.dp_of_bucket(b, axis) in dps)
 
     @functools.cache
+    def replica_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks of ``rank``'s data-parallel index (all of its pp, cp, tp): one replica group, as
+        torchft restarts and heals it."""
+        dp = self.coord(rank).dp
+        return tuple(r for r in range(self.world_size) if self.coord(r).dp == dp)
+
+    @functools.cache
     def ranks_of_constructor(self, constructor: int) -> tuple[int, ...]:
         """Every rank (all of pp, cp, tp) whose data-parallel group constructor ``constructor`` serves."""
         dps = set(self.dp_ranks_of(constructor))

@@ -23,7 +23,7 @@ def stable_hash(*parts: object) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)  # slots: a Planner holds one per row group of the corpus
 class RowGroupRef:
     file: str  # file id (path relative to the data root)
     row_group: int
@@ -120,6 +120,10 @@ class ReadOrder:
         return unit, permutation
 
     def _epoch(self, epoch: int) -> list:
-        """Epoch ``epoch``'s order: row groups, or ``Window``s of them."""
-        order = epoch_order(self.row_groups, seed=self.seed, source=self.name, epoch=epoch)
+        """Epoch ``epoch``'s order: row groups, or ``Window``s of them. ``epoch_order``'s, sorted by one
+        array of hashes (``row_groups`` is sorted, so a stable sort breaks ties as its key does) instead of
+        a key tuple per row group: at 100,000 row groups, ~10 MiB less at the peak."""
+        hashes = np.fromiter((stable_hash(self.seed, self.name, epoch, rg.file, rg.row_group) for rg in self.row_groups),
+                             dtype=np.uint64, count=len(self.row_groups))
+        order = [self.row_groups[i] for i in np.argsort(hashes, kind="stable").tolist()]
         return order if self.window == 1 else windows(order, self.window)

@@ -50,6 +50,18 @@ class TrainerPositions:
         """The step the slowest rank waits for (-1 before any rank said where it is)."""
         return min(self.requested.values()) if self.requested else -1
 
+    def rejoin_step(self, group, served: dict[int, int]) -> int:
+        """Where the ranks of ``group`` (one replica group: the ranks of one data-parallel index) continue
+        when they lost their state: the earliest step any of them waits for, each rank's being the later of
+        its position here and the step after the last one its constructor served (``served``: positions
+        are reported with plan requests, which run ahead). Every step before it went to the lost
+        processes, so nothing comes twice; the group's ranks start together, so their tensor- and
+        pipeline-parallel peers see the same step (one sent further goes back: a rewind). A group never
+        heard of starts where the slowest rank is (0 on a fresh run)."""
+        known = [max(self.requested.get(r, -1), served.get(r, -1) + 1) for r in group
+                 if r in self.requested or r in served]
+        return min(known) if known else max(self.slowest(), 0)
+
 
 def checked_positions(raw, constructor: int, ranks) -> dict[int, int]:
     """A constructor's positions report, ``{rank: step}`` of the ranks it serves (``ranks``), checked."""

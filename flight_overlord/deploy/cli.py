@@ -18,6 +18,7 @@ DEFAULT_RUN_DIR = Path("runs") / "demo"
 
 
 ROLES = ("planner", "loader", "constructor", "node")
+QUERIES = ("inspect", "status", "mix", "audit", "skip")  # an operator's questions: warnings and errors only
 
 
 def _serve(args) -> None:
@@ -163,6 +164,18 @@ def _inspect(args) -> None:
         raise SystemExit(f"error: {args.address}: {type(exc).__name__}: {refusal(exc)}") from None
 
 
+def _probe(args) -> None:
+    """Exit 0 when the role at the address answers within ``--timeout``, else 1 (``probe.liveness``)."""
+    from .probe import liveness
+    try:
+        alive, line = liveness(args.address, args.timeout, _credentials(args))
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    if not alive:
+        raise SystemExit(line)
+    print(line)
+
+
 def _mix(args) -> None:
     from .. import wire
     from ..wire.actions import MixRequest
@@ -176,12 +189,37 @@ def _mix(args) -> None:
             raise SystemExit(f"error: mix --set: {item!r} is not NAME=WEIGHT (a number)") from None
     client = connect(args.address, _credentials(args))
     try:
-        answer = wire.call(client, "mix", MixRequest(weights, args.at).to_wire())
+        answer = wire.call(client, "mix", MixRequest(weights, args.at, args.only, args.dry_run).to_wire())
     except Exception as exc:  # noqa: BLE001 - refused or invalid: the server's message, no traceback
         raise SystemExit(f"error: mix: {refusal(exc)}") from None
     finally:
         client.close()
-    print(f"from step {answer['step']}: " + " ".join(f"{s}={w:g}" for s, w in answer["weights"].items()))
+    from ..planner.edits import format_weights
+    before = "the dynamic schedule's" if answer["before"] is None else format_weights(answer["before"])
+    lead = "from step" if answer["applied"] else "dry run, nothing changed; from step"
+    print(f"{lead} {answer['step']}: {format_weights(answer['weights'])}\n"
+          f"until then: {before}\n(a weight is relative: a source's share is its weight over the sum)")
+
+
+def _skip(args) -> None:
+    from .. import wire
+    from ..core.skips import parse_window
+    from ..wire.actions import SkipRequest
+    from ..wire.server import connect
+    try:
+        first, last = parse_window(args.steps, "skip --steps")
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    client = connect(args.address, _credentials(args))
+    try:
+        answer = wire.call(client, "skip", SkipRequest(first, last).to_wire())
+    except Exception as exc:  # noqa: BLE001 - refused or invalid: the server's message, no traceback
+        raise SystemExit(f"error: skip: {str(exc).split('. Detail:')[0]}") from None
+    finally:
+        client.close()
+    said = "set" if answer["added"] else "was set already"
+    print(f"steps {first}-{last} ({said}): the samples they would have had are dropped; from step {first} on the steps "
+          f"hold the samples after them; `overlord audit` counts the dropped ones as skipped")
 
 
 def _audit(args) -> None:
@@ -295,13 +333,29 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     _add_credential_args(p)
     p.set_defaults(func=_status)
+    p = sub.add_parser("probe", help="liveness probe: exit 0 when the role at ADDRESS answers within --timeout, "
+                       "else 1 (for a Kubernetes exec probe or a Slurm health check)")
+    p.add_argument("address", help="any role's address (grpc://HOST:PORT)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer (default 5)")
+    _add_credential_args(p)
+    p.set_defaults(func=_probe)
     p = sub.add_parser("mix", help="reweight the sources of a running run from a future step on (journaled; "
                        "needs the run's cluster secret: --config)")
     p.add_argument("address", help="the Planner's address")
-    p.add_argument("--set", required=True, metavar="NAME=W,...", help="the new weights; sources not named weigh 0")
+    p.add_argument("--set", required=True, metavar="NAME=W,...", help="the new weights of the sources named; "
+                   "the others keep the weight they have at that step (see --only)")
     p.add_argument("--at", type=int, help="the first step under the new weights (default: the first not planned yet)")
+    p.add_argument("--only", action="store_true", help="sources not named in --set weigh 0 from that step on")
+    p.add_argument("--dry-run", action="store_true", help="print the weights that would be in force, change nothing")
     _add_credential_args(p)
     p.set_defaults(func=_mix)
+    p = sub.add_parser("skip", help="drop the samples a window of future steps would have had (after a loss "
+                       "spike); the steps from its first on hold the samples after them (journaled; --config)")
+    p.add_argument("address", help="the Planner's address")
+    p.add_argument("--steps", required=True, metavar="FIRST:LAST", help="the steps, both included, not planned yet "
+                   "(for steps planned already: stop, add `skip: [\"FIRST:LAST\"]` to the config, resume)")
+    _add_credential_args(p)
+    p.set_defaults(func=_skip)
     p = sub.add_parser("audit", help="what a run delivered, from its journals: samples, duplicates, missing, "
                        "per source, across every resume and mixture edit")
     p.add_argument("target", help="a run_dir (a stopped run) or the Planner's address (a running one)")
@@ -326,6 +380,8 @@ def main(argv: list[str] | None = None) -> None:
     p.set_defaults(func=_certs)
     args = parser.parse_args(argv)
     args.command_line = command_line  # this process is the command's own (not a caller's): it may exec itself
+    if args.command in QUERIES:  # their answer is the output: a reader wants no progress lines beside it
+        logging.getLogger().setLevel(logging.WARNING)
     try:
         args.func(args)
     except ConfigError as exc:

@@ -128,6 +128,8 @@ class Cluster:
     def _check_sources(self) -> None:
         """Before any role starts: a resume on an edited config refuses what it cannot honour."""
         from ..planner.edits import check_sources
+        from ..planner.shape import check_shape
+        check_shape(self.cfg, resume=self.mode == "resume")
         for line in check_sources(self.cfg, resume=self.mode == "resume"):
             log.info("resume: %s", line)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from .. import allocator, wire
 from ..config import Config, load_config
 from ..journal import write_json_atomic
+from ..planner.catalogs import CatalogCache
 from ..planner.registry import REGISTRY_FILE, Registry
 from ..role_process import advertised_host, role_parser
 from ..wire.server import serve
@@ -99,7 +100,7 @@ def previous_ports(cfg: Config) -> dict[str, int]:
 def registered_ports(cfg: Config, *, why: str) -> dict[str, int]:
     """The port of every hosted role, from the Planner's registrations in ``run_dir`` (``why``: why they are asked)."""
     path = Path(cfg.run_dir) / REGISTRY_FILE
-    registry = Registry(cfg, cfg.num_constructors)
+    registry = Registry(cfg, cfg.num_constructors, CatalogCache(cfg))
     try:
         registry.load_state_dict(wire.decode(path.read_bytes(), str(path)))  # as the Planner reads it
         return _checked({spec.name: (registry.locations(spec.actors[0])[spec.replica] if spec.role == "loader"

@@ -25,6 +25,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+import psutil
+
 from ..config import Config, ConfigError
 from ..role_process import WILDCARDS
 from ..wire.security import SECRET_ENV
@@ -91,8 +93,10 @@ class _Role:
             argv = [*argv, "--advertise", ray.util.get_node_ip_address()]
         self.server, self.location, _ = importlib.import_module(f"flight_overlord.{role}.server").start(argv)
 
-    def where(self) -> tuple[str, int]:
-        return self.location, os.getpid()
+    def where(self) -> tuple[str, int, str]:
+        """Its address, process id, and the IP of the node it runs on."""
+        import ray
+        return self.location, os.getpid(), ray.util.get_node_ip_address()
 
 
 @dataclass
@@ -103,6 +107,7 @@ class RayChild:
     placement: dict = field(default_factory=dict)  # the placement options it was started with
     location: str | None = None
     pid: int | None = None
+    node: str | None = None  # the IP of the node its process runs on
     restarts: list[float] = field(default_factory=list)
 
 
@@ -155,7 +160,7 @@ class RayActors:
                    "lifetime": None}
         cls = ray.remote(type(spec.role, (_Role,), {}))
         advertise_node = cluster.cfg.network.host in WILDCARDS and not cluster.cfg.network.advertise
-        argv = [*argv, "--config", str(cluster.config_path), "--port", str(_free_port())]
+        argv = [*argv, "--config", str(cluster.config_path), *pinned_port_args(cluster.cfg, spec.role, argv)]
         actor = cls.options(**options).remote(spec.role, argv, {SECRET_ENV: cluster.secret}, advertise_node)
         child = RayChild(spec.name, actor, spec, placement)
         self.children.append(child)
@@ -164,8 +169,8 @@ class RayActors:
     def wait_ready(self, children: list[RayChild], timeout: float) -> None:
         import ray
         answers = ray.get([c.actor.where.remote() for c in children], timeout=timeout)
-        for child, (location, pid) in zip(children, answers):
-            child.location, child.pid = location, pid
+        for child, (location, pid, node) in zip(children, answers):
+            child.location, child.pid, child.node = location, pid, node
 
     def started(self) -> None:
         pass  # Ray restarts a dead actor (max_restarts=-1)
@@ -178,22 +183,47 @@ class RayActors:
 
     def wait_restarted(self, child: RayChild, restarts: int = 1, timeout: float = 60.0) -> None:
         import ray
-        location, child.pid = ray.get(child.actor.where.remote(), timeout=timeout)
+        location, child.pid, child.node = ray.get(child.actor.where.remote(), timeout=timeout)
         assert location == child.location, f"{child.name} came back at {location}, not {child.location}"
 
     def pids(self) -> list[int]:
         return [c.pid for c in self.children]
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Kill every actor and wait (up to ``timeout``) for the processes on this node to be gone: ``ray.kill``
+        returns before they are, and a resume right after needs the Planner's port free again."""
         import ray
         for child in reversed(self.children):
             try:
                 ray.kill(child.actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+        here = ray.util.get_node_ip_address() if ray.is_initialized() else None
+        _wait_gone([c.pid for c in self.children if c.pid is not None and c.node == here], timeout)
         self.children.clear()
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
+
+
+def _wait_gone(pids: list[int], timeout: float) -> None:
+    processes = []
+    for pid in pids:
+        try:
+            processes.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(processes, timeout=timeout)
+
+
+def pinned_port_args(cfg: Config, role: str, argv: list[str]) -> list[str]:
+    """The ``--port`` a role's actor is pinned to, unless ``argv`` names one already (a resume's Planner comes
+    back on the run's previous port, where trainers look: ``planner_address.resume_port_args``). The Planner
+    takes ``network.planner_port`` when the config fixes it; anything else a free port."""
+    if "--port" in argv:
+        return []
+    if role == "planner" and cfg.network.planner_port:
+        return ["--port", str(cfg.network.planner_port)]
+    return ["--port", str(_free_port())]
 
 
 def _free_port() -> int:

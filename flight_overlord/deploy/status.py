@@ -47,7 +47,7 @@ def cluster_status(planner_address: str, *, timeout: float = 10.0, pool: ClientP
                                                       "mixture") if k in answer}
         where = PlannerStatus.from_wire(answer) if planner["up"] else PlannerStatus()
         loaders = [{"role": "loader", "source": source, "actor": actor, "replica": replica, "address": location,
-                    "row_groups": len(row_groups)}
+                    "row_groups": row_groups}
                    for source, actor, replica, location, row_groups in where.loaders]
         constructors = [{"role": "constructor", "index": int(index), "address": location}
                         for index, location in sorted(where.constructors.items(), key=lambda kv: int(kv[0]))]
@@ -150,6 +150,8 @@ def render(status: dict) -> str:
         lines.append("mixture in force: " + " ".join(f"{s}={w:.3f}" for s, w in mixture["weights"].items()))
     for change in mixture.get("pending", []):
         lines.append(f"  from step {change['step']}: " + " ".join(f"{s}={w:.3f}" for s, w in change["weights"].items()))
+    if mixture.get("skips"):  # overlord skip / the config's skip: windows of steps whose samples are dropped
+        lines.append("skipped steps (their samples dropped): " + ", ".join(f"{w[0]}-{w[1]}" for w in mixture["skips"]))
     scaling = counters.get("scaling")
     if scaling:  # loader.scaling: active actors per source, and the latest live reshards
         lines.append("scaling: active actors " + " ".join(f"{s}:{n}" for s, n in sorted(scaling["actors"].items())))

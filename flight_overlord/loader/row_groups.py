@@ -17,6 +17,7 @@ from .. import formats, source_files
 from ..config import ConfigError, SourceConfig, VisionConfig
 from ..core.order import RowGroupRef, owned_row_groups, sample_key
 from ..core.vision import ImageError
+from ..source_catalog import SourceCatalog, load_catalog
 from ..transforms import make_transform
 from ..transforms.image_text import transform_rows
 from ..transforms.pretokenized import loss_masks, token_lists
@@ -32,17 +33,17 @@ OPEN_FILES_KEPT = 2
 
 
 def read_catalog(source: SourceConfig) -> list[RowGroupRef]:
-    """Every chunk of the source (row groups, record batches), from the files' footers or index;
-    checks the source's columns in each file."""
-    catalog = []
-    for path, file_id in zip(source.files, source.file_ids):
-        try:
-            with formats.open_chunks(path, source.format) as opened:
-                check_columns(source, source_files.display(path), opened.schema)
-                catalog.extend(RowGroupRef(file_id, i, opened.chunk_rows(i)) for i in range(opened.num_chunks))
-        except source_files.StorageError as exc:
-            raise ConfigError(f"source {source.name!r}: {exc}") from None
-    return sorted(catalog)
+    """Every row group of the source, sorted; checks its columns (``checked_catalog``)."""
+    return checked_catalog(source).row_groups()
+
+
+def checked_catalog(source: SourceConfig) -> SourceCatalog:
+    """The source's catalog (cached once per corpus: ``source_catalog``), its columns checked in each
+    schema its files have."""
+    catalog = load_catalog(source)
+    for path, schema in catalog.schemas_by_file():
+        check_columns(source, path, schema)
+    return catalog
 
 
 def compact_tokens(tokens: pa.ListArray) -> pa.ListArray:
@@ -168,7 +169,9 @@ class SourceShare:
         self.actor = actor
         self.max_tokens = max_tokens
         self.vision = vision
-        self.catalog = read_catalog(source)
+        catalog = checked_catalog(source)
+        self.catalog = catalog.row_groups()
+        self.catalog_digest = catalog.digest()  # what it registers with: the Planner finds the catalog by it
         self.row_groups = owned_row_groups(self.catalog, actor, source.loaders) if actor < source.loaders else []
         self._paths = dict(zip(source.file_ids, source.files))
         self._open: collections.OrderedDict[str, formats.ChunkFile] = collections.OrderedDict()  # most recent last

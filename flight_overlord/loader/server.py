@@ -211,7 +211,6 @@ def start(argv=None) -> tuple[LoaderServer, str, str | None]:
     for actor in actors:
         share = actor.share
         register(args.planner, Registration("loader", location, share.source.name, share.actor, args.replica,
-                                            tuple((rg.file, rg.row_group, rg.num_rows) for rg in share.row_groups)
-                                            ).to_wire(), security.credentials,
+                                            catalog=share.catalog_digest).to_wire(), security.credentials,
                  call_seconds=cfg.liveness.call_seconds)
     return server, location, args.ready_file

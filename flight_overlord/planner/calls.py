@@ -1,5 +1,6 @@
 """The Planner's calls to other roles, over Flight: a loader's row-group metadata, a reshard
-announced to a source's loaders, and whether a registered address still answers."""
+announced to a source's loaders, the steps a constructor served, and whether a registered address
+still answers."""
 from __future__ import annotations
 
 import logging
@@ -17,6 +18,7 @@ from .feed import row_group_metadata
 from .planner import Planner
 
 log = logging.getLogger(__name__)
+SERVED_SECONDS = 10.0  # how long a rejoining rank's question waits for its constructor's word
 
 
 class PlannerCalls:
@@ -43,6 +45,16 @@ class PlannerCalls:
             return probe(client, 3.0) == ANSWERED
         finally:
             client.close()
+
+    def served_steps(self, location: str) -> dict[int, int]:
+        """{rank: the last step handed to its stream} of the constructor at ``location`` (its ``status``);
+        {} when it does not answer within ``SERVED_SECONDS`` (restarting: the Planner's own positions stand)."""
+        try:
+            served = wire.call(self.clients.get(location), "status", timeout=SERVED_SECONDS)["served"]
+        except Exception as exc:  # noqa: BLE001 - a down constructor leaves the Planner's positions
+            log.warning("constructor at %s did not say what it served (%s): positions as last reported", location, exc)
+            return {}
+        return {int(rank): int(entry["step"]) for rank, entry in served.items()}
 
     def announce_reshard(self, events: list[dict]) -> None:
         """Send a scaled source's new segments to every replica of its actors, in the background (a

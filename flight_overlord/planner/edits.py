@@ -8,7 +8,6 @@ state (re-adding it continues there). What cannot be honoured is refused by ``ch
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
@@ -72,29 +71,36 @@ class MixOverrides:
 
 
 def checked_weights(weights: dict, sources: list[str]) -> dict[str, float]:
+    """The weights an operator named (``overlord mix``), checked: known sources, numbers >= 0."""
     unknown = sorted(set(weights) - set(sources))
     if unknown:
         raise ValueError(f"mix: unknown source {unknown[0]!r} (sources of this run: {', '.join(sources)})")
-    values = {s: weights.get(s, 0.0) for s in sources}
-    if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 for v in values.values()) \
-            or sum(values.values()) <= 0:
-        raise ValueError(f"mix: weights must be numbers >= 0 with a positive sum, got {weights}")
-    return {s: float(v) for s, v in values.items()}
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 for v in weights.values()) \
+            or not weights:
+        raise ValueError(f"mix: weights must be numbers >= 0, one per named source, got {weights}")
+    return {s: float(v) for s, v in weights.items()}
+
+
+def mixed_weights(named: dict[str, float], in_force: dict[str, float], sources: list[str], *,
+                  only: bool) -> dict[str, float]:
+    """The weights in force after an edit of ``named``: a source not named keeps its weight in ``in_force``
+    (``only``: weighs 0). Refused when every source would weigh 0."""
+    weights = {s: named.get(s, 0.0 if only else float(in_force.get(s, 0.0))) for s in sources}
+    if sum(weights.values()) <= 0:
+        raise ValueError(f"mix: every source would weigh 0 ({format_weights(weights)}): give one a positive weight")
+    return weights
+
+
+def format_weights(weights: dict[str, float]) -> str:
+    """``name=w ...`` with each source's share of the sum: what the mixer draws (weights are relative)."""
+    total = sum(weights.values())
+    return " ".join(f"{s}={w:g} ({w / total:.0%})" if total > 0 else f"{s}={w:g}" for s, w in weights.items())
 
 
 def source_fingerprint(source) -> str:
-    """A digest of a source's files as their footers (or indexes) describe them: file names, and per
-    chunk (row group) its rows and bytes (other contents under the same name change the bytes)."""
-    from .. import formats
-    parts = []
-    for path, file_id in zip(source.files, source.file_ids):
-        try:
-            with formats.open_chunks(path, source.format) as opened:
-                chunks = [[opened.chunk_rows(i), opened.chunk_bytes(i)] for i in range(opened.num_chunks)]
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"sources.{source.name}: {exc}") from None
-        parts.append([file_id, chunks])
-    return hashlib.blake2b(json.dumps(sorted(parts)).encode(), digest_size=16).hexdigest()
+    """A digest of a source's files as their footers (or indexes) describe them (its catalog's fingerprint)."""
+    from ..source_catalog import load_catalog
+    return load_catalog(source).fingerprint()
 
 
 def check_sources(cfg: Config, *, resume: bool) -> list[str]:

@@ -19,27 +19,32 @@ from ..config import Config
 from ..core.mesh import Mesh
 from ..core.mixing import Mixer
 from ..core.schedules import FeedbackLog, weights_at
+from ..core.skips import StepSkips
 from ..journal import Journal, Snapshots, read_journal
 from .edits import MixOverrides, describe_edit, mixture_of
 from .feed import FetchMeta, SourceFeed
-from .program import StepPlan, plan_step
+from .live_edits import LiveEdits
+from .program import StepPlan
+from .skips import plan_step_dropping
 from .replay import Replayer, is_plan, state_before, step_record
 from . import costing
 from .costing import PlannedCost
+from .catalogs import CatalogCache
 from .registry import Registry
 from .scaling import SourceScaling
+from .shape import batch_of, layout_of
 from .strategy import Strategy
 
 log = logging.getLogger(__name__)
 
 
-class Planner:
+class Planner(LiveEdits):
     def __init__(self, cfg: Config, strategy: Strategy, fetch_meta: Callable[[str], FetchMeta] | None):
         """``fetch_meta``: a source's metadata from its loaders; None offline (an audit): from its files."""
         self.cfg = cfg
         self.strategy = strategy
         self.mesh: Mesh = strategy.mesh
-        self.registry = Registry(cfg, self.mesh.num_constructors)
+        self.registry = Registry(cfg, self.mesh.num_constructors, CatalogCache(cfg))
         self.feedback = FeedbackLog(expected=cfg.mesh.dp)  # one report per data-parallel group
         self.next_step = 0
         self.feeds: dict[str, SourceFeed] = {}   # built once every loader has registered (start_feeds)
@@ -49,6 +54,10 @@ class Planner:
         self.journal_mixture: dict | None = None  # the mixture of the run restored from, if any
         self.overrides = MixOverrides()  # live reweighting (overlord mix), journaled
         self.last_weights: dict[str, float] | None = None  # the weights of the step planned last (status)
+        self.skips = StepSkips()  # windows of steps whose samples are dropped (overlord skip, skip:), journaled
+        self.skips_replan = False  # the config set a skip of steps already planned: re-plan from the resume step
+        self.batch = batch_of(cfg)  # journaled with the state: a resume on another batch re-plans
+        self.journal_batch: list | None = None  # the batch of the run restored from (None: not journaled)
         self._planning = threading.Lock()  # a live mix lands wholly before or after a step's planning
         self._fetch_meta = fetch_meta
         self._dir = cfg.run_dir / "planner"
@@ -75,6 +84,9 @@ class Planner:
             self._restore_latest()
         if self._fetch_meta is not None:  # a Planner that plans (not an offline reader)
             self.replayer.configs.note(self._journal.synced_size())  # an offset an OS crash cannot take back
+            for first, last in self.skips.new_in(self.cfg.skip):
+                self._add_skip(first, last, "config")
+                self.skips_replan = self.skips_replan or first < self.next_step
 
     def start_feeds(self) -> None:
         """Build the source feeds once every loader has registered (they announce the row groups). A
@@ -87,7 +99,7 @@ class Planner:
         for name, feed_state in self._feed_states.items():
             if name in self.feeds:
                 self.feeds[name].load_state_dict(feed_state)
-        self.replayer.configs.note_row_groups({name: feed.row_groups for name, feed in self.feeds.items()})
+        self.replayer.configs.note_catalogs(dict(self.registry.catalogs))
         if self.scaling is not None:
             self.scaling.start(self.registry)
 
@@ -123,12 +135,13 @@ class Planner:
             cost_params[name] = [cost.in_force.a, cost.in_force.b]
             if fit_record is not None:
                 self._journal.append(fit_record)
-        plan = plan_step(step, self.feeds, self.mixer, self.strategy, weights, feedback,
-                         cost_fn=cost_fns.get("backbone"), encoder_cost_fn=cost_fns.get("encoder"))
+        drop = self.skips.to_drop(step)
+        plan = plan_step_dropping(step, self.feeds, self.mixer, self.strategy, weights, feedback, drop=drop,
+                                  cost_fn=cost_fns.get("backbone"), encoder_cost_fn=cost_fns.get("encoder"))
         for cost in self.costs.values():
             cost.planned(plan)
         plan.stats["skipped"] = sum(f.skipped for f in self.feeds.values())
-        record = step_record(plan, weights, reset_credit, cost_params)
+        record = step_record(plan, weights, reset_credit, cost_params, drop)
         record["state"] = self._planning_state()
         if scaled:
             record["scaling"] = scaled
@@ -217,7 +230,8 @@ class Planner:
         feeds.update((name, feed.state_dict()) for name, feed in self.feeds.items())
         scaling = {"scaling": self.scaling.state_dict()} if self.scaling is not None else {}
         return {"feeds": feeds, "mixer": self.mixer.state_dict(), "mixer_sources": self.mixer.sources,
-                "mixture": self.mixture, "overrides": self.overrides.state_dict(), **scaling}
+                "mixture": self.mixture, "overrides": self.overrides.state_dict(), "skips": self.skips.state_dict(),
+                "batch": self.batch, **scaling}
 
     def state_dict(self) -> dict:
         lag = self.strategy.schedule.lag
@@ -232,8 +246,10 @@ class Planner:
         self.feedback.floor = min(self.feedback.floor, self.next_step - self.strategy.schedule.lag - 1)  # a rewind
         self.mixer.load_state_dict(_mixer_state(state["mixer"], state.get("mixer_sources"), self.mixer.sources))
         self.overrides.load_state_dict(state.get("overrides", []))
+        self.skips.load_state_dict(state.get("skips", []))
         if "mixture" in state:
             self.journal_mixture = state["mixture"]
+        self.journal_batch = state.get("batch", self.journal_batch)
         if self.scaling is not None and "scaling" in state:
             self.scaling.load_state_dict(state["scaling"])
         self._feed_states = dict(state["feeds"])
@@ -248,9 +264,7 @@ class Planner:
                 self.feedback.add(int(step), int(group), losses)
 
     def layout(self) -> dict:
-        return {"axis": self.strategy.axis, "buckets": self.strategy.num_buckets,
-                "microbatches": self.cfg.global_batch.microbatches, "capacity": self.strategy.capacity,
-                "encoder_axis": self.strategy.image_graph.axis if self.strategy.image_graph else None}
+        return layout_of(self.strategy)
 
     def _snapshot(self) -> None:
         # The offset first, then the state: a report or timing journaled (under the service's lock,
@@ -270,7 +284,7 @@ class Planner:
             self.load_state_dict(snapshot[1])
             offset = snapshot[1]["journal_offset"]
             self.journal_layout = snapshot[1]["layout"]
-        last, mixes = None, []
+        last, mixes, skips = None, [], []
         for _, record in read_journal(self._journal_path, offset):
             if "report" in record:
                 r = record["report"]
@@ -282,14 +296,18 @@ class Planner:
                 self.costs[record["cost_fit"].get("model", "backbone")].restore(record["cost_fit"])
             elif "mix" in record:  # a live reweighting: in the state of the plans after it
                 mixes.append(record["mix"])
+            elif "skip" in record:  # likewise a skip
+                skips.append(record["skip"])
             elif "rewind" in record or is_plan(record):  # a rewind: plans from that step on were made again
-                last, mixes = record, []
+                last, mixes, skips = record, [], []
         if last is not None:
             self.journal_layout = last["layout"]
             next_step = last["rewind"] if "rewind" in last else last["step"] + 1
             self.load_state_dict({**last["state"], "next_step": next_step, "feedback": {}})
         for mix in mixes:
             self.overrides.add(mix["step"], mix["weights"])
+        for skip in skips:
+            self.skips.add(skip["first"], skip["last"], planned_to=skip.get("planned_to", 0))
         log.info("restored at step %d", self.next_step)
 
     def rewind(self, step: int) -> None:
@@ -301,6 +319,7 @@ class Planner:
                              "resume on the run's own layout")
         state = self._state_before(step)
         self.load_state_dict(state)
+        self.skips.replan_from(step)
         edit = self._config_edit(step)
         offset = self._journal.size()
         self._journal.append({"rewind": step, "layout": self.layout(), "state": self._planning_state()})
@@ -315,6 +334,13 @@ class Planner:
         if snapshot is None:
             raise ValueError(f"no snapshot at or before step {step} in {self._dir}")
         return state_before(self._journal_path, snapshot[1], step)
+
+    @property
+    def replan_needed(self) -> bool:
+        """Resumed on another layout, batch or mixture, or a skip of planned steps: re-plan from the resume step."""
+        layout = self.journal_layout is not None and self.journal_layout != self.layout()
+        batch = self.journal_batch is not None and self.journal_batch != self.batch
+        return layout or batch or self.mixture_changed or self.skips_replan
 
     # -- mixture edits -----------------------------------------------------------------
     @property
@@ -334,21 +360,6 @@ class Planner:
         self.journal_mixture = self.mixture
         log.info("mixture edit at step %d: %s", step, edit)
         return edit
-
-    def mix(self, weights: dict[str, float], at: int | None = None) -> dict:
-        """Live reweighting from step ``at`` (default: the first step not planned yet); journaled
-        (fsync'd) before any plan reads it. Steps already planned keep their weights."""
-        with self._planning:
-            return self._mix(weights, at)
-
-    def _mix(self, weights: dict[str, float], at: int | None) -> dict:
-        step = self.next_step if at is None else int(at)
-        if step < self.next_step:
-            raise ValueError(f"mix: step {step} is already planned (planned up to {self.next_step - 1}); "
-                             f"the earliest step a new mixture can start at is {self.next_step}")
-        self._journal.append({"mix": {"step": step, "weights": weights}})
-        self.overrides.add(step, weights)
-        return {"step": step, "weights": weights}
 
     def close(self) -> None:
         if self._journal is not None:

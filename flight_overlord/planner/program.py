@@ -51,18 +51,18 @@ class PlanContext:
 
 
 def draw_mixture(feeds: dict[str, SourceFeed], mixer: Mixer, weights: dict[str, float],
-                 strategy: Strategy) -> list[Pick]:
+                 strategy: Strategy, step: int = 0) -> list[Pick]:
     """The step's samples: sources interleaved by the mixer until the batch is full. A sample longer
     than a microbatch holds is planned truncated to it (the constructor cuts it the same way)."""
-    return _draw(feeds, mixer, weights, strategy).picks()
+    return _draw(feeds, mixer, weights, strategy, step).picks()
 
 
-def _draw(feeds: dict[str, SourceFeed], mixer: Mixer, weights: dict[str, float], strategy: Strategy) -> PickTable:
+def _draw(feeds: dict[str, SourceFeed], mixer: Mixer, weights: dict[str, float], strategy: Strategy,
+          step: int) -> PickTable:
     """``draw_mixture``'s samples as columns (``source``: the index in ``mixer.sources``)."""
-    gb = strategy.cfg.global_batch
-    by_tokens = gb.tokens_per_step is not None
-    budget = gb.tokens_per_step if by_tokens else gb.samples_per_step
-    longest = strategy.max_sample_tokens
+    by_tokens = strategy.cfg.global_batch.tokens_per_step is not None
+    budget = strategy.batch_at(step)
+    longest = strategy.max_sample_tokens_at(step)
     streams = [feeds[source].stream() for source in mixer.sources]
     mix = mixer.run(weights)  # the mixer's choose/charge on plain floats: same choices, no numpy per sample
     try:
@@ -216,12 +216,13 @@ def _plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: 
     if strategy.buffer_policy is not None:
         summary = {name: feed.summary() for name, feed in feeds.items()}
         weights = dict(strategy.buffer_policy(step, summary, dict(weights)))
-    table = _draw(feeds, mixer, weights, strategy)
+    table = _draw(feeds, mixer, weights, strategy, step)
+    microbatches = strategy.microbatches_at(step)
     meta = sample_meta(table)
     costs = np.asarray(cost_fn(meta), dtype=np.float64)
     if costs.shape != (len(table),):
         raise ValueError(f"cost function returned shape {costs.shape}, expected ({len(table)},)")
-    ctx = PlanContext(step, table, meta, costs, strategy.num_buckets, gb.microbatches, strategy.capacity,
+    ctx = PlanContext(step, table, meta, costs, strategy.num_buckets, microbatches, strategy.capacity_at(step),
                       strategy.mesh, strategy.seq_multiple)
     bin_indices, unplaced = place(ctx, strategy)
     bin_indices = [np.asarray(b, dtype=np.int64) for b in bin_indices]
@@ -230,18 +231,18 @@ def _plan_step(step: int, feeds: dict[str, SourceFeed], mixer: Mixer, strategy: 
                          f"keep_global_batch forbids deferring them: raise microbatches or context_length, "
                          f"or lower the step's batch size")
     _defer(table.picks(unplaced), feeds, mixer, weights, by_tokens=gb.tokens_per_step is not None)
-    plan = StepPlan.from_table(step, strategy.axis, ctx.num_buckets, gb.microbatches, ctx.capacity, table,
+    plan = StepPlan.from_table(step, strategy.axis, ctx.num_buckets, microbatches, ctx.capacity, table,
                                bin_indices, dict(weights), feedback)
     source_names = np.array(mixer.sources, dtype=object)
     bins = grouping(bin_indices)
     plan.stats = _stats(plan, meta, table.source, source_names, costs, bins, unplaced)
     if strategy.axis == "HDP":
-        plan.stats.update(hdp_stats(costs, meta["num_tokens"], bin_indices, ctx.num_buckets, gb.microbatches))
+        plan.stats.update(hdp_stats(costs, meta["num_tokens"], bin_indices, ctx.num_buckets, microbatches))
     if strategy.image_graph is not None:
         plan.encoder_axis = strategy.image_graph.axis
         plan.encoder, plan.stats["encoder"] = place_images(plan.bins, strategy, encoder_cost_fn)
     else:
-        plan.stats["encoder"] = _encoder_stats_arrays(meta["image_patches"], table.images(), bins, gb.microbatches)
+        plan.stats["encoder"] = _encoder_stats_arrays(meta["image_patches"], table.images(), bins, microbatches)
     return plan
 
 
@@ -263,7 +264,7 @@ def place_images(bins: list[list[Pick]], strategy: Strategy,
     # Without the graph, a sample's images are encoded where its sequence goes: every rank of the
     # bucket (the encoder is replicated across its model-parallel peers) carries the bucket's images.
     vanilla = np.array([_image_costs([(p, i) for p in group for i in range(len(p.image_sizes))], cost_fn).sum()
-                        for group in _per_bucket(bins, strategy.cfg.global_batch.microbatches)])
+                        for group in _per_bucket(bins, len(bins) // strategy.num_buckets)])
     stats = {"images": len(units), "patches": int(sum(p.image_sizes[i] for p, i in units)),
              "imbalance": max_over_mean(loads), "max_cost": float(loads.max()) if len(loads) else 0.0,
              "lower_bound": float(balance.lower_bound(costs, k)) if len(costs) else 0.0,

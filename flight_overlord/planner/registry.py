@@ -1,40 +1,66 @@
 """Who is where: the loader actors (each with its shadows), their row groups, and the constructors."""
 from __future__ import annotations
 
+from bisect import bisect_left
+from typing import Callable
+
 from ..config import Config
-from ..core.order import RowGroupRef
+from ..core.order import RowGroupRef, owned_row_groups
 from ..core.scaling import Ownership
+
+CatalogOf = Callable[[str, str], list[RowGroupRef]]  # (source, catalog digest) -> its row groups, sorted
 
 
 REGISTRY_FILE = "planner/registry.json"  # in run_dir: the registrations, rewritten at each (a recovery reads them)
 
 
 class Registry:
-    def __init__(self, cfg: Config, num_constructors: int):
+    def __init__(self, cfg: Config, num_constructors: int, catalog_of: CatalogOf | None = None):
+        """``catalog_of``: the row groups of a catalog a loader registers with (its digest)."""
         self.cfg = cfg
         self.num_constructors = num_constructors
+        self.catalog_of = catalog_of
         self.loaders: dict[tuple[str, int], dict[int, str]] = {}  # (source, actor) -> replica -> location
         self.row_groups: dict[tuple[str, int], list[RowGroupRef]] = {}
+        self.catalogs: dict[str, str] = {}  # source -> the digest of the catalog its loaders registered with
+        self._catalog: dict[str, list[RowGroupRef]] = {}  # source -> that catalog (sorted): owners by position
         self.constructors: dict[int, str] = {}
         self._owner: dict[tuple[str, str, int], tuple[str, int]] = {}
         self.ownership: dict[str, Ownership] = {}  # per source, once planning starts: who owns each position
 
-    def register_loader(self, source: str, actor: int, replica: int, location: str, row_groups: list) -> None:
-        """``replica`` 0 is the active loader actor, 1.. its shadows."""
+    def register_loader(self, source: str, actor: int, replica: int, location: str, row_groups: list | str) -> None:
+        """``replica`` 0 is the active loader actor, 1.. its shadows; ``row_groups``: the actor's, or the
+        digest of its source's catalog (the actor owns its share of it, as ``owned_row_groups`` splits)."""
         spec = self.cfg.source(source)
         if not 0 <= actor < self.cfg.provisioned_actors(spec):
             raise ValueError(f"register: actor {actor} out of range for source {source!r} "
                              f"({self.cfg.provisioned_actors(spec)} loaders)")
         if not 0 <= replica <= self.cfg.loader.shadows:
             raise ValueError(f"register: replica {replica} out of range (loader.shadows: {self.cfg.loader.shadows})")
-        refs = [RowGroupRef(str(f), int(g), int(n)) for f, g, n in row_groups]
+        if isinstance(row_groups, str):
+            refs = self._share(source, actor, row_groups)
+        else:
+            refs = [RowGroupRef(str(f), int(g), int(n)) for f, g, n in row_groups]
         known = self.row_groups.get((source, actor))
         if known is not None and known != refs:
             raise ValueError(f"register: loader {source}[{actor}] announced different row groups than its peers")
         self.loaders.setdefault((source, actor), {})[replica] = location
         self.row_groups[(source, actor)] = refs
-        for rg in refs:
-            self._owner[(source, rg.file, rg.row_group)] = (source, actor)
+        if source not in self._catalog:  # listed row groups: owners noted one by one
+            for rg in refs:
+                self._owner[(source, rg.file, rg.row_group)] = (source, actor)
+
+    def _share(self, source: str, actor: int, digest: str) -> list[RowGroupRef]:
+        known = self.catalogs.get(source)
+        if known is not None and known != digest:
+            raise ValueError(f"register: loader {source}[{actor}] registered with catalog {digest}, its peers with "
+                             f"{known}: the source's files differ between its loaders")
+        if self.catalog_of is None:
+            raise ValueError("register: this Planner takes row groups, not a catalog digest")
+        loaders = self.cfg.source(source).loaders
+        catalog = self.catalog_of(source, digest)
+        self.catalogs[source], self._catalog[source] = digest, catalog
+        return owned_row_groups(catalog, actor, loaders) if actor < loaders else []
 
     def register_constructor(self, index: int, location: str) -> None:
         if not 0 <= index < self.num_constructors:
@@ -48,6 +74,8 @@ class Registry:
                 and len(self.constructors) == self.num_constructors)
 
     def source_row_groups(self, source: str) -> list[RowGroupRef]:
+        if source in self._catalog:
+            return self._catalog[source]
         return sorted(rg for (src, _), refs in self.row_groups.items() if src == source for rg in refs)
 
     def owner(self, source: str, file: str, row_group: int, epoch: int = 0) -> tuple[str, int]:
@@ -55,6 +83,12 @@ class Registry:
         sources' ``ownership`` (live resharding), the segment covering its position."""
         if source in self.ownership:
             return source, self.ownership[source].owner(epoch, file, row_group)
+        if source in self._catalog:  # actor i of n owns every n-th row group of the sorted catalog
+            catalog = self._catalog[source]
+            i = bisect_left(catalog, (file, row_group), key=_file_and_group)
+            if i == len(catalog) or _file_and_group(catalog[i]) != (file, row_group):
+                raise KeyError((source, file, row_group))
+            return source, i % self.cfg.source(source).loaders
         return self._owner[(source, file, row_group)]
 
     def locations(self, actor: tuple[str, int]) -> list[str]:
@@ -62,7 +96,19 @@ class Registry:
         return [loc for _, loc in sorted(self.loaders[actor].items())]
 
     def state_dict(self) -> dict:
-        return {"loaders": [[s, a, r, loc, [[rg.file, rg.row_group, rg.num_rows] for rg in self.row_groups[(s, a)]]]
+        """Each loader's row groups as its catalog's digest where it registered with one (a few bytes,
+        whatever the corpus), else listed."""
+        def share(source: str, actor: int):
+            if source in self.catalogs:
+                return self.catalogs[source]
+            return [[rg.file, rg.row_group, rg.num_rows] for rg in self.row_groups[(source, actor)]]
+        return {"loaders": [[s, a, r, loc, share(s, a)]
+                            for (s, a), replicas in sorted(self.loaders.items()) for r, loc in sorted(replicas.items())],
+                "constructors": {str(i): loc for i, loc in sorted(self.constructors.items())}}
+
+    def status(self) -> dict:
+        """Who is where, each loader with its number of row groups (the ``status`` answer's ``loaders``)."""
+        return {"loaders": [[s, a, r, loc, len(self.row_groups[(s, a)])]
                             for (s, a), replicas in sorted(self.loaders.items()) for r, loc in sorted(replicas.items())],
                 "constructors": {str(i): loc for i, loc in sorted(self.constructors.items())}}
 
@@ -71,3 +117,7 @@ class Registry:
             self.register_loader(source, actor, replica, location, row_groups)
         for index, location in state["constructors"].items():
             self.register_constructor(int(index), location)
+
+
+def _file_and_group(rg: RowGroupRef) -> tuple[str, int]:
+    return rg.file, rg.row_group

@@ -30,12 +30,14 @@ import numpy as np
 from ..config import Config
 from ..core.mixing import Mixer
 from ..core.order import ReadOrder, RowGroupRef
+from ..core.skips import window
 from ..journal import read_journal
+from ..source_catalog import cached_catalog
 from ..wire.plan_channel import PLAN_AHEAD
 from .costing import cost_fns
 from .feed import FetchMeta, SourceFeed, row_group_metadata
 from .run_inputs import ConfigHistory, JsonFile, Unreadable
-from .program import plan_step
+from .skips import plan_step_dropping
 from .step_plan import StepPlan
 
 log = logging.getLogger(__name__)
@@ -73,10 +75,11 @@ def plan_digest(plan: StepPlan) -> str:
     return h.hexdigest()
 
 
-def step_record(plan: StepPlan, weights: dict, reset_credit: bool, costs: dict[str, list[float]]) -> dict:
+def step_record(plan: StepPlan, weights: dict, reset_credit: bool, costs: dict[str, list[float]],
+                drop: tuple[int, int] | None = None) -> dict:
     """A step's journal record, without its samples: the step's own inputs (``weights`` as given to
-    planning, before any buffer policy; the credit reset; the cost models in force as [a, b]) and the
-    plan's digest, weights, stats and feedback."""
+    planning, before any buffer policy; the credit reset; the cost models in force as [a, b]; whether
+    the steps whose draws were dropped before it, ``overlord skip``) and the plan's digest, weights, stats and feedback."""
     record = {"step": plan.step, "layout": plan.layout(), "weights": plan.weights, "stats": plan.stats,
               "digest": plan_digest(plan)}
     if plan.feedback is not None:
@@ -88,6 +91,8 @@ def step_record(plan: StepPlan, weights: dict, reset_credit: bool, costs: dict[s
         inputs["reset_credit"] = True
     if costs:
         inputs["cost"] = costs
+    if drop:
+        inputs["drop_steps"] = list(drop)
     if inputs:
         record["inputs"] = inputs
     return record
@@ -183,8 +188,9 @@ def derive(record: dict, offset: int, before: dict, strategy, reader: SourceRead
     if inputs.get("reset_credit"):
         mixer.reset_credit()
     cost = cost_fns(inputs.get("cost", {}))
-    plan = plan_step(step, feeds, mixer, strategy, inputs.get("weights", record["weights"]), record.get("feedback"),
-                     cost_fn=cost.get("backbone"), encoder_cost_fn=cost.get("encoder"))
+    plan = plan_step_dropping(step, feeds, mixer, strategy, inputs.get("weights", record["weights"]),
+                              record.get("feedback"), drop=inputs.get("drop_steps"),
+                              cost_fn=cost.get("backbone"), encoder_cost_fn=cost.get("encoder"))
     if plan_digest(plan) != record["digest"]:
         raise PlanMismatch(f"step {step}: planned again from the journal, its plan differs from the one served "
                            f"(digest {record['digest']}): a source file or the strategy changed since; "
@@ -198,14 +204,18 @@ def state_before(path: Path, snapshot: dict, step: int) -> dict:
     ``step``, and the records after it), with the live reweightings set since, as overrides."""
     state = dict(snapshot)
     mixes: list[dict] = []
+    skips: list[dict] = []
     for _, record, _ in walk(path, state["journal_offset"]):
         if is_plan(record) and record["step"] < step:
             state.update(record["state"])
             state["next_step"] = record["step"] + 1
-            mixes = []
+            mixes, skips = [], []
         elif "mix" in record:
             mixes.append(record["mix"])
+        elif "skip" in record:
+            skips.append(record["skip"])
     state["overrides"] = state.get("overrides", []) + [[m["step"], m["weights"]] for m in mixes]
+    state["skips"] = state.get("skips", []) + [window(s["first"], s["last"], s.get("planned_to", 0)) for s in skips]
     state["feedback"] = {}
     return state
 
@@ -306,9 +316,26 @@ class Replayer:
             return derive(record, offset, before, self.strategy, self._live)
         cfg, strategy = in_force or (self.cfg, self.strategy)
         if index not in self._readers:
-            known = {n: [RowGroupRef(*rg) for rg in g] for n, g in (entry or {}).get("row_groups", {}).items()}
-            self._readers[index] = SourceReader(cfg, self.unreadable, row_groups=known.get)
+            self._readers[index] = SourceReader(cfg, self.unreadable, row_groups=registered_row_groups(entry))
         return derive(record, offset, before, strategy, self._readers[index])
+
+
+def registered_row_groups(entry: dict | None) -> Callable[[str], list[RowGroupRef] | None]:
+    """A source's row groups as its loaders registered them at the start ``entry`` of ``planner/configs.json``
+    notes: its catalog by digest, or listed (runs of before catalogs); None when neither is known (then
+    the files as they are now)."""
+    listed = (entry or {}).get("row_groups", {})
+    digests = (entry or {}).get("catalogs", {})
+
+    def row_groups(name: str) -> list[RowGroupRef] | None:
+        if name in listed:
+            return [RowGroupRef(*rg) for rg in listed[name]]
+        catalog = cached_catalog(digests[name]) if name in digests else None
+        if name in digests and catalog is None:
+            log.warning("source %s: catalog %s of the run is not in the catalog cache: replayed with its files as "
+                        "they are now", name, digests[name])
+        return catalog.row_groups() if catalog is not None else None
+    return row_groups
 
 
 class RecentPlans:

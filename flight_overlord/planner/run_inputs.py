@@ -1,6 +1,6 @@
 """What a run journals once, not per step, so that its steps can be re-derived (``replay.py``): the
-config of every start with the row groups its loaders registered, and the row groups a loader could
-not read when they were planned."""
+config of every start with the catalogs its loaders registered (digests), and the row groups a loader
+could not read when they were planned."""
 from __future__ import annotations
 
 import json
@@ -130,13 +130,14 @@ class ConfigHistory:
         base_dir, raw = self._current
         self._file.write(entries + [{"offset": offset, "base_dir": base_dir, "raw": raw}])
 
-    def note_row_groups(self, row_groups: dict[str, list[RowGroupRef]]) -> None:
-        """Every source's row groups as its loaders registered them, with the latest start's config: a
-        file gone since (deleted mid-run, say) leaves the read order an offline replay follows as it was."""
+    def note_catalogs(self, catalogs: dict[str, str]) -> None:
+        """The digest of every source's catalog as its loaders registered it, with the latest start's
+        config: a file gone since (deleted mid-run, say) leaves the read order an offline replay follows
+        as it was (``source_catalog.cached_catalog``). A digest, not the row groups: what a start writes
+        does not grow with the corpus."""
         entries = self.entries()
-        listed = {name: [[rg.file, rg.row_group, rg.num_rows] for rg in rgs] for name, rgs in row_groups.items()}
-        if entries and entries[-1].get("row_groups") != listed:
-            self._file.write([*entries[:-1], {**entries[-1], "row_groups": listed}])
+        if entries and entries[-1].get("catalogs") != catalogs:
+            self._file.write([*entries[:-1], {**entries[-1], "catalogs": catalogs}])
 
     def at(self, offset: int) -> tuple[int, dict | None, tuple[Config, object] | None]:
         """(index, entry) of the start whose config planned the record at ``offset`` ((-1, None): none

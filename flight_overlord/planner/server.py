@@ -16,7 +16,7 @@ other roles are in :class:`~.calls.PlannerCalls`:
   stream (``wire/plan_channel.py``: the ``plan`` action's body and answer as one message each).
 
 Who may call what (``wire/security.py``): ``register``, ``plan`` (and the plans stream), ``resume_point`` need the cluster
-secret; batch/encoder tickets and ``report`` are trainer calls; ``list_flights``, ``get_schema``,
+secret; batch/encoder tickets, ``report`` and ``position`` are trainer calls; ``list_flights``, ``get_schema``,
 source infos, ``status``, ``stats`` and ``list_actions`` are inspection calls.
 """
 from __future__ import annotations
@@ -29,7 +29,8 @@ from ..config import Config, load_config
 from ..fence import Fence, claim as claim_fence
 from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
-from ..wire.actions import MixRequest, PlanRequest, Report, ResumePointRequest, StatsRequest
+from ..wire.actions import (MixRequest, PlanRequest, PositionRequest, Report, ResumePointRequest, SkipRequest,
+                            StatsRequest)
 from ..wire.plan import PlanView
 from ..wire.plan_channel import OK, VIEWS_PER_ANSWER, check_descriptor, serve_plans
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
@@ -77,7 +78,8 @@ class PlannerServer(ActionServer):
             raise ValueError(f"register: location {location!r} must be {scheme}://HOST:PORT (the scheme of this run)")
         if registration.role == "loader":
             self.service.register_loader(registration.source, registration.actor, registration.replica, location,
-                                         registration.row_groups)
+                                         registration.catalog if registration.catalog is not None
+                                         else registration.row_groups)
         else:
             self.service.register_constructor(registration.index, location)
         return {"ok": True}
@@ -218,6 +220,21 @@ class PlannerServer(ActionServer):
 
     # -- trainer feedback --------------------------------------------------------------
     @requires(TRAINER, rank_field="rank")
+    def action_position(self, body):
+        """Where a rank that lost its state continues: {"rank"} -> {"rank", "step", "group"}: the ranks of
+        its replica group continue together (``TrainerPositions.rejoin_step``, with what their constructor says
+        it served). Records nothing: the rank
+        says where it starts when it asks for its stream from there."""
+        rank = PositionRequest.from_wire(body).rank
+        group = self.mesh.replica_group(rank)  # ValueError naming a rank outside the mesh
+        with self.service.cond:
+            location = self.service.constructor_of(rank)
+        served = self.calls.served_steps(location)
+        with self.service.cond:
+            step = self.service.positions.rejoin_step(group, served)
+        return {"rank": rank, "step": step, "group": list(group)}
+
+    @requires(TRAINER, rank_field="rank")
     def action_report(self, body):
         """A trainer's feedback on one step: {"step", "rank", "losses": {source: loss}, "compute_seconds":
         seconds or [per microbatch], "encoder_seconds", "waits"} (losses and/or timings)."""
@@ -229,9 +246,18 @@ class PlannerServer(ActionServer):
     @requires(CLUSTER)
     def action_mix(self, body):
         """Live reweighting: {"weights": {source: w}, "step": first step (optional, default the first
-        one not planned)}. Journaled; a resume replays it."""
+        one not planned), "only": sources not named weigh 0 (default: they keep theirs), "dry_run"}.
+        Journaled; a resume replays it. Answers the weights in force from that step on, and before it."""
         request = MixRequest.from_wire(body)
-        return self.planner.mix(checked_weights(request.weights, [s.name for s in self.cfg.sources]), request.step)
+        return self.planner.mix(checked_weights(request.weights, [s.name for s in self.cfg.sources]), request.step,
+                                only=request.only, dry_run=request.dry_run)
+
+    @requires(CLUSTER)
+    def action_skip(self, body):
+        """{"first", "last"}: the samples steps first..last would have had are dropped; from step first on
+        the steps hold the samples after them (``core/skips.py``). Journaled; a resume replays it."""
+        request = SkipRequest.from_wire(body)
+        return self.planner.skip(request.first, request.last)
 
     @requires(INSPECT)
     def action_audit(self, body):

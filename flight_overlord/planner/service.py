@@ -55,9 +55,7 @@ class PlanService:
         self.resumed = resumed or recover
         if recover and self._registry_file.exists():
             self.planner.registry.load_state_dict(wire.decode(self._registry_file.read_bytes(), str(self._registry_file)))
-        layout = planner.journal_layout
-        # a new layout, or an edited mixture: re-plan from the step the trainers resume at
-        self.rewind_pending = (layout is not None and layout != planner.layout()) or planner.mixture_changed
+        self.rewind_pending = planner.replan_needed  # re-plan from the step the trainers resume at
         self._views: dict[int, list[PlanView]] = {}  # planned steps' views, not yet fetched by every constructor
         self._fetched: dict[int, set[int]] = {}
         self._registrations = 0  # bumped by every registration at a new location: encoded views name the loaders' locations
@@ -361,12 +359,12 @@ class PlanService:
                 recovered=self.resumed, samples_planned=dict(self._planned["samples"]),
                 tokens_planned=dict(self._planned["tokens"]), mixture_realized=shares(self._planned[unit]),
                 reregistrations=dict(self._reregistrations), plan_answers=dict(self._plan_answers),
-                **registry.state_dict(),
+                **registry.status(),
                 scaling=self.planner.scaling.status() if self.planner.scaling is not None else None,
                 cost=self.planner.cost_status(),
                 trainer_waits={str(r): w for r, w in self._trainer_waits.totals().items()},
                 trainer_losses=dict(self._trainer_losses),
-                mixture={"weights": self.planner.last_weights,
+                mixture={"weights": self.planner.last_weights, "skips": self.planner.skips.state_dict(),
                          "pending": self.planner.overrides.pending(self.planner.next_step)})
 
     def step_stats(self, first: int, last: int | None) -> dict:

@@ -31,6 +31,9 @@ class StepPlan:
     table: PickTable | None = None  # the step's samples as columns ...
     bin_indices: list[np.ndarray] | None = None  # ... and each bin's rows of it, in order
     keys_unique: bool | None = None  # no sample key twice in ``table`` (the Planner finds out when it serves)
+    # (key, epoch) of the samples a skipped window's steps would have had, dropped on purpose before this
+    # step, the window's first, was planned (``overlord skip``): never delivered
+    dropped: list[tuple[str, int]] = field(default_factory=list)
 
     @classmethod
     def from_table(cls, step: int, axis: str, num_buckets: int, microbatches: int, capacity: int,

@@ -22,6 +22,7 @@ from ..config import Config, ConfigError, balance_methods
 from ..core import hdp
 from ..core.cost import CostFn, config_cost, make_cost, patches_cost
 from ..core.mesh import BROADCAST_DIMS, DISTRIBUTE_AXES, Mesh
+from ..core.run_shape import BatchSchedule, by_stage, checked_stages, context_stage, stage_at
 from ..core.schedules import Schedule, as_schedule, constant
 from ..core.stages import StageContents
 
@@ -90,6 +91,9 @@ class Strategy:
         self.image_graph: ImageGraph | None = None
         self.buffer_policy: Callable | None = None
         self.constructor_policy: Callable | None = None
+        self.batch_schedule: BatchSchedule | None = cfg.schedule.batch  # None: global_batch's size every step
+        # context-length stages (not pipeline stages): empty, global_batch's shape every step
+        self.context_stages: tuple[context_stage, ...] = cfg.schedule.context
 
     def images(self) -> ImageGraph:
         """The image graph: ``s.images().cost("patches").distribute("WORLD").balance("karmarkar_karp")``.
@@ -101,6 +105,20 @@ class Strategy:
     def mix(self, schedule) -> "Strategy":
         """Source weights per step: a schedule, a mapping of constant weights, or a callable of the step."""
         self.schedule = as_schedule(schedule)
+        return self
+
+    def batch(self, schedule: BatchSchedule) -> "Strategy":
+        """The global batch per step (``batch_ramp``, ``batch_steps``), in global_batch's unit."""
+        if not isinstance(schedule, BatchSchedule):
+            raise ValueError(f"batch(): expected batch_ramp(...) or batch_steps(...), got {schedule!r}")
+        self.batch_schedule = schedule
+        return self
+
+    def context(self, *stages: context_stage) -> "Strategy":
+        """Context-length stages (``context_stage(first_step, context_length, microbatches, weights)``)."""
+        if not all(isinstance(stage, context_stage) for stage in stages):
+            raise ValueError("context(): expected context_stage(...) arguments")
+        self.context_stages = checked_stages(stages)
         return self
 
     def cost(self, fn="attention", **params) -> "Strategy":
@@ -211,7 +229,59 @@ class Strategy:
         if self.capacity < 1:
             raise ValueError(f"distribute({self.axis!r}): context_length {self.cfg.global_batch.context_length} "
                              f"over cp={self.mesh.cp} leaves no room per microbatch")
+        if self.context_stages:
+            self._check_stages()
+            if any(stage.weights is not None for stage in self.context_stages) and not isinstance(self.schedule, by_stage):
+                self.schedule = by_stage(self.schedule, self.context_stages)
         return self
+
+    def _check_stages(self) -> None:
+        """A stage's sequences fit what the loaders cut (context_length), split evenly under CP."""
+        longest, multiple = self.cfg.global_batch.context_length, max(self.seq_multiple, self.mesh.cp)
+        for i, stage in enumerate(self.context_stages):
+            where = f"schedule.context[{i}] (from step {stage.first_step})"
+            if self.axis == "HDP":
+                raise ValueError(f"{where}: context stages cannot be combined with distribute('HDP')")
+            if stage.context_length > longest:
+                raise ValueError(f"{where}: context_length {stage.context_length} is over global_batch.context_length "
+                                 f"{longest}, where the loaders cut samples: raise global_batch.context_length")
+            if stage.context_length % multiple:
+                raise ValueError(f"{where}: context_length {stage.context_length} must be a multiple of {multiple} "
+                                 f"(cp={self.mesh.cp})")
+        unknown = sorted({s for stage in self.context_stages for s in (stage.weights or {})} - set(self.sources))
+        if unknown:
+            raise ValueError(f"schedule.context: weights name unknown source {unknown[0]!r} (sources: "
+                             f"{', '.join(self.sources)})")
+
+    def batch_at(self, step: int) -> int:
+        """The step's global batch, in samples or tokens (global_batch's unit)."""
+        gb = self.cfg.global_batch
+        if self.batch_schedule is not None:
+            return self.batch_schedule.at(step)
+        return gb.tokens_per_step if gb.tokens_per_step is not None else gb.samples_per_step
+
+    def microbatches_at(self, step: int) -> int:
+        stage = stage_at(self.context_stages, step)
+        return self.cfg.global_batch.microbatches if stage is None else stage.microbatches
+
+    def capacity_at(self, step: int) -> int:
+        """A bucket's tokens per microbatch at ``step``: its stage's context length (over cp under axis CP)."""
+        stage = stage_at(self.context_stages, step)
+        if stage is None:
+            return self.capacity
+        return stage.context_length // self.mesh.cp if self.axis == "CP" else stage.context_length
+
+    def max_sample_tokens_at(self, step: int) -> int:
+        return self.max_sample_tokens if stage_at(self.context_stages, step) is None else self.capacity_at(step)
+
+    def shape(self) -> dict:
+        """The schedules of the run's shape, as data (part of the layout; empty without them)."""
+        shape = {}
+        if self.batch_schedule is not None:
+            shape["batch"] = self.batch_schedule.describe()
+        if self.context_stages:
+            shape["context"] = [stage.describe() for stage in self.context_stages]
+        return shape
 
     def _check_fit(self) -> None:
         """cost.fit fits the attention model's a and b, over the buckets' planned microbatches."""

@@ -5,8 +5,10 @@ ValueError naming the field that is wrong), used by both ends.
 - ``PlanRequest`` constructor -> Planner (action ``plan``, or a message on its plans stream): its share of a step, with its streams' positions;
 - ``ResumePointRequest`` constructor -> Planner (action ``resume_point``): where a (re)started one begins;
 - ``Report`` trainer -> Planner (action ``report``): losses and/or measured seconds of one step;
+- ``PositionRequest`` trainer -> Planner (action ``position``): where a rank that lost its state continues;
 - ``StatsRequest`` anyone -> Planner (action ``stats``): per-step plan statistics of a step range;
 - ``MixRequest`` operator -> Planner (action ``mix``): live reweighting from a future step on.
+- ``SkipRequest`` operator -> Planner (action ``skip``): drop the samples a window of future steps would have had.
 """
 from __future__ import annotations
 
@@ -81,6 +83,18 @@ class Report:
 
 
 @dataclass(frozen=True)
+class PositionRequest:
+    rank: int
+
+    def to_wire(self) -> dict:
+        return {"rank": self.rank}
+
+    @classmethod
+    def from_wire(cls, raw: dict) -> "PositionRequest":
+        return cls(field(raw, "rank", int, "position"))
+
+
+@dataclass(frozen=True)
 class StatsRequest:
     first: int = 0
     last: int | None = None  # None: every planned step from ``first``
@@ -94,14 +108,36 @@ class StatsRequest:
 
 
 @dataclass(frozen=True)
-class MixRequest:
-    """Live reweighting (action ``mix``): new weights from ``step`` on (None: the first step not planned)."""
-    weights: dict
-    step: int | None = None
+class SkipRequest:
+    """Drop the samples steps ``first``..``last`` would have had (action ``skip``)."""
+    first: int
+    last: int
 
     def to_wire(self) -> dict:
-        return {"weights": self.weights, **({"step": self.step} if self.step is not None else {})}
+        return {"first": self.first, "last": self.last}
+
+    @classmethod
+    def from_wire(cls, raw: dict) -> "SkipRequest":
+        first, last = field(raw, "first", int, "skip"), field(raw, "last", int, "skip")
+        from ..core.skips import checked_window
+        return cls(*checked_window(first, last, where="skip"))
+
+
+@dataclass(frozen=True)
+class MixRequest:
+    """Live reweighting (action ``mix``): new weights from ``step`` on (None: the first step not planned).
+    Sources not named keep the weight they have at ``step``; with ``only`` they weigh 0. ``dry_run``: the
+    answer says what would be in force, nothing is journaled."""
+    weights: dict
+    step: int | None = None
+    only: bool = False
+    dry_run: bool = False
+
+    def to_wire(self) -> dict:
+        return {"weights": self.weights, **({"step": self.step} if self.step is not None else {}),
+                "only": self.only, "dry_run": self.dry_run}
 
     @classmethod
     def from_wire(cls, raw: dict) -> "MixRequest":
-        return cls(field(raw, "weights", dict, "mix"), optional_field(raw, "step", int, "mix"))
+        return cls(field(raw, "weights", dict, "mix"), optional_field(raw, "step", int, "mix"),
+                   optional_field(raw, "only", bool, "mix", False), optional_field(raw, "dry_run", bool, "mix", False))

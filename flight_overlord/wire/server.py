@@ -266,9 +266,13 @@ def call_any(pool: "ClientPool", locations: list[str] | Callable[[], list[str]],
     deadline, since = time.monotonic() + timeout, time.time()
     while True:
         tried = resolve()
-        for location in tried:
+        for index, location in enumerate(tried):
             try:
                 return fn(pool.get(location))
+            except DeadlinePassed as exc:  # hung, or gone without a word: say so (a refusal is routine)
+                pool.forget(location)
+                log.warning("%s at %s: %s; %s", what, location, exc,
+                            "trying the next replica" if index + 1 < len(tried) else "asking again")
             except fl.FlightUnavailableError:
                 pool.forget(location)
         if time.monotonic() > deadline or stop():
@@ -296,6 +300,10 @@ def probe(client: fl.FlightClient, timeout: float) -> str:
         return ANSWERED
 
 
+class DeadlinePassed(fl.FlightUnavailableError):
+    """A peer let a call's deadline pass (``within``): unavailable as a refused connection is, but logged."""
+
+
 def within(seconds: float, call: Callable[[fl.FlightCallOptions], Any]) -> Any:
     """``call(options)`` under a deadline of ``seconds`` (``liveness.fetch_seconds`` or ``call_seconds``):
     a peer that lets it pass did not answer at all (hung, or gone without a word), which is raised as
@@ -304,10 +312,10 @@ def within(seconds: float, call: Callable[[fl.FlightCallOptions], Any]) -> Any:
     started = time.monotonic()
     try:
         return call(fl.FlightCallOptions(timeout=seconds))
-    except fl.FlightTimedOutError as exc:
+    except fl.FlightTimedOutError:
         if time.monotonic() - started < seconds * 0.9:
             raise
-        raise fl.FlightUnavailableError(f"no answer within the {seconds:g}s deadline: {exc}") from None
+        raise DeadlinePassed(f"no answer within the {seconds:g}s deadline") from None  # gRPC's text adds nothing
 
 
 def ask_again(ask: Callable[[], Any], *, stop: Callable[[], bool] = lambda: False,

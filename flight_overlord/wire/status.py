@@ -37,14 +37,14 @@ class PlannerStatus(_Status):
     tokens_planned: dict[str, int] = field(default_factory=dict)
     mixture_realized: dict[str, float] = field(default_factory=dict)
     reregistrations: dict[str, int] = field(default_factory=dict)
-    loaders: list = field(default_factory=list)           # [source, actor, replica, location, row_groups]
+    loaders: list = field(default_factory=list)  # [source, actor, replica, location, row groups owned]
     constructors: dict[str, str] = field(default_factory=dict)  # index -> location
     scaling: dict | None = None                           # with loader.scaling: active actors, events
     metrics: str | None = None                            # the metrics page, if served
     cost: dict | None = None                              # the cost model in force (fitted with cost.fit)
     trainer_waits: dict[str, dict] = field(default_factory=dict)  # rank -> reported ticket/fetch/starved seconds
     trainer_losses: dict[str, dict] = field(default_factory=dict)  # rank -> {"step", "loss"}: its last overall loss
-    mixture: dict = field(default_factory=dict)           # {"weights": in force, "pending": [{"step", "weights"}]}
+    mixture: dict = field(default_factory=dict)  # {"weights": in force, "pending": [{"step", "weights"}], "skips"}
     plan_answers: dict[str, int] = field(default_factory=dict)  # views in an answer -> plans-stream answers with so many
 
     def to_wire(self) -> dict:

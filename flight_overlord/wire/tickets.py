@@ -201,8 +201,9 @@ class RankStream:
 
 @dataclass(frozen=True)
 class Registration:
-    """A role announcing itself to the Planner: a loader actor (``source``, ``actor``, ``replica``,
-    its ``row_groups`` as [file, row_group, rows]) or a constructor (``index``)."""
+    """A role announcing itself to the Planner: a loader actor (``source``, ``actor``, ``replica``, and
+    the digest of its source's ``catalog``, from which its row groups follow; or, without one, its
+    ``row_groups`` as [file, row_group, rows]) or a constructor (``index``)."""
     role: str
     location: str
     source: str | None = None
@@ -210,13 +211,16 @@ class Registration:
     replica: int = 0
     row_groups: tuple[tuple[str, int, int], ...] = ()
     index: int | None = None
+    catalog: str | None = None
 
     ROLES = ("loader", "constructor")
 
     def to_wire(self) -> dict:
         if self.role == "loader":
+            shares = {"catalog": self.catalog} if self.catalog is not None else \
+                {"row_groups": [list(rg) for rg in self.row_groups]}
             return {"role": self.role, "source": self.source, "actor": self.actor, "replica": self.replica,
-                    "location": self.location, "row_groups": [list(rg) for rg in self.row_groups]}
+                    "location": self.location, **shares}
         return {"role": self.role, "index": self.index, "location": self.location}
 
     @classmethod
@@ -224,9 +228,10 @@ class Registration:
         role = field(raw, "role", str, "register")
         location = field(raw, "location", str, "register")
         if role == "loader":
+            catalog = optional_field(raw, "catalog", str, "register", None)
+            row_groups = () if catalog is not None else tuple(tuple(rg) for rg in field(raw, "row_groups", list, "register"))
             return cls(role, location, field(raw, "source", str, "register"), field(raw, "actor", int, "register"),
-                       optional_field(raw, "replica", int, "register", 0),
-                       tuple(tuple(rg) for rg in field(raw, "row_groups", list, "register")))
+                       optional_field(raw, "replica", int, "register", 0), row_groups, catalog=catalog)
         if role == "constructor":
             return cls(role, location, index=field(raw, "index", int, "register"))
         raise ValueError(f"register: unknown role {role!r} (roles: {', '.join(cls.ROLES)})")

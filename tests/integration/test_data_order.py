@@ -24,14 +24,14 @@ from ..helpers import WEIGHTS, write_config
 RANKS = 2
 
 
-def stock_read(planner: str, steps: range) -> dict[int, list[tuple[str, int]]]:
+def stock_read(planner: str, steps: range, ranks: int = RANKS) -> dict[int, list[tuple[str, int]]]:
     """Per step, every rank's (key, tokens) with the stock pyarrow.flight API only."""
     client = fl.connect(planner)
     out = {}
     try:
         for step in steps:
             out[step] = []
-            for rank in range(RANKS):
+            for rank in range(ranks):
                 info = client.get_flight_info(fl.FlightDescriptor.for_path("batch", str(step), str(rank)))
                 for endpoint in info.endpoints:
                     table = fl.connect(endpoint.locations[0].uri.decode()).do_get(endpoint.ticket).read_all()
@@ -135,9 +135,18 @@ def test_live_mix_then_kill_and_resume(corpus, tmp_path, capsys):
     new = {"captions": 0.1, "longdocs": 0.5, "code": 0.3, "qa": 0.1}
     with LocalCluster(path) as cluster:
         before = stock_read(cluster.planner, range(3))
-        cli.main(["mix", cluster.planner, "--config", str(path), "--at", str(at),
+        # sources not named keep their weight; --dry-run shows the weights that would be in force, changes nothing
+        cli.main(["mix", cluster.planner, "--config", str(path), "--at", str(at), "--set", "code=0.5", "--dry-run"])
+        shown = capsys.readouterr().out.splitlines()
+        assert shown[0] == (f"dry run, nothing changed; from step {at}: captions=0.15 (12%) longdocs=0.25 (19%) "
+                            f"code=0.5 (38%) docstrings=0.15 (12%) manuals=0.15 (12%) qa=0.1 (8%)")
+        assert shown[1].startswith("until then: captions=0.15 (15%) longdocs=0.25 (25%) code=0.2 (20%)")
+        cli.main(["mix", cluster.planner, "--config", str(path), "--at", str(at), "--only",
                   "--set", ",".join(f"{k}={v}" for k, v in new.items())])
-        assert capsys.readouterr().out.startswith(f"from step {at}:")
+        assert capsys.readouterr().out.startswith(f"from step {at}: captions=0.1 (10%) longdocs=0.5 (50%) code=0.3 "
+                                                  f"(30%) docstrings=0 (0%) manuals=0 (0%) qa=0.1 (10%)")
+        with pytest.raises(SystemExit, match="every source would weigh 0"):
+            cli.main(["mix", cluster.planner, "--config", str(path), "--only", "--set", "qa=0"])
         cli.main(["status", cluster.planner, "--json"])
         status = json.loads(capsys.readouterr().out)
         assert status["planner"]["counters"]["mixture"]["pending"] == [
@@ -161,6 +170,10 @@ def test_live_mix_then_kill_and_resume(corpus, tmp_path, capsys):
     report = audit(str(load_config(path).run_dir), capsys)
     assert report["duplicates"] == 0 and report["missing"] == 0 and report["samples"] == len(keys)
     assert [(p["from_step"], [e["kind"] for e in p["edits"]]) for p in report["phases"]] == [(0, []), (at, ["mix"])]
+    cli.main(["audit", str(load_config(path).run_dir)])  # as a reader sees it: its words explained, no blank line
+    text = capsys.readouterr()
+    assert all(line.strip() for line in text.out.splitlines()) and "INFO" not in text.out + text.err
+    assert "missing: samples planned for steps 0-" in text.out and f"steps {at}- (mix): captions=" in text.out
 
 
 def test_resume_refuses_a_source_whose_files_changed(corpus, tmp_path):

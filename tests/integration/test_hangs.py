@@ -1,23 +1,29 @@
 """A role that hangs is a failure too: SIGSTOP a role's process mid-run and it is found hung
 (``liveness``), killed and replaced (the standby takes the Planner's address over, constructors fail
 over to a loader's shadow, the supervisor restarts the rest), and every rank's stream equals the
-undisturbed run's. A process that wakes up after it was replaced serves nothing (fencing). The loader
+undisturbed run's. A process that wakes up after it was replaced serves nothing (fencing). Without a
+supervisor (``overlord serve``), ``overlord probe`` tells an orchestrator a hung role from a live one. The loader
 actors share two processes (``loader.hosts: 2``, which changes no stream): a stop hits several sources,
 and the clusters start fewer processes."""
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 
 from flight_overlord.config import load_config
+from flight_overlord.deploy.cli import main as overlord
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.fence import FENCED_EXIT_STATUS, Fence
 from flight_overlord.planner.audit import offline_audit
+from flight_overlord.wire.security import SECRET_ENV
 
-from ..helpers import train
+from ..helpers import train, write_config
 from .test_recovery import STEPS, config
 
 STOP_SECONDS = 8.0  # every SIGSTOP is undone after this (a hang that was not handled ends, and the test fails)
@@ -110,3 +116,41 @@ def test_hung_loader_without_a_shadow_is_replaced_and_a_woken_replaced_process_s
     report = offline_audit(run_dir)  # the constructors' journals of what they served agree with the trainers
     delivered = sum(len(mb) for stream in reference.values() for _, (mbs, _) in stream for mb in mbs)
     assert (report["samples"], report["duplicates"], report["missing"]) == (delivered, 0, 0)
+
+
+def _probe(address: str, capsys) -> tuple[int, str]:
+    """``overlord probe ADDRESS --timeout 1``: its exit status and what it said."""
+    try:
+        overlord(["probe", address, "--timeout", "1"])
+        status = 0
+    except SystemExit as exc:
+        status = 0 if exc.code is None else 1
+        print(exc.code)
+    return status, capsys.readouterr().out.strip()
+
+
+def test_overlord_probe_tells_a_live_role_from_a_hung_and_a_dead_one(corpus, tmp_path, capsys):
+    """A Planner under ``overlord serve`` (no supervisor): answered, SIGSTOP (hung), SIGCONT, kill -9 (down)."""
+    ready = tmp_path / "ready"
+    process = subprocess.Popen([sys.executable, "-m", "flight_overlord.deploy.cli", "serve", "planner", "--config",
+                                str(write_config(tmp_path, corpus)), "--ready-file", str(ready)],
+                               env={**os.environ, SECRET_ENV: "probe-test-secret-0123456789"})
+    try:
+        deadline = time.monotonic() + 60
+        while not (ready.exists() and ready.read_text().strip()):
+            assert process.poll() is None and time.monotonic() < deadline, "the Planner did not start"
+            time.sleep(0.1)
+        address = ready.read_text().strip()
+        assert _probe(address, capsys) == (0, f"up: {address}")
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            assert _probe(address, capsys) == (1, f"hung: {address}: no answer within 1 s")
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        assert _probe(address, capsys)[0] == 0
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+    assert _probe(address, capsys) == (1, f"down: {address}: nothing answers there (not listening)")
+    status, said = _probe("127.0.0.1:1", capsys)
+    assert status == 1 and "is not of the form grpc://HOST:PORT" in said

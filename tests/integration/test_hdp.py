@@ -27,9 +27,9 @@ def build(s):
 """
 
 
-def hdp_config(directory, data, strategy_file, **overrides):
+def hdp_config(directory, data, strategy_file, mesh=None, **overrides):
     return write_config(directory, data, sources=[{"name": "longtail", "paths": "longtail/*.parquet", "loaders": 2}],
-                        mesh={"dp": 2, "cp": 2, "tp": 2},
+                        mesh=mesh or {"dp": 2, "cp": 2, "tp": 2},
                         global_batch={"context_length": 8192, "microbatches": 2, "tokens_per_step": 12000},
                         cost={"model": "attention", "a": 1.0, "b": 0.0005},
                         strategy={"file": str(strategy_file)}, **overrides)
@@ -119,6 +119,47 @@ def test_trainer_client_rows_under_hdp(hdp_run):
     for mb in microbatches:
         assert mb["input_ids"] is None or len(mb["input_ids"]) == int(mb["cu_local"][-1])
         assert len(mb["seq_cp_size"]) == len(mb["sample_keys"]) == len(mb["cu_seqlens"]) - 1
+
+
+def test_pipeline_stages_under_hdp_get_their_fields(hdp_run, tmp_path):
+    """pp=2 x cp=2 under HDP, read with a stock Flight client: the first stage gets tokens and positions,
+    the last labels and loss mask of the same shares (the next tokens of samples held whole), both the
+    same keys, boundaries and token ranges."""
+    (tmp_path / "hdp_pp.py").write_text('def build(s):\n    return s.cost("attention").distribute("HDP", '
+                                        'max_tokens_per_rank=4096)\n')  # 2 ranks x 4096: the longest sample
+    path = hdp_config(tmp_path, hdp_run[1].parent / "data", tmp_path / "hdp_pp.py", mesh={"dp": 1, "cp": 2, "pp": 2})
+    mesh = load_config(path).mesh
+    with LocalCluster(path) as cluster:
+        client = fl.FlightClient(cluster.planner)
+        rows = {(step, rank): stock_rows(client, step, rank) for step in range(2) for rank in range(mesh.world_size)}
+    tokens_seen = 0
+    for (step, rank), table in rows.items():
+        if mesh.coord(rank).pp == 1:
+            continue
+        last = rows[(step, next(r for r in range(mesh.world_size) if mesh.coord(r).pp == 1
+                                and mesh.bucket_of(r, "HDP") == mesh.bucket_of(rank, "HDP")))]
+        for name in ("sample_keys", "cu_seqlens", "cu_local", "token_ranges"):
+            assert table.column(name).equals(last.column(name)), name
+        for first_row, last_row in zip(table.to_pylist(), last.to_pylist()):
+            ids, labels, mask = (np.array(first_row["input_ids"]), np.array(last_row["labels"]),
+                                 np.array(last_row["loss_mask"]))
+            assert len(ids) == len(first_row["position_ids"]) == len(labels) == len(mask) > 0
+            assert not first_row["labels"] and not first_row["loss_mask"]
+            assert not last_row["input_ids"] and not last_row["position_ids"]
+            assert np.array_equal(mask > 0, labels != -100)
+            cu = first_row["cu_local"]
+            for j, whole in enumerate(size == 1 for size in first_row["seq_cp_size"]):
+                n = first_row["cu_seqlens"][j + 1] - first_row["cu_seqlens"][j]
+                if whole and n > 1:  # labels[i] is the token after ids[i] in the same sample
+                    assert np.array_equal(labels[cu[j]:cu[j] + n - 1], ids[cu[j] + 1:cu[j] + n])
+                    tokens_seen += n
+    assert tokens_seen > 0
+
+
+def stock_rows(client: fl.FlightClient, step: int, rank: int):
+    info = client.get_flight_info(fl.FlightDescriptor.for_path("batch", str(step), str(rank)))
+    endpoint = info.endpoints[0]
+    return fl.FlightClient(endpoint.locations[0]).do_get(endpoint.ticket).read_all()
 
 
 

@@ -129,3 +129,45 @@ def test_torchdata_stateful_dataloader_carries_the_position(one_rank):
     tail = list(second)
     second.dataset.view.close()
     assert [(mb["step"], mb["microbatch"]) for mb in tail] == [(4, 1)] and tail[0]["input_ids"].dtype == torch.int64
+
+
+def test_lightning_checkpoint_carries_the_position_of_the_last_microbatch_trained(one_rank, tmp_path):
+    """Lightning fits 2 optimizer steps from step 5 (its fetcher already holding step 7's first microbatch),
+    checkpointed by its ModelCheckpoint; a new Trainer resumed from last.ckpt trains on exactly the
+    microbatches that follow, none twice or skipped."""
+    pl = pytest.importorskip("pytorch_lightning", reason="pytorch-lightning not installed")
+    from flight_overlord.integrations.lightning import OverlordPosition
+
+    trained = []
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(512, 8)
+            self.head = torch.nn.Linear(8, 512)
+
+        def training_step(self, mb, batch_idx):
+            trained.append((mb["step"], mb["microbatch"], tuple(mb["sample_keys"])))
+            logits = self.head(self.embed(mb["input_ids"]))
+            return torch.nn.functional.cross_entropy(logits, mb["labels"], ignore_index=-100)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def fit(steps: int, num_steps: int, resume: str | None) -> tuple:
+        position = OverlordPosition(view(one_rank, 5, num_steps, int64=True))
+        saving = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1, save_last=True)
+        trainer = pl.Trainer(max_steps=steps, accumulate_grad_batches=MICROBATCHES, callbacks=[position, saving],
+                             accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, num_sanity_val_steps=0)
+        trainer.fit(Tiny(), train_dataloaders=position.dataloader(), ckpt_path=resume)
+        position.view.close()
+        return trainer.global_step
+
+    assert fit(2, 3, None) == 2  # steps 5 and 6 trained; step 7 read ahead, not yet trained
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=False)["callbacks"]
+    assert saved["OverlordPosition"] == {"rank": 0, "step": 7, "microbatch": 0}  # not step 7's second
+    assert fit(4, 2, str(tmp_path / "last.ckpt")) == 4
+    assert [(s, m) for s, m, _ in trained] == [(s, m) for s in range(5, 9) for m in range(MICROBATCHES)]
+    keys = [key for *_, keys in trained for key in keys]
+    assert len(keys) == len(set(keys))  # no sample trained on twice

@@ -11,7 +11,7 @@ import pytest
 
 from flight_overlord.client import StepFetcher
 from flight_overlord.config import ConfigError, load_config
-from flight_overlord.deploy.ray_backend import NODE_SHARE, RayCluster, actor_options
+from flight_overlord.deploy.ray_backend import NODE_SHARE, RayCluster, actor_options, pinned_port_args
 from flight_overlord.deploy.topology import loader_hosts
 
 from ..helpers import delivered_keys, fetch_run, journal, write_config
@@ -126,7 +126,9 @@ def test_a_resource_no_node_offers_is_a_clear_error(local_ray, corpus, tmp_path)
 def test_ray_backend_auto_partitions_at_start_up(local_ray, local_reference, corpus, tmp_path):
     """``loader.partition: auto`` under Ray as under the local backend (one start-up for both): the
     plan is made before any actor starts, the loader actors are the plan's hosts, and the streams
-    are those of the config as written (actor counts never change a stream)."""
+    are those of the config as written (actor counts never change a stream). Then a resume of the
+    stopped run (``overlord up --backend ray --resume``): the Planner comes back on its previous port,
+    where the trainers look, and the run goes on with the undisturbed stream."""
     path = write_config(tmp_path, corpus, loader={"partition": "auto", "budget": {"cpus": 2, "memory_gib": 2}},
                         ray={"cpus": 0.05})
     steps = 3
@@ -139,6 +141,25 @@ def test_ray_backend_auto_partitions_at_start_up(local_ray, local_reference, cor
         run = {r: [f.fetch(step) for step in range(steps)] for r, f in enumerate(fetchers)}
         for f in fetchers:
             f.close()
+        address = cluster.planner
+    assert load_config(path).network.planner_port == 0  # any free port at the first start
+    with RayCluster(path, mode="resume") as again:
+        assert again.planner == address
+        fetchers = [StepFetcher(address, r, timeout=120) for r in range(cfg.mesh.world_size)]
+        for r, f in enumerate(fetchers):
+            run[r].append(f.fetch(steps))
+            f.close()
     assert {r: _keys_per_step(tables) for r, tables in run.items()} == \
-        {r: keys[:steps] for r, keys in local_reference.items()}
+        {r: keys[:steps + 1] for r, keys in local_reference.items()}
+
+
+def test_a_ray_actor_is_pinned_to_a_port_and_a_resumed_planner_to_its_previous_one(corpus, tmp_path):
+    """Pure: the ``--port`` each role's actor gets (fixed, so that Ray's restart comes back on it)."""
+    cfg = load_config(write_config(tmp_path, corpus))
+    assert pinned_port_args(cfg, "planner", ["planner", "--port", "4711"]) == []  # the resume's own
+    fixed = load_config(write_config(tmp_path, corpus, network={"planner_port": 4712}))
+    assert pinned_port_args(fixed, "planner", ["planner"]) == ["--port", "4712"]
+    for role, config in (("planner", cfg), ("loader", fixed), ("constructor", fixed)):
+        flag, port = pinned_port_args(config, role, [role])
+        assert flag == "--port" and int(port) > 0
 

@@ -1,5 +1,5 @@
-"""Trainer tokens bound to ranks, against a real cluster: a token for rank 0 reads, reports and
-redeems for rank 0 only; an unbound token still serves every rank; stock clients see the same."""
+"""Trainer tokens bound to ranks, against a real cluster: a token for rank 0 reads, reports, asks its
+rejoin position and redeems for rank 0 only; an unbound token still serves every rank; stock clients see the same."""
 from __future__ import annotations
 
 import json
@@ -48,6 +48,11 @@ def test_a_token_bound_to_rank_0_cannot_ask_redeem_or_report_for_rank_1(bound):
     report = lambda rank: fl.Action("report", json.dumps({"step": 0, "rank": rank, "losses": {"qa": 1.0}}).encode())  # noqa: E731
     with pytest.raises(fl.FlightUnauthorizedError, match="bound to ranks 0, not rank 1"):
         list(planner.do_action(report(1), _with(tokens[0])))
+    position = lambda rank: fl.Action("position", json.dumps({"rank": rank}).encode())  # noqa: E731
+    with pytest.raises(fl.FlightUnauthorizedError, match="bound to ranks 0, not rank 1"):
+        list(planner.do_action(position(1), _with(tokens[0])))
+    answer = json.loads(list(planner.do_action(position(0), _with(tokens[0])))[0].body.to_pybytes())
+    assert answer["rank"] == 0 and answer["group"] == [0] and answer["step"] >= 0  # a rejoin's position: its own rank's
     with pytest.raises(fl.FlightUnauthenticatedError, match="needs a trainer token"):
         planner.get_flight_info(BATCH("batch", "0", "0"))
 

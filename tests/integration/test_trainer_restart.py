@@ -5,6 +5,8 @@
   rewind, not duplicates;
 - steps in flight to a rank (sent by its constructor, not yet yielded to the training loop) stay
   within ``prefetch + 1`` with a training loop slower than the data plane;
+- a rank killed (-9) and restarted with no checkpoint takes its position from the Planner
+  (``TrainerClient.rejoin``, a torchft replica group rejoining) and gets the undisturbed stream from there;
 - a rank asked to go back before what the journal can serve again gets a one-line refusal naming
   the step to load instead;
 - Ctrl-C (SIGINT) of ``overlord up`` and ``overlord up --resume`` under running trainers, with
@@ -117,6 +119,68 @@ def test_a_rank_restarted_from_a_checkpoint_10_steps_old_gets_the_undisturbed_st
     report = offline_audit(load_config(config).run_dir, str(config))
     assert report["duplicates"] == 0 and report["missing"] == 0 and not report["unverified"]
     assert any(r["rank"] == 0 and r["to_step"] == CHECKPOINT and r["served_through"] >= CRASH_AT - 1
+               for r in report["rewinds"]), report["rewinds"]
+
+
+KILL_AT = 12  # the rank without a checkpoint is killed once it yielded this step
+# a trainer process of one rank: prints each step it yields, its training loop slower than the data plane;
+# from the step it is to be killed at it yields nothing more (the kill then finds it there)
+_TRAINER = """
+import sys, time
+from flight_overlord.client import TrainerClient
+with TrainerClient(sys.argv[1], int(sys.argv[2]), prefetch=int(sys.argv[3]), as_tensors=False, timeout=120,
+                   system_allocator=False) as client:
+    for table in client:
+        step = table.column("step")[0].as_py()
+        print(step, flush=True)
+        time.sleep(600 if step >= int(sys.argv[5]) else float(sys.argv[4]))
+"""
+
+
+def _killed_after(planner: str, rank: int, step: int) -> int:
+    """Rank ``rank`` in a process of its own, killed (-9) once it yielded ``step``: the last step it yielded."""
+    proc = subprocess.Popen([sys.executable, "-c", _TRAINER, planner, str(rank), str(PREFETCH), str(SLOW_STEP),
+                             str(step)], stdout=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if int(line) >= step:
+                return int(line)
+        raise AssertionError(f"the trainer of rank {rank} ended before step {step} (exit {proc.wait()})")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_rank_restarted_without_state_rejoins_where_the_planner_says(reference, corpus, tmp_path):
+    expected, _ = reference
+    config = write_config(tmp_path, corpus, prefetch=PREFETCH)
+    got: dict[int, list] = {}
+    rejoined: dict[str, int] = {}
+
+    def rank_loop(rank: int) -> None:
+        if rank == 1:  # goes on undisturbed, held back only by rank 0's position
+            got[1] = _train(cluster.planner, 1, 0, STEPS)
+            return
+        rejoined["killed_after"] = _killed_after(cluster.planner, 0, KILL_AT)
+        with TrainerClient(cluster.planner, 0, prefetch=PREFETCH, as_tensors=False, timeout=120,
+                           system_allocator=False) as client:
+            rejoined["step"] = first = client.rejoin()  # no checkpoint: the Planner says where
+            client.num_steps = STEPS - first
+            got[0] = [(t.column("step")[0].as_py(), step_digest(t)) for t in client]
+
+    with LocalCluster(config) as cluster:
+        harness.each_rank(rank_loop, 2, timeout=300)
+    first = rejoined["step"]
+    # every step the killed process yielded is behind the rejoin step; at most what was in flight to it beyond
+    assert rejoined["killed_after"] < first <= rejoined["killed_after"] + PREFETCH + 2, rejoined
+    assert got[0] == expected[0][first:]
+    assert got[1] == expected[1]
+    report = offline_audit(load_config(config).run_dir, str(config))
+    # what went to the killed process counts as delivered: nothing missing, nothing twice
+    assert report["duplicates"] == 0 and report["missing"] == 0 and not report["unverified"], report
+    # the dead stream's handler notices its client gone only as it writes: a step it had credit for, handed
+    # out after the position was asked, is served again from the rejoin step (a rewind), never earlier ones
+    assert all(r["rank"] == 0 and r["to_step"] == first and r["served_through"] <= rejoined["killed_after"] + PREFETCH + 1
                for r in report["rewinds"]), report["rewinds"]
 
 

@@ -16,7 +16,7 @@ from flight_overlord.config import ConfigError, LivenessConfig, load_config
 from flight_overlord.errors import Fenced
 from flight_overlord.fence import FENCED_EXIT_STATUS, Fence, claim, loader_fence_name
 from flight_overlord.planner.standby import ANSWERED, REFUSED, SILENT, _probe
-from flight_overlord.wire.server import within
+from flight_overlord.wire.server import ClientPool, call_any, within
 
 from ..helpers import write_config
 
@@ -83,15 +83,22 @@ def test_within_turns_a_passed_deadline_into_unavailable_and_leaves_a_servers_ow
     assert within(1, lambda options: options.timeout) == 1
 
 
+_SERVER = ("import sys, pyarrow.flight as fl\n"
+           "class S(fl.FlightServerBase):\n"
+           "    def list_actions(self, context): return []\n"
+           "s = S('grpc://127.0.0.1:0'); print(s.port, flush=True); s.serve()\n")
+
+
+def _flight_process() -> tuple[subprocess.Popen, str]:
+    """A process serving a trivial Flight server (a stand-in peer), and its location."""
+    child = subprocess.Popen([sys.executable, "-c", _SERVER], stdout=subprocess.PIPE, text=True)
+    return child, f"grpc://127.0.0.1:{child.stdout.readline().strip()}"
+
+
 def test_the_standbys_probe_tells_answered_silent_and_refused_apart(tmp_path):
     """A stopped process still accepts connections: only a deadline tells it from a live one."""
-    code = ("import sys, pyarrow.flight as fl\n"
-            "class S(fl.FlightServerBase):\n"
-            "    def list_actions(self, context): return []\n"
-            "s = S('grpc://127.0.0.1:0'); print(s.port, flush=True); s.serve()\n")
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child, location = _flight_process()
     try:
-        location = f"grpc://127.0.0.1:{child.stdout.readline().strip()}"
         assert _probe(location, None, timeout=5) == ANSWERED
         os.kill(child.pid, signal.SIGSTOP)
         assert _probe(location, None, timeout=0.5) == SILENT
@@ -102,6 +109,25 @@ def test_the_standbys_probe_tells_answered_silent_and_refused_apart(tmp_path):
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_a_call_past_its_deadline_at_a_hung_peer_goes_to_the_next_one_and_says_so(caplog):
+    """What a constructor's loader fetch does when a loader hangs with no supervisor to kill it (``overlord
+    serve``): the deadline passes, a warning names the peer and its address, the next replica answers."""
+    (hung, stopped), (live, answering) = _flight_process(), _flight_process()
+    pool = ClientPool()
+    try:
+        os.kill(hung.pid, signal.SIGSTOP)
+        answer = call_any(pool, [stopped, answering], lambda c: within(0.5, lambda o: list(c.list_actions(o)) or "ok"),
+                          what="the loader of qa", timeout=10)
+    finally:
+        pool.close()
+        for child in (hung, live):
+            child.kill()
+            child.wait()
+    assert answer == "ok"
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said == [f"the loader of qa at {stopped}: no answer within the 0.5s deadline; trying the next replica"], said
 
 
 def test_a_journal_writes_nothing_once_its_guard_refuses(tmp_path):

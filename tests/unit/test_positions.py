@@ -1,5 +1,6 @@
 """TrainerPositions: where the Planner believes each rank is, across per-step tickets, rank streams
-and constructor restarts."""
+and constructor restarts, and where a replica group that lost its state rejoins."""
+from flight_overlord.core.mesh import Mesh
 from flight_overlord.core.positions import TrainerPositions
 
 
@@ -42,3 +43,28 @@ def test_a_report_says_whether_the_slowest_moved_or_a_rank_is_new():
 
 def test_no_rank_yet():
     assert TrainerPositions().slowest() == -1
+
+
+def test_a_replica_group_rejoins_at_its_earliest_rank_counting_what_its_constructor_served():
+    p = TrainerPositions()
+    for rank in range(4):
+        p.asked_stream(rank, 0)
+    p.reported({0: 6, 1: 6, 2: 9, 3: 9})
+    assert p.rejoin_step((0, 1), {}) == 6
+    # the constructor sent further than it reported (reports ride on plan requests, which run ahead)
+    assert p.rejoin_step((0, 1), {0: 10, 1: 8}) == 9  # the group starts together: at its earliest rank
+    assert p.rejoin_step((2, 3), {2: 3}) == 9  # a served step behind the position never moves it back
+
+
+def test_a_group_never_heard_of_rejoins_where_the_slowest_rank_is():
+    p = TrainerPositions()
+    assert p.rejoin_step((0,), {}) == 0  # a fresh run
+    p.asked_stream(1, 4)
+    p.asked_stream(2, 7)
+    assert p.rejoin_step((0,), {}) == 4
+
+
+def test_a_replica_group_is_the_ranks_of_one_data_parallel_index():
+    mesh = Mesh(dp=2, tp=2)  # Megatron order: tp varies fastest
+    assert mesh.replica_group(0) == mesh.replica_group(1) == (0, 1)
+    assert mesh.replica_group(3) == (2, 3)

@@ -6,14 +6,14 @@ import pyarrow.flight as fl
 import pytest
 
 from flight_overlord import wire
-from flight_overlord.wire.actions import PlanRequest, Report, ResumePointRequest, StatsRequest
+from flight_overlord.wire.actions import PlanRequest, PositionRequest, Report, ResumePointRequest, StatsRequest
 from flight_overlord.wire.plan_channel import PLANS, check_descriptor
 
 
 @pytest.mark.parametrize("message", [
     PlanRequest(3, 1, {"0": 3, "1": 4}), PlanRequest(0, 0), PlanRequest(2, 1, {}, 1.0), ResumePointRequest(2),
     Report(5, 1, losses={"qa": 1.5}, waits={"data": 0.1}), Report(5, 0, compute_seconds=[0.1, 0.2]),
-    Report(2, 3, encoder_seconds=0.5), StatsRequest(4, 9), StatsRequest()])
+    Report(2, 3, encoder_seconds=0.5), StatsRequest(4, 9), StatsRequest(), PositionRequest(3)])
 def test_what_one_end_writes_the_other_reads(message):
     raw = wire.decode(wire.encode(message.to_wire()), "body")  # through JSON, as on the wire
     assert type(message).from_wire(raw) == message
@@ -32,6 +32,7 @@ def test_the_wire_format_stays_what_stock_clients_send():
     (PlanRequest, {"step": 1, "constructor": 0, "wait": 0}, "malformed plan: field 'wait' must be a positive number"),
     (PlanRequest, {"step": 1, "constructor": 0, "wait": "1"}, "malformed plan: field 'wait' must be a positive number"),
     (ResumePointRequest, {"constructor": "0"}, "malformed resume_point: field 'constructor' must be an integer"),
+    (PositionRequest, {}, "malformed position: missing field 'rank'"),
     (Report, {"step": 1, "rank": 0}, "malformed report: give 'losses'"),
     (Report, {"step": 1, "rank": 0, "losses": [1.0]}, "malformed report: field 'losses' must be dict"),
     (StatsRequest, {"from": "a"}, "malformed stats: field 'from' must be an integer")])

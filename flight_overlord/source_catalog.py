@@ -1,0 +1,260 @@
+"""A source's catalog: every chunk of its files (rows, bytes: Parquet row groups, Arrow IPC record
+batches..., ``formats``), each file's size and modification time and its schema, read from the footers
+(or indexes: an IPC stream file is scanned once) once per corpus and reused afterwards.
+
+A start lists the files' sizes and modification times (``source_files.file_states``: a stat per local
+file, one LIST per folder on object storage) and reads only the footers of files that are new or whose
+size or time changed, ``FOOTER_READS`` at a time (threads: a footer read waits on storage, and a bounded
+number keeps an object store from being flooded). The catalog is cached in ``catalog_dir()`` as an Arrow
+IPC file named by its digest (``<digest>.arrow``, one row per file), and ``<list key>.json`` names the
+latest digest of a file list: a run journals the digest (``planner/configs.json``), not its row groups,
+and an offline replay finds the catalog it planned from by it. A cached file that cannot be read is
+rebuilt, with a warning.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from . import formats, source_files
+from .config import ConfigError, SourceConfig
+from .core.order import RowGroupRef
+from .journal import write_bytes_atomic, write_text_atomic
+
+log = logging.getLogger(__name__)
+FOOTER_READS = 16  # footers read at once (object storage: ~16 requests in flight per process)
+CATALOG_DIR_ENV = "OVERLORD_CATALOG_DIR"
+FORMAT = 1  # of the cached file: another value is rebuilt
+
+
+def catalog_dir() -> Path:
+    """Where catalogs are cached: ``$OVERLORD_CATALOG_DIR``, else ``$XDG_CACHE_HOME`` (or ~/.cache)
+    ``/flight_overlord/catalogs``."""
+    if os.environ.get(CATALOG_DIR_ENV):
+        return Path(os.environ[CATALOG_DIR_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flight_overlord" / "catalogs"
+
+
+@dataclass
+class FileFooter:
+    """What a catalog keeps of one file's footer."""
+    rows: list[int]
+    nbytes: list[int]
+    schema: pa.Schema
+
+
+@dataclass
+class SourceCatalog:
+    """The files of a source (``files``: as logs show them, without a URI's query string) in the
+    config's order, and their row groups: file i's are ``rows[offsets[i]:offsets[i + 1]]``."""
+    files: list[str]
+    file_ids: list[str]
+    sizes: np.ndarray    # int64 per file
+    mtimes: np.ndarray   # int64 ns per file
+    offsets: np.ndarray  # int64, files + 1
+    rows: np.ndarray     # int64 per row group
+    nbytes: np.ndarray   # int64 per row group (Parquet's total_byte_size)
+    schema_of: np.ndarray  # int32 per file: index into ``schemas``
+    schemas: list[pa.Schema]
+    known_fingerprint: str | None = field(default=None, compare=False)  # as cached: not derived again
+
+    @property
+    def num_row_groups(self) -> int:
+        return len(self.rows)
+
+    def row_groups(self) -> list[RowGroupRef]:
+        """Every row group, sorted (the order ``core.order`` works in: by file id, then row group)."""
+        ids, offsets, rows = self.file_ids, self.offsets.tolist(), self.rows.tolist()
+        in_order = all(a < b for a, b in zip(ids, ids[1:]))  # a config's files come sorted
+        files = range(len(ids)) if in_order else sorted(range(len(ids)), key=ids.__getitem__)
+        return [RowGroupRef(ids[f], g - offsets[f], rows[g]) for f in files for g in range(offsets[f], offsets[f + 1])]
+
+    def schemas_by_file(self) -> list[tuple[str, pa.Schema]]:
+        """Each distinct schema with the first file that has it."""
+        first = {}
+        for i, s in enumerate(self.schema_of.tolist()):
+            first.setdefault(s, i)
+        return [(self.files[first[s]], self.schemas[s]) for s in sorted(first, key=first.get)]
+
+    def fingerprint(self) -> str:
+        """A digest of the file names and, per row group, its rows and bytes (other contents under the
+        same name change the bytes): the one ``planner/sources.json`` has kept since runs began."""
+        if self.known_fingerprint is not None:
+            return self.known_fingerprint
+        parts = [[fid, [[int(r), int(b)] for r, b in zip(self.rows[lo:hi].tolist(), self.nbytes[lo:hi].tolist())]]
+                 for fid, lo, hi in zip(self.file_ids, self.offsets[:-1].tolist(), self.offsets[1:].tolist())]
+        self.known_fingerprint = hashlib.blake2b(json.dumps(sorted(parts)).encode(), digest_size=16).hexdigest()
+        return self.known_fingerprint
+
+    def digest(self) -> str:
+        """The name of this catalog in the cache: its files (as listed) and fingerprint."""
+        return _blake("\n".join(self.files), self.fingerprint())
+
+    def to_table(self) -> pa.Table:
+        offsets = pa.array(self.offsets, pa.int32())
+        lists = lambda values: pa.ListArray.from_arrays(offsets, pa.array(values, pa.int64()))  # noqa: E731
+        schemas = [base64.b64encode(s.serialize().to_pybytes()).decode() for s in self.schemas]
+        return pa.table({"file": self.files, "file_id": self.file_ids, "size": self.sizes, "mtime_ns": self.mtimes,
+                         "rows": lists(self.rows), "bytes": lists(self.nbytes),
+                         "schema": pa.array(self.schema_of, pa.int32())},
+                        metadata={"format": str(FORMAT), "schemas": json.dumps(schemas),
+                                  "fingerprint": self.fingerprint()})
+
+    @classmethod
+    def from_table(cls, table: pa.Table) -> "SourceCatalog":
+        meta = table.schema.metadata or {}
+        if meta.get(b"format") != str(FORMAT).encode():
+            raise ValueError(f"format {meta.get(b'format')!r}, not {FORMAT}")
+        schemas = [pa.ipc.read_schema(pa.py_buffer(base64.b64decode(s))) for s in json.loads(meta[b"schemas"])]
+        rows = table.column("rows").combine_chunks()
+        schema_of = table.column("schema").to_numpy().astype(np.int32)
+        if len(schema_of) and not 0 <= schema_of.min() <= schema_of.max() < len(schemas):
+            raise ValueError("a file's schema index is out of range")
+        return cls(files=table.column("file").to_pylist(), file_ids=table.column("file_id").to_pylist(),
+                   sizes=table.column("size").to_numpy(), mtimes=table.column("mtime_ns").to_numpy(),
+                   offsets=rows.offsets.to_numpy().astype(np.int64), rows=rows.values.to_numpy(),
+                   nbytes=table.column("bytes").combine_chunks().values.to_numpy(), schema_of=schema_of,
+                   schemas=schemas, known_fingerprint=meta[b"fingerprint"].decode())
+
+
+def _blake(*parts: str) -> str:
+    return hashlib.blake2b("\0".join(parts).encode(), digest_size=16).hexdigest()
+
+
+def list_key(source: SourceConfig) -> str:
+    """The cache's name of a source's file list."""
+    return _blake(*map(source_files.display, source.files))
+
+
+def load_catalog(source: SourceConfig) -> SourceCatalog:
+    """The source's catalog: the cached one where its files' sizes and times still hold, the footers of
+    the others read now (and the cache updated)."""
+    try:
+        states = source_files.file_states(list(source.files))
+    except source_files.StorageError as exc:
+        raise ConfigError(f"sources.{source.name}: {exc}") from None
+    files = [source_files.display(p) for p in source.files]
+    cached = _cached(source, files)
+    known = {}
+    if cached is not None:
+        known = {f: i for i, f in enumerate(cached.files)}
+    footers: dict[int, FileFooter] = {}
+    stale = [i for i, f in enumerate(files)
+             if f not in known or (int(cached.sizes[known[f]]), int(cached.mtimes[known[f]])) != states[i]]
+    if not stale and cached is not None:
+        cached.file_ids = list(source.file_ids)  # the config's strings (equal): one copy per process
+        return cached
+    for i, footer in zip(stale, read_footers(source, [source.files[i] for i in stale])):
+        footers[i] = footer
+    catalog = _assemble(source, files, states, footers, cached, known)
+    _store(source, catalog)
+    return catalog
+
+
+def read_footers(source: SourceConfig, paths: list[str]) -> list[FileFooter]:
+    """The footers (or indexes) of ``paths``, ``FOOTER_READS`` at a time, in the source's format
+    (``formats.open_chunks``: a chunk is a Parquet row group, an IPC record batch...); an unreadable file
+    is a ConfigError naming it."""
+    def read(path: str) -> FileFooter:
+        try:
+            with formats.open_chunks(path, source.format) as opened:
+                chunks = range(opened.num_chunks)
+                return FileFooter([opened.chunk_rows(i) for i in chunks], [opened.chunk_bytes(i) for i in chunks],
+                                  opened.schema)
+        except source_files.StorageError as exc:
+            raise ConfigError(f"sources.{source.name}: {exc}") from None
+    if len(paths) == 1:
+        return [read(paths[0])]
+    with ThreadPoolExecutor(min(FOOTER_READS, len(paths)), thread_name_prefix="footers") as pool:
+        return list(pool.map(read, paths))
+
+
+def _assemble(source: SourceConfig, files: list[str], states: list[tuple[int, int]], footers: dict[int, FileFooter],
+              cached: SourceCatalog | None, known: dict[str, int]) -> SourceCatalog:
+    """The catalog of ``files``: file i from ``footers[i]`` when read now, else from ``cached``."""
+    schemas: list[pa.Schema] = [] if cached is None else list(cached.schemas)
+    rows, nbytes, schema_of, counts = [], [], [], []
+    for i, f in enumerate(files):
+        if i in footers:
+            footer = footers[i]
+            index = next((k for k, s in enumerate(schemas) if s.equals(footer.schema, check_metadata=True)), None)
+            if index is None:
+                schemas.append(footer.schema)
+                index = len(schemas) - 1
+            r, b = np.asarray(footer.rows, np.int64), np.asarray(footer.nbytes, np.int64)
+        else:
+            j = known[f]
+            lo, hi = cached.offsets[j], cached.offsets[j + 1]
+            r, b, index = cached.rows[lo:hi], cached.nbytes[lo:hi], int(cached.schema_of[j])
+        rows.append(r)
+        nbytes.append(b)
+        schema_of.append(index)
+        counts.append(len(r))
+    used = sorted(set(schema_of))  # drop schemas no file has any more
+    remap = {old: new for new, old in enumerate(used)}
+    empty = np.zeros(0, np.int64)
+    return SourceCatalog(
+        files=files, file_ids=list(source.file_ids),
+        sizes=np.array([s for s, _ in states], np.int64), mtimes=np.array([m for _, m in states], np.int64),
+        offsets=np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64),
+        rows=np.concatenate(rows) if rows else empty, nbytes=np.concatenate(nbytes) if nbytes else empty,
+        schema_of=np.array([remap[s] for s in schema_of], np.int32), schemas=[schemas[k] for k in used])
+
+
+def cached_catalog(digest: str) -> SourceCatalog | None:
+    """The cached catalog of digest ``digest`` (a run's journaled reference), None when it is not there
+    or cannot be read."""
+    path = catalog_dir() / f"{digest}.arrow"
+    if not path.exists():
+        return None
+    try:
+        with pa.memory_map(str(path)) as source:
+            return SourceCatalog.from_table(pa.ipc.open_file(source).read_all())
+    except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
+        log.warning("catalog %s cannot be read (%s): ignored", path, exc)
+        return None
+
+
+def _cached(source: SourceConfig, files: list[str]) -> SourceCatalog | None:
+    """The latest cached catalog of the source's file list (None: none yet, or unreadable: rebuilt)."""
+    pointer = catalog_dir() / f"{list_key(source)}.json"
+    try:
+        digest = json.loads(pointer.read_text())["digest"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("source %s: catalog pointer %s cannot be read (%s): rebuilding the catalog",
+                    source.name, pointer, exc)
+        return None
+    catalog = cached_catalog(str(digest))
+    if catalog is None:
+        log.warning("source %s: its cached catalog %s is missing or unreadable: rebuilding it", source.name, digest)
+        return None
+    if catalog.files != files or catalog.file_ids != list(source.file_ids):
+        return None  # another corpus under the same names: rebuilt
+    return catalog
+
+
+def _store(source: SourceConfig, catalog: SourceCatalog) -> None:
+    """Cache ``catalog`` (best effort: a cache that cannot be written only costs the next start its footers)."""
+    folder = catalog_dir()
+    digest = catalog.digest()
+    try:
+        sink = pa.BufferOutputStream()
+        table = catalog.to_table()
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        write_bytes_atomic(folder / f"{digest}.arrow", sink.getvalue().to_pybytes())
+        write_text_atomic(folder / f"{list_key(source)}.json", json.dumps({"source": source.name, "digest": digest}))
+    except OSError as exc:
+        log.warning("source %s: cannot cache its catalog in %s (%s): the next start reads its footers again",
+                    source.name, folder, exc)

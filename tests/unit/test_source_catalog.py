@@ -1,0 +1,203 @@
+"""A source's catalog is read from the footers once per corpus and reused while every file keeps its
+size and modification time; a changed file's footer is read again, a corrupt cached catalog is
+rebuilt with a warning, and the fingerprint is the one runs have always kept."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import pathlib
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from flight_overlord import source_catalog
+from flight_overlord.config import ConfigError
+from flight_overlord.config.parse import parse_config
+from flight_overlord.core.order import RowGroupRef
+from flight_overlord.source_catalog import catalog_dir, cached_catalog, list_key, load_catalog
+
+
+@pytest.fixture
+def source(tmp_path, monkeypatch):
+    monkeypatch.setenv(source_catalog.CATALOG_DIR_ENV, str(tmp_path / "catalogs"))
+    data = tmp_path / "data"
+    data.mkdir()
+    for f in range(6):
+        write(data / f"part-{f}.parquet", rows=4 * (f + 1), row_group_size=4)
+    cfg = parse_config({"sources": [{"name": "s", "paths": "part-*.parquet"}], "run_dir": str(tmp_path / "run"),
+                        "global_batch": {"context_length": 256, "microbatches": 1, "samples_per_step": 4}},
+                       base_dir=data)
+    return cfg.source("s")
+
+
+def write(path, *, rows: int, row_group_size: int, column: str = "text") -> None:
+    pq.write_table(pa.table({column: [f"{path.name} row {i}" for i in range(rows)]}), path, row_group_size=row_group_size)
+
+
+@pytest.fixture
+def footers_read(monkeypatch) -> list[str]:
+    """The files whose footers the catalog reads (spied, still read)."""
+    read, original = [], source_catalog.read_footers
+
+    def spy(source, paths):
+        read.extend(paths)
+        return original(source, paths)
+    monkeypatch.setattr(source_catalog, "read_footers", spy)
+    return read
+
+
+def footer_row_groups(source) -> list[RowGroupRef]:
+    refs = []
+    for path, file_id in zip(source.files, source.file_ids):
+        meta = pq.read_metadata(path)
+        refs += [RowGroupRef(file_id, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
+    return sorted(refs)
+
+
+def test_a_second_load_reuses_the_catalog_and_reads_no_footer(source, footers_read):
+    first = load_catalog(source)
+    assert sorted(footers_read) == sorted(source.files)
+    assert first.row_groups() == footer_row_groups(source)  # 1 + 2 + ... + 6 row groups
+    footers_read.clear()
+    again = load_catalog(source)
+    assert footers_read == []
+    assert again.row_groups() == first.row_groups() and again.digest() == first.digest()
+    assert cached_catalog(first.digest()).row_groups() == first.row_groups()  # a run's reference finds it
+
+
+def test_a_file_with_another_size_or_time_is_read_again(source, footers_read):
+    before = load_catalog(source)
+    changed = source.files[2]
+    write(pathlib.Path(changed), rows=10, row_group_size=5)  # other row groups under the same name
+    touched = source.files[4]
+    st = os.stat(touched)
+    os.utime(touched, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # same bytes, another time
+    footers_read.clear()
+    after = load_catalog(source)
+    assert sorted(footers_read) == sorted([changed, touched])
+    assert after.row_groups() == footer_row_groups(source) != before.row_groups()
+    assert after.fingerprint() != before.fingerprint()
+    footers_read.clear()
+    load_catalog(source)
+    assert footers_read == []  # the updated catalog was cached
+
+
+def test_a_corrupt_catalog_is_rebuilt_with_a_warning(source, footers_read, caplog):
+    digest = load_catalog(source).digest()
+    (catalog_dir() / f"{digest}.arrow").write_bytes(b"not an Arrow file")
+    footers_read.clear()
+    with caplog.at_level(logging.WARNING, logger="flight_overlord.source_catalog"):
+        rebuilt = load_catalog(source)
+    assert sorted(footers_read) == sorted(source.files)
+    assert rebuilt.row_groups() == footer_row_groups(source)
+    assert any("rebuilding" in r.getMessage() for r in caplog.records), caplog.text
+    (catalog_dir() / f"{list_key(source)}.json").write_text("{not json")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="flight_overlord.source_catalog"):
+        assert load_catalog(source).row_groups() == rebuilt.row_groups()
+    assert any("rebuilding" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_the_fingerprint_is_the_one_runs_have_kept(source):
+    """planner/sources.json of a run started before catalogs holds this digest: a resume must match it."""
+    parts = []
+    for path, file_id in zip(source.files, source.file_ids):
+        meta = pq.read_metadata(path)
+        parts.append([file_id, [[meta.row_group(i).num_rows, meta.row_group(i).total_byte_size]
+                                for i in range(meta.num_row_groups)]])
+    expected = hashlib.blake2b(json.dumps(sorted(parts)).encode(), digest_size=16).hexdigest()
+    assert load_catalog(source).fingerprint() == expected
+
+
+def test_an_unreadable_file_is_named(source):
+    with open(source.files[3], "wb") as f:
+        f.write(b"this is not parquet at all")
+    with pytest.raises(ConfigError, match=f"sources.s: cannot read Parquet file {source.files[3]}"):
+        load_catalog(source)
+
+
+def test_each_schema_is_checked_with_the_first_file_that_has_it(source):
+    from flight_overlord.loader.row_groups import checked_catalog
+    write(pathlib.Path(source.files[1]), rows=4, row_group_size=4, column="body")
+    with pytest.raises(ConfigError, match=f"file {source.files[1]} has no column 'text'"):
+        checked_catalog(source)
+
+
+def test_local_matches_are_what_glob_and_resolve_give(tmp_path):
+    """The fast listing of a source's files gives glob's matches, the files each resolved and the
+    folders (a datasets folder) as glob names them, whatever the pattern."""
+    import glob
+    from flight_overlord.source_files import local_matches
+    data, other = tmp_path / "data", tmp_path / "other"
+    (data / "sub").mkdir(parents=True)
+    other.mkdir()
+    for p in (data / "a.parquet", data / ".hidden.parquet", data / "sub" / "b.parquet", other / "x.parquet"):
+        p.write_bytes(b"x")
+    (data / "folder.parquet").mkdir()  # a folder that matches: a folder, not a file
+    (data / "link.parquet").symlink_to(other / "x.parquet")  # followed, as Path.resolve does
+    (data / "broken.parquet").symlink_to(other / "gone.parquet")
+    (data / "linked.parquet").symlink_to(data / "sub")  # a link to a folder: a folder
+    (tmp_path / "alias").symlink_to(data)  # a linked folder: resolved once
+    for pattern in ("data/*.parquet", "alias/*.parquet", "data/.*.parquet", "data/a.parquet", "data/**/*.parquet",
+                    "*/*.parquet", "data/missing/*.parquet"):
+        full = str(tmp_path / pattern)
+        matches = glob.glob(full, recursive=True)
+        files = sorted(str(pathlib.Path(m).resolve()) for m in matches if os.path.isfile(m))
+        folders = sorted(m for m in matches if os.path.isdir(m))
+        assert local_matches(full) == (files, folders), pattern
+
+
+def test_a_loader_registered_by_catalog_digest_owns_what_its_listed_row_groups_said(source, tmp_path):
+    """The Planner's registry derives each actor's share from the catalog the loaders name: the same
+    owners as the row groups listed one by one, a digest (not the row groups) in its saved state."""
+    import dataclasses
+
+    from flight_overlord.core.order import owned_row_groups
+    from flight_overlord.planner.registry import Registry
+    spec = dataclasses.replace(source, loaders=3)
+    cfg = parse_config({"sources": [{"name": "s", "paths": "part-*.parquet", "loaders": 3}],
+                        "run_dir": str(tmp_path / "run"),
+                        "global_batch": {"context_length": 256, "microbatches": 1, "samples_per_step": 4}},
+                       base_dir=pathlib.Path(source.files[0]).parent)
+    catalog = load_catalog(spec)
+    digest = catalog.digest()
+    asked = []
+
+    def catalog_of(name, d):
+        asked.append((name, d))
+        return catalog.row_groups()
+    by_digest, listed = Registry(cfg, 1, catalog_of), Registry(cfg, 1)
+    for actor in range(3):
+        by_digest.register_loader("s", actor, 0, f"grpc://127.0.0.1:{actor + 1}", digest)
+        share = owned_row_groups(catalog.row_groups(), actor, 3)
+        listed.register_loader("s", actor, 0, f"grpc://127.0.0.1:{actor + 1}",
+                               [[rg.file, rg.row_group, rg.num_rows] for rg in share])
+    rgs = catalog.row_groups()
+    assert by_digest.source_row_groups("s") == listed.source_row_groups("s") == rgs
+    assert [by_digest.owner("s", rg.file, rg.row_group) for rg in rgs] == \
+        [listed.owner("s", rg.file, rg.row_group) for rg in rgs]
+    assert set(asked) == {("s", digest)}
+    assert {loader[4] for loader in by_digest.state_dict()["loaders"]} == {digest}
+    restored = Registry(cfg, 1, catalog_of)
+    restored.load_state_dict(by_digest.state_dict())
+    assert restored.row_groups == by_digest.row_groups
+    with pytest.raises(KeyError):
+        by_digest.owner("s", "no-such-file.parquet", 0)
+    with pytest.raises(ValueError, match="its peers with"):
+        by_digest.register_loader("s", 1, 0, "grpc://127.0.0.1:2", "another-digest")
+
+
+def test_a_read_orders_epoch_is_epoch_order():
+    """ReadOrder sorts an array of hashes: the same order as ``epoch_order``'s key, for any files."""
+    import numpy as np
+
+    from flight_overlord.core.order import ReadOrder, epoch_order
+    rng = np.random.default_rng(3)
+    catalog = [RowGroupRef(f"d{rng.integers(0, 5)}/part-{f:05d}.parquet", g, int(rng.integers(1, 50)))
+               for f in rng.choice(10_000, 400, replace=False) for g in range(int(rng.integers(1, 4)))]
+    order = ReadOrder("web", reversed(catalog), seed=11)
+    for epoch in range(3):
+        assert order.epoch(epoch) == epoch_order(catalog, seed=11, source="web", epoch=epoch)
