@@ -22,6 +22,9 @@ from ..errors import ConfigError
 from .fields import as_number, check_keys, defaults_of
 
 
+STARTING_LEASES = 10  # a process not yet heard from is hung only after this many leases of silence
+
+
 @dataclass(frozen=True)
 class LivenessConfig:
     probe_seconds: float = 0.2   # how often each role is asked whether it is alive
@@ -32,6 +35,12 @@ class LivenessConfig:
     @property
     def watched(self) -> bool:
         return self.hung_seconds > 0
+
+    def silence_allowed(self, answered_once: bool) -> float:
+        """Seconds of silence that make a process hung. One not yet heard from since it started (or since
+        a standby took over) may be restoring its state from the journal, holding the GIL for long
+        stretches on a loaded host: it gets ``STARTING_LEASES`` times the lease."""
+        return self.hung_seconds * (1 if answered_once else STARTING_LEASES)
 
     @classmethod
     def parsed(cls, raw: Any) -> "LivenessConfig":

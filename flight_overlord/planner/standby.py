@@ -43,22 +43,26 @@ def add_standby_arg(parser: argparse.ArgumentParser) -> None:
 def take_over_if_standby(args: argparse.Namespace, credentials: Credentials, cfg: Config) -> None:
     """Under ``--standby-of``: wait for the Planner to go, then serve on its port as a restart (--recover)."""
     if args.standby_of:
-        await_takeover(args.standby_of, credentials, lease=cfg.liveness.hung_seconds, run_dir=cfg.run_dir)
+        await_takeover(args.standby_of, credentials, lease=cfg.liveness.hung_seconds, run_dir=cfg.run_dir,
+                       starting_lease=cfg.liveness.silence_allowed(answered_once=False))
         args.port, args.recover = int(args.standby_of.rsplit(":", 1)[1]), True
 
 
 def await_takeover(location: str, credentials: Credentials, *, lease: float = 0.0, run_dir: Path | None = None,
-                   probe: float = PROBE_SECONDS) -> None:
+                   probe: float = PROBE_SECONDS, starting_lease: float | None = None) -> None:
     """Block until the Planner at ``location`` refuses ``REFUSALS`` connections in a row. With a
-    ``lease`` (seconds, 0: none) a Planner that answers nothing for that long is killed on the way."""
-    refused, held = 0, time.monotonic()
+    ``lease`` (seconds, 0: none) a Planner that answers nothing for that long is killed on the way; one
+    that has not answered this standby yet (a standby just promoted, still restoring) only after
+    ``starting_lease`` (default: the lease)."""
+    refused, held, answered = 0, time.monotonic(), False
     while refused < REFUSALS:
         time.sleep(probe)
         state = _probe(location, credentials, timeout=lease or 1.0)
         refused = refused + 1 if state == REFUSED else 0
         if state == ANSWERED:
-            held = time.monotonic()
-        elif state == SILENT and lease and time.monotonic() - held > lease and run_dir is not None:
+            held, answered = time.monotonic(), True
+        allowed = lease if answered or starting_lease is None else starting_lease
+        if state == SILENT and lease and time.monotonic() - held > allowed and run_dir is not None:
             _kill_hung_planner(run_dir, location, time.monotonic() - held)
             held = time.monotonic()  # its death shows as refusals; a Planner that cannot be killed, as before
     log.warning("the Planner at %s is gone: this standby takes its address over", location)

@@ -101,7 +101,8 @@ def test_the_standbys_probe_tells_answered_silent_and_refused_apart(tmp_path):
     try:
         assert _probe(location, None, timeout=5) == ANSWERED
         os.kill(child.pid, signal.SIGSTOP)
-        assert _probe(location, None, timeout=0.5) == SILENT
+        # on a loaded host the first probe may still race the stop; a stopped process is silent from then on
+        assert SILENT in [_probe(location, None, timeout=0.5) for _ in range(3)]
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=30)
         assert _probe(location, None, timeout=0.5) == REFUSED
@@ -141,3 +142,10 @@ def test_a_journal_writes_nothing_once_its_guard_refuses(tmp_path):
         journal.append({"step": 1})
     journal.close()
     assert [record for _, record in read_journal(tmp_path / "plan-journal.jsonl")] == [{"step": 0}]
+
+
+def test_a_process_not_yet_heard_from_gets_more_than_one_lease():
+    """A standby just promoted to Planner restores before it answers: it is not hung after one lease."""
+    cfg = LivenessConfig(hung_seconds=1.0)
+    assert cfg.silence_allowed(answered_once=True) == 1.0
+    assert cfg.silence_allowed(answered_once=False) > 5 * cfg.silence_allowed(answered_once=True)
