@@ -26,9 +26,7 @@ class TransformConfig:
 @dataclass(frozen=True)
 class SourceConfig:
     name: str
-    files: tuple[str, ...]  # local paths, or pyarrow.fs URIs (query string kept)
-    file_ids: tuple[str, ...]  # stable names used in sample keys: path relative to data_root, or the URI
-    # without its query string
+    paths: Any  # config.sources.SourcePaths: the files, expanded from the config's paths when first asked for
     text_column: str
     transform: TransformConfig | None  # None: pre-tokenized (tokens_column)
     weight: float
@@ -38,6 +36,16 @@ class SourceConfig:
     format: str = "auto"  # parquet | arrow (IPC file or stream) | auto: each file's from its name (formats/)
     tokens_column: str | None = None  # pre-tokenized: a column of token id lists, no transform
     loss_mask_column: str | None = None  # pre-tokenized: per-token 0/1, 0 = not a training target (SFT)
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """Local paths, or pyarrow.fs URIs (query string kept), sorted."""
+        return self.paths.files
+
+    @property
+    def file_ids(self) -> tuple[str, ...]:
+        """Stable names used in sample keys: path relative to data_root, or the URI without its query string."""
+        return self.paths.file_ids
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,10 @@ def balance_methods() -> tuple[str, ...]:
     return (*balance.METHODS, "none")
 
 
-def load_config(path: str | os.PathLike) -> Config:
-    """Read and validate a YAML config file. Relative paths are relative to the file's folder."""
+def load_config(path: str | os.PathLike, *, expand_files: bool = True) -> Config:
+    """Read and validate a YAML config file. Relative paths are relative to the file's folder.
+    ``expand_files=False``: the sources' globs are expanded only when their files are asked for
+    (``sources.SourcePaths``): the Planner and the constructors need only the catalogs, by digest."""
     path = Path(path).resolve()
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
@@ -44,7 +46,7 @@ def load_config(path: str | os.PathLike) -> Config:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return with_partition_plan(parse_config(raw, base_dir=path.parent, path=path))
+    return with_partition_plan(parse_config(raw, base_dir=path.parent, path=path, expand_files=expand_files))
 
 
 def with_partition_plan(cfg: Config) -> Config:
@@ -62,7 +64,7 @@ def with_partition_plan(cfg: Config) -> Config:
         raise ConfigError(f"{path}: cannot apply the partition plan: {exc}") from None
 
 
-def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Config:
+def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None, expand_files: bool = True) -> Config:
     top = check_keys(raw, "", {
         "seed": 0, "data_root": ".", "run_dir": "runs/default", "sources": REQUIRED,
         "mesh": None, "global_batch": REQUIRED, "cost": None, "balance": None,
@@ -74,7 +76,7 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None) -> Confi
     plugins = import_plugins(top["plugins"], base_dir)  # first: they may register what the rest names
     data_root = _path(base_dir, top["data_root"], "data_root")
     global_batch = _parse_global_batch(top["global_batch"])
-    sources = parse_sources(top["sources"], data_root)
+    sources = parse_sources(top["sources"], data_root, expand_files=expand_files)
     network = check_keys(top["network"], "network", defaults_of(NetworkConfig))
     balancing = check_keys(top["balance"], "balance", defaults_of(BalanceConfig))
     loader, constructor = (check_keys(top[k], k, keys) for k, keys in zip(("loader", "constructor"),

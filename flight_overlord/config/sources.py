@@ -14,7 +14,9 @@ from .model import ConfigError, SourceConfig, TransformConfig
 SHUFFLE_WINDOW = 2
 
 
-def parse_sources(raw: Any, data_root: Path) -> tuple[SourceConfig, ...]:
+def parse_sources(raw: Any, data_root: Path, *, expand_files: bool = True) -> tuple[SourceConfig, ...]:
+    """``expand_files=False``: each source's globs are expanded when its files are first asked for (a
+    process that finds the row groups by catalog digest never lists the folders nor keeps the paths)."""
     if not isinstance(raw, list) or not raw:
         raise ConfigError("sources: expected a non-empty list of sources")
     sources, names = [], set()
@@ -31,11 +33,12 @@ def parse_sources(raw: Any, data_root: Path) -> tuple[SourceConfig, ...]:
         if ":" in name:
             raise ConfigError(f"{where}.name: {name!r} may not contain ':' (it is part of sample keys)")
         names.add(name)
-        files = _resolve_paths(f["paths"], data_root, f"{where}.paths")
+        paths = SourcePaths(f["paths"], data_root, f"{where}.paths")
+        if expand_files:
+            paths.expand()
         sources.append(SourceConfig(
             name=name,
-            files=files,
-            file_ids=tuple(_file_id(p, data_root) for p in files),
+            paths=paths,
             text_column=str(f["text_column"]),
             transform=_source_transform(f, where, data_root),
             weight=as_number(f["weight"], f"{where}.weight", minimum=0.0),
@@ -67,6 +70,42 @@ def _source_transform(f: dict, where: str, data_root: Path) -> TransformConfig |
         if f[key] is not None:
             raise ConfigError(f"{where}.{key}: a pre-tokenized source (tokens_column) takes no {key}")
     return None
+
+
+class SourcePaths:
+    """A source's files and their ids, expanded from the config's ``paths`` once, when first asked for
+    (a pattern that matches nothing is then a ConfigError naming ``where``). Equal when the files are."""
+
+    def __init__(self, raw: Any, data_root: Path, where: str):
+        self._raw, self._data_root, self._where = raw, data_root, where
+        self._expanded: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+
+    def expand(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        if self._expanded is None:
+            files = _resolve_paths(self._raw, self._data_root, self._where)
+            self._expanded = files, tuple(_file_id(p, self._data_root) for p in files)
+        return self._expanded
+
+    @property
+    def expanded(self) -> bool:
+        return self._expanded is not None
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return self.expand()[0]
+
+    @property
+    def file_ids(self) -> tuple[str, ...]:
+        return self.expand()[1]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SourcePaths) and self.expand() == other.expand()
+
+    def __hash__(self) -> int:
+        return hash(self.expand())
+
+    def __repr__(self) -> str:
+        return f"SourcePaths({self._raw!r})"
 
 
 def _resolve_paths(raw: Any, data_root: Path, where: str) -> tuple[str, ...]:

@@ -32,6 +32,4 @@ class CatalogCache:
             if catalog.digest() != digest:
                 raise ValueError(f"register: a loader of source {source!r} has catalog {digest}, the source's files "
                                  f"give {catalog.digest()} here: its files differ between hosts")
-        if catalog.file_ids == list(spec.file_ids):
-            catalog.file_ids = list(spec.file_ids)  # the config's strings (equal): one copy per process
         return catalog.row_groups()

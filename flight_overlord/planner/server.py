@@ -296,7 +296,7 @@ def start(argv=None) -> tuple[PlannerServer, str, str | None]:
                         "keep the registrations of the roles still running")
     add_standby_arg(parser)
     args = parser.parse_args(argv)
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, expand_files=False)  # it finds the sources' row groups by catalog digest
     host = advertised_host(cfg, args)
     take_over_if_standby(args, Security.from_config(cfg).credentials, cfg)
     server = PlannerServer(cfg, port=args.port, resume=args.resume, recover=args.recover,

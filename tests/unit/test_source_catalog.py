@@ -201,3 +201,25 @@ def test_a_read_orders_epoch_is_epoch_order():
     order = ReadOrder("web", reversed(catalog), seed=11)
     for epoch in range(3):
         assert order.epoch(epoch) == epoch_order(catalog, seed=11, source="web", epoch=epoch)
+
+
+def test_a_config_loaded_without_expanding_lists_no_folder_until_asked(source, tmp_path, monkeypatch):
+    """The Planner's and constructors' config (``expand_files=False``) lists no source folder: the Planner
+    finds a loader's row groups by catalog digest in the cache; a pattern that matches nothing is the same
+    ConfigError, when the files are first asked for; the files are those of an expanded config."""
+    from flight_overlord import source_files
+    from flight_overlord.planner.catalogs import CatalogCache
+    digest = load_catalog(source).digest()
+    raw = {"sources": [{"name": "s", "paths": "part-*.parquet"}, {"name": "none", "paths": "nothing-*.parquet"}],
+           "run_dir": str(tmp_path / "run"),
+           "global_batch": {"context_length": 256, "microbatches": 1, "samples_per_step": 4}}
+    listed = []
+    original = source_files.local_matches
+    monkeypatch.setattr(source_files, "local_matches", lambda full: listed.append(full) or original(full))
+    lazy = parse_config(raw, base_dir=pathlib.Path(source.files[0]).parent, expand_files=False)
+    assert CatalogCache(lazy)("s", digest) == footer_row_groups(source)
+    assert listed == [] and not lazy.source("s").paths.expanded
+    assert lazy.source("s").files == source.files and lazy.source("s").file_ids == source.file_ids
+    assert lazy.source("s").paths == source.paths
+    with pytest.raises(ConfigError, match=r"sources\[1\]\.paths: no file matches the glob"):
+        lazy.source("none").files
