@@ -22,7 +22,8 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from .wire.server import ask_again
+from . import wire
+from .wire.server import ask_again, connect
 
 PLAN_WAIT_SECONDS = 600.0  # a stock client's get_flight_info times out server-side while a step is planned
 
@@ -154,3 +155,21 @@ def stock_fetch(client_of: Callable[[str], fl.FlightClient], planner: str, step:
         location = endpoint.locations[0].uri.decode() if endpoint.locations else planner
         tables.append(client_of(location).do_get(endpoint.ticket).read_all())
     return pa.concat_tables(tables)
+
+
+def served_step(cluster, rank: int) -> int:
+    """The last step ``rank``'s constructor handed to its stream (-1: none yet), from the roles' status."""
+    planner = connect(cluster.planner, cluster.credentials)
+    try:
+        constructors = wire.call(planner, "status")["constructors"]
+    finally:
+        planner.close()
+    for location in constructors.values():
+        client = connect(location, cluster.credentials)
+        try:
+            served = wire.call(client, "status")["served"]
+        finally:
+            client.close()
+        if str(rank) in served:
+            return served[str(rank)]["step"]
+    return -1

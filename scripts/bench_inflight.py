@@ -26,30 +26,13 @@ import threading
 import time
 
 from benchlib import add_corpus_args, argument_parser, log, print_header, workspace, write_config
-from flight_overlord import harness, wire
+from flight_overlord import harness
 from flight_overlord.client import StepFetcher
 from flight_overlord.deploy.launch import LocalCluster
-from flight_overlord.wire.server import connect
 
 SOURCES = ["captions", "code", "docstrings", "qa"]
 
 
-def served_step(cluster, rank: int) -> int:
-    """The last step the rank's constructor handed to its stream."""
-    planner = connect(cluster.planner, cluster.credentials)
-    try:
-        constructors = wire.call(planner, "status")["constructors"]
-    finally:
-        planner.close()
-    for location in constructors.values():
-        client = connect(location, cluster.credentials)
-        try:
-            served = wire.call(client, "status")["served"]
-        finally:
-            client.close()
-        if str(rank) in served:
-            return served[str(rank)]["step"]
-    return -1
 
 
 def rate(config, args, *, credits: bool) -> float:
@@ -82,7 +65,7 @@ def measure(config, args, *, credits: bool) -> tuple[dict[int, list[int]], int]:
     def on_table(rank, client, table):
         step = table.column("step")[0].as_py()
         with lock:
-            in_flight[rank].append(served_step(cluster, rank) - step)
+            in_flight[rank].append(harness.served_step(cluster, rank) - step)
             nbytes[0] = table.nbytes
         time.sleep(args.step_ms / 1e3)
         return step

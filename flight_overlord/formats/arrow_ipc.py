@@ -35,7 +35,25 @@ def _selected(batch: pa.RecordBatch, columns: list[str]) -> pa.Table:
     return pa.Table.from_batches([batch]).select(columns)
 
 
-class ArrowIpcFile(ChunkFile):
+class _RecordBatchChunks(ChunkFile):
+    """A file whose chunks are its record batches: a subclass says where batch ``chunk`` is (``_batch``)."""
+    handle: pa.NativeFile
+
+    def _batch(self, chunk: int) -> pa.RecordBatch:
+        raise NotImplementedError
+
+    def chunk_bytes(self, chunk: int, columns: list[str] | None = None) -> int:
+        batch = self._batch(chunk)
+        return (batch if columns is None else _selected(batch, columns)).nbytes
+
+    def read(self, chunk: int, columns: list[str]) -> pa.Table:
+        return _selected(self._batch(chunk), columns)
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+class ArrowIpcFile(_RecordBatchChunks):
     def __init__(self, handle: pa.NativeFile):
         self.handle = handle
         self.reader = pa.ipc.open_file(handle)
@@ -54,18 +72,8 @@ class ArrowIpcFile(ChunkFile):
     def chunk_rows(self, chunk: int) -> int:
         return self._rows[chunk]
 
-    def chunk_bytes(self, chunk: int, columns: list[str] | None = None) -> int:
-        batch = self._batch(chunk)
-        return (batch if columns is None else _selected(batch, columns)).nbytes
 
-    def read(self, chunk: int, columns: list[str]) -> pa.Table:
-        return _selected(self._batch(chunk), columns)
-
-    def close(self) -> None:
-        self.handle.close()
-
-
-class ArrowStreamFile(ChunkFile):
+class ArrowStreamFile(_RecordBatchChunks):
     def __init__(self, handle: pa.NativeFile):
         self.handle = handle
         self.schema, self._batches = self._scan(handle)
@@ -111,13 +119,3 @@ class ArrowStreamFile(ChunkFile):
         offset, length, _ = self._batches[chunk]
         message = pa.ipc.read_message(self._slice(offset, length))
         return pa.ipc.read_record_batch(message, self.schema)
-
-    def chunk_bytes(self, chunk: int, columns: list[str] | None = None) -> int:
-        batch = self._batch(chunk)
-        return (batch if columns is None else _selected(batch, columns)).nbytes
-
-    def read(self, chunk: int, columns: list[str]) -> pa.Table:
-        return _selected(self._batch(chunk), columns)
-
-    def close(self) -> None:
-        self.handle.close()

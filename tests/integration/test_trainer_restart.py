@@ -42,22 +42,6 @@ CRASH_AT, CHECKPOINT = 20, 10  # rank 0 stops after step 19, restarts from its c
 SLOW_STEP = 0.03  # the reference run's training loop is slower than the data plane: prefetch fills up
 
 
-def _served_steps(cluster, rank: int) -> int:
-    """The last step the rank's constructor handed to its stream (-1: none yet)."""
-    planner = connect(cluster.planner, cluster.credentials)
-    try:
-        constructors = wire.call(planner, "status")["constructors"]
-    finally:
-        planner.close()
-    for location in constructors.values():
-        client = connect(location, cluster.credentials)
-        try:
-            served = wire.call(client, "status")["served"]
-        finally:
-            client.close()
-        if str(rank) in served:
-            return served[str(rank)]["step"]
-    return -1
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +54,7 @@ def reference(corpus, tmp_path_factory):
     def on_table(rank, client, table):
         step = table.column("step")[0].as_py()
         with lock:  # yielded through ``step``: what the constructor sent beyond it is in flight
-            in_flight[rank].append(_served_steps(cluster, rank) - step)
+            in_flight[rank].append(harness.served_step(cluster, rank) - step)
         time.sleep(SLOW_STEP)
         return step, step_digest(table)
 
