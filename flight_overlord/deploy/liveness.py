@@ -50,20 +50,18 @@ class Liveness:
 
     def _watch(self, child) -> None:
         held, process, client = time.monotonic(), None, None  # the last answer of the process watched
-        answered = False  # since it started: a standby promoted to Planner has a ready file, yet restores
         try:
             while not self._stopping.wait(self._config.probe_seconds):
                 if child.process is not process or not self._serving(child):  # restarted, or not serving yet
-                    held, process, client, answered = time.monotonic(), child.process, _closed(client), False
+                    held, process, client = time.monotonic(), child.process, _closed(client)
                     continue
                 client = client or connect(child.location, self._credentials)  # kept while it answers
                 answer = probe(client, self._config.hung_seconds)
                 if answer != ANSWERED:
                     client = _closed(client)  # a refusal is a death or a start: the supervisor sees to it
-                answered = answered or answer == ANSWERED
                 if answer != SILENT:
                     held = time.monotonic()
-                elif time.monotonic() - held >= self._config.silence_allowed(answered) and process.poll() is None:
+                elif time.monotonic() - held >= self._config.hung_seconds and process.poll() is None:
                     self._kill(child, process, time.monotonic() - held)
         finally:
             _closed(client)
