@@ -76,7 +76,9 @@ def test_cluster_status_reports_every_role(corpus, tmp_path):
         # loader counts the nbytes of its ``take`` result, which has them, and the IPC stream does not
         # carry a bitmap without nulls, so the constructor's received table is a few bytes smaller.
         assert totals["bytes_fetched"] > 0
-        assert 0 <= totals["bytes_served"] - totals["bytes_fetched"] <= totals["bytes_served"] // 100
+        # (a loader builds one table per call with ``take``s, each array and child array with its bitmap:
+        # ~2.5% of these small steps' bytes)
+        assert 0 <= totals["bytes_served"] - totals["bytes_fetched"] <= totals["bytes_served"] // 20
 
         # The operator's view of the same: `overlord status` (a page, and JSON for machines).
         page = subprocess.run([sys.executable, "-m", "flight_overlord.deploy.cli", "status", cluster.planner, "--once"],
