@@ -156,10 +156,12 @@ def _shares(counts: Counter) -> dict[str, float]:
 def render(report: dict) -> str:
     """The audit as a few lines of text, its words explained."""
     through = report["through_step"]
-    lines = [f"samples delivered {report['samples']} ({report['unique']} unique) through step {through} in "
-             f"{report['segments']} segment(s): duplicates {report['duplicates']}, missing {report['missing']}",
-             f"  duplicates: samples delivered in more than one step; missing: samples planned for steps 0-{through} "
-             f"(which every rank has passed) and never delivered"]
+    passed = f"steps 0-{through} (which every rank has passed)" if through >= 0 else "steps every rank has passed (none yet)"
+    lines = [f"samples delivered {report['samples']} ({report['unique']} unique)"
+             + (f" through step {through}" if through >= 0 else "") + f" in {report['segments']} segment(s): "
+             f"duplicates {report['duplicates']}, missing {report['missing']}",
+             f"  duplicates: samples delivered in more than one step; missing: samples planned for {passed} "
+             f"and never delivered"]
     if report.get("not_yet_delivered"):
         lines.append(f"  not yet delivered: {report['not_yet_delivered']} samples planned for steps {through + 1}-"
                      f"{report['planned_through']}, which some rank has not reached (on a live run: on their way; "
