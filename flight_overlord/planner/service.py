@@ -25,7 +25,7 @@ from ..wire.status import PlannerStatus
 from .planner import Planner
 from .registry import REGISTRY_FILE
 from .reports import checked_report
-from .views import step_views, wire_view
+from .views import step_views
 
 log = logging.getLogger(__name__)
 WAIT_SECONDS = 30.0  # a blocking call waits this long server-side, then the client may ask again
@@ -284,7 +284,7 @@ class PlanService:
             plan = self.planner.journaled(step)  # fetched by everyone before, or planned by an earlier Planner process
             if plan is None:
                 raise KeyError(f"plan of step {step} is in no journal of this run")
-            first = wire_view(plan, constructor, self.mesh, self.planner.registry, self.planner.strategy.broadcast)
+            first = step_views(plan, self.mesh, self.planner.registry, self.planner.strategy.broadcast, [constructor])[0]
         return [first, *following]
 
     def _await_in_planning(self, step: int) -> None:

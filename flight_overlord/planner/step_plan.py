@@ -27,10 +27,8 @@ class StepPlan:
     stats: dict = field(default_factory=dict)
     encoder_axis: str | None = None  # set when an image graph places images apart from their sequences
     encoder: list[list[tuple[Pick, int]]] | None = None  # encoder[bucket]: (sample, image index) it encodes
-    consumers: dict[str, int] | None = None  # per sample key: constructors that fetch it (the Planner fills it)
     table: PickTable | None = None  # the step's samples as columns ...
     bin_indices: list[np.ndarray] | None = None  # ... and each bin's rows of it, in order
-    keys_unique: bool | None = None  # no sample key twice in ``table`` (the Planner finds out when it serves)
     # (key, epoch) of the samples a skipped window's steps would have had, dropped on purpose before this
     # step, the window's first, was planned (``overlord skip``): never delivered
     dropped: list[tuple[str, int]] = field(default_factory=list)

@@ -1,83 +1,247 @@
-"""What each Data Constructor gets of a planned step: its view (``ConstructorPlan``; on the plans stream a
-``PlanView``), made from the plan's columns for every constructor in one pass where it can
-(``table_view.py``), else from its Picks."""
+"""What each Data Constructor gets of a planned step: its view (a ``ConstructorPlan``; on the plans stream
+a ``PlanView``), made from the plan's columns for every constructor in one pass.
+
+A view numbers its samples in the order it meets them: its buckets' microbatches in order, then (image
+graph) the images its ranks encode. A sample met twice is numbered once, where it is first met: HDP
+lists a sample in the bin of every rank of its group, and a small source can wrap into its next epoch
+within a step (the same row twice). A view's fetch groups are the loader actors in order of their first
+sample; a sample's ``consumers`` counts the constructors that fetch it in the whole step (its loader
+keeps it until every one has).
+
+The samples' columns are made for the whole step with a few numpy calls, then sliced per view: at
+thousands of ranks a view's fixed costs, paid per constructor, would be most of the Planner's CPU per step.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core import hdp
 from ..core.mesh import Mesh
-from ..wire.plan import ConstructorPlan, FetchGroup, PlanView
-from .hdp import hdp_groups
+from ..wire import encode
+from ..wire.plan import PlanView, view_header, view_rows
+from .picks import PickTable
 from .registry import Registry
 from .step_plan import StepPlan
-from .table_view import keys_unique, table_view, table_views
 
 
-def step_views(plan: StepPlan, mesh: Mesh, registry: Registry, broadcast: frozenset[str]) -> list[PlanView]:
-    """Every constructor's view, in order, as the plans stream carries it (from the columns in one pass
-    when it can)."""
-    if _by_columns(plan):
-        return table_views(plan, mesh, registry, broadcast)
-    return [PlanView.of(constructor_view(plan, c, mesh, registry, broadcast)) for c in range(mesh.num_constructors)]
+@dataclass
+class StepSamples:
+    """A step's samples as rows of one table: ``bins[k]``, the rows of bin k in order; ``encoder[b]``, the
+    (rows, image indices) encoder bucket b encodes (None without an image graph); ``key``, per row an id
+    equal for equal sample keys."""
+    table: PickTable
+    bins: list[np.ndarray]
+    encoder: list[tuple[np.ndarray, list[int]]] | None
+    key: np.ndarray
+
+    @classmethod
+    def of(cls, plan: StepPlan) -> "StepSamples":
+        if plan.table is not None and plan.encoder is None:
+            return cls(plan.table, plan.bin_indices, None, _key_ids(plan.table))
+        # a journaled step (Picks), or an image graph's encoder rows (Picks): one table of them all
+        encoded = [p for bucket in plan.encoder or [] for p, _ in bucket]
+        picks = [p for bin_ in plan.bins for p in bin_] + encoded
+        table = PickTable.from_picks(list(dict.fromkeys(p.ref.source for p in picks)), picks)
+        bins = _runs(0, [len(b) for b in plan.bins])
+        encoder = None
+        if plan.encoder is not None:
+            rows = _runs(len(picks) - len(encoded), [len(b) for b in plan.encoder])
+            encoder = [(r, [image for _, image in bucket]) for r, bucket in zip(rows, plan.encoder)]
+        return cls(table, bins, encoder, _key_ids(table))
 
 
-def wire_view(plan: StepPlan, constructor: int, mesh: Mesh, registry: Registry, broadcast: frozenset[str]) -> PlanView:
-    """One constructor's view as the plans stream carries it."""
-    if _by_columns(plan):
-        return table_views(plan, mesh, registry, broadcast, [constructor])[0]
-    return PlanView.of(constructor_view(plan, constructor, mesh, registry, broadcast))
+def step_views(plan: StepPlan, mesh: Mesh, registry: Registry, broadcast: frozenset[str],
+               constructors: list[int] | None = None) -> list[PlanView]:
+    """The views of ``constructors`` (default: every constructor, in order), as the plans stream carries them."""
+    samples = StepSamples.of(plan)
+    constructors = list(range(mesh.num_constructors)) if constructors is None else list(constructors)
+    m = plan.microbatches
+    buckets = [mesh.buckets_of_constructor(c, plan.axis) for c in constructors]
+    encoder_buckets = ([mesh.buckets_of_constructor(c, plan.encoder_axis) for c in constructors]
+                       if samples.encoder is not None else [() for _ in constructors])
+    bins = [samples.bins[b * m + i] for own in buckets for b in own for i in range(m)]
+    encoded = [samples.encoder[b][0] for own in encoder_buckets for b in own]
+    bin_sizes = np.array([len(x) for x in bins], dtype=np.int64)
+    encoded_sizes = np.array([len(x) for x in encoded], dtype=np.int64)
+    views = len(constructors)
+    in_bins = _per_view(bin_sizes, [len(own) * m for own in buckets], views)
+    in_encoder = _per_view(encoded_sizes, [len(own) for own in encoder_buckets], views)
+    # every view's meetings: its bins' rows, then its encoder rows
+    met = np.concatenate([*bins, *encoded]) if bins or encoded else np.zeros(0, dtype=np.int64)
+    met_view = np.concatenate([np.repeat(np.arange(views), in_bins), np.repeat(np.arange(views), in_encoder)])
+    if encoded:  # by view: its bins' rows first, then its encoder rows
+        order = np.argsort(met_view, kind="stable")
+        met, met_view = met[order], met_view[order]
+    numbering = _Numbering(met_view, samples.key[met], views)
+    item_rows = met[numbering.first]
+    items_per_view = np.bincount(met_view[numbering.first], minlength=views)
+    item_starts = np.concatenate([[0], np.cumsum(items_per_view)]).tolist()
+    rows, fetch = _rows_and_fetch(samples, item_rows, items_per_view, registry, _consumers(samples, plan, mesh))
+    met_starts = np.concatenate([[0], np.cumsum(in_bins + in_encoder)]).tolist()
+    groups = _hdp_groups(samples, plan) if plan.axis == "HDP" else None
+    owners = _owners(samples, m) if samples.encoder is not None else None
+    dimensions, out = sorted(broadcast), []
+    first_bins = np.cumsum([0, *[len(own) * m for own in buckets]]).tolist()
+    first_encoded = np.cumsum([0, *[len(own) for own in encoder_buckets]]).tolist()
+    sizes, encoded_sizes = bin_sizes.tolist(), encoded_sizes.tolist()
+    for j, own in enumerate(buckets):
+        items = numbering.item[met_starts[j]:met_starts[j + 1]]
+        seq = items[:in_bins[j]]
+        mb_sizes = sizes[first_bins[j]:first_bins[j + 1]]
+        bins_of_view = [[bucket, mb_sizes[i * m:(i + 1) * m]] for i, bucket in enumerate(own)]
+        consecutive = bool(np.array_equal(seq, np.arange(seq.size)))
+        encoder = None
+        if owners is not None:
+            encoder = _encoder_rows(samples, encoder_buckets[j], items[in_bins[j]:], met[met_starts[j] + in_bins[j]:
+                                    met_starts[j + 1]], encoded_sizes[first_encoded[j]:first_encoded[j + 1]], owners, m)
+        extra = {"hdp": {str(b): [[list(g) for g in groups[b * m + i]] for i in range(m)] for b in own}} \
+            if groups is not None else {}
+        header = view_header(plan.step, plan.axis, dimensions, plan.capacity, fetch[j], plan.encoder_axis, extra,
+                             bins_of_view if consecutive else None, encoder)
+        if not consecutive:
+            header["microbatches"] = _microbatch_lists(own, seq.tolist(), mb_sizes, m)
+        out.append(PlanView(encode(header), rows.slice(item_starts[j], item_starts[j + 1] - item_starts[j])))
+    return out
 
 
-def _by_columns(plan: StepPlan) -> bool:
-    return plan.table is not None and plan.encoder is None and plan.axis != "HDP" and keys_unique(plan)
+class _Numbering:
+    """Per view, its samples numbered where first met: ``first``, the positions (into the meetings) of
+    each view's first meetings, in order; ``item``, per meeting, its sample's number within its view."""
+
+    def __init__(self, view: np.ndarray, key: np.ndarray, views: int):
+        starts = np.concatenate([[0], np.cumsum(np.bincount(view, minlength=views))])
+        position = np.arange(view.size) - starts[view]
+        if not key.size or np.bincount(key).max() <= 1:  # every sample met once in the step: numbered in order
+            self.first, self.item = np.arange(view.size), position
+            return
+        _, first, which = np.unique(view * (int(key.max()) + 1) + key, return_index=True, return_inverse=True)
+        self.first = np.sort(first)
+        number = np.empty(first.size, dtype=np.int64)
+        number[np.argsort(first, kind="stable")] = np.arange(first.size)
+        items_before = np.concatenate([[0], np.cumsum(np.bincount(view[self.first], minlength=views))])
+        self.item = number[which.reshape(-1)] - items_before[view]
 
 
-def constructor_view(plan: StepPlan, constructor: int, mesh: Mesh, registry: Registry,
-                     broadcast: frozenset[str]) -> ConstructorPlan:
-    """What one constructor assembles: its buckets' microbatches (and, with an image graph, the
-    samples its ranks encode) as indices into ``keys``, the planned length of each sample, and
-    where to fetch each one, with how many constructors fetch it in all."""
-    if _by_columns(plan):
-        return table_view(plan, constructor, mesh, registry, broadcast)
-    consumers = _consumers(plan, mesh)
-    index: dict[str, int] = {}
-    keys, lengths, fetch = [], [], {}
-
-    def item(pick) -> int:
-        ref = pick.ref
-        if ref.key not in index:
-            index[ref.key] = len(keys)
-            actor = registry.owner(ref.source, ref.file, ref.row_group, ref.epoch)
-            group = fetch.setdefault(actor, FetchGroup(*actor, registry.locations(actor), [], []))
-            group.items.append(len(keys))
-            group.samples.append([ref.epoch, ref.file, ref.row_group, ref.row, consumers[ref.key]])
-            keys.append(ref.key)
-            lengths.append(pick.tokens)
-        return index[ref.key]
-
-    microbatches = {b: [[item(p) for p in bin_] for bin_ in plan.bucket_bins(b)]
-                    for b in mesh.buckets_of_constructor(constructor, plan.axis)}
-    encoder = None
-    if plan.encoder is not None:  # [item, image index, owner bucket, owner microbatch] per image a rank encodes
-        owner = {p.ref.key: divmod(i, plan.microbatches) for i, bin_ in enumerate(plan.bins) for p in bin_}
-        encoder = {b: [[item(p), image, *owner[p.ref.key]] for p, image in plan.encoder[b]]
-                   for b in mesh.buckets_of_constructor(constructor, plan.encoder_axis)}
-    extra = {"hdp": hdp_groups(plan, microbatches)} if plan.axis == "HDP" else {}
-    return ConstructorPlan(plan.step, plan.axis, sorted(broadcast), plan.capacity, keys, lengths, microbatches,
-                           list(fetch.values()), plan.encoder_axis, encoder, extra)
+def _rows_and_fetch(samples: StepSamples, item_rows: np.ndarray, items_per_view: np.ndarray, registry: Registry,
+                    consumers: np.ndarray):
+    """The ``plan_view`` rows of every view's items, back to back, and each view's fetch groups:
+    ``[source, actor, locations]`` in order of their first item."""
+    t, views = samples.table, items_per_view.size
+    view_of = np.repeat(np.arange(views), items_per_view)
+    actor_of, actors = _actors(t, item_rows, registry)
+    # the (view, actor) pairs in order of first appearance: the views' items are consecutive, so by view,
+    # then by first item
+    _, first, which = np.unique(view_of * max(len(actors), 1) + actor_of, return_index=True, return_inverse=True)
+    by_first = np.argsort(first, kind="stable")
+    number = np.empty_like(by_first)
+    number[by_first] = np.arange(by_first.size)
+    groups_before = np.concatenate([[0], np.cumsum(np.bincount(view_of[first], minlength=views))])
+    group = number[which.reshape(-1)] - groups_before[view_of]
+    fetch: list[list] = [[] for _ in range(views)]
+    located = [[*actor, registry.locations(actor)] for actor in actors]
+    for view, actor in zip(view_of[first[by_first]].tolist(), actor_of[first[by_first]].tolist()):
+        fetch[view].append(located[actor])
+    all_keys = t.keys()
+    rows = view_rows([[all_keys[i] for i in item_rows.tolist()], t.tokens[item_rows], group, t.epoch[item_rows],
+                      np.array(t.files + [""], dtype=object)[t.file[item_rows]], t.row_group[item_rows],
+                      t.row[item_rows], consumers[samples.key[item_rows]]])
+    return rows, fetch
 
 
-def _consumers(plan: StepPlan, mesh: Mesh) -> dict[str, int]:
-    """Per sample, how many constructors fetch it: 2 when an image graph sends its images to a
-    rank of another constructor than its sequence's. The loader keeps it until both have."""
-    if plan.consumers is None:
-        needs: dict[str, set[int]] = {}
-        for bucket in range(plan.num_buckets):
-            c = mesh.constructor_of(mesh.dp_of_bucket(bucket, plan.axis))
-            for bin_ in plan.bucket_bins(bucket):
-                for pick in bin_:
-                    needs.setdefault(pick.ref.key, set()).add(c)
-        for bucket, picks in enumerate(plan.encoder or []):
-            c = mesh.constructor_of(mesh.dp_of_bucket(bucket, plan.encoder_axis))
-            for pick, _ in picks:
-                needs.setdefault(pick.ref.key, set()).add(c)
-        plan.consumers = {k: len(v) for k, v in needs.items()}
-    return plan.consumers
+def _consumers(samples: StepSamples, plan: StepPlan, mesh: Mesh) -> np.ndarray:
+    """Per key id, how many constructors fetch that sample in the whole step: 2 when an image graph sends
+    its images to a rank of another constructor than its sequence's, or HDP places it on a group of ranks
+    of several constructors."""
+    size = int(samples.key.max()) + 1 if samples.key.size else 0
+    encoded = [rows for rows, _ in samples.encoder or []]
+    parts = [(samples.bins, plan.axis, plan.microbatches), (encoded, plan.encoder_axis, 1)]
+    rows = [r for part, _, _ in parts for r in part]
+    keys = samples.key[np.concatenate(rows)] if rows else np.zeros(0, dtype=np.int64)
+    if not keys.size or np.bincount(keys).max() <= 1:
+        return np.ones(size, dtype=np.int32)
+    def constructors(part: list[np.ndarray], axis: str, per_bucket: int) -> np.ndarray:
+        owner = [mesh.constructor_of(mesh.dp_of_bucket(b, axis)) for b in range(len(part) // per_bucket)]
+        return np.repeat(np.repeat(np.array(owner, dtype=np.int64), per_bucket), [len(r) for r in part])
+    constructor = np.concatenate([constructors(*part) for part in parts])
+    pairs = np.unique(keys * mesh.num_constructors + constructor)
+    return np.bincount(pairs // mesh.num_constructors, minlength=size).astype(np.int32)
+
+
+def _owners(samples: StepSamples, microbatches: int) -> np.ndarray:
+    """Per key id, the last bin that holds the sample (-1: none): where an encoded image's sequence is."""
+    owner = np.full(int(samples.key.max()) + 1 if samples.key.size else 0, -1, dtype=np.int64)
+    for k, rows in enumerate(samples.bins):
+        owner[samples.key[rows]] = k  # bins in order: the last holding a sample stays
+    return owner
+
+
+def _encoder_rows(samples: StepSamples, buckets: tuple[int, ...], items: np.ndarray, met: np.ndarray,
+                  sizes: list[int], owners: np.ndarray, microbatches: int) -> dict[str, list[list[int]]]:
+    """A view's encoder rows: per encoder bucket, ``[item, image, owner bucket, owner microbatch]`` per image."""
+    owner = owners[samples.key[met]]
+    if (owner < 0).any():
+        raise ValueError("an encoded image's sample is in no bin of its step")
+    bucket_of, mb_of = np.divmod(owner, microbatches)
+    rows = [list(r) for r in zip(items.tolist(), [i for b in buckets for i in samples.encoder[b][1]],
+                                 bucket_of.tolist(), mb_of.tolist())]
+    starts = np.cumsum([0, *sizes]).tolist()
+    return {str(b): rows[starts[i]:starts[i + 1]] for i, b in enumerate(buckets)}
+
+
+def _microbatch_lists(buckets: tuple[int, ...], items: list[int], sizes: list[int],
+                      microbatches: int) -> dict[str, list[list[int]]]:
+    """A view's microbatches as item lists, per bucket (when its items are not numbered in bin order)."""
+    starts = np.cumsum([0, *sizes]).tolist()
+    return {str(b): [items[starts[i * microbatches + k]:starts[i * microbatches + k + 1]] for k in range(microbatches)]
+            for i, b in enumerate(buckets)}
+
+
+def _hdp_groups(samples: StepSamples, plan: StepPlan) -> list[list[tuple[int, int]]]:
+    """Per bin, per sample, ``[group size, first rank]`` (``core.hdp.bin_groups``), for the whole step."""
+    return hdp.bin_groups([samples.key[rows].tolist() for rows in samples.bins], plan.num_buckets, plan.microbatches)
+
+
+def _per_view(sizes: np.ndarray, parts_per_view: list[int], views: int) -> np.ndarray:
+    """Rows per view, of parts (bins or encoder buckets) listed view after view."""
+    return np.bincount(np.repeat(np.arange(views), parts_per_view), weights=sizes, minlength=views).astype(np.int64)
+
+
+def _runs(start: int, lengths: list[int]) -> list[np.ndarray]:
+    """Consecutive index arrays of ``lengths``, from ``start``."""
+    ends = np.cumsum([start, *lengths]).tolist()
+    return [np.arange(a, b, dtype=np.int64) for a, b in zip(ends[:-1], ends[1:])]
+
+
+def _key_ids(t: PickTable) -> np.ndarray:
+    """Per row, an id that is equal for equal sample keys (source, file name, row group, row)."""
+    if not len(t):
+        return np.zeros(0, dtype=np.int64)
+    names = {name: i for i, name in enumerate(dict.fromkeys(t.files))}
+    file = np.array([names[f] for f in t.files], dtype=np.int64)[t.file] if t.files else t.file
+    columns = [t.source, file, t.row_group, t.row]
+    spans = [int(c.max()) + 1 for c in columns]
+    if float(np.prod(spans, dtype=np.float64)) < 2.0 ** 62:  # one int64 per row
+        code = ((columns[0] * spans[1] + columns[1]) * spans[2] + columns[2]) * spans[3] + columns[3]
+        ordered = np.sort(code)
+        if not (ordered[1:] == ordered[:-1]).any():  # every key once, the usual step: its row is its id
+            return np.arange(code.size)
+        return np.unique(code, return_inverse=True)[1].reshape(-1)
+    return np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)[1].reshape(-1)
+
+
+def _actors(t: PickTable, rows: np.ndarray, registry: Registry) -> tuple[np.ndarray, list[tuple[str, int]]]:
+    """Per row, the index of its owning loader actor in the returned list; the registry is asked once
+    per distinct (source, file, row group, epoch)."""
+    if not rows.size:
+        return rows, []
+    source, file, group, epoch = t.source[rows], t.file[rows], t.row_group[rows], t.epoch[rows]
+    # one int64 per row group: file codes, row groups and epochs are small non-negative ints
+    code = ((source * (int(file.max()) + 1) + file) * (int(group.max()) + 1) + group) * (int(epoch.max()) + 1) + epoch
+    distinct, first, which = np.unique(code, return_index=True, return_inverse=True)
+    owners = [registry.owner(t.sources[s], t.files[f], g, e) for s, f, g, e in
+              zip(source[first].tolist(), file[first].tolist(), group[first].tolist(), epoch[first].tolist())]
+    actors = list(dict.fromkeys(owners))
+    index = {a: i for i, a in enumerate(actors)}
+    return np.array([index[o] for o in owners], dtype=np.int64)[which.reshape(-1)], actors

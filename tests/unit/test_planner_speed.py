@@ -8,12 +8,12 @@ import collections
 import numpy as np
 import pytest
 
+from flight_overlord.config import load_config
 from flight_overlord.core.mixing import Mixer, apportion
 from flight_overlord.core.order import RowGroupRef
 from flight_overlord.planner.feed import SourceFeed
 from flight_overlord.planner.program import plan_step
 from flight_overlord.planner.strategy import Strategy
-from flight_overlord.config import load_config
 
 from ..helpers import WEIGHTS, write_config
 
@@ -205,39 +205,3 @@ def test_a_source_with_nothing_readable_stops_the_draw_with_its_name(tmp_path, c
     feeds["code"].fetch_meta = lambda epoch, rg: {"num_tokens": np.zeros(rg.num_rows, dtype=np.int64)}
     with pytest.raises(ValueError, match="source 'code': no readable sample in a whole epoch"):
         plan_step(0, feeds, Mixer(list(WEIGHTS)), strategy, dict(WEIGHTS))
-
-
-@pytest.mark.parametrize("dp_per_constructor", [1, 3])
-def test_a_constructor_view_from_columns_equals_the_view_from_picks(tmp_path, corpus, dp_per_constructor):
-    """The Planner serves a constructor its view from the plan's columns: the same ConstructorPlan,
-    field by field, as the view built from Pick objects (loaders by first sample, keys, lengths)."""
-    import dataclasses
-
-    import pyarrow as pa
-
-    from flight_overlord.planner.views import constructor_view, step_views
-    from flight_overlord.wire.plan import PlanView
-    from flight_overlord.planner.registry import Registry
-    batch = {"context_length": 2048, "microbatches": 3, "samples_per_step": 12 * 6}
-    cfg = load_config(write_config(tmp_path, corpus, global_batch=batch, mesh={"dp": 6},
-                                   constructor={"dp_per_constructor": dp_per_constructor}))
-    strategy = Strategy(cfg)
-    registry = Registry(cfg, strategy.mesh.num_constructors)
-    feeds = _image_feeds()
-    for source, feed in feeds.items():
-        registry.register_loader(source, 0, 0, f"grpc://127.0.0.1:{1000 + len(source)}",
-                                 [[rg.file, rg.row_group, rg.num_rows] for rg in feed.row_groups])
-    mixer = Mixer(list(WEIGHTS))
-    for step in range(3):
-        plan = plan_step(step, feeds, mixer, strategy, dict(WEIGHTS))
-        by_picks = dataclasses.replace(plan, picked=plan.bins, table=None, bin_indices=None)
-        for c in range(strategy.mesh.num_constructors):
-            view = constructor_view(plan, c, strategy.mesh, registry, frozenset())
-            assert plan.keys_unique
-            assert view.to_wire() == constructor_view(by_picks, c, strategy.mesh, registry, frozenset()).to_wire()
-            assert view.keys
-        # every view at once, as the plans stream serves them: sliced from one batch, through IPC
-        shipped = [PlanView(v.header, pa.ipc.read_record_batch(v.rows.serialize(), v.rows.schema)).plan().to_wire()
-                   for v in step_views(plan, strategy.mesh, registry, frozenset())]
-        assert shipped == [constructor_view(by_picks, c, strategy.mesh, registry, frozenset()).to_wire()
-                           for c in range(strategy.mesh.num_constructors)]
