@@ -14,7 +14,6 @@ of the images a rank's vision encoder processes: one row per step, ``sum(p)``, `
 from __future__ import annotations
 
 import math
-
 from typing import Callable
 
 from ..core.cost import CostFn, attention_cost, patches_cost

@@ -21,30 +21,31 @@ from ..core.mixing import Mixer
 from ..core.schedules import FeedbackLog, weights_at
 from ..core.skips import StepSkips
 from ..journal import Journal, Snapshots, read_journal
+from . import costing
+from .costing import PlannedCost
 from .edits import MixOverrides, describe_edit, mixture_of
 from .feed import FetchMeta, SourceFeed
 from .live_edits import LiveEdits
 from .program import StepPlan
-from .skips import plan_step_dropping
 from .replay import Replayer, is_plan, state_before, step_record
-from . import costing
-from .costing import PlannedCost
-from .catalogs import CatalogCache
-from .registry import Registry
-from .scaling import SourceScaling
+from .routes import LoaderRoutes
 from .shape import batch_of, layout_of
+from .skips import plan_step_dropping
 from .strategy import Strategy
 
 log = logging.getLogger(__name__)
 
 
 class Planner(LiveEdits):
-    def __init__(self, cfg: Config, strategy: Strategy, fetch_meta: Callable[[str], FetchMeta] | None):
-        """``fetch_meta``: a source's metadata from its loaders; None offline (an audit): from its files."""
+    def __init__(self, cfg: Config, strategy: Strategy, fetch_meta: Callable[[str], FetchMeta] | None,
+                 routes: LoaderRoutes | None = None):
+        """``fetch_meta``: a source's metadata from its loaders; None offline (an audit): from its files.
+        ``routes``: the registry and live resharding, shared with what addresses the loaders (default: its own)."""
         self.cfg = cfg
         self.strategy = strategy
         self.mesh: Mesh = strategy.mesh
-        self.registry = Registry(cfg, self.mesh.num_constructors, CatalogCache(cfg))
+        self.routes = routes or LoaderRoutes.of(cfg, self.mesh.num_constructors)
+        self.registry = self.routes.registry
         self.feedback = FeedbackLog(expected=cfg.mesh.dp)  # one report per data-parallel group
         self.next_step = 0
         self.feeds: dict[str, SourceFeed] = {}   # built once every loader has registered (start_feeds)
@@ -67,7 +68,7 @@ class Planner(LiveEdits):
         self.replayer = Replayer(cfg, strategy, self._journal_path, self._snapshots, fetch_meta,
                                  self.registry.source_row_groups)  # journaled steps, served again
         self.journal_layout: dict | None = None  # the layout of the run restored from, if any
-        self.scaling = SourceScaling(cfg) if cfg.loader.scaling.enabled else None  # live resharding
+        self.scaling = self.routes.scaling  # live resharding, or None
         self.scaled: list[dict] = []  # the scaling events of the step planned last
         self.costs: dict[str, PlannedCost] = {}  # cost.fit: the models fitted to the trainers' timings
         if cfg.cost.fit:

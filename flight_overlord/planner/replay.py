@@ -155,8 +155,8 @@ class SourceReader:
 def files_metadata(cfg: Config, name: str) -> tuple[list[RowGroupRef], FetchMeta]:
     """A source's row groups and their metadata read from its files, as its loaders report them (an
     unreadable row group: every row -1, which planning skips, as a loader's failed read)."""
-    from ..loader.row_groups import RowGroupSamples, SourceShare
     from ..core.vision import ImageError
+    from ..loader.row_groups import RowGroupSamples, SourceShare
     share = SourceShare(cfg.source(name), 0, cfg.global_batch.context_length, cfg.vision)
 
     @lru_cache(maxsize=META_CACHED)

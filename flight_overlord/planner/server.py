@@ -1,19 +1,16 @@
 """Planner: the control path. Metadata in, plans and tickets out; no sample bytes.
 
-A thin Flight adapter (decode, authorize, call, encode) over :class:`~.service.PlanService` (registration,
-hand-out, trainer positions) and :class:`~.planner.Planner` (planning and its state); its calls to
-other roles are in :class:`~.calls.PlannerCalls`:
+A thin Flight adapter (decode, authorize, call, encode) over the role's parts (``parts.PlannerParts``):
+:class:`~.service.PlanService` (registration, the planning loop, trainer positions, constructors'
+shares) around :class:`~.planner.Planner` (planning and its state), with its calls to other roles in
+:class:`~.calls.PlannerCalls` and its FlightInfos in :class:`~.infos.FlightInfos`:
 
 - Loaders and constructors ``register`` (action) on start; planning begins once all have.
-- A planning thread plans step after step, ``prefetch`` steps ahead of the slowest trainer;
-  every plan is journaled, and any journaled step can be served again (to a restarted
-  constructor, or after ``--resume``).
-- Trainers call ``get_flight_info`` of ``("batch", STEP, RANK)`` (or once of ``("rank", RANK[, FIRST[, END]])``,
-  one long-lived stream; ``("encoder-rank", ...)`` for the images its vision encoder processes) for the
-  serving constructor's location and a ticket signed with the run's secret.
-
+- Trainers call ``get_flight_info`` of ``("rank", RANK[, FIRST[, END]])`` once (one long-lived stream;
+  ``("encoder-rank", ...)`` for the images its vision encoder processes), or of ``("batch", STEP, RANK)``
+  per step, for the serving constructor's location and a ticket signed with the run's secret.
 - Constructors ask for their share of each step on one long-lived ``do_exchange`` each, their plans
-  stream (``wire/plan_channel.py``: the ``plan`` action's body and answer as one message each).
+  stream (``wire/plan_channel.py``); the ``plan`` action is one message of it as a call.
 
 Who may call what (``wire/security.py``): ``register``, ``plan`` (and the plans stream), ``resume_point`` need the cluster
 secret; batch/encoder tickets, ``report`` and ``position`` are trainer calls; ``list_flights``, ``get_schema``,
@@ -22,25 +19,31 @@ source infos, ``status``, ``stats`` and ``list_actions`` are inspection calls.
 from __future__ import annotations
 
 from dataclasses import replace
+
 import pyarrow.flight as fl
 
-from .. import wire
 from ..config import Config, load_config
-from ..fence import Fence, claim as claim_fence
+from ..fence import Fence
+from ..fence import claim as claim_fence
 from ..role_process import advertised_host, role_parser, start_metrics
-from ..wire.schemas import ENCODER_BATCH, HDP_MICROBATCH, MICROBATCH, SAMPLE_METADATA, load_schema
-from ..wire.actions import (MixRequest, PlanRequest, PositionRequest, Report, ResumePointRequest, SkipRequest,
-                            StatsRequest)
-from ..wire.plan import PlanView
-from ..wire.plan_channel import OK, VIEWS_PER_ANSWER, check_descriptor, serve_plans
+from ..wire.actions import (
+    MixRequest,
+    PositionRequest,
+    Report,
+    ResumePointRequest,
+    SkipRequest,
+    StatsRequest,
+    plans_message,
+)
+from ..wire.plan_channel import VIEWS_PER_ANSWER, action_answer, check_descriptor, serve_plans
+from ..wire.schemas import SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, location_of, serve
-from ..wire.tickets import STREAM_KINDS, BatchTicket, BufferTicket, RankStream, Registration
-from .audit import audit_run, mark_run_start
-from .calls import PlannerCalls
+from ..wire.tickets import STREAM_KINDS, RankStream, Registration
+from .audit import audit_run
 from .edits import checked_weights
-from .planner import Planner
-from .service import PlanService
+from .infos import DESCRIPTORS, FlightInfos, descriptor_parts
+from .parts import PlannerParts
 from .standby import add_standby_arg, take_over_if_standby
 from .strategy import load_strategy
 
@@ -57,14 +60,10 @@ class PlannerServer(ActionServer):
         security = security or Security.from_config(cfg)
         self.mesh = cfg.mesh
         self.strategy = load_strategy(cfg, self.mesh)
-        self.calls = PlannerCalls(security.credentials, stopping=lambda: self.service.stopping,
-                                  fetch_seconds=cfg.liveness.fetch_seconds)
-        self.planner = self.calls.planner = Planner(cfg, self.strategy, self.calls.meta_fetcher)
-        self.planner.open(resume=resume or recover, guard=fence.enforce if fence is not None else None)
-        if not recover:  # a new segment of the run (overlord audit tells what a resume rolled back)
-            mark_run_start(cfg, self.planner.mixture, resume=resume)
-        self.service = PlanService(cfg, self.planner, resumed=resume, recover=recover, answers=self.calls.answers,
-                                   on_scaled=self.calls.announce_reshard)
+        self.parts = PlannerParts.build(cfg, self.strategy, security.credentials, resume=resume, recover=recover,
+                                        guard=fence.enforce if fence is not None else None)
+        self.planner, self.service = self.parts.planner, self.parts.service
+        self.infos = FlightInfos(cfg, self.strategy, security)
         super().__init__(cfg.network.host, cfg.network.planner_port if port is None else port, security)
         self.service.start_if_complete()
 
@@ -86,132 +85,82 @@ class PlannerServer(ActionServer):
 
     # -- trainer-facing ----------------------------------------------------------------
     def get_flight_info(self, context, descriptor):
-        parts = [p.decode() if isinstance(p, bytes) else p for p in (descriptor.path or [])]
+        parts = descriptor_parts(descriptor)
         batch = len(parts) == 3 and parts[0] in ("batch", "encoder")
         self.authorize(context, TRAINER if batch else INSPECT,
                        f"get_flight_info of {parts[0] if batch else 'this descriptor'!r}")
         if batch:
-            step, rank = self._parse_batch(parts)
+            step, rank = self.infos.batch(parts)
             self.authorize(context, TRAINER, f"get_flight_info of {parts[0]!r}", rank=rank)
-            self._check_encoder(parts[0])
-            self.service.trainer_asks(step, rank)
-            with self.service.cond:
-                location = self.service.constructor_of(rank)
-            return self._batch_info(descriptor, step, rank, location, parts[0])
+            self.infos.check_encoder(parts[0])
+            location = self.service.trainer_asks(step, rank)
+            return self.infos.batch_info(descriptor, step, rank, location, parts[0])
         if parts and parts[0] in STREAM_KINDS:
             self.authorize(context, TRAINER, f"get_flight_info of {parts[0]!r}")
             stream = RankStream.from_path(parts, self.mesh)
             self.authorize(context, TRAINER, f"get_flight_info of {parts[0]!r}", rank=stream.rank)
-            self._check_encoder(stream.kind)
+            self.infos.check_encoder(stream.kind)
             first, location = self.service.stream_asked(stream.rank, stream.first)
-            return self._rank_info(descriptor, stream, first, location)
+            return self.infos.rank_info(descriptor, stream, first, location)
         if len(parts) == 2 and parts[0] == "source":
             return self._source_info(descriptor, parts[1])
-        raise KeyError(f"unknown descriptor {parts or descriptor.command!r}: this Planner serves ('batch', STEP, "
-                       f"RANK), ('encoder', STEP, RANK), ('rank', RANK[, FIRST[, END]]), ('encoder-rank', RANK[, "
-                       f"FIRST[, END]]) and ('source', NAME)")
-
-    def _check_encoder(self, kind: str) -> None:
-        if kind in ("encoder", "encoder-rank") and self.strategy.image_graph is None:
-            raise KeyError(f"no encoder streams ({kind!r}): this run's strategy has no image graph "
-                           f"(images travel with their sequences in ('batch', STEP, RANK) and ('rank', RANK))")
+        raise KeyError(f"unknown descriptor {parts or descriptor.command!r}: this Planner serves {DESCRIPTORS}")
 
     def get_schema(self, context, descriptor):
         self.authorize(context, INSPECT, "get_schema")
-        parts = [p.decode() if isinstance(p, bytes) else p for p in (descriptor.path or [])]
+        parts = descriptor_parts(descriptor)
         if len(parts) == 3 and parts[0] in ("batch", "encoder"):
-            self._parse_batch(parts)
-            return fl.SchemaResult(load_schema(self._batch_schema() if parts[0] == "batch" else ENCODER_BATCH))
+            self.infos.batch(parts)
+            return fl.SchemaResult(self.infos.schema(parts[0]))
         if parts and parts[0] in STREAM_KINDS:
-            stream = RankStream.from_path(parts, self.mesh)
-            return fl.SchemaResult(load_schema(self._batch_schema() if stream.kind == "rank" else ENCODER_BATCH))
+            return fl.SchemaResult(self.infos.schema(RankStream.from_path(parts, self.mesh).kind))
         if len(parts) == 2 and parts[0] == "source":
             self.cfg.source(parts[1])
             return fl.SchemaResult(load_schema(SAMPLE_METADATA))
-        raise KeyError(f"unknown descriptor {parts!r}: this Planner serves ('batch', STEP, RANK) and ('source', NAME)")
-
-    def _parse_batch(self, parts) -> tuple[int, int]:
-        try:
-            step, rank = int(parts[1]), int(parts[2])
-        except ValueError:
-            raise ValueError(f"malformed descriptor {parts!r}: step and rank must be integers") from None
-        if step < 0:
-            raise ValueError(f"malformed descriptor {parts!r}: step must be >= 0")
-        self.mesh.coord(rank)  # ValueError naming the rank if outside the mesh
-        return step, rank
-
-    def _rank_info(self, descriptor, stream: RankStream, first: int, location: str) -> fl.FlightInfo:
-        """One endpoint at the rank's constructor (``location``) whose ticket streams the rank's steps
-        (or its encoder inputs) from ``first`` on."""
-        signed = self.security.sign_ticket(stream.kind, first, stream.rank)
-        ticket = BatchTicket(stream.kind, first, stream.rank, signed, stream.end)
-        endpoint = fl.FlightEndpoint(wire.ticket(ticket.to_wire()), [location])
-        schema = self._batch_schema() if stream.kind == "rank" else ENCODER_BATCH
-        return fl.FlightInfo(load_schema(schema), descriptor, [endpoint], -1, -1)
-
-    def _batch_info(self, descriptor, step: int, rank: int, location: str, kind: str = "batch") -> fl.FlightInfo:
-        endpoint = fl.FlightEndpoint(wire.ticket(self.security.sign_ticket(kind, step, rank)), [location])
-        if kind == "encoder":
-            return fl.FlightInfo(load_schema(ENCODER_BATCH), descriptor, [endpoint], -1, -1)
-        return fl.FlightInfo(load_schema(self._batch_schema()), descriptor, [endpoint],
-                             self.cfg.global_batch.microbatches, -1)
-
-    def _batch_schema(self) -> str:
-        """A rank's batch stream: microbatch rows, or under distribute('HDP') rows of per-sequence groups."""
-        return HDP_MICROBATCH if self.strategy.axis == "HDP" else MICROBATCH
+        raise KeyError(f"unknown descriptor {parts!r}: this Planner serves {DESCRIPTORS}")
 
     def _source_info(self, descriptor, name: str) -> fl.FlightInfo:
-        source = self.cfg.source(name)
-        with self.service.cond:
-            rows = sum(rg.num_rows for rg in self.planner.registry.source_row_groups(source.name))
-            endpoints = [fl.FlightEndpoint(wire.ticket(BufferTicket(*actor).to_wire()),
-                                           self.planner.registry.locations(actor))
-                         for actor in sorted(self.planner.registry.loaders) if actor[0] == source.name]
-        return fl.FlightInfo(load_schema(SAMPLE_METADATA), descriptor, endpoints, rows, -1)
+        rows, loaders = self.service.source_loaders(self.cfg.source(name).name)
+        return self.infos.source_info(descriptor, load_schema(SAMPLE_METADATA), rows, loaders)
 
     def list_flights(self, context, criteria):
         """The upcoming planned steps of every rank, every rank's stream (from where it is; listing moves
         no position) and the sources."""
         self.authorize(context, INSPECT, "list_flights")
         kinds = 2 if self.strategy.image_graph is not None else 1  # the encoder's streams too, or not
-        for rank, first, location in self.service.stream_starts():
+        starts = self.service.stream_starts()
+        for rank, first, location in starts:
             for kind in ("rank", "encoder-rank")[:kinds]:
                 stream = RankStream(rank, kind=kind)
-                yield self._rank_info(fl.FlightDescriptor.for_path(*stream.descriptor_path()), stream, first, location)
-        located = {rank: location for rank, _, location in self.service.stream_starts()}  # registered ones
+                yield self.infos.rank_info(fl.FlightDescriptor.for_path(*stream.descriptor_path()), stream, first,
+                                           location)
+        located = {rank: location for rank, _, location in starts}  # registered ones
         for step in self.service.upcoming_steps():
             for rank, location in located.items():
                 for kind in ("batch", "encoder")[:kinds]:
-                    yield self._batch_info(fl.FlightDescriptor.for_path(kind, str(step), str(rank)), step, rank,
-                                           location, kind)
+                    yield self.infos.batch_info(fl.FlightDescriptor.for_path(kind, str(step), str(rank)), step, rank,
+                                                location, kind)
         for source in self.cfg.sources:
             yield self._source_info(fl.FlightDescriptor.for_path("source", source.name), source.name)
 
     # -- constructor-facing ------------------------------------------------------------
     @requires(CLUSTER)
     def action_plan(self, body):
-        """A constructor's share of one step's plan: {"step", "constructor", "positions": {rank: step}, "wait": s};
-        one JSON object (constructors get it on their plans stream, as a record batch and a header)."""
-        return self._views(body)[0].to_wire()
-
-    def _views(self, body: dict, views: int = 1) -> list[PlanView]:
-        request = PlanRequest.from_wire(body)
-        return self.service.constructor_plan(request.step, request.constructor, request.positions, request.wait,
-                                             views)
+        """One message of a constructor's plans stream as a call: {"step", "constructor", "positions": {rank:
+        step}, "wait": s} gets the step's view as one JSON object; {"constructor", "positions"}, {"ok": true}."""
+        return action_answer(self._plans_answer(body, 1))
 
     def do_exchange(self, context, descriptor, reader, writer):
-        """A constructor's plans stream (``wire/plan_channel.py``): ``action_plan`` as one message each."""
+        """A constructor's plans stream (``wire/plan_channel.py``)."""
         self.authorize(context, CLUSTER, "do_exchange")
         check_descriptor(descriptor)
-        serve_plans(reader, writer, self._plans_answer, lambda: self.service.stopping)
+        serve_plans(reader, writer, lambda body: self._plans_answer(body, VIEWS_PER_ANSWER),
+                    lambda: self.service.stopping)
 
-    def _plans_answer(self, body: dict) -> bytes | list[PlanView]:
+    def _plans_answer(self, body: dict, views: int):
         if self.fence is not None:  # the stream outlives the call's own check: each message is one
             self.fence.enforce()
-        if "step" in body:
-            return self._views(body, VIEWS_PER_ANSWER)
-        self.service.constructor_positions(wire.field(body, "constructor", int, "positions report"), body.get("positions"))
-        return OK
+        return self.service.answer(plans_message(body), views)
 
     @requires(CLUSTER)
     def action_resume_point(self, body):
@@ -227,11 +176,8 @@ class PlannerServer(ActionServer):
         says where it starts when it asks for its stream from there."""
         rank = PositionRequest.from_wire(body).rank
         group = self.mesh.replica_group(rank)  # ValueError naming a rank outside the mesh
-        with self.service.cond:
-            location = self.service.constructor_of(rank)
-        served = self.calls.served_steps(location)
-        with self.service.cond:
-            step = self.service.positions.rejoin_step(group, served)
+        served = self.parts.calls.served_steps(self.service.constructor_location(rank))
+        step = self.service.rejoin_step(group, served)
         return {"rank": rank, "step": step, "group": list(group)}
 
     @requires(TRAINER, rank_field="rank")
@@ -278,9 +224,9 @@ class PlannerServer(ActionServer):
 
     def shutdown(self):
         self.service.stop()
+        self.parts.calls.stop()  # a metadata fetch in flight gives up
         super().shutdown()
-        self.calls.close()
-        self.planner.close()
+        self.parts.close()
 
 
 def main(argv=None) -> None:

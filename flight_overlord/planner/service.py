@@ -1,7 +1,9 @@
 """What the Planner role does between its Flight adapter and the planning logic (``Planner``),
-without Flight: who registered where (and the rule for moving), planning ahead of the slowest
-trainer, trainer positions, a rewind on a new layout, handing each constructor its share of a
-plan, and the counters its status reports.
+without Flight: who registered where (and the rule for moving), the planning loop ahead of the
+slowest trainer, trainer positions, a rewind on a new layout, and each constructor's share of a
+plan. Its state is in a few objects with one job each: ``TrainerPositions`` (where each rank is),
+``PublishedViews`` (views until taken), ``PlanCounters`` (what status counts); what it asks of other
+roles goes through ``ports.RoleCalls``.
 
 One lock (``cond``) guards it; a blocking call waits on it server-side for at most ``WAIT_SECONDS``.
 """
@@ -13,16 +15,18 @@ from typing import Callable
 
 from .. import wire
 from ..config import Config
+from ..core.positions import TrainerPositions, checked_positions
 from ..errors import BackgroundFailure, Busy, WaitTimedOut
 from ..journal import write_json_atomic
 from ..waiting import wait_until
-from ..core.mixing import shares
-from ..core.positions import TrainerPositions, checked_positions
-from ..core.starvation import TrainerWaits
+from ..wire.actions import PlanRequest, PositionsReport
 from ..wire.plan import PlanView
 from ..wire.plan_channel import PLAN_AHEAD
 from ..wire.status import PlannerStatus
+from .counters import PlanCounters
 from .planner import Planner
+from .ports import RoleCalls
+from .published import PublishedViews
 from .registry import REGISTRY_FILE
 from .reports import checked_report
 from .views import step_views
@@ -33,15 +37,13 @@ STEPS_AHEAD = 16    # beyond prefetch: how far past the planned steps a trainer 
 # How long an answer waits for the next step's view when that step is being planned right now (about
 # a planning's time at dp 64; past it, at thousands of ranks, the answer goes without it)
 NEXT_VIEW_SECONDS = 0.05
-STATS_KEPT = 1024   # per-step plan stats kept for the ``stats`` action (older steps: their journal records)
 
 
 class PlanService:
-    def __init__(self, cfg: Config, planner: Planner, *, resumed: bool, recover: bool,
-                 answers: Callable[[str], bool], on_scaled: Callable[[list[dict]], None]):
-        """``resumed``: the run continues from its journal; ``recover``: also take the registrations
-        in ``registry.json`` (a restart of the Planner alone). ``answers(location)``: whether a
-        registered role still answers there; ``on_scaled(events)``: tell loaders of a reshard."""
+    def __init__(self, cfg: Config, planner: Planner, roles: RoleCalls, *, resumed: bool, recover: bool):
+        """``roles``: whether a registered role still answers, and reshard announcements. ``resumed``: the
+        run continues from its journal; ``recover``: also take the registrations in ``registry.json`` (a
+        restart of the Planner alone)."""
         self.cfg = cfg
         self.planner = planner
         self.mesh = planner.mesh
@@ -49,25 +51,16 @@ class PlanService:
         # on the same lock: what a request waiting for a plan wakes on (a plan published, a failure, the
         # stop), not every position report, each of which wakes the planning thread
         self._published = threading.Condition(self.cond)
-        self._answers = answers
-        self._on_scaled = on_scaled
+        self._roles = roles
         self._registry_file = cfg.run_dir / REGISTRY_FILE
         self.resumed = resumed or recover
         if recover and self._registry_file.exists():
             self.planner.registry.load_state_dict(wire.decode(self._registry_file.read_bytes(), str(self._registry_file)))
         self.rewind_pending = planner.replan_needed  # re-plan from the step the trainers resume at
-        self._views: dict[int, list[PlanView]] = {}  # planned steps' views, not yet fetched by every constructor
-        self._fetched: dict[int, set[int]] = {}
-        self._registrations = 0  # bumped by every registration at a new location: encoded views name the loaders' locations
-        self._publishing: int | None = None  # the step planned whose views are being made (not served yet)
-        self.stats: dict[int, dict] = {}
-        self.positions = TrainerPositions()        # where each rank is (asked, or reported by its constructor)
-        self._planned = {"samples": {}, "tokens": {}}  # per source, by this process (metrics)
-        self._reregistrations = {"loader": 0, "constructor": 0}  # restarts of registered roles (metrics)
-        self._plan_answers: dict[str, int] = {}  # views per plans-stream answer -> answers (status, metrics)
+        self.views = PublishedViews(self.mesh.num_constructors)
+        self.positions = TrainerPositions()  # where each rank is (asked, or reported by its constructor)
+        self.counters = PlanCounters()
         self.failure: BackgroundFailure | None = None  # planning failed: every waiting call gets it
-        self._trainer_waits = TrainerWaits()  # what trainers reported waiting for data (status; not journaled)
-        self._trainer_losses: dict[str, dict] = {}  # rank -> its last overall loss (status; plans never read it)
         self.stopping = False
         self._started = False
 
@@ -81,17 +74,15 @@ class PlanService:
         location, if any. A registered role moves only when its registered address no longer answers
         (recovery restarts a role on its own address), so not even a holder of the secret can
         redirect a live role."""
-        if current is not None and current != location and self._answers(current):
+        if current is not None and current != location and self._roles.answers(current):
             raise ValueError(f"register: {name} is registered at {current}, which still answers; a registered role "
                              f"moves only when its address no longer answers (restart it on the same address)")
         with self.cond:
             add()
-            if current != location:  # a new or moved role: encoded views may name an old location, so
-                self._registrations += 1  # those steps are served from the journal (a restart on its own
-                self._views.clear()  # address, the recovery path, keeps them)
-                self._fetched.clear()
+            if current != location:  # a new or moved role: its steps' views are served from the journal (a
+                self.views.moved()  # restart on its own address, the recovery path, keeps them)
             if current is not None:
-                self._reregistrations[role] += 1
+                self.counters.reregistrations[role] += 1
             if current is not None and current != location:
                 log.warning("%s moved from %s (not answering) to %s", name, current, location)
             registry = self.planner.registry
@@ -137,22 +128,15 @@ class PlanService:
                     self.cond.wait_for(lambda: self.stopping or self._may_plan(self.planner.next_step))
                     if self.stopping:
                         return
-                    self._publishing = self.planner.next_step
-                registrations = self._registrations
+                    self.views.publishing = self.planner.next_step
+                    registrations = self.views.registrations
                 plan = self.planner.plan_next()
                 if self.planner.scaled:
-                    self._on_scaled(self.planner.scaled)
+                    self._roles.announce(self.planner.routes.reshards(self.planner.scaled))
                 views = step_views(plan, self.mesh, self.planner.registry, self.planner.strategy.broadcast)
                 with self.cond:
-                    self._publishing = None
-                    if registrations == self._registrations:
-                        self._views[plan.step] = views
-                        self._fetched[plan.step] = set()
-                    self.stats[plan.step] = plan.stats
-                    self.stats.pop(plan.step - STATS_KEPT, None)  # bounded in steps (a rewind may leave a few)
-                    for key in ("samples", "tokens"):
-                        for source, n in plan.stats.get(key, {}).items():
-                            self._planned[key][source] = self._planned[key].get(source, 0) + n
+                    self.views.publish(plan.step, views, registrations)
+                    self.counters.step_planned(plan)
                     self._published.notify_all()
         except Exception as exc:  # surface to every waiting client instead of hanging them
             log.exception("planning failed")
@@ -187,14 +171,16 @@ class PlanService:
             raise BackgroundFailure(str(self.failure), self.failure.cause)
 
     # -- trainers ----------------------------------------------------------------------
-    def trainer_asks(self, step: int, rank: int) -> None:
-        """Rank ``rank`` asks for ``step`` (which is how a trainer tells where it is): returns once
-        the step is planned. The first ask after a resume on a new layout rewinds there."""
+    def trainer_asks(self, step: int, rank: int) -> str:
+        """Rank ``rank`` asks for ``step`` (which is how a trainer tells where it is): returns its
+        constructor's location once the step is planned. The first ask after a resume on a new layout
+        rewinds there."""
         with self.cond:
             if step < self.requested.get(rank, 0) and not self.rewind_pending:
                 self.planner.check_rewind(rank, step)
             self._trainer_at(step, lambda: self.positions.asked_step(rank, step))
             self._wait_for_plan(step, WAIT_SECONDS)
+            return self._constructor_of(rank)
 
     def stream_asked(self, rank: int, first: int | None) -> tuple[int, str]:
         """Rank ``rank`` asks for its stream from ``first`` (default: where it is), which is how it says
@@ -205,9 +191,26 @@ class PlanService:
             if not self.rewind_pending:
                 self.planner.check_rewind(rank, first)
             self._trainer_at(first, lambda: self.positions.asked_stream(rank, first))
-            return first, self.constructor_of(rank)
+            return first, self._constructor_of(rank)
 
-    def constructor_of(self, rank: int) -> str:
+    def constructor_location(self, rank: int) -> str:
+        """Where the rank's constructor is, once registered."""
+        with self.cond:
+            return self._constructor_of(rank)
+
+    def rejoin_step(self, group: tuple[int, ...], served: dict[int, int]) -> int:
+        """Where a replica group continues together (``TrainerPositions.rejoin_step``)."""
+        with self.cond:
+            return self.positions.rejoin_step(group, served)
+
+    def source_loaders(self, source: str) -> tuple[int, list[tuple[tuple[str, int], list[str]]]]:
+        """A source's rows (its registered row groups') and (actor, locations) of each of its loader actors."""
+        registry = self.planner.registry
+        with self.cond:
+            rows = sum(rg.num_rows for rg in registry.source_row_groups(source))
+            return rows, [(actor, registry.locations(actor)) for actor in sorted(registry.loaders) if actor[0] == source]
+
+    def _constructor_of(self, rank: int) -> str:
         """(Held lock.) Where the rank's constructor is, once registered (a restarted Planner answers first)."""
         index, constructors = self.mesh.constructor_of(self.mesh.coord(rank).dp), self.planner.registry.constructors
         wait_until(self.cond, lambda: index in constructors or self.stopping, WAIT_SECONDS, f"constructor {index}")
@@ -243,11 +246,9 @@ class PlanService:
         (its data waits, for status). Losses and timings are journaled before any plan reads them."""
         body = body or {}
         overall = checked_report(self.cfg, self.mesh, self.planner, step, rank, losses, body)
+        waits = wire.field(body, "waits", dict, "report") if body.get("waits") is not None else None
         with self.cond:
-            if body.get("waits") is not None:
-                self._trainer_waits.add(rank, wire.field(body, "waits", dict, "report"))
-            if overall is not None:
-                self._trainer_losses[str(rank)] = {"step": step, "loss": overall}
+            self.counters.trainer_reported(rank, step, waits, overall)
             changed = losses is not None and self.planner.report(step, rank, losses)
             for name, model in (("compute_seconds", "backbone"), ("encoder_seconds", "encoder")):
                 if body.get(name) is not None:
@@ -256,6 +257,15 @@ class PlanService:
                 self.cond.notify_all()
 
     # -- constructors ------------------------------------------------------------------
+    def answer(self, message: PlanRequest | PositionsReport, views: int) -> list[PlanView] | dict:
+        """One message of a constructor's plans stream, or the ``plan`` action's body: a plan request gets
+        the views of its step and of the steps after it already planned, up to ``views``
+        (``constructor_plan``); a positions report ``{"ok": true}``."""
+        if isinstance(message, PositionsReport):
+            self.constructor_positions(message.constructor, message.positions)
+            return {"ok": True}
+        return self.constructor_plan(message.step, message.constructor, message.positions, message.wait, views)
+
     def constructor_plan(self, step: int, constructor: int, positions: dict | None = None,
                          wait: float | None = None, views: int = 1) -> list[PlanView]:
         """Constructor ``constructor``'s share of step ``step``'s plan, as the plans stream carries it, and
@@ -269,17 +279,16 @@ class PlanService:
         with self.cond:
             self._check_horizon(step)
             self._wait_for_plan(step, min(WAIT_SECONDS, wait or WAIT_SECONDS))
-            first = self._take_view(step, constructor)
+            first = self.views.take(step, constructor)
             following = []
             for later in range(step + 1, step + views):
                 self._await_in_planning(later)
-                view = self._take_view(later, constructor) if self._published_step(later) else None
+                view = self.views.take(later, constructor) if self._published_step(later) else None
                 if view is None:
                     break
                 following.append(view)
             if views > 1:
-                key = str(1 + len(following))
-                self._plan_answers[key] = self._plan_answers.get(key, 0) + 1
+                self.counters.answered(1 + len(following))
         if first is None:
             plan = self.planner.journaled(step)  # fetched by everyone before, or planned by an earlier Planner process
             if plan is None:
@@ -291,7 +300,7 @@ class PlanService:
         """(Held lock.) When ``step`` is the one being planned now, or the next and plannable (the positions
         just reported may be what let it), wait for it, at most ``NEXT_VIEW_SECONDS``: its view then comes
         along, and the constructor does not ask for it."""
-        planning = step == self._publishing or (step == self.planner.next_step and self._may_plan(step))
+        planning = step == self.views.publishing or (step == self.planner.next_step and self._may_plan(step))
         if self._published_step(step) or not planning:
             return
         try:
@@ -302,18 +311,7 @@ class PlanService:
 
     def _published_step(self, step: int) -> bool:
         """(Held lock.) Planned, with its views made."""
-        return step < self.planner.next_step and step != self._publishing
-
-    def _take_view(self, step: int, constructor: int) -> PlanView | None:
-        """(Held lock.) The constructor's view of a published step, if still held; dropped once every
-        constructor has taken its own."""
-        views = self._views.get(step)
-        if views is None:
-            return None
-        self._fetched[step].add(constructor)
-        if len(self._fetched[step]) == self.mesh.num_constructors:
-            del self._views[step], self._fetched[step]
-        return views[constructor]
+        return step < self.planner.next_step and step != self.views.publishing
 
     def constructor_positions(self, constructor: int, positions) -> None:
         """{rank: step}: the next step each rank stream of ``constructor`` sends (with a plan request, or
@@ -345,7 +343,8 @@ class PlanService:
     def upcoming_steps(self) -> list[int]:
         """The planned steps still worth inspecting (the ones trainers are about to read)."""
         with self.cond:
-            return [s for s in sorted(self.stats) if s >= self.planner.next_step - self.cfg.prefetch - PLAN_AHEAD - 1]
+            first = self.planner.next_step - self.cfg.prefetch - PLAN_AHEAD - 1
+            return [s for s in sorted(self.counters.stats) if s >= first]
 
     def status(self) -> PlannerStatus:
         """Registration, planning progress, trainer positions, and where every role is."""
@@ -356,14 +355,9 @@ class PlanService:
                 ready=registry.complete(), planned=self.planner.next_step - 1, world_size=self.mesh.world_size,
                 requested={str(r): s for r, s in sorted(self.requested.items())},
                 error=str(self.failure) if self.failure else None,
-                recovered=self.resumed, samples_planned=dict(self._planned["samples"]),
-                tokens_planned=dict(self._planned["tokens"]), mixture_realized=shares(self._planned[unit]),
-                reregistrations=dict(self._reregistrations), plan_answers=dict(self._plan_answers),
-                **registry.status(),
+                recovered=self.resumed, **self.counters.status(unit), **registry.status(),
                 scaling=self.planner.scaling.status() if self.planner.scaling is not None else None,
                 cost=self.planner.cost_status(),
-                trainer_waits={str(r): w for r, w in self._trainer_waits.totals().items()},
-                trainer_losses=dict(self._trainer_losses),
                 mixture={"weights": self.planner.last_weights, "skips": self.planner.skips.state_dict(),
                          "pending": self.planner.overrides.pending(self.planner.next_step)})
 
@@ -371,21 +365,7 @@ class PlanService:
         """Per-step plan statistics of the steps in ``first..last`` still held (default: to the last planned)."""
         with self.cond:
             last = self.planner.next_step - 1 if last is None else last
-            return {str(s): stats for s, stats in self.stats.items() if first <= s <= last}  # never walks the range
-
-    # -- state -------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """Trainer positions and the counters (the plans themselves are the Planner's state)."""
-        with self.cond:
-            return {"requested": {str(r): s for r, s in self.requested.items()},
-                    "planned": {k: dict(v) for k, v in self._planned.items()},
-                    "reregistrations": dict(self._reregistrations)}
-
-    def load_state_dict(self, state: dict) -> None:
-        with self.cond:
-            self.positions.requested = {int(r): int(s) for r, s in state["requested"].items()}
-            self._planned = {k: dict(v) for k, v in state["planned"].items()}
-            self._reregistrations = dict(state["reregistrations"])
+            return self.counters.step_stats(first, last)
 
     def stop(self) -> None:
         with self.cond:

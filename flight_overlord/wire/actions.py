@@ -2,7 +2,9 @@
 request with ``to_wire()`` (the JSON object a stock client sends) and ``from_wire(raw)`` (checked,
 ValueError naming the field that is wrong), used by both ends.
 
-- ``PlanRequest`` constructor -> Planner (action ``plan``, or a message on its plans stream): its share of a step, with its streams' positions;
+- ``PlanRequest`` constructor -> Planner (action ``plan``, or a message on its plans stream): its share of a step,
+  with its streams' positions; ``PositionsReport`` the same without a step, the positions alone
+  (``plans_message`` tells them apart);
 - ``ResumePointRequest`` constructor -> Planner (action ``resume_point``): where a (re)started one begins;
 - ``Report`` trainer -> Planner (action ``report``): losses and/or measured seconds of one step;
 - ``PositionRequest`` trainer -> Planner (action ``position``): where a rank that lost its state continues;
@@ -38,6 +40,25 @@ class PlanRequest:
             raise ValueError(f"malformed plan: field 'wait' must be a positive number of seconds, got {wait!r}")
         return cls(field(raw, "step", int, "plan"), field(raw, "constructor", int, "plan"),
                    optional_field(raw, "positions", dict, "plan"), wait)
+
+
+@dataclass(frozen=True)
+class PositionsReport:
+    """A constructor's rank-stream positions, {rank: the next step it sends}, while it waits for its trainers."""
+    constructor: int
+    positions: dict
+
+    def to_wire(self) -> dict:
+        return {"constructor": self.constructor, "positions": self.positions}
+
+    @classmethod
+    def from_wire(cls, raw: dict) -> "PositionsReport":
+        return cls(field(raw, "constructor", int, "positions report"), field(raw, "positions", dict, "positions report"))
+
+
+def plans_message(raw: dict) -> PlanRequest | PositionsReport:
+    """A message of the plans stream, or the ``plan`` action's body: a plan request when it names a step."""
+    return PlanRequest.from_wire(raw) if "step" in raw else PositionsReport.from_wire(raw)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,11 @@ a fraction of that. The protocol is lock-step, app_metadata only (JSON objects),
 The Planner's handler blocks reading the next message, and a Flight server's shutdown waits for its
 handlers: so a constructor that waits for its trainers reports its positions at least every
 ``POSITIONS_SECONDS`` (``PlanChannel.ask`` with a report), and the handler ends as soon as the Planner
-stops. The ``plan`` action stays, for stock clients and inspection: it answers the same view as JSON.
+stops.
+
+The ``plan`` action is the same exchange as one call, for stock clients and inspection: its body is one
+message, answered by the same function as on the stream with one view at most (``action_answer``: the
+view as one JSON object, ``ConstructorPlan.to_wire``, or ``{"ok": true}``; "again" is the call's time-out).
 """
 from __future__ import annotations
 
@@ -39,7 +43,7 @@ PLANS = "plans"
 # positions it brought may be what planning waits for), then the constructor asks again with fresh
 # ones. It also bounds how long the Planner's shutdown waits for a plans stream's handler.
 POSITIONS_SECONDS = 0.5
-AGAIN, OK = encode({"again": True}), encode({"ok": True})
+AGAIN = encode({"again": True})
 # Views in one answer: the asked step's and the next one's when it is planned, so that a constructor asks
 # (and the Planner answers) about once every other step: the plans stream's messages were most of the
 # Planner's CPU per step after planning itself.
@@ -58,10 +62,10 @@ def check_descriptor(descriptor: fl.FlightDescriptor) -> None:
                        f"only ({PLANS!r},), a constructor's plans stream")
 
 
-def serve_plans(reader, writer, answer: Callable[[dict], "bytes | list[PlanView]"], stopping: Callable[[], bool]) -> None:
+def serve_plans(reader, writer, answer: Callable[[dict], "dict | list[PlanView]"], stopping: Callable[[], bool]) -> None:
     """The Planner's side: one answer per message until the constructor closes the stream or the Planner
-    stops. ``answer(body)``: views of consecutive steps, or an encoded answer; its ``WaitTimedOut`` is ``{"again": true}``,
-    any other error ``{"error": ...}`` (said as a handler's error would be)."""
+    stops. ``answer(body)``: views of consecutive steps, or a JSON object; its ``WaitTimedOut`` is
+    ``{"again": true}``, any other error ``{"error": ...}`` (said as a handler's error would be)."""
     writer.begin(view_schema())
     while not stopping():
         try:
@@ -70,8 +74,7 @@ def serve_plans(reader, writer, answer: Callable[[dict], "bytes | list[PlanView]
             return
         try:
             reply = answer(_message(chunk))
-            if isinstance(reply, list):
-                reply = views_message(reply)
+            reply = views_message(reply) if isinstance(reply, list) else encode(reply)
         except WaitTimedOut:
             reply = AGAIN
         except Exception as exc:  # noqa: BLE001 - a bad request is answered; the stream stays up
@@ -83,6 +86,11 @@ def serve_plans(reader, writer, answer: Callable[[dict], "bytes | list[PlanView]
             writer.write_with_metadata(rows, header)
         else:
             writer.write_metadata(reply)
+
+
+def action_answer(reply: "dict | list[PlanView]") -> dict:
+    """An answer of the plans stream as the ``plan`` action's: the asked step's view as one JSON object."""
+    return reply[0].to_wire() if isinstance(reply, list) else reply
 
 
 def _message(chunk) -> dict:
