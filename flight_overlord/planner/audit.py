@@ -4,8 +4,8 @@ Computed from what was recorded as delivered (the constructors' delivery journal
 rank, the plan's bucket and a digest of the keys served), joined with the plan of each step as the
 Planner reads it back: its journal replayed once, start to end (``Replayer.in_force``), each step
 re-derived from the state the step before left and checked against its digest. A sample is (key,
-epoch): the same key in another epoch is a new sample. Duplicates are samples delivered in two steps; missing are samples
-planned for a step up to the last one every rank of the latest segment has, but never delivered.
+epoch): the same key in another epoch is a new sample. Duplicates are samples delivered in two steps;
+missing are samples planned for a step up to the last one every rank of the latest segment has, but never delivered.
 """
 from __future__ import annotations
 
@@ -156,7 +156,8 @@ def _shares(counts: Counter) -> dict[str, float]:
 def render(report: dict) -> str:
     """The audit as a few lines of text, its words explained."""
     through = report["through_step"]
-    passed = f"steps 0-{through} (which every rank has passed)" if through >= 0 else "steps every rank has passed (none yet)"
+    passed = (f"steps 0-{through} (which every rank has passed)" if through >= 0
+              else "steps every rank has passed (none yet)")
     lines = [f"samples delivered {report['samples']} ({report['unique']} unique)"
              + (f" through step {through}" if through >= 0 else "") + f" in {report['segments']} segment(s): "
              f"duplicates {report['duplicates']}, missing {report['missing']}",

@@ -76,9 +76,9 @@ class PlannerCalls:
         """A source's row-group metadata, from the loader that owns each row group (or a replica of it)."""
         def fetch(epoch: int, rg: RowGroupRef) -> dict[str, np.ndarray]:
             request, actor = self.routes.metadata_request(source, epoch, rg)
+            ticket = wire.ticket(request.to_wire())
             table = call_any(self.clients, lambda: self.routes.locations(actor),  # a moved loader too
-                             lambda c: within(self.fetch_seconds,
-                                              lambda options: c.do_get(wire.ticket(request.to_wire()), options).read_all()),
+                             lambda c: within(self.fetch_seconds, lambda options: c.do_get(ticket, options).read_all()),
                              what=f"loader {source}[{actor[1]}]", stop=self._stopping.is_set)
             return row_group_metadata(table, rg.num_rows)
         return fetch

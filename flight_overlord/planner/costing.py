@@ -91,7 +91,8 @@ class PlannedCost:
     # -- state -------------------------------------------------------------------------
     def status(self, next_step: int) -> dict:
         waiting = next_step - self.fit.lag
-        return {"model": "attention" if self.name == "backbone" else "patches", **self.in_force.to_dict(), "since_step": self.in_force_from,
+        return {"model": "attention" if self.name == "backbone" else "patches", **self.in_force.to_dict(),
+                "since_step": self.in_force_from,
                 "prior": {"a": self.fit.prior.a, "b": self.fit.prior.b}, "lag": self.fit.lag,
                 "window": self.fit.window,
                 "waiting_for": ({"step": waiting, "buckets": self.fit.missing(waiting)}

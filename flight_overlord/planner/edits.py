@@ -128,7 +128,8 @@ def check_sources(cfg: Config, *, resume: bool) -> list[str]:
     for source in cfg.sources:
         window = old.get(source.name, {}).get("shuffle_window", 1)
         if (legacy or source.name in old) and window != source.shuffle_window:
-            raise ConfigError(f"sources.{source.name}.shuffle_window: {window} when the run started, {source.shuffle_window} "
+            raise ConfigError(f"sources.{source.name}.shuffle_window: {window} when the run started, "
+                              f"{source.shuffle_window} "
                               f"now; the source's cursor counts windows of {window} row groups: keep {window} (or give "
                               f"the source another name, which starts it at epoch 0)")
     for source in cfg.sources:

@@ -51,7 +51,8 @@ class LiveEdits:
         with self._planning:
             if first < self.next_step:
                 raise ValueError(f"skip: step {first} is already planned (up to {self.next_step - 1}): start at "
-                                 f"{self.next_step} or later, or stop, add skip: [\"{first}:{last}\"] to the config, resume")
+                                 f"{self.next_step} or later, or stop, add skip: [\"{first}:{last}\"] to the config, "
+                                 f"resume")
             added = self._add_skip(first, last, "operator")
             return {"first": first, "last": last, "added": added, "windows": self.skips.state_dict()}
 

@@ -236,7 +236,7 @@ class Planner(LiveEdits):
 
     def state_dict(self) -> dict:
         lag = self.strategy.schedule.lag
-        keep = {str(s): {str(g): l for g, l in groups.items()} for s, groups in self.feedback.reports.items()
+        keep = {str(s): {str(g): losses for g, losses in groups.items()} for s, groups in self.feedback.reports.items()
                 if s >= self.next_step - lag - 1}
         cost = {"cost_fit": {name: c.state_dict() for name, c in self.costs.items()}} if self.costs else {}
         return {"next_step": self.next_step, "layout": self.layout(), **self._planning_state(), "feedback": keep,

@@ -184,7 +184,8 @@ def _checked_raw(ctx: PlanContext, result) -> tuple[list[np.ndarray], np.ndarray
         raise ValueError("plan_raw must place every drawn sample exactly once (in a bin or as unplaced)")
     for i, b in enumerate(bins):
         if ctx.sizes[b].sum() > ctx.capacity:
-            raise ValueError(f"plan_raw: bin {i} holds {int(ctx.sizes[b].sum())} tokens, over the capacity {ctx.capacity}")
+            raise ValueError(f"plan_raw: bin {i} holds {int(ctx.sizes[b].sum())} tokens, over the capacity "
+                             f"{ctx.capacity}")
     return bins, unplaced
 
 
@@ -268,7 +269,8 @@ def place_images(bins: list[list[Pick]], strategy: Strategy,
     stats = {"images": len(units), "patches": int(sum(p.image_sizes[i] for p, i in units)),
              "imbalance": max_over_mean(loads), "max_cost": float(loads.max()) if len(loads) else 0.0,
              "lower_bound": float(balance.lower_bound(costs, k)) if len(costs) else 0.0,
-             "imbalance_vanilla": max_over_mean(vanilla), "max_cost_vanilla": float(vanilla.max()) if len(vanilla) else 0.0}
+             "imbalance_vanilla": max_over_mean(vanilla),
+             "max_cost_vanilla": float(vanilla.max()) if len(vanilla) else 0.0}
     return encoder, stats
 
 
@@ -335,7 +337,8 @@ def _stats(plan: StepPlan, meta: dict[str, np.ndarray], source_index: np.ndarray
     codes = code[kept]
     samples, tokens, patches = (
         dict(zip(names, np.bincount(codes, weights=w, minlength=len(names)).astype(np.int64).tolist()))
-        for w in (None, meta["num_tokens"][placed].astype(np.float64), meta["image_patches"][placed].astype(np.float64)))
+        for w in (None, meta["num_tokens"][placed].astype(np.float64),
+                  meta["image_patches"][placed].astype(np.float64)))
     return {
         "weights": plan.weights, "samples": dict(samples), "tokens": dict(tokens), "image_patches": dict(patches),
         "deferred": int(len(unplaced)),

@@ -9,9 +9,10 @@ the number of sources, not of samples (a whole plan is ~12 KB per step at dp 64 
 Serving step s again reads the state before it (step s - 1's record, or the snapshot or rewind just
 before s), plans s once more and compares the digest; a mismatch is an error naming the step, never
 another plan. Replay cost is one step's planning plus a journal read bounded by the snapshot
-interval; what needs every step (an audit) replays the journal once, start to end (``in_force``). The metadata comes from the loaders (a live Planner) or from the source files themselves
-(offline: an audit), read once per row group; the files are fingerprinted, so a changed file is
-an error at resume already. A run's config is kept per start (``ConfigHistory``), so a step planned
+interval; what needs every step (an audit) replays the journal once, start to end (``in_force``).
+The metadata comes from the loaders (a live Planner) or from the source files themselves (offline:
+an audit), read once per row group; the files are fingerprinted, so a changed file is an error at
+resume already. A run's config is kept per start (``ConfigHistory``), so a step planned
 before a resume on an edited config or another layout is re-derived with the config it was planned with.
 """
 from __future__ import annotations
@@ -79,7 +80,8 @@ def step_record(plan: StepPlan, weights: dict, reset_credit: bool, costs: dict[s
                 drop: tuple[int, int] | None = None) -> dict:
     """A step's journal record, without its samples: the step's own inputs (``weights`` as given to
     planning, before any buffer policy; the credit reset; the cost models in force as [a, b]; whether
-    the steps whose draws were dropped before it, ``overlord skip``) and the plan's digest, weights, stats and feedback."""
+    the steps whose draws were dropped before it, ``overlord skip``) and the plan's digest, weights, stats
+    and feedback."""
     record = {"step": plan.step, "layout": plan.layout(), "weights": plan.weights, "stats": plan.stats,
               "digest": plan_digest(plan)}
     if plan.feedback is not None:
@@ -145,7 +147,8 @@ class SourceReader:
     def _open(self, name: str) -> tuple[list[RowGroupRef], FetchMeta]:
         if self._fetch_meta is not None:
             fetch = self._fetch_meta(name)
-            cached = lru_cache(maxsize=META_CACHED)(lambda epoch, file, group, rows: fetch(epoch, RowGroupRef(file, group, rows)))
+            cached = lru_cache(maxsize=META_CACHED)(
+                lambda epoch, file, group, rows: fetch(epoch, RowGroupRef(file, group, rows)))
             return self._row_groups(name), lambda epoch, rg: cached(epoch, rg.file, rg.row_group, rg.num_rows)
         catalog, meta = files_metadata(self.cfg, name)
         registered = self._row_groups(name) if self._row_groups is not None else None
@@ -225,8 +228,8 @@ class Replayer:
     with the config in force when they were planned (``fetch_meta``/``row_groups``: the loaders', for
     the run's current config; None offline, then from the files)."""
 
-    def __init__(self, cfg: Config, strategy, journal_path: Path, snapshots, fetch_meta: Callable[[str], FetchMeta] | None,
-                 row_groups: Callable[[str], list[RowGroupRef]]):
+    def __init__(self, cfg: Config, strategy, journal_path: Path, snapshots,
+                 fetch_meta: Callable[[str], FetchMeta] | None, row_groups: Callable[[str], list[RowGroupRef]]):
         self.cfg, self.strategy = cfg, strategy
         self.journal_path, self.snapshots = journal_path, snapshots
         self._rewinds = JsonFile(journal_path.parent / "planner" / "rewinds.json", [])

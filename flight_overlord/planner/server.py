@@ -12,9 +12,9 @@ shares) around :class:`~.planner.Planner` (planning and its state), with its cal
 - Constructors ask for their share of each step on one long-lived ``do_exchange`` each, their plans
   stream (``wire/plan_channel.py``); the ``plan`` action is one message of it as a call.
 
-Who may call what (``wire/security.py``): ``register``, ``plan`` (and the plans stream), ``resume_point`` need the cluster
-secret; batch/encoder tickets, ``report`` and ``position`` are trainer calls; ``list_flights``, ``get_schema``,
-source infos, ``status``, ``stats`` and ``list_actions`` are inspection calls.
+Who may call what (``wire/security.py``): ``register``, ``plan`` (and the plans stream), ``resume_point`` need
+the cluster secret; batch/encoder tickets, ``report`` and ``position`` are trainer calls; ``list_flights``,
+``get_schema``, source infos, ``status``, ``stats`` and ``list_actions`` are inspection calls.
 """
 from __future__ import annotations
 

@@ -55,7 +55,8 @@ class PlanService:
         self._registry_file = cfg.run_dir / REGISTRY_FILE
         self.resumed = resumed or recover
         if recover and self._registry_file.exists():
-            self.planner.registry.load_state_dict(wire.decode(self._registry_file.read_bytes(), str(self._registry_file)))
+            registered = wire.decode(self._registry_file.read_bytes(), str(self._registry_file))
+            self.planner.registry.load_state_dict(registered)
         self.rewind_pending = planner.replan_needed  # re-plan from the step the trainers resume at
         self.views = PublishedViews(self.mesh.num_constructors)
         self.positions = TrainerPositions()  # where each rank is (asked, or reported by its constructor)
@@ -208,7 +209,8 @@ class PlanService:
         registry = self.planner.registry
         with self.cond:
             rows = sum(rg.num_rows for rg in registry.source_row_groups(source))
-            return rows, [(actor, registry.locations(actor)) for actor in sorted(registry.loaders) if actor[0] == source]
+            actors = [actor for actor in sorted(registry.loaders) if actor[0] == source]
+            return rows, [(actor, registry.locations(actor)) for actor in actors]
 
     def _constructor_of(self, rank: int) -> str:
         """(Held lock.) Where the rank's constructor is, once registered (a restarted Planner answers first)."""
@@ -270,11 +272,12 @@ class PlanService:
                          wait: float | None = None, views: int = 1) -> list[PlanView]:
         """Constructor ``constructor``'s share of step ``step``'s plan, as the plans stream carries it, and
         of the steps after it already planned, up to ``views`` steps in all (one being planned right now is
-        waited for, briefly: ``_await_in_planning``). A step's views are dropped here once every
-        constructor fetched its own; later asks are served from the journal. ``positions``: {rank: step} the next step each of its rank streams sends (how the
-        Planner paces itself without a per-step call from those trainers). ``wait``: how long to hold the
-        request at most (then FlightTimedOutError): the positions it brought may be what planning
-        waits for once its streams moved on, so the constructor asks again with fresh ones."""
+        waited for, briefly: ``_await_in_planning``). A step's views are held until every constructor took
+        its own (``PublishedViews``); later asks are served from the journal. ``positions``: {rank: step},
+        the next step each of its rank streams sends (how the Planner paces itself without a per-step call
+        from those trainers). ``wait``: how long to hold the request at most (then ``WaitTimedOut``): the
+        positions it brought may be what planning waits for once its streams moved on, so the constructor
+        asks again with fresh ones."""
         self.constructor_positions(constructor, positions or {})
         with self.cond:
             self._check_horizon(step)
@@ -293,7 +296,8 @@ class PlanService:
             plan = self.planner.journaled(step)  # fetched by everyone before, or planned by an earlier Planner process
             if plan is None:
                 raise KeyError(f"plan of step {step} is in no journal of this run")
-            first = step_views(plan, self.mesh, self.planner.registry, self.planner.strategy.broadcast, [constructor])[0]
+            first = step_views(plan, self.mesh, self.planner.registry, self.planner.strategy.broadcast,
+                               [constructor])[0]
         return [first, *following]
 
     def _await_in_planning(self, step: int) -> None:

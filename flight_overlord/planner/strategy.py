@@ -231,7 +231,8 @@ class Strategy:
                              f"over cp={self.mesh.cp} leaves no room per microbatch")
         if self.context_stages:
             self._check_stages()
-            if any(stage.weights is not None for stage in self.context_stages) and not isinstance(self.schedule, by_stage):
+            staged = any(stage.weights is not None for stage in self.context_stages)
+            if staged and not isinstance(self.schedule, by_stage):
                 self.schedule = by_stage(self.schedule, self.context_stages)
         return self
 

@@ -53,7 +53,8 @@ class PositionsReport:
 
     @classmethod
     def from_wire(cls, raw: dict) -> "PositionsReport":
-        return cls(field(raw, "constructor", int, "positions report"), field(raw, "positions", dict, "positions report"))
+        return cls(field(raw, "constructor", int, "positions report"),
+                   field(raw, "positions", dict, "positions report"))
 
 
 def plans_message(raw: dict) -> PlanRequest | PositionsReport:
@@ -99,8 +100,9 @@ class Report:
             raise ValueError("malformed report: give 'losses' ({source: loss}), 'loss' (overall), 'compute_seconds' "
                              "or 'encoder_seconds'")
         return cls(field(raw, "step", int, "report"), field(raw, "rank", int, "report"),
-                   optional_field(raw, "losses", dict, "report"), raw.get("compute_seconds"), raw.get("encoder_seconds"),
-                   optional_field(raw, "waits", dict, "report"), raw.get("loss"))  # seconds: checked by the Planner's cost fit
+                   optional_field(raw, "losses", dict, "report"), raw.get("compute_seconds"),
+                   raw.get("encoder_seconds"), optional_field(raw, "waits", dict, "report"),
+                   raw.get("loss"))  # seconds: checked by the Planner's cost fit
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,8 @@ def views_message(views: list[PlanView]) -> tuple[bytes, pa.RecordBatch]:
         ",".join(str(v.rows.num_rows) for v in views).encode() + b"]}"
     if len(views) == 1:
         return header, views[0].rows
-    joined = pa.Table.from_batches([v.rows for v in views]).combine_chunks().to_batches()  # (concat_batches: pyarrow 19+)
+    # one batch of them all (pyarrow 19+ has concat_batches)
+    joined = pa.Table.from_batches([v.rows for v in views]).combine_chunks().to_batches()
     return header, joined[0] if joined else views[0].rows
 
 

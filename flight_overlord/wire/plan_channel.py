@@ -62,7 +62,8 @@ def check_descriptor(descriptor: fl.FlightDescriptor) -> None:
                        f"only ({PLANS!r},), a constructor's plans stream")
 
 
-def serve_plans(reader, writer, answer: Callable[[dict], "dict | list[PlanView]"], stopping: Callable[[], bool]) -> None:
+def serve_plans(reader, writer, answer: Callable[[dict], "dict | list[PlanView]"],
+                stopping: Callable[[], bool]) -> None:
     """The Planner's side: one answer per message until the constructor closes the stream or the Planner
     stops. ``answer(body)``: views of consecutive steps, or a JSON object; its ``WaitTimedOut`` is
     ``{"again": true}``, any other error ``{"error": ...}`` (said as a handler's error would be)."""
@@ -112,8 +113,9 @@ class PlanChannel:
 
     def ask(self, client: fl.FlightClient, body: dict) -> "dict | list[ConstructorPlan]":
         """Send ``body`` on ``client``'s plans stream (opened on first use) and return the answer, decoded
-        (views: their ``ConstructorPlan``s, the asked step's first). Raises ``FlightTimedOutError`` for "again" (``ask_again`` asks again), ``FlightServerError`` for an
-        error answer, and ``FlightUnavailableError`` when the stream broke (``call_any`` reconnects)."""
+        (views: their ``ConstructorPlan``s, the asked step's first). Raises ``FlightTimedOutError`` for
+        "again" (``ask_again`` asks again), ``FlightServerError`` for an error answer, and
+        ``FlightUnavailableError`` when the stream broke (``call_any`` reconnects)."""
         with self._lock:
             if self._closed:
                 raise fl.FlightUnavailableError("the plans stream is closed: this constructor stops")

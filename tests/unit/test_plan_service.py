@@ -47,7 +47,8 @@ def _config(tmp_path):
     (tmp_path / "f.parquet").write_bytes(b"")  # the config only checks that the file exists
     return parse_config({
         "seed": 3, "run_dir": str(tmp_path / "run"), "data_root": str(tmp_path), "prefetch": PREFETCH,
-        "sources": [{"name": "a", "paths": "f.parquet", "weight": 0.7}, {"name": "b", "paths": "f.parquet", "weight": 0.3}],
+        "sources": [{"name": "a", "paths": "f.parquet", "weight": 0.7},
+                    {"name": "b", "paths": "f.parquet", "weight": 0.3}],
         "mesh": {"dp": 2}, "constructor": {"dp_per_constructor": 1},
         "global_batch": {"context_length": 512, "microbatches": 2, "samples_per_step": 12}}, base_dir=tmp_path)
 
