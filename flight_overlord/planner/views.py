@@ -57,53 +57,80 @@ def step_views(plan: StepPlan, mesh: Mesh, registry: Registry, broadcast: frozen
     """The views of ``constructors`` (default: every constructor, in order), as the plans stream carries them."""
     samples = StepSamples.of(plan)
     constructors = list(range(mesh.num_constructors)) if constructors is None else list(constructors)
-    m = plan.microbatches
     buckets = [mesh.buckets_of_constructor(c, plan.axis) for c in constructors]
     encoder_buckets = ([mesh.buckets_of_constructor(c, plan.encoder_axis) for c in constructors]
                        if samples.encoder is not None else [() for _ in constructors])
-    bins = [samples.bins[b * m + i] for own in buckets for b in own for i in range(m)]
-    encoded = [samples.encoder[b][0] for own in encoder_buckets for b in own]
-    bin_sizes = np.array([len(x) for x in bins], dtype=np.int64)
-    encoded_sizes = np.array([len(x) for x in encoded], dtype=np.int64)
-    views = len(constructors)
-    in_bins = _per_view(bin_sizes, [len(own) * m for own in buckets], views)
-    in_encoder = _per_view(encoded_sizes, [len(own) for own in encoder_buckets], views)
-    # every view's meetings: its bins' rows, then its encoder rows
-    met = np.concatenate([*bins, *encoded]) if bins or encoded else np.zeros(0, dtype=np.int64)
-    met_view = np.concatenate([np.repeat(np.arange(views), in_bins), np.repeat(np.arange(views), in_encoder)])
-    if encoded:  # by view: its bins' rows first, then its encoder rows
-        order = np.argsort(met_view, kind="stable")
-        met, met_view = met[order], met_view[order]
-    numbering = _Numbering(met_view, samples.key[met], views)
-    item_rows = met[numbering.first]
-    items_per_view = np.bincount(met_view[numbering.first], minlength=views)
-    item_starts = np.concatenate([[0], np.cumsum(items_per_view)]).tolist()
-    rows, fetch = _rows_and_fetch(samples, item_rows, items_per_view, registry, _consumers(samples, plan, mesh))
-    met_starts = np.concatenate([[0], np.cumsum(in_bins + in_encoder)]).tolist()
-    groups = _hdp_groups(samples, plan) if plan.axis == "HDP" else None
-    owners = _owners(samples, m) if samples.encoder is not None else None
-    dimensions, out = sorted(broadcast), []
-    first_bins = np.cumsum([0, *[len(own) * m for own in buckets]]).tolist()
-    first_encoded = np.cumsum([0, *[len(own) for own in encoder_buckets]]).tolist()
-    sizes, encoded_sizes = bin_sizes.tolist(), encoded_sizes.tolist()
-    for j, own in enumerate(buckets):
-        items = numbering.item[met_starts[j]:met_starts[j + 1]]
-        seq = items[:in_bins[j]]
-        mb_sizes = sizes[first_bins[j]:first_bins[j + 1]]
-        bins_of_view = [[bucket, mb_sizes[i * m:(i + 1) * m]] for i, bucket in enumerate(own)]
-        consecutive = bool(np.array_equal(seq, np.arange(seq.size)))
+    met = _Meetings.of(samples, buckets, encoder_buckets, plan.microbatches)
+    numbering = _Numbering(met.view, samples.key[met.rows], len(constructors))
+    items_per_view = np.bincount(met.view[numbering.first], minlength=len(constructors))
+    rows, fetch = _rows_and_fetch(samples, met.rows[numbering.first], items_per_view, registry,
+                                  _consumers(samples, plan, mesh))
+    starts = np.concatenate([[0], np.cumsum(items_per_view)]).tolist()
+    headers = _Headers(plan, samples, broadcast)
+    return [PlanView(encode(headers.of(own, encoder_buckets[j], met.of_view(j, numbering.item), fetch[j])),
+                     rows.slice(starts[j], starts[j + 1] - starts[j])) for j, own in enumerate(buckets)]
+
+
+@dataclass
+class _Meetings:
+    """The rows every view meets, view after view: its bins' rows in order, then its encoder rows.
+    ``rows`` and ``view`` per meeting; per view, where its meetings start, how many are in its bins,
+    and the sizes of its bins and of its encoder buckets."""
+    rows: np.ndarray
+    view: np.ndarray
+    starts: list[int]
+    in_bins: list[int]
+    bin_sizes: list[list[int]]
+    encoded_sizes: list[list[int]]
+
+    @classmethod
+    def of(cls, samples: StepSamples, buckets: list[tuple[int, ...]], encoder_buckets: list[tuple[int, ...]],
+           microbatches: int) -> "_Meetings":
+        views = len(buckets)
+        bins = [[samples.bins[b * microbatches + i] for b in own for i in range(microbatches)] for own in buckets]
+        encoded = [[samples.encoder[b][0] for b in own] for own in encoder_buckets]
+        bin_sizes = [[len(x) for x in view_bins] for view_bins in bins]
+        encoded_sizes = [[len(x) for x in view_rows] for view_rows in encoded]
+        in_bins, in_encoder = [sum(n) for n in bin_sizes], [sum(n) for n in encoded_sizes]
+        parts = [rows for view in range(views) for rows in (*bins[view], *encoded[view])]
+        met = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        per_view = np.add(in_bins, in_encoder, dtype=np.int64)
+        return cls(met, np.repeat(np.arange(views), per_view), np.concatenate([[0], np.cumsum(per_view)]).tolist(),
+                   in_bins, bin_sizes, encoded_sizes)
+
+    def of_view(self, j: int, item: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int], list[int]]:
+        """View ``j``'s items met in its bins, its items and rows met in its encoder rows, and its sizes."""
+        first, bins_end, end = self.starts[j], self.starts[j] + self.in_bins[j], self.starts[j + 1]
+        return item[first:bins_end], item[bins_end:end], self.rows[bins_end:end], self.bin_sizes[j], \
+            self.encoded_sizes[j]
+
+
+class _Headers:
+    """A view's header (``view_header``): what is the same for every view of the step is made once."""
+
+    def __init__(self, plan: StepPlan, samples: StepSamples, broadcast: frozenset[str]):
+        self.plan, self.samples = plan, samples
+        self.dimensions = sorted(broadcast)
+        self.groups = _hdp_groups(samples, plan) if plan.axis == "HDP" else None
+        self.owners = _owners(samples) if samples.encoder is not None else None
+
+    def of(self, buckets: tuple[int, ...], encoder_buckets: tuple[int, ...], met, fetch: list) -> dict:
+        plan, m = self.plan, self.plan.microbatches
+        in_bins, in_encoder, encoder_rows, bin_sizes, encoded_sizes = met
+        consecutive = bool(np.array_equal(in_bins, np.arange(in_bins.size)))  # then the microbatches go as sizes
         encoder = None
-        if owners is not None:
-            encoder = _encoder_rows(samples, encoder_buckets[j], items[in_bins[j]:], met[met_starts[j] + in_bins[j]:
-                                    met_starts[j + 1]], encoded_sizes[first_encoded[j]:first_encoded[j + 1]], owners, m)
-        extra = {"hdp": {str(b): [[list(g) for g in groups[b * m + i]] for i in range(m)] for b in own}} \
-            if groups is not None else {}
-        header = view_header(plan.step, plan.axis, dimensions, plan.capacity, fetch[j], plan.encoder_axis, extra,
-                             bins_of_view if consecutive else None, encoder)
+        if self.owners is not None:
+            encoder = _encoder_rows(self.samples, encoder_buckets, in_encoder, encoder_rows, encoded_sizes,
+                                    self.owners, m)
+        extra = {}
+        if self.groups is not None:
+            extra = {"hdp": {str(b): [[list(g) for g in self.groups[b * m + i]] for i in range(m)] for b in buckets}}
+        sizes = [[bucket, bin_sizes[i * m:(i + 1) * m]] for i, bucket in enumerate(buckets)]
+        header = view_header(plan.step, plan.axis, self.dimensions, plan.capacity, fetch, plan.encoder_axis, extra,
+                             sizes if consecutive else None, encoder)
         if not consecutive:
-            header["microbatches"] = _microbatch_lists(own, seq.tolist(), mb_sizes, m)
-        out.append(PlanView(encode(header), rows.slice(item_starts[j], item_starts[j + 1] - item_starts[j])))
-    return out
+            header["microbatches"] = _microbatch_lists(buckets, in_bins.tolist(), bin_sizes, m)
+        return header
 
 
 class _Numbering:
@@ -169,7 +196,7 @@ def _consumers(samples: StepSamples, plan: StepPlan, mesh: Mesh) -> np.ndarray:
     return np.bincount(pairs // mesh.num_constructors, minlength=size).astype(np.int32)
 
 
-def _owners(samples: StepSamples, microbatches: int) -> np.ndarray:
+def _owners(samples: StepSamples) -> np.ndarray:
     """Per key id, the last bin that holds the sample (-1: none): where an encoded image's sequence is."""
     owner = np.full(int(samples.key.max()) + 1 if samples.key.size else 0, -1, dtype=np.int64)
     for k, rows in enumerate(samples.bins):
@@ -201,11 +228,6 @@ def _microbatch_lists(buckets: tuple[int, ...], items: list[int], sizes: list[in
 def _hdp_groups(samples: StepSamples, plan: StepPlan) -> list[list[tuple[int, int]]]:
     """Per bin, per sample, ``[group size, first rank]`` (``core.hdp.bin_groups``), for the whole step."""
     return hdp.bin_groups([samples.key[rows].tolist() for rows in samples.bins], plan.num_buckets, plan.microbatches)
-
-
-def _per_view(sizes: np.ndarray, parts_per_view: list[int], views: int) -> np.ndarray:
-    """Rows per view, of parts (bins or encoder buckets) listed view after view."""
-    return np.bincount(np.repeat(np.arange(views), parts_per_view), weights=sizes, minlength=views).astype(np.int64)
 
 
 def _runs(start: int, lengths: list[int]) -> list[np.ndarray]:
