@@ -6,14 +6,23 @@ import pyarrow.flight as fl
 import pytest
 
 from flight_overlord import wire
-from flight_overlord.wire.actions import PlanRequest, PositionRequest, Report, ResumePointRequest, StatsRequest
-from flight_overlord.wire.plan_channel import PLANS, check_descriptor
+from flight_overlord.wire.actions import (
+    PlanRequest,
+    PositionRequest,
+    PositionsReport,
+    Report,
+    ResumePointRequest,
+    StatsRequest,
+    plans_message,
+)
+from flight_overlord.wire.plan_channel import PLANS, action_answer, check_descriptor
 
 
 @pytest.mark.parametrize("message", [
     PlanRequest(3, 1, {"0": 3, "1": 4}), PlanRequest(0, 0), PlanRequest(2, 1, {}, 1.0), ResumePointRequest(2),
     Report(5, 1, losses={"qa": 1.5}, waits={"data": 0.1}), Report(5, 0, compute_seconds=[0.1, 0.2]),
-    Report(2, 3, encoder_seconds=0.5), StatsRequest(4, 9), StatsRequest(), PositionRequest(3)])
+    Report(2, 3, encoder_seconds=0.5), StatsRequest(4, 9), StatsRequest(), PositionRequest(3),
+    PositionsReport(1, {"2": 7})])
 def test_what_one_end_writes_the_other_reads(message):
     raw = wire.decode(wire.encode(message.to_wire()), "body")  # through JSON, as on the wire
     assert type(message).from_wire(raw) == message
@@ -35,10 +44,22 @@ def test_the_wire_format_stays_what_stock_clients_send():
     (PositionRequest, {}, "malformed position: missing field 'rank'"),
     (Report, {"step": 1, "rank": 0}, "malformed report: give 'losses'"),
     (Report, {"step": 1, "rank": 0, "losses": [1.0]}, "malformed report: field 'losses' must be dict"),
-    (StatsRequest, {"from": "a"}, "malformed stats: field 'from' must be an integer")])
+    (StatsRequest, {"from": "a"}, "malformed stats: field 'from' must be an integer"),
+    (PositionsReport, {"constructor": 0}, "malformed positions report: missing field 'positions'")])
 def test_a_malformed_body_names_the_action_and_the_field(cls, raw, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         cls.from_wire(raw)
+
+
+def test_a_plans_message_is_a_plan_request_when_it_names_a_step_and_the_action_answers_as_the_stream():
+    from flight_overlord.wire.plan import ConstructorPlan, PlanView
+    assert plans_message({"step": 2, "constructor": 1}) == PlanRequest(2, 1)
+    assert plans_message({"constructor": 1, "positions": {"0": 3}}) == PositionsReport(1, {"0": 3})
+    with pytest.raises(ValueError, match="malformed positions report: missing field 'constructor'"):
+        plans_message({"positions": {}})
+    plans = [ConstructorPlan(s, "DP", [], 8, [], [], {0: [[]]}, []) for s in (4, 5)]
+    assert action_answer([PlanView.of(p) for p in plans]) == plans[0].to_wire()  # the asked step's view
+    assert action_answer({"ok": True}) == {"ok": True}
 
 
 def test_the_plans_stream_has_one_descriptor_and_names_what_is_wrong():
