@@ -17,9 +17,10 @@ import math
 from typing import Mapping
 
 import numpy as np
+from ..stateful import Stateful
 
 
-class Mixer:
+class Mixer(Stateful):
     def __init__(self, sources: list[str]):
         self.sources = list(sources)
         self._credit = np.zeros(len(sources))

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .order import RowGroupRef, stable_hash
+from ..stateful import Stateful
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class ScaleEvent:
                 "load": round(self.load, 6), "boundary": self.boundary}
 
 
-class Scaler:
+class Scaler(Stateful):
     def __init__(self, minimum: dict[str, int], *, interval: int, up_threshold: float, down_threshold: float,
                  consecutive: int, max_actors: int | dict[str, int]):
         """``minimum``: each source's configured actors; ``max_actors``: at most, for every source or per

@@ -69,6 +69,7 @@ class LoaderActor:
         self._failed_reads = 0  # row groups skipped as unreadable (status, metrics)
         self._recent_failed_reads: list[str] = []  # the last few: "FILE row group G: error"
         self._stopping = False
+        self.run_dir = run_dir
         directory = run_dir / "loaders" / f"{share.source.name}-{share.actor}"
         self._journal = Journal(directory / "journal.jsonl")
         self._snapshots = Snapshots(directory, "state", keep=2)  # a loader only ever restores its latest

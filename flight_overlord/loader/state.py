@@ -8,8 +8,10 @@ so often, the journal in between).
 """
 from __future__ import annotations
 
+from ..stateful import Stateful
 
-class LoaderState:
+
+class LoaderState(Stateful):
     def __init__(self):
         self.demanded = -1                       # furthest position the Planner asked metadata for
         self.popped: dict[int, set[int]] = {}    # position -> rows served to every constructor that needs them

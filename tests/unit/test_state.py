@@ -18,18 +18,7 @@ from flight_overlord.planner.planner import Planner
 from flight_overlord.planner.registry import Registry
 from flight_overlord.planner.strategy import load_strategy
 
-
-def assert_round_trip(original, make_fresh, advance) -> None:
-    """``state_dict`` is JSON-able; a fresh object loaded with it has the same state, and stays equal
-    to the original through the same further steps."""
-    state = json.loads(json.dumps(original.state_dict()))
-    restored = make_fresh()
-    restored.load_state_dict(state)
-    assert json.loads(json.dumps(restored.state_dict())) == state
-    for _ in range(3):
-        advance(original)
-        advance(restored)
-        assert json.loads(json.dumps(restored.state_dict())) == json.loads(json.dumps(original.state_dict()))
+from ..helpers import assert_round_trip
 
 
 CATALOG = [RowGroupRef(f"f{f}.parquet", g, 7 + g) for f in range(2) for g in range(3)]
