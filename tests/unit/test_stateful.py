@@ -89,10 +89,9 @@ def test_scaler():
     def fresh():
         return Scaler({"web": 1, "code": 1}, interval=2, up_threshold=0.6, down_threshold=0.2, consecutive=1,
                       max_actors=3)
-    weights = iter([{"web": 0.9, "code": 0.1}, {"web": 0.8, "code": 0.2}] * 10)
 
     def advance(scaler):
-        scaler.observe(0, next(weights))
+        scaler.observe(0, {"web": 0.9, "code": 0.1})
     scaler = fresh()
     for _ in range(3):  # one interval past, one half-way: the running sums are state too
         advance(scaler)
@@ -104,15 +103,18 @@ def test_step_skips():
     skips = StepSkips()
     skips.add(4, 6, planned_to=2)
     skips.add(10, 12, planned_to=11)  # its first steps were planned: its start waits for the re-plan
-    ahead = iter(range(20, 40, 3))
-    assert_round_trip(skips, StepSkips, lambda s: s.add(next(ahead), next(ahead) + 5, planned_to=0))
+
+    def advance(s):
+        first = 2 * s.windows[-1][1]
+        s.add(first, first + 5, planned_to=0)
+    assert_round_trip(skips, StepSkips, advance)
 
 
 def test_mix_overrides():
     overrides = MixOverrides()
     overrides.add(3, {"web": 0.7, "code": 0.3})
-    steps = iter(range(10, 20))
-    assert_round_trip(overrides, MixOverrides, lambda o: o.add(next(steps), {"web": 0.5, "code": 0.5}))
+    assert_round_trip(overrides, MixOverrides,
+                      lambda o: o.add(o.changes[-1][0] + 5, {"web": 0.5, "code": 0.5}))
 
 
 def test_microbatch_view():
