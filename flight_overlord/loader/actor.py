@@ -36,8 +36,8 @@ SERVED_KEPT, SERVED_BYTES = 8, 2 * 1024 * 1024
 # Read a row group ahead of its demand once this share of the asked-for row groups' rows is served
 # (_draining): every other position at once, the others near the end, which comes first set by the actor
 # (``read_ahead_phase``). Not one share for all: every actor starts at the start of a row group, in
-# phase, and a row group lasts thousands of steps at 96 sources, so with one share the buffer filled
-# slowly to its long-run size over ~10,000 steps (docs/methods/memory-peers.md, "Over time").
+# phase, and a row group lasts thousands of steps at 96 sources, so with one share every buffer would
+# reach its long-run size together, only after ~10,000 steps (docs/methods/memory-peers.md, "Over time").
 READ_AHEAD_AT = (0.0, 0.9)
 
 
@@ -54,7 +54,7 @@ class LoaderActor:
         self.sample_level_bytes = sample_level_bytes  # text row groups of more token bytes: counts only (0: never)
         self.checkpoint_every = checkpoint_every
         # shadows write this actor's journal too (loader.shadows): follow it. Alone, it writes every record
-        # itself; re-reading it 5 times a second per actor was ~6 MiB of churned heap over 2 hosts at 96 sources
+        # itself and never re-reads it: reading it 5 times a second per actor would only churn the heap
         self.replicated = replicated
         self.phase = read_ahead_phase(share.source.name, share.actor)
         self.state = LoaderState()
@@ -224,10 +224,10 @@ class LoaderActor:
     def _draining(self, position: int) -> bool:
         """Read ``position`` ahead once ``read_ahead_at(position)`` of the rows of the row groups the
         Planner has asked for are served, not always as soon as it asks: a row group lasts many steps
-        where a step takes a few rows of each of many sources, and the row groups read ahead were half
+        where a step takes a few rows of each of many sources, and row groups read at once would be half
         of such a loader's buffer (docs/methods/memory-peers.md). Half the positions are read at once,
         the others when 90 % are served: about as much held ahead as with one share of 0.5, but from
-        the first step on, as it no longer depends on how far into its row group an actor is (every
+        the first step on, as it does not depend on how far into its row group an actor is (every
         actor starts at one's start). Nothing asked for yet (start-up): at once."""
         share = self.read_ahead_at(position)
         if share == 0:  # no need to count the buffer's rows (under the lock, at every wake-up)
