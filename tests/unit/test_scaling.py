@@ -163,57 +163,6 @@ def test_positions_follow_the_seeded_read_order():
         ownership.position(0, "nope.parquet", 0)
 
 
-def test_a_loader_actor_takes_over_after_a_reshard_and_restores_it(tmp_path):
-    """Two actors of a real Parquet source, the second idle until a reshard: it serves what it owns
-    from the boundary on (and nothing else), journals the segments, and a restart of it restores them."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from flight_overlord.config.parse import parse_config
-    from flight_overlord.loader.actor import LoaderActor
-    from flight_overlord.loader.row_groups import SourceShare
-
-    pq.write_table(pa.table({"text": [f"row {i} " * (i % 7 + 1) for i in range(48)]}), tmp_path / "s.parquet",
-                   row_group_size=4)  # 12 row groups
-    cfg = parse_config({"sources": [{"name": "s", "paths": "s.parquet"}], "run_dir": str(tmp_path / "run"),
-                        "global_batch": {"context_length": 256, "microbatches": 1, "samples_per_step": 4},
-                        "loader": {"scaling": {"enabled": True}}}, base_dir=tmp_path)
-    source = cfg.source("s")
-
-    def actor(index: int) -> LoaderActor:
-        return LoaderActor(SourceShare(source, index, 256, provisioned=cfg.provisioned_actors(source)), seed=0,
-                           read_ahead=1, run_dir=cfg.run_dir)
-    first, added = actor(0), actor(1)
-    try:
-        ownership = Ownership(first.share.catalog, seed=0, source="s", segments=[[0, 1]])
-        for g in range(3):  # the feed asked for positions 0..2
-            rg = ownership.row_group(g)
-            assert first.metadata(0, rg.file, rg.row_group).num_rows == rg.num_rows
-        boundary = ownership.boundary(3, 1)
-        ownership.extend(boundary, 2)
-        segments = ownership.to_list()
-        rows = ownership.rows
-        mine = next(g for g in range(boundary, 3 * rows) if ownership.owner_at(g) == 1)
-        other = next(g for g in range(boundary, 3 * rows) if ownership.owner_at(g) == 0)
-        epoch, rg = mine // rows, ownership.row_group(mine)
-        assert added.metadata(epoch, rg.file, rg.row_group, segments).num_rows == rg.num_rows
-        served = added.samples(0, 0, [[epoch, rg.file, rg.row_group, 1, 1]])
-        assert served.column("key").to_pylist() == [f"s:s.parquet:{rg.row_group}:1"]
-        with pytest.raises(KeyError, match="not owned"):
-            added.position(other // rows, ownership.row_group(other).file, ownership.row_group(other).row_group)
-        with pytest.raises(ValueError, match="do not extend"):
-            added.reshard([[0, 2], [boundary, 2], [boundary + 5, 1]])
-    finally:
-        added.close()
-    again = actor(1)  # a restart folds the journaled segments in: no ticket needed to find its rows
-    try:
-        assert again.state.segments == segments
-        assert again.position(epoch, rg.file, rg.row_group) == 0
-    finally:
-        again.close()
-        first.close()
-
-
 def test_a_source_scales_only_up_to_its_own_maximum():
     s = Scaler({"web": 1, "code": 1}, interval=1, up_threshold=0.3, down_threshold=0.1, consecutive=1,
                max_actors={"web": 1, "code": 3})  # web is not among loader.scaling.sources
