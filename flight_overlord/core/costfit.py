@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
 from ..stateful import Stateful
 
 OUTLIER_MADS = 3.5     # a relative residual this many robust standard deviations out is rejected

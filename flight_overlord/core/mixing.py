@@ -17,6 +17,7 @@ import math
 from typing import Mapping
 
 import numpy as np
+
 from ..stateful import Stateful
 
 

@@ -23,7 +23,7 @@ WORKERS = 2
 
 class ReadAheadPool:
     """Worker threads that run the poked actors' ``read_ahead_once`` in turn; an actor is queued at most
-    once and worked on by one worker at a time (its read-ahead position is its own)."""
+    once and worked on by one worker at a time (its read-ahead slot is its own)."""
 
     def __init__(self, workers: int = WORKERS):
         self._cond = threading.Condition()

@@ -29,7 +29,8 @@ import pyarrow.flight as fl
 
 from .. import allocator, wire
 from ..config import load_config
-from ..fence import claim as claim_fence, loader_fence_name
+from ..fence import claim as claim_fence
+from ..fence import loader_fence_name
 from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.schemas import SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, Security, requires
@@ -38,8 +39,8 @@ from ..wire.status import LoaderStatus
 from ..wire.tickets import BufferTicket, MetadataTicket, Registration, Reshard, SamplesTicket
 from .actor import LoaderActor
 from .read_ahead import ReadAheadPool
-from .samples_table import samples_table
 from .row_groups import SourceShare
+from .samples_table import samples_table
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,8 @@ class LoaderServer(ActionServer):
             return fl.RecordBatchStream(self._samples(samples.step, samples.constructor, samples.parts))
         if kind == "buffer":  # one actor's buffer (the Planner's source endpoints), or every hosted actor's
             buffer = BufferTicket.from_wire(request)
-            actors = [self._actor(buffer.source, buffer.actor)] if buffer.source is not None else list(self.actors.values())
+            actors = ([self._actor(buffer.source, buffer.actor)] if buffer.source is not None
+                      else list(self.actors.values()))
             return fl.RecordBatchStream(pa.concat_tables([a.buffer_metadata() for a in actors]))
         raise ValueError(f"malformed ticket: unknown kind {kind!r} (loader tickets: 'metadata', 'samples', 'buffer')")
 

@@ -1,5 +1,5 @@
 """One loader actor (``loader/actor.py``) in this process, over real Parquet files: its read-ahead (the
-byte bound, the share of the asked-for rows served before a position is read ahead, the phases), the
+byte bound, the share of the asked-for rows served before a slot is read ahead, the phases), the
 served tables kept for retries, sample-level row groups, and a take-over after a live reshard."""
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ def test_read_ahead_bytes_bounds_the_buffer_and_changes_no_sample(corpus, tmp_pa
     bounded = _buffered_after(cfg, tmp_path / "bounded", read_ahead_bytes=1)
     try:
         assert len(free._buffer) == 4 and len(bounded._buffer) == 1  # 1 byte: no row group read ahead of another
-        for position in range(3):  # asked for, a row group is read whatever the bound; the same samples
-            rg = free._at(position)
-            assert bounded._at(position) == rg
+        for slot in range(3):  # asked for, a row group is read whatever the bound; the same samples
+            rg = free._at(slot)
+            assert bounded._at(slot) == rg
             assert bounded.metadata(0, rg.file, rg.row_group).equals(free.metadata(0, rg.file, rg.row_group))
     finally:
         free.close()
@@ -55,7 +55,7 @@ def _wait_for(condition, seconds: float = 10.0) -> bool:
 @pytest.mark.parametrize("source", ["longdocs", "docstrings"])  # the two phases (read_ahead_phase)
 def test_read_ahead_of_each_position_starts_at_its_share_of_the_rows_asked_for(corpus, tmp_path, source):
     """The row groups the Planner asked for (a shuffle window: rows drawn interleaved) hold the next
-    steps' rows: of the ones after them, every other position is read at once, the others once 90 %
+    steps' rows: of the ones after them, every other slot is read at once, the others once 90 %
     of those rows are served, still before they are asked for. Which comes first is the actor's phase:
     at start-up some actors hold the next row group already and some do not (not all in phase)."""
     cfg = load_config(write_config(tmp_path, corpus))
@@ -72,7 +72,7 @@ def test_read_ahead_of_each_position_starts_at_its_share_of_the_rows_asked_for(c
                        for rg in window if row < rg.num_rows]
         late = -(-int(max(READ_AHEAD_AT) * 1000) * len(interleaved) // 1000)  # rows to serve before the other
         assert 1 < late < len(interleaved)
-        # read in order: a position at once only if every one before it is (3 waits behind a late 2)
+        # read in order: a slot at once only if every one before it is (3 waits behind a late 2)
         expected = [0, 1, 2] if at_once == [2] else [0, 1]
         assert _wait_for(lambda: sorted(actor._buffer) == expected)
         for step, wanted in enumerate(interleaved[:late - 1]):
@@ -88,7 +88,7 @@ def test_read_ahead_of_each_position_starts_at_its_share_of_the_rows_asked_for(c
 
 
 def test_read_ahead_phases_split_the_actors():
-    """About half the actors of many sources read their even positions at once, half their odd ones
+    """About half the actors of many sources read their even slots at once, half their odd ones
     (and the test above sees both phases)."""
     assert 30 <= sum(read_ahead_phase(f"src{i:03d}", 0) for i in range(96)) <= 66
     assert read_ahead_phase("longdocs", 0) != read_ahead_phase("docstrings", 0)
@@ -126,14 +126,14 @@ def test_sample_level_rows_are_the_row_group_paths_and_the_buffer_keeps_only_cou
               for name, bound in (("whole", 0), ("sampled", 1))]
     whole, sampled = actors
     try:
-        for position in range(2):
-            rg = whole._at(position)
+        for slot in range(2):
+            rg = whole._at(slot)
             assert sampled.metadata(0, rg.file, rg.row_group).equals(whole.metadata(0, rg.file, rg.row_group))
             rows = [[0, rg.file, rg.row_group, row] for row in (rg.num_rows - 1, 0, rg.num_rows // 2)]
-            got = sampled.samples(position, 0, rows)
-            assert got.equals(whole.samples(position, 0, rows)) and got.num_rows == 3
-            held = sampled._buffer[position]
-            assert held.tokens is None and held.nbytes == 4 * rg.num_rows < whole._buffer[position].nbytes
+            got = sampled.samples(slot, 0, rows)
+            assert got.equals(whole.samples(slot, 0, rows)) and got.num_rows == 3
+            held = sampled._buffer[slot]
+            assert held.tokens is None and held.nbytes == 4 * rg.num_rows < whole._buffer[slot].nbytes
     finally:
         for actor in actors:
             actor.close()
@@ -155,7 +155,7 @@ def test_a_loader_actor_takes_over_after_a_reshard_and_restores_it(tmp_path):
     first, added = actor(0), actor(1)
     try:
         ownership = Ownership(first.share.catalog, seed=0, source="s", segments=[[0, 1]])
-        for g in range(3):  # the feed asked for positions 0..2
+        for g in range(3):  # the feed asked for slots 0..2
             rg = ownership.row_group(g)
             assert first.metadata(0, rg.file, rg.row_group).num_rows == rg.num_rows
         boundary = ownership.boundary(3, 1)
@@ -169,7 +169,7 @@ def test_a_loader_actor_takes_over_after_a_reshard_and_restores_it(tmp_path):
         served = added.samples(0, 0, [[epoch, rg.file, rg.row_group, 1, 1]])
         assert served.column("key").to_pylist() == [f"s:s.parquet:{rg.row_group}:1"]
         with pytest.raises(KeyError, match="not owned"):
-            added.position(other // rows, ownership.row_group(other).file, ownership.row_group(other).row_group)
+            added.slot(other // rows, ownership.row_group(other).file, ownership.row_group(other).row_group)
         with pytest.raises(ValueError, match="do not extend"):
             added.reshard([[0, 2], [boundary, 2], [boundary + 5, 1]])
     finally:
@@ -177,7 +177,7 @@ def test_a_loader_actor_takes_over_after_a_reshard_and_restores_it(tmp_path):
     again = actor(1)  # a restart folds the journaled segments in: no ticket needed to find its rows
     try:
         assert again.state.segments == segments
-        assert again.position(epoch, rg.file, rg.row_group) == 0
+        assert again.slot(epoch, rg.file, rg.row_group) == 0
     finally:
         again.close()
         first.close()

@@ -78,32 +78,32 @@ def test_one_segment_is_the_static_partition():
             mine = owned_row_groups(CATALOG, a, actors)
             view = ownership.view(a)
             expected = [rg for e in range(3) for rg in epoch_order(mine, seed=3, source="web", epoch=e)]
-            got = [ownership.row_group(view.position(p)) for p in range(3 * len(mine))]
+            got = [ownership.row_group(view.global_slot(p)) for p in range(3 * len(mine))]
             assert got == expected
 
 
-def views_partition_the_order(ownership: Ownership, actors: int, positions: int) -> None:
+def views_partition_the_order(ownership: Ownership, actors: int, slots: int) -> None:
     views = [ownership.view(a) for a in range(actors)]
-    for g in range(positions):
+    for g in range(slots):
         owner = ownership.owner_at(g)
         for a, v in enumerate(views):
             local = v.local(g)
             assert (local is not None) == (a == owner)
             if local is not None:
-                assert v.position(local) == g
+                assert v.global_slot(local) == g
 
 
 @pytest.mark.parametrize("cursor, read_ahead", [(0, 2), (7, 2), (22, 1), (29, 3)])
 def test_a_reshard_starts_past_every_read_ahead_and_keeps_what_was_read(cursor, read_ahead):
     ownership = Ownership(CATALOG, seed=5, source="code", segments=[[0, 2]])
     old = [ownership.view(a) for a in range(3)]
-    # what each actor may have read: its positions up to its demand (every position below the cursor
+    # what each actor may have read: its slots up to its demand (every slot below the cursor
     # the feed asked for) plus read_ahead more
-    read = {a: [v.position(p) for p in range(v.first_local_at(cursor) + read_ahead) if v.position(p) is not None]
+    read = {a: [v.global_slot(p) for p in range(v.first_local_at(cursor) + read_ahead) if v.global_slot(p) is not None]
             for a, v in enumerate(old)}
     boundary = ownership.boundary(cursor, read_ahead)
-    assert all(g < boundary for positions in read.values() for g in positions)
-    assert boundary - 1 in {g for positions in read.values() for g in positions} or boundary == cursor
+    assert all(g < boundary for slots in read.values() for g in slots)
+    assert boundary - 1 in {g for slots in read.values() for g in slots} or boundary == cursor
     ownership.extend(boundary, 3)
     new = [ownership.view(a) for a in range(3)]
     for a in range(3):  # what was read keeps its owner and its local number
@@ -120,7 +120,7 @@ def test_scale_down_ends_the_reclaimed_actors_positions():
     views_partition_the_order(ownership, 2, 5 * R)
     reclaimed = ownership.view(1)
     last = reclaimed.first_local_at(boundary)
-    assert reclaimed.position(last - 1) < boundary and reclaimed.position(last) is None
+    assert reclaimed.global_slot(last - 1) < boundary and reclaimed.global_slot(last) is None
     assert reclaimed.owned_per_epoch() == 0 and ownership.view(0).owned_per_epoch() == R
 
 
@@ -140,12 +140,13 @@ def test_an_actor_view_is_shared_by_threads():
     segments = [[0, 2], [2000, 3], [3500, 2]]
     expected = Ownership(catalog, seed=2, source="s", segments=segments).view(1)
     wanted = list(range(0, 4500, 11))
-    truth = [expected.position(p) for p in wanted]
+    truth = [expected.global_slot(p) for p in wanted]
     for _ in range(3):
         view = Ownership(catalog, seed=2, source="s", segments=segments).view(1)
         results, threads = {}, []
         for t in range(6):
-            threads.append(threading.Thread(target=lambda t=t: results.__setitem__(t, [view.position(p) for p in wanted])))
+            threads.append(threading.Thread(
+                target=lambda t=t: results.__setitem__(t, [view.global_slot(p) for p in wanted])))
         for th in threads:
             th.start()
         for th in threads:
@@ -158,9 +159,9 @@ def test_positions_follow_the_seeded_read_order():
     for epoch in range(3):
         order = epoch_order(CATALOG, seed=9, source="web", epoch=epoch)
         assert [ownership.row_group(epoch * R + i) for i in range(R)] == order
-        assert [ownership.position(epoch, rg.file, rg.row_group) for rg in order] == list(range(epoch * R, (epoch + 1) * R))
+        assert [ownership.slot(epoch, rg.file, rg.row_group) for rg in order] == list(range(epoch * R, (epoch + 1) * R))
     with pytest.raises(KeyError, match="not in source"):
-        ownership.position(0, "nope.parquet", 0)
+        ownership.slot(0, "nope.parquet", 0)
 
 
 def test_a_source_scales_only_up_to_its_own_maximum():
