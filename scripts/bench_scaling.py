@@ -45,7 +45,7 @@ def reshard_logic(rows: int) -> dict:
     boundary = ownership.boundary(cursor, 2)
     ownership.extend(boundary, 3)
     t1 = time.perf_counter()
-    view = ownership.view(2)
+    view = ownership.actor_slots(2)
     local = view.local(next(g for g in range(boundary, boundary + rows) if ownership.owner_at(g) == 2))
     t2 = time.perf_counter()
     view.global_slot(local + 1)

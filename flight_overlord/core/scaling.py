@@ -14,7 +14,7 @@ Two pure pieces, both plain numbers to save and restore:
   actor ``i % actors``. A reshard appends a segment whose first slot lies past everything any
   current owner may have read ahead (``boundary``), so nothing buffered changes hands: no row group
   is read by two actors, none is skipped, and the read order, a function of the seed alone, is the
-  same for any number of actors. ``ActorView`` numbers the slots one actor owns 0, 1, 2, ...
+  same for any number of actors. ``ActorSlots`` numbers the slots one actor owns 0, 1, 2, ...
   (its local slots, what its journal counts); with one segment this is the actor's static order.
 """
 from __future__ import annotations
@@ -198,21 +198,21 @@ class Ownership:
             slot += 1
         return max(end, last_first + 1)
 
-    def view(self, actor: int) -> "ActorView":
-        return ActorView(self, actor)
+    def actor_slots(self, actor: int) -> "ActorSlots":
+        return ActorSlots(self, actor)
 
     def to_list(self) -> list[list[int]]:
         return [[f, a] for f, a in self.segments]
 
 
-class ActorView:
+class ActorSlots:
     """The slots one actor owns, numbered 0, 1, 2, ... in read order (its local slots)."""
 
     def __init__(self, ownership: Ownership, actor: int):
         self.ownership, self.actor = ownership, actor
         self._owned: dict[int, np.ndarray] = {}  # epoch -> indices in that epoch's order owned by the actor
         self._prefix = [0]  # local slots before each epoch, epochs up to the last segment's
-        self._lock = threading.RLock()  # an actor's reading and serving threads share its view
+        self._lock = threading.RLock()  # an actor's reading and serving threads share its slots
 
     def _owned_in(self, epoch: int) -> np.ndarray:
         owned = self._owned.get(epoch)

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from .. import allocator
 from ..core.order import RowGroupRef, stable_hash
-from ..core.scaling import ActorView, Ownership
+from ..core.scaling import ActorSlots, Ownership
 from ..core.vision import ImageError
 from ..journal import Journal, Snapshots, read_journal
 from ..wire.schemas import SAMPLE_METADATA, load_schema
@@ -63,7 +63,7 @@ class LoaderActor:
         self._reading: set[int] = set()
         self._fatal: dict[int, str] = {}  # slots whose bad image must stop the run
         self._served: collections.OrderedDict[tuple[int, int, str], pa.Table] = collections.OrderedDict()
-        self._view: ActorView | None = None  # the slots this actor owns (core/scaling), per the segments
+        self._slots: ActorSlots | None = None  # the slots this actor owns (core/scaling), per the segments
         self._served_bytes = 0  # of the tables in _served
         self._bytes_served = 0
         self._failed_reads = 0  # row groups skipped as unreadable (status, metrics)
@@ -79,7 +79,7 @@ class LoaderActor:
         self._ahead_at = 0  # the next slot the read-ahead considers
         self._owns_pool = pool is None
         self._pool = pool or ReadAheadPool(workers=1)
-        self._restore()  # builds the ownership view from the restored segments (first _follow)
+        self._restore()  # builds the slots it owns from the restored segments (first _follow)
         self._sync_ownership()
         self._pool.add(self)
 
@@ -87,14 +87,14 @@ class LoaderActor:
     # (with the configured actors only, slot p is row group p % n of epoch p // n of its own order;
     # a live reshard, ``loader.scaling``, appends ownership segments: see core/scaling.py)
     def _sync_ownership(self) -> None:
-        """Follow the journaled segments: a new view of what this actor owns after a reshard."""
+        """Follow the journaled segments: the slots this actor owns, anew after a reshard."""
         segments = self.state.segments or [[0, self.share.source.loaders]]
-        if self._view is not None and len(segments) == len(self._view.ownership.segments):
+        if self._slots is not None and len(segments) == len(self._slots.ownership.segments):
             return
-        view = Ownership(self.share.catalog, seed=self.seed, source=self.share.source.name,
-                         segments=segments).view(self.share.actor)
-        if self._view is not None:  # nothing read at or past the new segment may change hands (the Planner's
-            first = view.first_local_at(segments[-1][0])  # boundary guarantees it); drop it if it did
+        owned = Ownership(self.share.catalog, seed=self.seed, source=self.share.source.name,
+                          segments=segments).actor_slots(self.share.actor)
+        if self._slots is not None:  # nothing read at or past the new segment may change hands (the Planner's
+            first = owned.first_local_at(segments[-1][0])  # boundary guarantees it); drop it if it did
             dropped = [p for p in self._buffer if p >= first]
             for p in dropped:
                 del self._buffer[p]
@@ -102,7 +102,7 @@ class LoaderActor:
                 log.error("loader %s: reshard at slot %d behind this actor's reads (local %d, demanded %d)",
                           self.name, segments[-1][0], first, self.state.demanded)
             log.info("loader %s: resharded: segments %s", self.name, segments)
-        self._view = view
+        self._slots = owned
 
     def reshard(self, segments: list) -> None:
         """The Planner's ownership segments of this source (journaled, so replicas and restarts follow)."""
@@ -116,12 +116,12 @@ class LoaderActor:
 
     def _at(self, slot: int) -> RowGroupRef | None:
         """The row group at local ``slot``; None past the end (a reclaimed actor owns no more)."""
-        g = self._view.global_slot(slot)
-        return None if g is None else self._view.ownership.row_group(g)
+        g = self._slots.global_slot(slot)
+        return None if g is None else self._slots.ownership.row_group(g)
 
     def slot(self, epoch: int, file: str, row_group: int) -> int:
         for attempt in range(2):
-            slot = self._view.local(self._view.ownership.slot(epoch, file, row_group))
+            slot = self._slots.local(self._slots.ownership.slot(epoch, file, row_group))
             if slot is not None:
                 return slot
             if attempt == 0:  # a reshard another replica journaled may not be folded in yet
@@ -358,7 +358,7 @@ class LoaderActor:
         with self._cond:
             return LoaderActorStatus(
                 source=self.share.source.name, actor=self.share.actor,
-                row_groups_owned=self._view.owned_per_epoch(), segments=self._view.ownership.to_list(),
+                row_groups_owned=self._slots.owned_per_epoch(), segments=self._slots.ownership.to_list(),
                 buffered_row_groups=len(self._buffer),
                 buffered_samples=int(sum(b.remaining.sum() for b in self._buffer.values())),
                 buffered_bytes=int(sum(b.nbytes for b in self._buffer.values())),

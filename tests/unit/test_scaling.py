@@ -76,14 +76,14 @@ def test_one_segment_is_the_static_partition():
         ownership = Ownership(CATALOG, seed=3, source="web", segments=[[0, actors]])
         for a in range(actors):
             mine = owned_row_groups(CATALOG, a, actors)
-            view = ownership.view(a)
+            view = ownership.actor_slots(a)
             expected = [rg for e in range(3) for rg in epoch_order(mine, seed=3, source="web", epoch=e)]
             got = [ownership.row_group(view.global_slot(p)) for p in range(3 * len(mine))]
             assert got == expected
 
 
 def views_partition_the_order(ownership: Ownership, actors: int, slots: int) -> None:
-    views = [ownership.view(a) for a in range(actors)]
+    views = [ownership.actor_slots(a) for a in range(actors)]
     for g in range(slots):
         owner = ownership.owner_at(g)
         for a, v in enumerate(views):
@@ -96,7 +96,7 @@ def views_partition_the_order(ownership: Ownership, actors: int, slots: int) -> 
 @pytest.mark.parametrize("cursor, read_ahead", [(0, 2), (7, 2), (22, 1), (29, 3)])
 def test_a_reshard_starts_past_every_read_ahead_and_keeps_what_was_read(cursor, read_ahead):
     ownership = Ownership(CATALOG, seed=5, source="code", segments=[[0, 2]])
-    old = [ownership.view(a) for a in range(3)]
+    old = [ownership.actor_slots(a) for a in range(3)]
     # what each actor may have read: its slots up to its demand (every slot below the cursor
     # the feed asked for) plus read_ahead more
     read = {a: [v.global_slot(p) for p in range(v.first_local_at(cursor) + read_ahead) if v.global_slot(p) is not None]
@@ -105,7 +105,7 @@ def test_a_reshard_starts_past_every_read_ahead_and_keeps_what_was_read(cursor, 
     assert all(g < boundary for slots in read.values() for g in slots)
     assert boundary - 1 in {g for slots in read.values() for g in slots} or boundary == cursor
     ownership.extend(boundary, 3)
-    new = [ownership.view(a) for a in range(3)]
+    new = [ownership.actor_slots(a) for a in range(3)]
     for a in range(3):  # what was read keeps its owner and its local number
         for g in read[a]:
             assert new[a].local(g) == old[a].local(g)
@@ -118,10 +118,10 @@ def test_scale_down_ends_the_reclaimed_actors_positions():
     boundary = ownership.boundary(18, 2)
     ownership.extend(boundary, 1)
     views_partition_the_order(ownership, 2, 5 * R)
-    reclaimed = ownership.view(1)
+    reclaimed = ownership.actor_slots(1)
     last = reclaimed.first_local_at(boundary)
     assert reclaimed.global_slot(last - 1) < boundary and reclaimed.global_slot(last) is None
-    assert reclaimed.owned_per_epoch() == 0 and ownership.view(0).owned_per_epoch() == R
+    assert reclaimed.owned_per_epoch() == 0 and ownership.actor_slots(0).owned_per_epoch() == R
 
 
 def test_up_then_down_then_up_again():
@@ -138,11 +138,11 @@ def test_an_actor_view_is_shared_by_threads():
     import threading
     catalog = [RowGroupRef("f.parquet", g, 1) for g in range(1500)]
     segments = [[0, 2], [2000, 3], [3500, 2]]
-    expected = Ownership(catalog, seed=2, source="s", segments=segments).view(1)
+    expected = Ownership(catalog, seed=2, source="s", segments=segments).actor_slots(1)
     wanted = list(range(0, 4500, 11))
     truth = [expected.global_slot(p) for p in wanted]
     for _ in range(3):
-        view = Ownership(catalog, seed=2, source="s", segments=segments).view(1)
+        view = Ownership(catalog, seed=2, source="s", segments=segments).actor_slots(1)
         results, threads = {}, []
         for t in range(6):
             threads.append(threading.Thread(
