@@ -179,8 +179,8 @@ class LoaderActor:
 
     def _maybe_snapshot(self) -> None:
         """Every ``checkpoint_every`` fetches, the state as of the journal's end, taken now and written by
-        the read-ahead pool, off the fetch's path: at 96 sources two actors a step snapshot, and their
-        files were a quarter of a samples call. A crash before it is written replays more of the journal."""
+        the read-ahead pool, off the fetch's path: at 96 sources two actors a step snapshot, and writing
+        their files would be a quarter of a samples call. A crash before it is written replays more of the journal."""
         self._since_snapshot += 1
         if self._since_snapshot >= self.checkpoint_every:
             self._since_snapshot = 0

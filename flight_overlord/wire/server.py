@@ -215,7 +215,7 @@ def serve(server: fl.FlightServerBase, location: str, ready_file: str | None, *,
         try:
             for one in (*reversed(hosted), server):
                 one.shutdown()
-        except BaseException as exc:  # raised below, in the main thread, as it was without the bound
+        except BaseException as exc:  # raised below, in the main thread, as an unbounded shutdown raises it
             failed.append(exc)
     stopping = threading.Thread(target=shut_down, name="shutdown", daemon=True)
     stopping.start()
