@@ -193,7 +193,8 @@ def render(plan: PartitionPlan, profiles: list[SourceProfile] | None = None) -> 
     lines = [f"partition plan: {sum(s.actors for s in plan.sources)} loader actors for {len(plan.sources)} sources "
              f"on {len(plan.hosts)} loader hosts; budget {plan.budget.cpus:g} CPUs, "
              f"{plan.budget.memory_bytes / GiB:.2f} GiB; read-ahead {plan.read_ahead_row_groups} row groups",
-             "", f"{'source':<16} {'cost':>6} {'us/sample':>9} {'row group MiB':>13} {'actor MiB':>9} {'actors':>6}  why",
+             "", f"{'source':<16} {'cost':>6} {'us/sample':>9} {'row group MiB':>13} {'actor MiB':>9} "
+                 f"{'actors':>6}  why",
              ]
     for s in plan.sources:
         p = prof.get(s.name)

@@ -101,7 +101,8 @@ class ActionServer(fl.FlightServerBase):
         self.security.authorize(context.get_middleware(MIDDLEWARE_KEY), needed, what, rank=rank)
 
     def _actions(self) -> list[tuple[str, Callable]]:
-        return [(name[len("action_"):], getattr(self, name)) for name in sorted(dir(self)) if name.startswith("action_")]
+        return [(name[len("action_"):], getattr(self, name)) for name in sorted(dir(self))
+                if name.startswith("action_")]
 
     def list_actions(self, context):
         self.authorize(context, INSPECT, "list_actions")
