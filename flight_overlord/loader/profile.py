@@ -23,6 +23,7 @@ from .. import formats
 from ..config import Config, ConfigError
 from ..core.order import epoch_order
 from ..core.partition_plan import Budget, GiB, PartitionPlan, SourceProfile, plan_partition, render, single_node_advice
+from ..journal import write_text_atomic
 from .row_groups import SourceShare, read_catalog
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,5 @@ def read_plan(cfg: Config) -> PartitionPlan | None:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    tmp.replace(path)
+    """Indented and sorted: an operator reads these files."""
+    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True))
