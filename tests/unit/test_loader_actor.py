@@ -53,7 +53,7 @@ def _wait_for(condition, seconds: float = 10.0) -> bool:
 
 
 @pytest.mark.parametrize("source", ["longdocs", "docstrings"])  # the two phases (read_ahead_phase)
-def test_read_ahead_of_each_position_starts_at_its_share_of_the_rows_asked_for(corpus, tmp_path, source):
+def test_read_ahead_of_each_slot_starts_at_its_share_of_the_rows_asked_for(corpus, tmp_path, source):
     """The row groups the Planner asked for (a shuffle window: rows drawn interleaved) hold the next
     steps' rows: of the ones after them, every other slot is read at once, the others once 90 %
     of those rows are served, still before they are asked for. Which comes first is the actor's phase:

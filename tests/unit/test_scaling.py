@@ -113,7 +113,7 @@ def test_a_reshard_starts_past_every_read_ahead_and_keeps_what_was_read(cursor, 
     assert {ownership.owner_at(g) for g in range(boundary, boundary + R)} == {0, 1, 2}
 
 
-def test_scale_down_ends_the_reclaimed_actors_positions():
+def test_scale_down_ends_the_reclaimed_actors_slots():
     ownership = Ownership(CATALOG, seed=5, source="code", segments=[[0, 2]])
     boundary = ownership.boundary(18, 2)
     ownership.extend(boundary, 1)
@@ -154,7 +154,7 @@ def test_an_actor_view_is_shared_by_threads():
         assert all(r == truth for r in results.values())
 
 
-def test_positions_follow_the_seeded_read_order():
+def test_slots_follow_the_seeded_read_order():
     ownership = Ownership(CATALOG, seed=9, source="web", segments=[[0, 1]])
     for epoch in range(3):
         order = epoch_order(CATALOG, seed=9, source="web", epoch=epoch)
