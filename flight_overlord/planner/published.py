@@ -5,13 +5,13 @@ loaders' locations, so a role registering at a new location drops every held vie
 No lock of its own: ``PlanService`` holds its lock around every call."""
 from __future__ import annotations
 
-from ..wire.plan import PlanView
+from ..wire.plan import EncodedPlan
 
 
 class PublishedViews:
     def __init__(self, constructors: int):
         self._constructors = constructors
-        self._views: dict[int, list[PlanView]] = {}
+        self._views: dict[int, list[EncodedPlan]] = {}
         self._taken: dict[int, set[int]] = {}
         self.registrations = 0  # roles registered at a new location so far
         self.publishing: int | None = None  # the step planned whose views are being made (not served yet)
@@ -22,7 +22,7 @@ class PublishedViews:
         self._views.clear()
         self._taken.clear()
 
-    def publish(self, step: int, views: list[PlanView], registrations: int) -> None:
+    def publish(self, step: int, views: list[EncodedPlan], registrations: int) -> None:
         """Hold ``step``'s views, made when ``registrations`` roles had registered at a new location
         (none since: else they are not held, and the step is served from the journal)."""
         self.publishing = None
@@ -30,7 +30,7 @@ class PublishedViews:
             self._views[step] = views
             self._taken[step] = set()
 
-    def take(self, step: int, constructor: int) -> PlanView | None:
+    def take(self, step: int, constructor: int) -> EncodedPlan | None:
         """The constructor's view of a published step, if still held; dropped once every constructor
         has taken its own."""
         views = self._views.get(step)

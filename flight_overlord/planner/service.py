@@ -18,9 +18,9 @@ from ..config import Config
 from ..core.positions import TrainerPositions, checked_positions
 from ..errors import BackgroundFailure, Busy, WaitTimedOut
 from ..journal import write_json_atomic
-from ..waiting import wait_until
+from ..waiting import Waiters
 from ..wire.actions import PlanRequest, PositionsReport
-from ..wire.plan import PlanView
+from ..wire.plan import EncodedPlan
 from ..wire.plan_channel import PLAN_AHEAD
 from ..wire.status import PlannerStatus
 from .counters import PlanCounters
@@ -48,6 +48,7 @@ class PlanService:
         self.planner = planner
         self.mesh = planner.mesh
         self.cond = threading.Condition()
+        self.waiters = Waiters()  # this server's blocking calls, bounded
         # on the same lock: what a request waiting for a plan wakes on (a plan published, a failure, the
         # stop), not every position report, each of which wakes the planning thread
         self._published = threading.Condition(self.cond)
@@ -166,8 +167,8 @@ class PlanService:
         """Until ``step`` is planned, and its views made (a constructor's ask then finds them), and every role
         registered (a restarted Planner re-derives journaled steps with the loaders' metadata)."""
         ready = lambda: self._published_step(step) and self.planner.registry.complete()  # noqa: E731
-        wait_until(self._published, lambda: self.failure is not None or self.stopping or ready(),
-                   timeout, f"the plan of step {step}")
+        self.waiters.wait_until(self._published, lambda: self.failure is not None or self.stopping or ready(),
+                                timeout, f"the plan of step {step}")
         if self.failure:
             raise BackgroundFailure(str(self.failure), self.failure.cause)
 
@@ -215,7 +216,8 @@ class PlanService:
     def _constructor_of(self, rank: int) -> str:
         """(Held lock.) Where the rank's constructor is, once registered (a restarted Planner answers first)."""
         index, constructors = self.mesh.constructor_of(self.mesh.coord(rank).dp), self.planner.registry.constructors
-        wait_until(self.cond, lambda: index in constructors or self.stopping, WAIT_SECONDS, f"constructor {index}")
+        self.waiters.wait_until(self.cond, lambda: index in constructors or self.stopping, WAIT_SECONDS,
+                                f"constructor {index}")
         return constructors[index]
 
     def stream_starts(self) -> list[tuple[int, int, str]]:
@@ -259,7 +261,7 @@ class PlanService:
                 self.cond.notify_all()
 
     # -- constructors ------------------------------------------------------------------
-    def answer(self, message: PlanRequest | PositionsReport, views: int) -> list[PlanView] | dict:
+    def answer(self, message: PlanRequest | PositionsReport, views: int) -> list[EncodedPlan] | dict:
         """One message of a constructor's plans stream, or the ``plan`` action's body: a plan request gets
         the views of its step and of the steps after it already planned, up to ``views``
         (``constructor_plan``); a positions report ``{"ok": true}``."""
@@ -269,7 +271,7 @@ class PlanService:
         return self.constructor_plan(message.step, message.constructor, message.positions, message.wait, views)
 
     def constructor_plan(self, step: int, constructor: int, positions: dict | None = None,
-                         wait: float | None = None, views: int = 1) -> list[PlanView]:
+                         wait: float | None = None, views: int = 1) -> list[EncodedPlan]:
         """Constructor ``constructor``'s share of step ``step``'s plan, as the plans stream carries it, and
         of the steps after it already planned, up to ``views`` steps in all (one being planned right now is
         waited for, briefly: ``_await_in_planning``). A step's views are held until every constructor took
@@ -308,8 +310,9 @@ class PlanService:
         if self._published_step(step) or not planning:
             return
         try:
-            wait_until(self._published, lambda: self.failure is not None or self.stopping or self._published_step(step),
-                       NEXT_VIEW_SECONDS, f"the plan of step {step}")
+            self.waiters.wait_until(self._published,
+                                    lambda: self.failure is not None or self.stopping or self._published_step(step),
+                                    NEXT_VIEW_SECONDS, f"the plan of step {step}")
         except (WaitTimedOut, Busy):
             pass  # planning takes longer than that (or the server is full of waiting calls): the answer goes without it
 
@@ -331,12 +334,12 @@ class PlanService:
         self._check_constructor(constructor, "resume_point")
         ranks = self.ranks_of(constructor)
         with self.cond:  # a stream rank's reported position may be ahead of what reached its trainer
-            wait_until(self.cond, lambda: self.positions.settled(ranks), WAIT_SECONDS,
-                            f"the stream ranks of constructor {constructor} to say where they resume")
+            self.waiters.wait_until(self.cond, lambda: self.positions.settled(ranks), WAIT_SECONDS,
+                                    f"the stream ranks of constructor {constructor} to say where they resume")
             if not self.resumed and not all(r in self.requested for r in ranks):
                 return min([self.requested.get(r, 0) for r in ranks])
-            wait_until(self.cond, lambda: all(r in self.requested for r in ranks), WAIT_SECONDS,
-                            f"the ranks of constructor {constructor} to say where they resume")
+            self.waiters.wait_until(self.cond, lambda: all(r in self.requested for r in ranks), WAIT_SECONDS,
+                                    f"the ranks of constructor {constructor} to say where they resume")
             return min(self.requested[r] for r in ranks)
 
     def _check_constructor(self, constructor: int, what: str) -> None:

@@ -1,5 +1,6 @@
-"""What each Data Constructor gets of a planned step: its view (a ``ConstructorPlan``; on the plans stream
-a ``PlanView``), made from the plan's columns for every constructor in one pass.
+"""What each Data Constructor gets of a planned step: its constructor plan (``ConstructorPlan``; on the plans
+stream an ``EncodedPlan``, here called its view), made from the step plan's columns for every constructor in one
+pass.
 
 A view numbers its samples in the order it meets them: its buckets' microbatches in order, then (image
 graph) the images its ranks encode. A sample met twice is numbered once, where it is first met: HDP
@@ -20,7 +21,7 @@ import numpy as np
 from ..core import hdp
 from ..core.mesh import Mesh
 from ..wire import encode
-from ..wire.plan import PlanView, view_header, view_rows
+from ..wire.plan import EncodedPlan, view_header, view_rows
 from .picks import PickTable
 from .registry import Registry
 from .step_plan import StepPlan
@@ -53,7 +54,7 @@ class StepSamples:
 
 
 def step_views(plan: StepPlan, mesh: Mesh, registry: Registry, broadcast: frozenset[str],
-               constructors: list[int] | None = None) -> list[PlanView]:
+               constructors: list[int] | None = None) -> list[EncodedPlan]:
     """The views of ``constructors`` (default: every constructor, in order), as the plans stream carries them."""
     samples = StepSamples.of(plan)
     constructors = list(range(mesh.num_constructors)) if constructors is None else list(constructors)
@@ -67,7 +68,7 @@ def step_views(plan: StepPlan, mesh: Mesh, registry: Registry, broadcast: frozen
                                   _consumers(samples, plan, mesh))
     starts = np.concatenate([[0], np.cumsum(items_per_view)]).tolist()
     headers = _Headers(plan, samples, broadcast)
-    return [PlanView(encode(headers.of(own, encoder_buckets[j], met.of_view(j, numbering.item), fetch[j])),
+    return [EncodedPlan(encode(headers.of(own, encoder_buckets[j], met.of_view(j, numbering.item), fetch[j])),
                      rows.slice(starts[j], starts[j + 1] - starts[j])) for j, own in enumerate(buckets)]
 
 

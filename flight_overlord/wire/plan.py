@@ -1,14 +1,14 @@
-"""The plan a Data Constructor receives for one step: one typed view, to and from the wire.
+"""The plan a Data Constructor receives for one step, its constructor plan, to and from the wire.
 
 Samples are numbered by their position in ``keys``; microbatches and encoder rows refer to them by
 that index. ``fetch`` says where each sample lives: the locations of its loader actor (the active
 one first, then its shadows, any of which can serve it) and, per sample, ``[epoch, file,
 row_group, row, consumers]`` (``consumers``: how many constructors fetch it in all).
 
-On the plans stream a view travels as a ``PlanView``: its samples as one Arrow record batch (schema
+On the plans stream a constructor plan travels as an ``EncodedPlan``: its samples as one Arrow record batch (schema
 ``plan_view``) and the rest as a small JSON header, its app_metadata. The Planner makes the columns of
-a step's views from the plan's own arrays, with no Python object per sample and no JSON per sample.
-The ``plan`` action answers the same view as one JSON object (``ConstructorPlan.to_wire``).
+a step's constructor plans from the step plan's own arrays, with no Python object per sample and no JSON per sample.
+The ``plan`` action answers the same constructor plan as one JSON object (``ConstructorPlan.to_wire``).
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ class ConstructorPlan:
 
 
 @dataclass
-class PlanView:
+class EncodedPlan:
     """A ``ConstructorPlan`` on the plans stream: ``rows``, a ``plan_view`` batch with a row per sample
     (in ``keys`` order; a fetch group's items are its rows in order), and ``header``, the encoded JSON
     object of the other fields (``fetch``: ``[source, actor, locations]`` per group)."""
@@ -73,7 +73,7 @@ class PlanView:
     rows: pa.RecordBatch
 
     @classmethod
-    def of(cls, plan: ConstructorPlan) -> "PlanView":
+    def of(cls, plan: ConstructorPlan) -> "EncodedPlan":
         group = np.full(len(plan.keys), -1, dtype=np.int32)
         samples: list[list] = [[]] * len(plan.keys)
         for g, fetch in enumerate(plan.fetch):
@@ -87,7 +87,7 @@ class PlanView:
                                                     consumers])
 
     @classmethod
-    def from_columns(cls, header: dict, columns: list) -> "PlanView":
+    def from_columns(cls, header: dict, columns: list) -> "EncodedPlan":
         """``header`` (``plan_header``) and the ``plan_view`` columns, in schema order."""
         return cls(encode(header), view_rows(columns))
 
@@ -122,7 +122,7 @@ def _plan_of(header: dict, rows: pa.RecordBatch) -> ConstructorPlan:
                            header["extra"])
 
 
-def views_message(views: list[PlanView]) -> tuple[bytes, pa.RecordBatch]:
+def views_message(views: list[EncodedPlan]) -> tuple[bytes, pa.RecordBatch]:
     """Views of consecutive steps as one plans-stream answer: their rows back to back in one batch, and
     the header ``{"views": [each view's header], "rows": [each view's row count]}`` (the views' headers
     are encoded JSON objects already: joined as bytes, not decoded and encoded again)."""

@@ -34,7 +34,7 @@ import pyarrow.flight as fl
 
 from ..errors import WaitTimedOut
 from . import decode, encode
-from .plan import ConstructorPlan, PlanView, read_views, view_schema, views_message
+from .plan import ConstructorPlan, EncodedPlan, read_views, view_schema, views_message
 from .server import client_error, decode_body
 
 PLANS = "plans"
@@ -62,7 +62,7 @@ def check_descriptor(descriptor: fl.FlightDescriptor) -> None:
                        f"only ({PLANS!r},), a constructor's plans stream")
 
 
-def serve_plans(reader, writer, answer: Callable[[dict], "dict | list[PlanView]"],
+def serve_plans(reader, writer, answer: Callable[[dict], "dict | list[EncodedPlan]"],
                 stopping: Callable[[], bool]) -> None:
     """The Planner's side: one answer per message until the constructor closes the stream or the Planner
     stops. ``answer(body)``: views of consecutive steps, or a JSON object; its ``WaitTimedOut`` is
@@ -89,7 +89,7 @@ def serve_plans(reader, writer, answer: Callable[[dict], "dict | list[PlanView]"
             writer.write_metadata(reply)
 
 
-def action_answer(reply: "dict | list[PlanView]") -> dict:
+def action_answer(reply: "dict | list[EncodedPlan]") -> dict:
     """An answer of the plans stream as the ``plan`` action's: the asked step's view as one JSON object."""
     return reply[0].to_wire() if isinstance(reply, list) else reply
 

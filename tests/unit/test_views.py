@@ -18,7 +18,7 @@ from flight_overlord.planner.registry import Registry
 from flight_overlord.planner.step_plan import StepPlan
 from flight_overlord.planner.strategy import Strategy
 from flight_overlord.planner.views import step_views
-from flight_overlord.wire.plan import ConstructorPlan, FetchGroup, PlanView
+from flight_overlord.wire.plan import ConstructorPlan, FetchGroup, EncodedPlan
 
 from ..helpers import WEIGHTS, write_config
 from .test_planner_speed import _image_feeds
@@ -69,7 +69,7 @@ def _registry(cfg, strategy, feeds) -> Registry:
     return registry
 
 
-def _assert_views_match(plan: StepPlan, strategy, registry, broadcast=frozenset()) -> list[PlanView]:
+def _assert_views_match(plan: StepPlan, strategy, registry, broadcast=frozenset()) -> list[EncodedPlan]:
     """The step's views, and the journaled step's (a restarted Planner's: Picks, no columns), all at once and
     one constructor's alone, equal ``_view_by_picks``'s, byte for byte."""
     mesh = strategy.mesh
@@ -78,13 +78,13 @@ def _assert_views_match(plan: StepPlan, strategy, registry, broadcast=frozenset(
         views = step_views(step, mesh, registry, broadcast)
         assert len(views) == mesh.num_constructors
         for c, view in enumerate(views):
-            want = PlanView.of(_view_by_picks(step, c, mesh, registry, broadcast))
+            want = EncodedPlan.of(_view_by_picks(step, c, mesh, registry, broadcast))
             assert view.header == want.header
             assert view.rows.equals(want.rows)
             alone = step_views(step, mesh, registry, broadcast, [c])[0]
             assert alone.header == want.header and alone.rows.equals(want.rows)
             # through IPC, as the plans stream ships it
-            shipped = PlanView(view.header, pa.ipc.read_record_batch(view.rows.serialize(), view.rows.schema))
+            shipped = EncodedPlan(view.header, pa.ipc.read_record_batch(view.rows.serialize(), view.rows.schema))
             assert shipped.plan().to_wire() == want.plan().to_wire()
     return step_views(plan, mesh, registry, broadcast)
 
