@@ -18,7 +18,7 @@ from flight_overlord.planner.registry import Registry
 from flight_overlord.planner.step_plan import StepPlan
 from flight_overlord.planner.strategy import Strategy
 from flight_overlord.planner.views import step_views
-from flight_overlord.wire.plan import ConstructorPlan, FetchGroup, EncodedPlan
+from flight_overlord.wire.plan import ConstructorPlan, EncodedPlan, FetchGroup
 
 from ..helpers import WEIGHTS, write_config
 from .test_planner_speed import _image_feeds

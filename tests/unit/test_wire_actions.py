@@ -76,7 +76,7 @@ def test_a_plan_view_on_the_plans_stream_is_the_constructor_s_plan_field_by_fiel
     sample fetched by two constructors; a view that fetches a sample twice is refused."""
     import pyarrow as pa
 
-    from flight_overlord.wire.plan import ConstructorPlan, FetchGroup, EncodedPlan, view_schema
+    from flight_overlord.wire.plan import ConstructorPlan, EncodedPlan, FetchGroup, view_schema
     plan = ConstructorPlan(7, "DP", ["tp"], 64, ["a:f:0:1", "b:g:1:0", "a:f:0:4"], [10, 64, 3],
                            {2: [[1, 0], [2]], 3: [[], [0]]},
                            [FetchGroup("b", 0, ["grpc://h:1"], [1], [[0, "g", 1, 0, 2]]),
@@ -105,7 +105,7 @@ def test_microbatches_numbered_in_row_order_travel_as_their_sizes():
     columns) carries their sizes in its header, not index lists, and reads back the same plan; one in
     another order keeps its lists; sizes that name more samples than the rows hold are refused."""
     from flight_overlord.wire import decode, encode
-    from flight_overlord.wire.plan import ConstructorPlan, FetchGroup, EncodedPlan
+    from flight_overlord.wire.plan import ConstructorPlan, EncodedPlan, FetchGroup
 
     def plan_of(microbatches):
         keys = [f"a:f:0:{i}" for i in range(4)]
@@ -135,7 +135,14 @@ def test_views_of_consecutive_steps_travel_as_one_answer():
     import pyarrow as pa
 
     from flight_overlord.wire import decode, encode
-    from flight_overlord.wire.plan import ConstructorPlan, FetchGroup, EncodedPlan, read_views, view_schema, views_message
+    from flight_overlord.wire.plan import (
+        ConstructorPlan,
+        EncodedPlan,
+        FetchGroup,
+        read_views,
+        view_schema,
+        views_message,
+    )
 
     def plan_of(step, n):
         keys = [f"a:f:{step}:{i}" for i in range(n)]
