@@ -2,10 +2,11 @@
 """The Planner's views of a planned step (``planner/views.py``): what every constructor receives, as dp grows.
 
 Over ``bench_planner.synthetic_planner``'s steps (72 samples per rank, six sources), after one untimed
-step, the mean wall time of: every constructor's views of a fresh step (what the planning loop makes
-once per step), and one constructor's view of the same step read back from its journal record (a
-restarted Planner serving it again). With ``--compare-with DIR`` the same in the ``flight_overlord``
-package under DIR, in alternating processes, with a digest of the views' bytes (equal: the same views).
+step, the mean CPU time of this thread (steadier than wall time on a shared machine) of: every
+constructor's views of a fresh step (what the planning loop makes once per step), and one
+constructor's view of the same step read back from its journal record (a restarted Planner serving
+it again). With ``--compare-with DIR`` the same in the ``flight_overlord`` package under DIR, in
+alternating processes, with a digest of the views' bytes (equal: the same views).
 
     .venv/bin/python scripts/bench_views.py                          # this tree, dp 64 .. 4096
     git archive 16b2e8e flight_overlord | tar -x -C /tmp/before
@@ -50,11 +51,11 @@ def one_run(dp: int, steps: int) -> None:
     for step in range(steps + 1):
         plan = plan_step(step, feeds, mixer, strategy, weights)
         journaled = StepPlan.from_record(plan.to_record())
-        start = time.perf_counter()
+        start = time.thread_time()
         made = views.step_views(plan, mesh, registry, frozenset())
-        middle = time.perf_counter()
+        middle = time.thread_time()
         again = one_view(journaled, mesh.num_constructors // 2)
-        end = time.perf_counter()
+        end = time.thread_time()
         if step:
             every, alone = every + middle - start, alone + end - middle
         for view in [*made, again]:
@@ -80,7 +81,7 @@ def main() -> None:
     p.add_argument("--compare-with", type=Path, default=None, help="a directory holding another flight_overlord")
     args = p.parse_args()
     trees = [("now", REPO)] if args.compare_with is None else [("before", args.compare_with.resolve()), ("now", REPO)]
-    print("| dp | constructors | tree | every view of a step, ms | one view from the journal, ms | digest |")
+    print("| dp | constructors | tree | every view of a step, CPU ms | one view from the journal, CPU ms | digest |")
     print("|---:|---:|---|---:|---:|---|")
     for dp in args.dp:
         for name, root in trees:

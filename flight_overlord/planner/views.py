@@ -67,9 +67,10 @@ def step_views(plan: StepPlan, mesh: Mesh, registry: Registry, broadcast: frozen
     rows, fetch = _rows_and_fetch(samples, met.rows[numbering.first], items_per_view, registry,
                                   _consumers(samples, plan, mesh))
     starts = np.concatenate([[0], np.cumsum(items_per_view)]).tolist()
-    headers = _Headers(plan, samples, broadcast)
-    return [EncodedPlan(encode(headers.of(own, encoder_buckets[j], met.of_view(j, numbering.item), fetch[j])),
-                     rows.slice(starts[j], starts[j + 1] - starts[j])) for j, own in enumerate(buckets)]
+    headers, in_order = _Headers(plan, samples, broadcast), numbering.in_order(met)
+    return [EncodedPlan(encode(headers.of(own, encoder_buckets[j], met.of_view(j, numbering.item), fetch[j],
+                                          in_order[j])),
+                        rows.slice(starts[j], starts[j + 1] - starts[j])) for j, own in enumerate(buckets)]
 
 
 @dataclass
@@ -115,10 +116,11 @@ class _Headers:
         self.groups = _hdp_groups(samples, plan) if plan.axis == "HDP" else None
         self.owners = _owners(samples) if samples.encoder is not None else None
 
-    def of(self, buckets: tuple[int, ...], encoder_buckets: tuple[int, ...], met, fetch: list) -> dict:
+    def of(self, buckets: tuple[int, ...], encoder_buckets: tuple[int, ...], met, fetch: list,
+           consecutive: bool) -> dict:
+        """``consecutive``: the view's bins number their samples 0, 1, 2, ... (its microbatches go as sizes)."""
         plan, m = self.plan, self.plan.microbatches
         in_bins, in_encoder, encoder_rows, bin_sizes, encoded_sizes = met
-        consecutive = bool(np.array_equal(in_bins, np.arange(in_bins.size)))  # then the microbatches go as sizes
         encoder = None
         if self.owners is not None:
             encoder = _encoder_rows(self.samples, encoder_buckets, in_encoder, encoder_rows, encoded_sizes,
@@ -140,9 +142,11 @@ class _Numbering:
 
     def __init__(self, view: np.ndarray, key: np.ndarray, views: int):
         starts = np.concatenate([[0], np.cumsum(np.bincount(view, minlength=views))])
-        position = np.arange(view.size) - starts[view]
-        if not key.size or np.bincount(key).max() <= 1:  # every sample met once in the step: numbered in order
-            self.first, self.item = np.arange(view.size), position
+        self._view, self._views = view, views
+        self._position = np.arange(view.size) - starts[view]
+        self.once = not key.size or np.bincount(key).max() <= 1
+        if self.once:  # every sample met once in the step: numbered in the order met
+            self.first, self.item = np.arange(view.size), self._position
             return
         _, first, which = np.unique(view * (int(key.max()) + 1) + key, return_index=True, return_inverse=True)
         self.first = np.sort(first)
@@ -150,6 +154,14 @@ class _Numbering:
         number[np.argsort(first, kind="stable")] = np.arange(first.size)
         items_before = np.concatenate([[0], np.cumsum(np.bincount(view[self.first], minlength=views))])
         self.item = number[which.reshape(-1)] - items_before[view]
+
+    def in_order(self, met: "_Meetings") -> list[bool]:
+        """Per view, whether the samples met in its bins are numbered 0, 1, 2, ... in the order met."""
+        if self.once:
+            return [True] * self._views
+        in_bins = self._position < np.asarray(met.in_bins, dtype=np.int64)[self._view]
+        misplaced = in_bins & (self.item != self._position)
+        return (np.bincount(self._view[misplaced], minlength=self._views) == 0).tolist()
 
 
 def _rows_and_fetch(samples: StepSamples, item_rows: np.ndarray, items_per_view: np.ndarray, registry: Registry,
