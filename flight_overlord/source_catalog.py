@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from . import formats, source_files
 from .config import ConfigError, SourceConfig
-from .core.order import RowGroupRef
+from .core.order import RowGroups
 from .journal import write_bytes_atomic, write_text_atomic
 
 log = logging.getLogger(__name__)
@@ -71,12 +71,9 @@ class SourceCatalog:
     def num_row_groups(self) -> int:
         return len(self.rows)
 
-    def row_groups(self) -> list[RowGroupRef]:
+    def row_groups(self) -> RowGroups:
         """Every row group, sorted (the order ``core.order`` works in: by file id, then row group)."""
-        ids, offsets, rows = self.file_ids, self.offsets.tolist(), self.rows.tolist()
-        in_order = all(a < b for a, b in zip(ids, ids[1:]))  # a config's files come sorted
-        files = range(len(ids)) if in_order else sorted(range(len(ids)), key=ids.__getitem__)
-        return [RowGroupRef(ids[f], g - offsets[f], rows[g]) for f in files for g in range(offsets[f], offsets[f + 1])]
+        return RowGroups.of_files(pa.array(self.file_ids, pa.string()), self.offsets, self.rows)
 
     def schemas_by_file(self) -> list[tuple[str, pa.Schema]]:
         """Each distinct schema with the first file that has it."""
@@ -213,12 +210,32 @@ def _assemble(source: SourceConfig, files: list[str], states: list[tuple[int, in
 def cached_catalog(digest: str) -> SourceCatalog | None:
     """The cached catalog of digest ``digest`` (a run's journaled reference), None when it is not there
     or cannot be read."""
+    return _read_cached(digest, SourceCatalog.from_table)
+
+
+def cached_row_groups(digest: str) -> RowGroups | None:
+    """The row groups of the cached catalog ``digest`` (what a Planner needs of it), read as columns: no
+    Python object per file or row group."""
+    def row_groups(table: pa.Table) -> RowGroups:
+        rows = _one_chunk(table.column("rows"))
+        return RowGroups.of_files(_one_chunk(table.column("file_id")), rows.offsets.to_numpy(), rows.values.to_numpy())
+    return _read_cached(digest, row_groups)
+
+
+def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array: its chunk where it has one, a view into the memory-mapped file (``RowGroups``
+    copies what it keeps: a view kept would keep every page of the file mapped and counted)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+def _read_cached(digest: str, read):
+    """``read(table)`` of the cached catalog ``digest``; None when it is not there or cannot be read."""
     path = catalog_dir() / f"{digest}.arrow"
     if not path.exists():
         return None
     try:
         with pa.memory_map(str(path)) as source:
-            return SourceCatalog.from_table(pa.ipc.open_file(source).read_all())
+            return read(pa.ipc.open_file(source).read_all())
     except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
         log.warning("catalog %s cannot be read (%s): ignored", path, exc)
         return None
