@@ -32,6 +32,7 @@ from .journal import write_bytes_atomic, write_text_atomic
 
 log = logging.getLogger(__name__)
 FOOTER_READS = 16  # footers read at once (object storage: ~16 requests in flight per process)
+FOOTERS_PER_TASK = 64  # a thread's task: a local footer is read in ~20 us, a task per file cost as much again
 CATALOG_DIR_ENV = "OVERLORD_CATALOG_DIR"
 FORMAT = 1  # of the cached file: another value is rebuilt
 
@@ -171,8 +172,9 @@ def read_footers(source: SourceConfig, paths: list[str]) -> list[FileFooter]:
             raise ConfigError(f"sources.{source.name}: {exc}") from None
     if len(paths) == 1:
         return [read(paths[0])]
-    with ThreadPoolExecutor(min(FOOTER_READS, len(paths)), thread_name_prefix="footers") as pool:
-        return list(pool.map(read, paths))
+    batches = [paths[i:i + FOOTERS_PER_TASK] for i in range(0, len(paths), FOOTERS_PER_TASK)]
+    with ThreadPoolExecutor(min(FOOTER_READS, len(batches)), thread_name_prefix="footers") as pool:
+        return [footer for batch in pool.map(lambda batch: [read(p) for p in batch], batches) for footer in batch]
 
 
 def _assemble(source: SourceConfig, files: list[str], states: list[tuple[int, int]], footers: dict[int, FileFooter],
