@@ -34,7 +34,9 @@ log = logging.getLogger(__name__)
 FOOTER_READS = 16  # footers read at once (object storage: ~16 requests in flight per process)
 FOOTERS_PER_TASK = 64  # a thread's task: a local footer is read in ~20 us, a task per file cost as much again
 CATALOG_DIR_ENV = "OVERLORD_CATALOG_DIR"
+VALIDATED_ENV = "OVERLORD_VALIDATED_CATALOGS"  # {list key: digest}: see validated_env
 FORMAT = 1  # of the cached file: another value is rebuilt
+_validated: dict[str, str] = {}  # list key -> digest of the catalog this process last found its files to match
 
 
 def catalog_dir() -> Path:
@@ -130,18 +132,48 @@ def _blake(*parts: str) -> str:
 
 def list_key(source: SourceConfig) -> str:
     """The cache's name of a source's file list."""
-    return _blake(*map(source_files.display, source.files))
+    return _list_key([source_files.display(p) for p in source.files])
+
+
+def _list_key(files: list[str]) -> str:
+    return _blake(*files)
+
+
+def validated_env() -> dict[str, str]:
+    """The environment of a start's role processes: the catalogs as this process last validated them
+    (``overlord up`` validates every source's just before any role starts), which they take without a
+    ``stat`` per file again. A process started without it (``overlord serve``, Ray) validates for itself."""
+    return {VALIDATED_ENV: json.dumps(_validated)} if _validated else {}
+
+
+def _validated_for_this_start(key: str, files: list[str]) -> SourceCatalog | None:
+    """The catalog the process that started this one validated for file list ``key``, if it named one."""
+    digest = json.loads(os.environ.get(VALIDATED_ENV) or "{}").get(key)
+    catalog = cached_catalog(digest) if digest else None
+    return catalog if catalog is not None and catalog.files == files else None
 
 
 def load_catalog(source: SourceConfig) -> SourceCatalog:
     """The source's catalog: the cached one where its files' sizes and times still hold, the footers of
-    the others read now (and the cache updated)."""
+    the others read now (and the cache updated); the one this start validated already where its
+    ``overlord up`` says so (``validated_env``)."""
+    files = [source_files.display(p) for p in source.files]
+    key = _list_key(files)
+    catalog = _validated_for_this_start(key, files)
+    if catalog is None:
+        catalog = _validated_now(source, files, key)
+        _validated[key] = catalog.digest()
+    catalog.file_ids = list(source.file_ids)  # the config's strings (equal): one copy per process
+    return catalog
+
+
+def _validated_now(source: SourceConfig, files: list[str], key: str) -> SourceCatalog:
+    """``load_catalog`` with a ``stat`` of every file (a listing per folder on object storage)."""
     try:
         states = source_files.file_states(list(source.files))
     except source_files.StorageError as exc:
         raise ConfigError(f"sources.{source.name}: {exc}") from None
-    files = [source_files.display(p) for p in source.files]
-    cached = _cached(source, files)
+    cached = _cached(source, files, key)
     known = {}
     if cached is not None:
         known = {f: i for i, f in enumerate(cached.files)}
@@ -149,7 +181,6 @@ def load_catalog(source: SourceConfig) -> SourceCatalog:
     stale = [i for i, f in enumerate(files)
              if f not in known or (int(cached.sizes[known[f]]), int(cached.mtimes[known[f]])) != states[i]]
     if not stale and cached is not None:
-        cached.file_ids = list(source.file_ids)  # the config's strings (equal): one copy per process
         return cached
     for i, footer in zip(stale, read_footers(source, [source.files[i] for i in stale])):
         footers[i] = footer
@@ -243,9 +274,9 @@ def _read_cached(digest: str, read):
         return None
 
 
-def _cached(source: SourceConfig, files: list[str]) -> SourceCatalog | None:
+def _cached(source: SourceConfig, files: list[str], key: str) -> SourceCatalog | None:
     """The latest cached catalog of the source's file list (None: none yet, or unreadable: rebuilt)."""
-    pointer = catalog_dir() / f"{list_key(source)}.json"
+    pointer = catalog_dir() / f"{key}.json"
     try:
         digest = json.loads(pointer.read_text())["digest"]
     except FileNotFoundError:
