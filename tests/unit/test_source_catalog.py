@@ -225,3 +225,23 @@ def test_a_config_loaded_without_expanding_lists_no_folder_until_asked(source, t
     assert lazy.source("s").paths == source.paths
     with pytest.raises(ConfigError, match=r"sources\[1\]\.paths: no file matches the glob"):
         lazy.source("none").files
+
+
+def test_the_roles_of_a_start_take_the_catalogs_it_validated_without_a_stat_per_file(source, monkeypatch):
+    """``overlord up`` validates each source's catalog (a stat per file) and hands the digests to the roles
+    it starts (``validated_env``); a process started without them validates for itself."""
+    from flight_overlord import source_files
+    validated = load_catalog(source)
+    env = source_catalog.validated_env()
+    assert json.loads(env[source_catalog.VALIDATED_ENV])[list_key(source)] == validated.digest()
+    stats = []
+    monkeypatch.setattr(source_files, "file_states", lambda paths: stats.append(len(paths)) or
+                        [(os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in paths])
+    monkeypatch.setenv(source_catalog.VALIDATED_ENV, env[source_catalog.VALIDATED_ENV])
+    taken = load_catalog(source)
+    assert stats == [] and taken.digest() == validated.digest() and taken.row_groups() == validated.row_groups()
+    monkeypatch.setenv(source_catalog.VALIDATED_ENV, json.dumps({list_key(source): "0" * 32}))  # not in the cache
+    assert load_catalog(source).digest() == validated.digest() and stats == [len(source.files)]
+    monkeypatch.delenv(source_catalog.VALIDATED_ENV)
+    load_catalog(source)
+    assert stats == [len(source.files)] * 2
