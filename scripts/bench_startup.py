@@ -136,6 +136,7 @@ def three_starts(code: str, run: Path, config: Path, env: dict) -> dict:
 def s3_corpus(data: Path, latency_ms: float):
     """(moto server context, paths function) for ``data`` uploaded to a moto S3 behind a latency proxy."""
     from bench_storage import LatencyProxy
+
     from tests.s3 import moto_s3
     context = moto_s3(data, SOURCES, BUCKET, access_key=CREDENTIALS["AWS_ACCESS_KEY_ID"])
     query, port, _ = context.__enter__()

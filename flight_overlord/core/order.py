@@ -127,7 +127,8 @@ class RowGroups(Sequence[RowGroupRef]):
 
     def hashes(self, *prefix: object) -> np.ndarray:
         """``stable_hash(*prefix, file, row_group)`` of every row group (uint64)."""
-        return np.fromiter((stable_hash(*prefix, file, g) for file, g in self._pairs()), dtype=np.uint64, count=len(self))
+        hashes = (stable_hash(*prefix, file, g) for file, g in self._pairs())
+        return np.fromiter(hashes, dtype=np.uint64, count=len(self))
 
     def _pairs(self) -> Iterator[tuple[str, int]]:
         """(file id, row group) of every row group, the ids made as Python strings a block of files at a

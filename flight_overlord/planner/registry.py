@@ -64,7 +64,8 @@ class Registry:
 
     def register_constructor(self, index: int, location: str) -> None:
         if not 0 <= index < self.num_constructors:
-            raise ValueError(f"register: constructor index {index} out of range (this mesh has {self.num_constructors})")
+            raise ValueError(f"register: constructor index {index} out of range "
+                             f"(this mesh has {self.num_constructors})")
         self.constructors[index] = location
 
     def complete(self) -> bool:
@@ -109,13 +110,15 @@ class Registry:
                 return self.catalogs[source]
             return [[rg.file, rg.row_group, rg.num_rows] for rg in self.listed[(source, actor)]]
         return {"loaders": [[s, a, r, loc, share(s, a)]
-                            for (s, a), replicas in sorted(self.loaders.items()) for r, loc in sorted(replicas.items())],
+                            for (s, a), replicas in sorted(self.loaders.items())
+                            for r, loc in sorted(replicas.items())],
                 "constructors": {str(i): loc for i, loc in sorted(self.constructors.items())}}
 
     def status(self) -> dict:
         """Who is where, each loader with its number of row groups (the ``status`` answer's ``loaders``)."""
         return {"loaders": [[s, a, r, loc, self.share_size(s, a)]
-                            for (s, a), replicas in sorted(self.loaders.items()) for r, loc in sorted(replicas.items())],
+                            for (s, a), replicas in sorted(self.loaders.items())
+                            for r, loc in sorted(replicas.items())],
                 "constructors": {str(i): loc for i, loc in sorted(self.constructors.items())}}
 
     def load_state_dict(self, state: dict) -> None:
