@@ -1,72 +1,44 @@
-"""``core.order.RowGroups`` (a source's row groups as columns) and ``core.file_ids.FileIds`` (its file
-ids, compressed): the same sequence, order, lookups and hashes as a sorted list of ``RowGroupRef``."""
+"""A loader actor keeps only its newest ``OPEN_FILES_KEPT`` Parquet files open (an open file's footer and
+reader state would otherwise pile up over a long run, one per file it has come to), and reads the same
+tokens whatever it had to reopen, from several threads at once too."""
 from __future__ import annotations
 
-import numpy as np
+import concurrent.futures
+
 import pyarrow as pa
-import pytest
+import pyarrow.parquet as pq
 
-from flight_overlord.core import file_ids
-from flight_overlord.core.file_ids import FileIds
-from flight_overlord.core.order import ReadOrder, RowGroupRef, RowGroups, epoch_order, owned_row_groups, stable_hash
-
-
-def refs(seed: int = 0, files: int = 300) -> list[RowGroupRef]:
-    rng = np.random.default_rng(seed)
-    return [RowGroupRef(f"d{rng.integers(0, 3)}/ü-{f:05d}.parquet", g, int(rng.integers(1, 60)))
-            for f in rng.choice(100_000, files, replace=False) for g in range(int(rng.integers(1, 4)))]
+from flight_overlord.config.parse import parse_config
+from flight_overlord.loader import row_groups
+from flight_overlord.loader.row_groups import SourceShare
 
 
-def test_row_groups_are_the_sorted_refs_with_their_lookups():
-    listed = refs()
-    columns = RowGroups.of(reversed(listed))
-    assert list(columns) == sorted(listed) == [columns[i] for i in range(len(columns))]
-    assert columns == sorted(listed) and columns.total_rows == sum(rg.num_rows for rg in listed)
-    for i, rg in enumerate(sorted(listed)):
-        assert columns.index(rg.file, rg.row_group) == i
-    with pytest.raises(KeyError):
-        columns.index("no/such.parquet", 0)
-    with pytest.raises(KeyError):
-        columns.index(sorted(listed)[0].file, 99)
-    assert columns.hashes(7, "web", 2).tolist() == [stable_hash(7, "web", 2, rg.file, rg.row_group)
-                                                    for rg in sorted(listed)]
-    for actor in range(3):
-        assert list(owned_row_groups(columns, actor, 3)) == owned_row_groups(listed, actor, 3)
+def _share(tmp_path) -> SourceShare:
+    for f in range(5):
+        pq.write_table(pa.table({"text": [f"file {f} row {i} " * (i % 5 + 1) for i in range(12)]}),
+                       tmp_path / f"part-{f}.parquet", row_group_size=4)  # 3 row groups each
+    cfg = parse_config({"sources": [{"name": "s", "paths": "part-*.parquet"}], "run_dir": str(tmp_path / "run"),
+                        "global_batch": {"context_length": 256, "microbatches": 1, "samples_per_step": 4}},
+                       base_dir=tmp_path)
+    return SourceShare(cfg.source("s"), 0, 256)
 
 
-def test_row_groups_of_files_in_any_order_are_sorted_by_file_then_row_group():
-    ids = pa.array(["b.parquet", "a.parquet", "c.parquet"])
-    rows = np.array([5, 6, 7, 8, 9, 10])  # b: 5, 6; a: 7; c: 8, 9, 10
-    columns = RowGroups.of_files(ids, np.array([0, 2, 3, 6]), rows)
-    assert list(columns) == [RowGroupRef("a.parquet", 0, 7), RowGroupRef("b.parquet", 0, 5),
-                             RowGroupRef("b.parquet", 1, 6), RowGroupRef("c.parquet", 0, 8),
-                             RowGroupRef("c.parquet", 1, 9), RowGroupRef("c.parquet", 2, 10)]
-    assert RowGroups.of_files(pa.array(["a.parquet", "b.parquet"]), np.array([0, 1, 3]), np.array([7, 5, 6])) \
-        == [RowGroupRef("a.parquet", 0, 7), RowGroupRef("b.parquet", 0, 5), RowGroupRef("b.parquet", 1, 6)]
-
-
-def test_a_read_order_over_columns_is_epoch_order_in_units_of_its_window():
-    listed = refs(1)
-    for window in (1, 3):
-        order = ReadOrder("web", RowGroups.of(listed), seed=5, window=window)
-        for epoch in range(2):
-            expected = epoch_order(listed, seed=5, source="web", epoch=epoch)
-            units = [order.unit(epoch, i)[0] for i in range(order.units)]
-            flat = units if window == 1 else [rg for unit in units for rg in unit.row_groups]
-            assert flat == expected
-
-
-def test_file_ids_read_like_a_sorted_list_across_blocks(monkeypatch):
-    monkeypatch.setattr(file_ids, "BLOCK", 7)
-    monkeypatch.setattr(file_ids, "DECODED", 2)
-    names = sorted(f"folder/ß-{i:04d}.parquet" for i in range(50))
-    ids = FileIds(pa.array(names))
-    assert len(ids) == 50 and ids.to_pylist() == names and [ids[i] for i in range(50)] == names
-    assert ids[-1] == names[-1] and [ids.index(n) for n in reversed(names)] == list(reversed(range(50)))
-    assert [(lo, len(batch)) for lo, batch in ids.batches()] == [(i, min(7, 50 - i)) for i in range(0, 50, 7)]
-    for missing in ("a", "folder/ß-0003.parquetx", "zzz"):
-        with pytest.raises(KeyError):
-            ids.index(missing)
-    with pytest.raises(IndexError):
-        ids[50]
-    assert FileIds(pa.array(names)) == ids != FileIds(pa.array(names[1:]))
+def test_a_share_keeps_its_newest_files_open_and_reads_the_same_tokens_after_reopening(tmp_path, monkeypatch):
+    share = _share(tmp_path)
+    owned = list(share.row_groups)
+    order = owned[::2] + owned[1::2] + owned  # files come up again and again
+    try:
+        monkeypatch.setattr(row_groups, "OPEN_FILES_KEPT", len(share.source.files))
+        kept_open = {rg: share.read(rg).tokens for rg in share.row_groups}  # every file open: the reference
+        monkeypatch.setattr(row_groups, "OPEN_FILES_KEPT", 2)
+        share.close()
+        for rg in order:
+            assert share.read(rg).tokens.equals(kept_open[rg])
+            assert len(share._open) <= 2
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:  # a handle falling out under another thread's read
+            read = list(pool.map(lambda rg: share.read(rg).tokens, order * 3))
+        assert all(tokens.equals(kept_open[rg]) for rg, tokens in zip(order * 3, read))
+        assert len(share._open) <= 2
+    finally:
+        share.close()
+    assert not share._open
