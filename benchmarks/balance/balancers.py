@@ -1,6 +1,6 @@
 """Benchmark flight_overlord.balance on skewed LLM-style sample-length mixtures.
 
-Usage: python scripts/bench_balance.py [--quick]
+Usage: python -m benchmarks.balance.balancers [--quick]
 
 Prints markdown tables (for docs/methods/balance.md): imbalance, makespan over the lower
 bound, simulated step-time speedup over arrival-order chunking, and plan latency, at
@@ -14,7 +14,7 @@ import platform
 
 import numpy as np
 
-from benchlib import command_line, timed_runs
+from benchmarks.common.benchlib import command_line, timed_runs
 from flight_overlord.balance import lower_bound, partition
 
 MICROBATCHES = 8

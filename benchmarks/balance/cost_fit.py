@@ -19,8 +19,8 @@ seconds) and the true-cost imbalance (slowest rank / mean rank), printed side by
 (``$OVERLORD_SLOW_SOURCES``, its loader sleeps per call) and ``overlord status``'s starvation view
 is printed for that run and for one without the delay.
 
-    .venv/bin/python scripts/bench_costfit.py                       # 4 ranks x 60 steps x 3 sides
-    .venv/bin/python scripts/bench_costfit.py --steps 40 --plot docs/costfit_step_time.png
+    .venv/bin/python -m benchmarks.balance.cost_fit                       # 4 ranks x 60 steps x 3 sides
+    .venv/bin/python -m benchmarks.balance.cost_fit --steps 40 --plot docs/costfit_step_time.png
 
 Left out: real kernels (the sleeps are the formula, plus the scheduler's jitter on a loaded machine),
 the all-reduce's own time, pipeline and tensor parallelism.
@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-import benchlib
-from benchlib import log
+from benchmarks.common import benchlib
+from benchmarks.common.benchlib import log
 
 LONG, SHORT = "longtail_32k", "longtail_4k"
 FLOPS = 160e12  # 400 TFLOP/s peak at 40 % MFU

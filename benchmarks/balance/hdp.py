@@ -16,7 +16,7 @@ is computed from what it would hold:
 - ``hdp``: ``configs/long_context_hdp.yaml``: dp x cp = (ranks/4) x 4, ``distribute("HDP",
   max_tokens_per_rank=32768)``: each sample on a power-of-two group of ranks from its length.
 
-Per rank and microbatch (the bench_training cost model, Llama-2-7B at 160 TFLOP/s): a * held
+Per rank and microbatch (the benchmarks.training.end_to_end cost model, Llama-2-7B at 160 TFLOP/s): a * held
 positions + 2b * causal (query, key) pairs of the positions it holds (so a sequence's ranks add up
 to b * l^2), plus ring attention's KV traffic for every sequence on g > 1 ranks: CP_PASSES x (g-1)
 x held positions x KV_BYTES_PER_TOKEN / CP_LINK_BYTES_PER_S, not overlapped. CP groups synchronise
@@ -28,8 +28,8 @@ scenario happened to defer past the last step (long ones cost more per token), s
 two scenarios' efficiencies is their speedup on the same work.
 Planning time = wall time of ``plan_step`` (mix, cost, place) on this machine.
 
-    .venv/bin/python scripts/bench_hdp.py                    # 30 steps, ~1 min
-    .venv/bin/python scripts/bench_hdp.py --steps 10 --data data/demo
+    .venv/bin/python -m benchmarks.balance.hdp                    # 30 steps, ~1 min
+    .venv/bin/python -m benchmarks.balance.hdp --steps 10 --data data/demo
 
 Left out: real kernels and their efficiency on short sequences, overlap of ring communication with
 compute, the gradient all-reduce, pipeline/tensor parallelism.
@@ -46,8 +46,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
-from benchlib import argument_parser, log, print_header, pyplot, save_plot
-
+from benchmarks.common.benchlib import REPO, argument_parser, log, print_header, pyplot, save_plot
 from flight_overlord.config import load_config
 from flight_overlord.core import hdp
 from flight_overlord.core.context_parallel import token_ranges
@@ -59,7 +58,6 @@ from flight_overlord.planner.hdp import hdp_groups
 from flight_overlord.planner.program import plan_step
 from flight_overlord.planner.strategy import Strategy, load_strategy
 
-REPO = Path(__file__).resolve().parent.parent
 FLOPS = 400e12 * 0.40                       # 400 TFLOP/s peak at 40 % MFU
 PARAMS, LAYERS, HIDDEN = 6.74e9, 32, 4096   # Llama-2-7B
 A, B = 6 * PARAMS / FLOPS, 12 * LAYERS * HIDDEN / FLOPS  # s per token, s per (query, key) pair x 2

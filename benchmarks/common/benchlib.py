@@ -1,8 +1,8 @@
-"""What the benchmark scripts share: their header, the demo corpus and configs over it, timing, and
+"""What the benchmarks share: their header, the demo corpus and configs over it, timing, and
 the PSS/CPU measurement of process trees.
 
-Imported as a sibling module (``import benchlib``): the scripts run as ``python scripts/bench_X.py``,
-which puts ``scripts/`` first on ``sys.path``.
+A benchmark runs as a module from the repository root (``python -m benchmarks.TOPIC.NAME``), so
+``benchmarks`` and the checkout's ``flight_overlord`` import as packages.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import psutil
 import yaml
 
 MiB = 1024 * 1024
+REPO = Path(__file__).resolve().parents[2]
 PSS_INTERVAL = 1.0
 
 
@@ -51,8 +52,7 @@ def save_plot(fig, path: Path) -> None:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    repo = Path(__file__).resolve().parent.parent
-    print(f"\nplot: {path.resolve().relative_to(repo) if path.resolve().is_relative_to(repo) else path}", flush=True)
+    print(f"\nplot: {path.resolve().relative_to(REPO) if path.resolve().is_relative_to(REPO) else path}", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -60,8 +60,32 @@ def save_plot(fig, path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 def command_line() -> str:
-    """``$ `` and the command this process runs (the interpreter relative to the cwd)."""
-    return "$ " + shlex.join([os.path.relpath(sys.executable), *sys.argv])
+    """``$ `` and the command this process runs (the interpreter relative to the cwd): ``-m MODULE``
+    for a benchmark run as a module, where ``sys.argv[0]`` holds the module's file instead."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    program = ["-m", spec.name] if spec is not None else sys.argv[:1]
+    return "$ " + shlex.join([os.path.relpath(sys.executable), *program, *sys.argv[1:]])
+
+
+# Runs `python -m MODULE ARGS` with only this checkout's `benchmarks` package registered by its location:
+# every other import, flight_overlord included, resolves on the interpreter's own path.
+_RUN_BENCHMARK_MODULE = (
+    "import importlib.util, runpy, sys\n"
+    "folder, module = sys.argv[1:3]\n"
+    "spec = importlib.util.spec_from_file_location('benchmarks', folder + '/__init__.py',"
+    " submodule_search_locations=[folder])\n"
+    "package = importlib.util.module_from_spec(spec)\n"
+    "sys.modules['benchmarks'] = package\n"
+    "spec.loader.exec_module(package)\n"
+    "sys.argv = [module, *sys.argv[3:]]\n"
+    "runpy.run_module(module, run_name='__main__', alter_sys=True)\n")
+
+
+def module_command(module: str, python: str = sys.executable) -> list[str]:
+    """The command that runs benchmark ``module`` (``benchmarks.TOPIC.NAME``) under interpreter ``python``,
+    measuring the ``flight_overlord`` that interpreter imports (another venv's, or ``PYTHONPATH``'s) rather
+    than the checkout's: run it in a folder other than the repository root, which ``-c`` puts first on the path."""
+    return [python, "-c", _RUN_BENCHMARK_MODULE, str(REPO / "benchmarks"), module]
 
 
 def machine() -> str:

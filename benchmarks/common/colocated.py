@@ -7,8 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rank_processes import RankChannel, Tally, microbatch_nbytes
-
+from benchmarks.common.rank_processes import RankChannel, Tally, microbatch_nbytes
 
 # ---------------------------------------------------------------------------------------------
 # Side 3: the colocated baseline
@@ -53,8 +52,7 @@ def _make_colocated_dataset(sources, data_dir: str, rank: int, ranks: int, conte
     import torch
     from torch.utils.data import IterableDataset, get_worker_info
 
-    from flight_overlord.core.packing import pack
-    from flight_overlord.core.packing import shifted_labels
+    from flight_overlord.core.packing import pack, shifted_labels
 
     class ColocatedDataset(IterableDataset):
         """Every worker opens every file of every source and does all the work itself."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from benchlib import PssSampler, log
+from benchmarks.common.benchlib import PssSampler, log
 
 TRAINER_SIDE = "flight_overlord"  # run_ranks' side name for flight_overlord's trainer processes
 

@@ -1,5 +1,5 @@
-"""A local S3 server (moto's server mode on a loopback port) holding Parquet sources: shared by the
-storage tests and ``scripts/bench_storage.py`` (which puts the checkout on ``sys.path``)."""
+"""A local S3 server (moto's server mode on a loopback port) holding Parquet sources, and a proxy that
+gives it an object store's latency: shared by the storage tests and the storage and start-up benchmarks."""
 from __future__ import annotations
 
 import contextlib
@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -50,3 +51,42 @@ def _create_bucket(fs: pafs.S3FileSystem, bucket: str, deadline: float) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+class LatencyProxy:
+    """A loopback TCP proxy holding each chunk a client sends (an HTTP request) ``latency`` seconds."""
+
+    def __init__(self, upstream: int, latency: float):
+        self.upstream, self.latency = upstream, latency
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            threading.Thread(target=self._pump, args=(client, server, self.latency), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, 0.0), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket, delay: float) -> None:
+        try:
+            while chunk := src.recv(1 << 16):
+                if delay:
+                    time.sleep(delay)
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.sock.close()

@@ -14,20 +14,20 @@ process, side by side:
 Both re-derive every step and check it against its journaled digest, and the script checks that the
 two audits are the same report. Wall and CPU seconds of each, per step and in all.
 
-    .venv/bin/python scripts/bench_audit.py                       # 300 steps, a snapshot every 50
-    .venv/bin/python scripts/bench_audit.py --steps 600 --every 200 --data data/demo --keep runs/audit
+    .venv/bin/python -m benchmarks.control_plane.audit                       # 300 steps, a snapshot every 50
+    .venv/bin/python -m benchmarks.control_plane.audit --steps 600 --every 200 --data data/demo --keep runs/audit
 """
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from benchlib import add_corpus_args, argument_parser, log, print_header, workspace, write_config
+from benchmarks.common.benchlib import add_corpus_args, argument_parser, log, print_header, workspace, write_config
 from flight_overlord import harness
-from flight_overlord.deploy.launch import LocalCluster
-from flight_overlord.planner.audit import audit_run, compute_audit, offline_planner
 from flight_overlord.constructor.deliveries import read_deliveries
+from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.journal import read_journal
+from flight_overlord.planner.audit import audit_run, compute_audit, offline_planner
 
 SOURCES = ["captions", "code", "docstrings", "qa"]
 

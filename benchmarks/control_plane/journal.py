@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The plan journal per step as the cluster grows: whole plans (before) vs inputs + state + digest (now).
 
-In process, no servers: a real ``Planner`` (journal, snapshots, fsync) over bench_planner.py's
+In process, no servers: a real ``Planner`` (journal, snapshots, fsync) over benchmarks/control_plane/plan_time.py's
 synthetic long-document sources (six sources, 72 samples per rank, 32k context, greedy), at each
 dp in --dp. For every planned step, side by side in the same run:
 
@@ -21,9 +21,9 @@ dp in --dp. For every planned step, side by side in the same run:
   step's feeds sorted and hashed all of their source's row groups again: ~20 ms per source at 10k
   row groups; --row-groups sets how many each source has).
 
-    .venv/bin/python scripts/bench_journal.py                      # dp 8, 64, 4096
-    .venv/bin/python scripts/bench_journal.py --dp 8 64 --steps 20
-    .venv/bin/python scripts/bench_journal.py --dp 8 --steps 20 --row-groups 10000
+    .venv/bin/python -m benchmarks.control_plane.journal                      # dp 8, 64, 4096
+    .venv/bin/python -m benchmarks.control_plane.journal --dp 8 64 --steps 20
+    .venv/bin/python -m benchmarks.control_plane.journal --dp 8 --steps 20 --row-groups 10000
 """
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import argument_parser, log, print_header
-from bench_planner import synthetic_planner
+from benchmarks.common.benchlib import argument_parser, log, print_header
+from benchmarks.control_plane.plan_time import synthetic_planner
 from flight_overlord.journal import journal_size
 from flight_overlord.planner.feed import SourceFeed
 from flight_overlord.planner.planner import Planner

@@ -17,8 +17,8 @@ Planner's prefetch window, so a fetch includes waiting for the slowest rank.
 - PSS: psutil ``memory_full_info().pss`` summed over the role processes (``cluster.children``), right
   after the warm-up and at the end; goal: within 10%. Also sampled every second (max, CPU by role).
 
-    .venv/bin/python scripts/bench_load.py                   # 120 s timed, ~2.5 min in all
-    .venv/bin/python scripts/bench_load.py --seconds 20      # a quick look
+    .venv/bin/python -m benchmarks.control_plane.load                   # 120 s timed, ~2.5 min in all
+    .venv/bin/python -m benchmarks.control_plane.load --seconds 20      # a quick look
 
 tests/integration/test_load.py runs the same (``run_load``) for ~15 s in the default suite and for
 120 s under ``-m slow``.
@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import psutil
 
+from benchmarks.common.benchlib import MiB, add_corpus_args, argument_parser, log, print_header, workspace, write_config
 from flight_overlord.client import StepFetcher
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.harness import RankThreads
 
-MiB = 1024 * 1024
 SOURCES = {"captions": 0.15, "longdocs": 0.25, "code": 0.20, "docstrings": 0.15, "manuals": 0.15, "qa": 0.10}
 CONFIG = {  # the load config's sections beyond sources, data_root and run_dir
     "mesh": {"dp": 64},
@@ -223,8 +223,6 @@ def plan_records(config_path) -> list[dict]:
 
 
 def main(argv=None) -> None:
-    from benchlib import add_corpus_args, argument_parser, log, print_header, workspace, write_config
-
     parser = argument_parser(__doc__)
     parser.add_argument("--seconds", type=float, default=120.0, help="timed phase (default 120)")
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds before the timed phase (default 10)")

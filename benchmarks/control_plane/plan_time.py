@@ -2,7 +2,7 @@
 """How long the Planner takes to plan one step as data parallelism grows, without servers.
 
 Two measurements in the same run, on the same synthetic long-document steps (72 samples per
-rank, lengths as in bench_balance.py at a 32k context, cost a*l + b*l^2):
+rank, lengths as in benchmarks/balance/balancers.py at a 32k context, cost a*l + b*l^2):
 
 1. the balancer alone: ``partition(costs, dp, method=...)`` for greedy and karmarkar_karp
    against a plain heapq LPT (sort, then one ``heapreplace`` per item) on the same costs;
@@ -13,13 +13,13 @@ rank, lengths as in bench_balance.py at a 32k context, cost a*l + b*l^2):
 Then a prefetch guidance table: how many steps ahead the Planner must run so that a step's
 plan is never late, for a given step time and planning time.
 
-    .venv/bin/python scripts/bench_planner.py                 # dp 8 .. 4096, plot to docs/planner_scaling.png
-    .venv/bin/python scripts/bench_planner.py --max-dp 512    # quicker
+    .venv/bin/python -m benchmarks.control_plane.plan_time                 # dp 8 .. 4096, plot to docs/planner_scaling.png
+    .venv/bin/python -m benchmarks.control_plane.plan_time --max-dp 512    # quicker
     # plan_step of another checkout side by side (alternating processes, same input, plan hashes):
     git archive 4d3fe2b flight_overlord | tar -x -C /tmp/before
-    .venv/bin/python scripts/bench_planner.py --compare-with /tmp/before --compare-dp 1024 4096
-    .venv/bin/python scripts/bench_planner.py --compare-with /tmp/before --compare-unit tokens  # token budgets
-    .venv/bin/python scripts/bench_planner.py --ratio-dp 4096 --reps 5   # plan_step / heapq LPT, CPU time
+    .venv/bin/python -m benchmarks.control_plane.plan_time --compare-with /tmp/before --compare-dp 1024 4096
+    .venv/bin/python -m benchmarks.control_plane.plan_time --compare-with /tmp/before --compare-unit tokens  # token budgets
+    .venv/bin/python -m benchmarks.control_plane.plan_time --ratio-dp 4096 --reps 5   # plan_step / heapq LPT, CPU time
 """
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ import hashlib
 import heapq
 import json
 import math
-import os
 import subprocess
 import sys
 import tempfile
@@ -39,8 +38,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from benchlib import argument_parser, log, print_header, pyplot, save_plot
-from bench_balance import cost, sample_lengths
+from benchmarks.balance.balancers import cost, sample_lengths
+from benchmarks.common.benchlib import REPO, argument_parser, log, module_command, print_header, pyplot, save_plot
 from flight_overlord.balance import lower_bound, partition
 from flight_overlord.config import load_config
 from flight_overlord.core.mixing import Mixer
@@ -49,7 +48,6 @@ from flight_overlord.planner.feed import SourceFeed
 from flight_overlord.planner.program import plan_step
 from flight_overlord.planner.strategy import Strategy
 
-REPO = Path(__file__).resolve().parent.parent
 PER_RANK = 72
 CONTEXT = 32768
 SOURCES = {"web": 0.3, "books": 0.2, "code": 0.2, "papers": 0.1, "captions": 0.1, "chat": 0.1}
@@ -65,7 +63,7 @@ def synthetic_planner(dp: int, *, per_rank: int = PER_RANK, context: int = CONTE
                       sources: dict[str, float] = SOURCES, seed: int = 0, row_groups: int = 2):
     """(feeds, mixer, strategy, weights) for ``plan_step`` over synthetic sources: no files, no servers.
 
-    Every source is ``row_groups`` row groups of ``ROWS_PER_GROUP`` rows whose lengths follow bench_balance's
+    Every source is ``row_groups`` row groups of ``ROWS_PER_GROUP`` rows whose lengths follow benchmarks.balance.balancers'
     long-tailed mixture; a step draws ``dp * per_rank`` samples (or ``tokens_per_step``)."""
     mean_len = float(sample_lengths(np.random.default_rng(0), 100_000, context).mean())
     if microbatches is None:  # enough slots for the step's tokens with ~30% room
@@ -260,9 +258,9 @@ def compare(other: Path, dps: list[int], steps: int, unit: str = "samples") -> N
         for method in ("greedy", "karmarkar_karp"):
             out = {}
             for name, root in (("before", other), ("now", REPO)):
-                env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{REPO / 'scripts'}")
-                cmd = [sys.executable, __file__, "--one", str(dp), method, str(steps), unit]
-                out[name] = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True,
+                # run in root: its flight_overlord is first on the child's path, the benchmark code is this tree's
+                cmd = [*module_command(__spec__.name), "--one", str(dp), method, str(steps), unit]
+                out[name] = json.loads(subprocess.run(cmd, cwd=root, check=True, capture_output=True,
                                                       text=True).stdout.strip().splitlines()[-1])
                 log(f"dp {dp} {method} {name}: {out[name]}")
             b, n = out["before"], out["now"]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Control plane: the Planner's CPU per rank-step with 64 trainer clients, per-step tickets vs rank streams.
 
-The load config of ``bench_load.py`` (dp 64, 4 constructors of 16 ranks, six text sources, one
+The load config of ``benchmarks/control_plane/load.py`` (dp 64, 4 constructors of 16 ranks, six text sources, one
 256-token microbatch per rank and step, prefetch 2), run twice in this process, each on a fresh
 cluster and run_dir, with one trainer thread per rank:
 
@@ -15,8 +15,8 @@ bytes per planned step, rank-steps per second, and the share of the constructors
 answer brought the next step's view too (so that no request was made for it). ``measure()`` is the function other benchmarks
 call (for instance a scale harness).
 
-    .venv/bin/python scripts/bench_control_plane.py                 # 2 x (10 s warm-up + 30 s timed)
-    .venv/bin/python scripts/bench_control_plane.py --seconds 10    # a quick look
+    .venv/bin/python -m benchmarks.control_plane.tickets_vs_streams                 # 2 x (10 s warm-up + 30 s timed)
+    .venv/bin/python -m benchmarks.control_plane.tickets_vs_streams --seconds 10    # a quick look
 """
 from __future__ import annotations
 
@@ -28,13 +28,21 @@ from dataclasses import dataclass
 
 import psutil
 
+from benchmarks.common.benchlib import (
+    REPO,
+    add_corpus_args,
+    argument_parser,
+    log,
+    print_header,
+    workspace,
+    write_config,
+)
+from benchmarks.control_plane.load import CONFIG, SOURCES
 from flight_overlord import wire
 from flight_overlord.client import StepFetcher, TrainerClient
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.harness import RankThreads
 from flight_overlord.journal import journal_size
-
-from bench_load import CONFIG, SOURCES
 
 PATHS = ("per-step", "stream")
 
@@ -132,22 +140,20 @@ def measure(cluster: LocalCluster, path: str, *, seconds: float, warmup: float, 
 
 
 def profile_planner(prefix: str) -> None:
-    """Role processes started from now on load ``scripts/profiling/sitecustomize.py``; the Planner's
+    """Role processes started from now on load ``benchmarks/profiling/sitecustomize.py``; the Planner's
     samples its own stacks into ``prefix.PID``."""
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiling")
+    here = str(REPO / "benchmarks" / "profiling")
     os.environ["PYTHONPATH"] = os.pathsep.join([here] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     os.environ["OVERLORD_BENCH_PROFILE"] = f"planner:{os.path.abspath(prefix)}"
 
 
 def main(argv=None) -> None:
-    from benchlib import add_corpus_args, argument_parser, log, print_header, workspace, write_config
-
     parser = argument_parser(__doc__)
     parser.add_argument("--seconds", type=float, default=30.0, help="timed phase per path (default 30)")
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds before each timed phase (default 10)")
     parser.add_argument("--ranks", type=int, default=64, help="trainer clients = data-parallel ranks (default 64)")
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
-    parser.add_argument("--profile", metavar="PREFIX", help="sample the Planner's stacks (scripts/profiling): "
+    parser.add_argument("--profile", metavar="PREFIX", help="sample the Planner's stacks (benchmarks/profiling): "
                         "PREFIX-PATH.PID gets its busiest functions and its threads' CPU")
     add_corpus_args(parser, scale=0.1)
     args = parser.parse_args(argv)

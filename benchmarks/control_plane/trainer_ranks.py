@@ -18,9 +18,9 @@ Two parts, each printed with what was measured and what is modelled:
                the step (``read_chunk``) to the record batch;
              - journal bytes per step: the plan journal's size / the steps it holds;
              - PSS of the Planner and of the constructors (psutil), at the end.
-2. planning  the pure ``plan_step`` at N x 72 samples per rank (bench_planner.py's synthetic long-document
+2. planning  the pure ``plan_step`` at N x 72 samples per rank (benchmarks/control_plane/plan_time.py's synthetic long-document
              steps, greedy, no servers) and the journal record it makes (``step_record`` + JSON: the step's
-             inputs and a digest of its plan, not its samples; ``bench_journal.py`` sets it beside the
+             inputs and a digest of its plan, not its samples; ``benchmarks/control_plane/journal.py`` sets it beside the
              whole-plan record of before): the part of
              the Planner's per-step work that grows with samples, measured up to 4,096 ranks in-process.
 
@@ -29,14 +29,13 @@ the live runs; with it, the CPU per step and the sustainable steps/s at 4,096 (w
 16,384 ranks, and for the paper's step shape the measured planning of part 2 plus the per-rank
 per-rank cost (rank streams, views). Figures are wall/CPU time on a shared 2-core machine (the header gives the load).
 
-    .venv/bin/python scripts/bench_scale.py                                   # N = 64 .. 1024, ~5 min
-    .venv/bin/python scripts/bench_scale.py --ranks 64 256 1024 4096 --steps 4
-    .venv/bin/python scripts/bench_scale.py --plot docs/methods/control-plane-scale.png
+    .venv/bin/python -m benchmarks.control_plane.trainer_ranks                                   # N = 64 .. 1024, ~5 min
+    .venv/bin/python -m benchmarks.control_plane.trainer_ranks --ranks 64 256 1024 4096 --steps 4
+    .venv/bin/python -m benchmarks.control_plane.trainer_ranks --plot docs/methods/control-plane-scale.png
 """
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -48,10 +47,19 @@ import numpy as np
 import psutil
 import pyarrow.flight as fl
 
-from benchlib import (MiB, argument_parser, add_corpus_args, log, print_header, pyplot, save_plot, workspace,
-                      write_config)
+from benchmarks.common.benchlib import (
+    REPO,
+    MiB,
+    add_corpus_args,
+    argument_parser,
+    log,
+    print_header,
+    pyplot,
+    save_plot,
+    workspace,
+    write_config,
+)
 
-REPO = Path(__file__).resolve().parent.parent
 SOURCES = {"captions": 0.15, "longdocs": 0.25, "code": 0.20, "docstrings": 0.15, "manuals": 0.15, "qa": 0.10}
 MODEL_RANKS = (4096, 16384)
 
@@ -135,9 +143,8 @@ def live_row(n: int, args, tmp: Path, data_dir: Path) -> dict:
         constructors = [c.process.pid for c in cluster.children if c.name.startswith("constructor")]
         clients = min(args.clients, n)
         bounds = np.linspace(0, n, clients + 1).astype(int)
-        env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'scripts'}")
-        procs = [subprocess.Popen([sys.executable, __file__, "--client", cluster.planner, str(a), str(b), str(total),
-                                   str(args.threads)], stdout=subprocess.PIPE, text=True, env=env)
+        procs = [subprocess.Popen([sys.executable, "-m", __spec__.name, "--client", cluster.planner, str(a), str(b),
+                                   str(total), str(args.threads)], stdout=subprocess.PIPE, text=True, cwd=REPO)
                  for a, b in zip(bounds[:-1], bounds[1:])]
         latencies, marks = [], {}
 
@@ -178,7 +185,7 @@ def live_row(n: int, args, tmp: Path, data_dir: Path) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 def planning_row(n: int, steps: int) -> dict:
-    from bench_planner import PER_RANK, synthetic_planner
+    from benchmarks.control_plane.plan_time import PER_RANK, synthetic_planner
     from flight_overlord.planner.program import plan_step
     from flight_overlord.planner.replay import step_record
     feeds, mixer, strategy, weights = synthetic_planner(n, method="greedy")

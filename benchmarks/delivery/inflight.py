@@ -16,8 +16,8 @@ largest and the median over the run, and the bytes of one step's table. Then the
 when the data plane is the bottleneck: each mode once more on a fresh run with a training loop that
 does nothing, steps per second over the run (rank 0's wall time from its first step to its last).
 
-    .venv/bin/python scripts/bench_inflight.py                 # 80 steps, prefetch 2, 20 ms per step
-    .venv/bin/python scripts/bench_inflight.py --steps 200 --prefetch 4 --data data/demo
+    .venv/bin/python -m benchmarks.delivery.inflight                 # 80 steps, prefetch 2, 20 ms per step
+    .venv/bin/python -m benchmarks.delivery.inflight --steps 200 --prefetch 4 --data data/demo
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import statistics
 import threading
 import time
 
-from benchlib import add_corpus_args, argument_parser, log, print_header, workspace, write_config
+from benchmarks.common.benchlib import add_corpus_args, argument_parser, log, print_header, workspace, write_config
 from flight_overlord import harness
 from flight_overlord.client import StepFetcher
 from flight_overlord.deploy.launch import LocalCluster

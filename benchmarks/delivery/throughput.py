@@ -20,10 +20,10 @@ microbatches) over the wall time of the timed phase. Memory is the PSS summed ov
 process of the deployment (including children), sampled during the timed phase; the max is
 reported. The driver (this process) is not counted.
 
-    .venv/bin/python scripts/bench_delivery.py               # defaults: ~20 s on 2 cores
-    .venv/bin/python scripts/bench_delivery.py --steps 600   # ~1.5 min: timed phases of ~20 s
-    .venv/bin/python scripts/bench_delivery.py --quick       # fewer steps
-    .venv/bin/python scripts/bench_delivery.py --workers 4 --data /tmp/demo
+    .venv/bin/python -m benchmarks.delivery.throughput               # defaults: ~20 s on 2 cores
+    .venv/bin/python -m benchmarks.delivery.throughput --steps 600   # ~1.5 min: timed phases of ~20 s
+    .venv/bin/python -m benchmarks.delivery.throughput --quick       # fewer steps
+    .venv/bin/python -m benchmarks.delivery.throughput --workers 4 --data /tmp/demo
 
 With the default 30 steps the timed phases are short (well under a second for the ceiling), so
 compare sides within one run and prefer ``--steps 600`` for figures to publish. The machine is
@@ -37,18 +37,35 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-# first: in a trainer process it loads our client before pyarrow, as a training script does
-from rank_processes import (TRAINER_SIDE, RankChannel, SideResult, Tally, microbatch_nbytes, run_ranks,  # noqa: I001
-                            stop_processes)
 import pyarrow as pa
 import yaml
 
-from benchlib import (MiB, add_corpus_args, add_mesh_args, argument_parser, cluster_roots, log, plan_imbalance,
-                      print_header, workspace, write_config)
-from colocated import baseline_rank
+from benchmarks.common.benchlib import (
+    REPO,
+    MiB,
+    add_corpus_args,
+    add_mesh_args,
+    argument_parser,
+    cluster_roots,
+    log,
+    plan_imbalance,
+    print_header,
+    workspace,
+    write_config,
+)
+from benchmarks.common.colocated import baseline_rank
 
-REPO = Path(__file__).resolve().parent.parent
+# first: in a trainer process it loads our client before pyarrow, as a training script does
+from benchmarks.common.rank_processes import (  # noqa: I001
+    TRAINER_SIDE,
+    RankChannel,
+    SideResult,
+    Tally,
+    microbatch_nbytes,
+    run_ranks,
+    stop_processes,
+)
+
 DEMO_CONFIG = REPO / "configs" / "demo.yaml"
 # Used when configs/demo.yaml is missing: the demo's token-share weights and loader counts.
 FALLBACK_SOURCES = [("captions", 0.15, 2), ("longdocs", 0.25, 1), ("code", 0.20, 1),
@@ -138,6 +155,7 @@ def ceiling_server(paths: list[str], messages) -> None:
 
 def ceiling_client(channel: RankChannel, port: int, names: list[str], warmup: int, steps: int) -> None:
     import pyarrow.flight as fl
+
     from flight_overlord.client.trainer import table_to_microbatches
 
     client = fl.connect(f"grpc://127.0.0.1:{port}")

@@ -1,6 +1,6 @@
 """Hangs: one role's process gets SIGSTOP for --hang seconds when rank 0 reaches step --at of --steps,
 while the trainers consume at a steady simulated step time; every rank's stream is compared with an
-undisturbed run's. The kill -9 version of the same runs is bench_faults.py (part 1, faults_kill.py,
+undisturbed run's. The kill -9 version of the same runs is benchmarks/faults/kill_and_resume.py (part 1, benchmarks/faults/kill_runs.py,
 whose machinery this reuses).
 
 Per hung role and setting it prints the worst gap between two consecutive batches of a rank (step time
@@ -10,8 +10,8 @@ stop the hung process was replaced. With liveness on (this package's default, ``
 same with ``liveness: {hung_seconds: 0}``, which is the behaviour before liveness: nothing takes over
 from a process that does not refuse connections, so everyone waits for the SIGCONT.
 
-    .venv/bin/python scripts/bench_hangs.py                  # 30 s stops at step 15 of 60, 50 ms steps
-    .venv/bin/python scripts/bench_hangs.py --hang 8 --no-baseline --kinds constructor
+    .venv/bin/python -m benchmarks.faults.hangs                  # 30 s stops at step 15 of 60, 50 ms steps
+    .venv/bin/python -m benchmarks.faults.hangs --hang 8 --no-baseline --kinds constructor
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import os
 import signal
 import threading
 
-from benchlib import add_corpus_args, argument_parser, log, print_header, workspace
-from faults_kill import SOURCES, compare, fmt_s, part1_config, run_part1, watch_recovery
+from benchmarks.common.benchlib import add_corpus_args, argument_parser, log, print_header, workspace
+from benchmarks.faults.kill_runs import SOURCES, compare, fmt_s, part1_config, run_part1, watch_recovery
 
 KINDS = ("loader", "loader+shadow", "planner+standby", "constructor")
 GOAL_SECONDS = {"loader": 5.0, "loader+shadow": 3.0, "planner+standby": 3.0, "constructor": 3.0}  # issue 31

@@ -39,19 +39,18 @@ a supervised ``LocalCluster`` on this machine:
                      snapshots, loader journals and loader snapshots (nothing is ever rewritten or
                      pruned, so file sizes are bytes written), per step.
 
-    .venv/bin/python scripts/bench_faults.py                     # defaults: ~3-4 min on 2 cores
-    .venv/bin/python scripts/bench_faults.py --parts 1 --kinds planner --prefetch 2 4 8
-    .venv/bin/python scripts/bench_faults.py --parts 2 --resume-at 50 500 5000 20000
+    .venv/bin/python -m benchmarks.faults.kill_and_resume                     # defaults: ~3-4 min on 2 cores
+    .venv/bin/python -m benchmarks.faults.kill_and_resume --parts 1 --kinds planner --prefetch 2 4 8
+    .venv/bin/python -m benchmarks.faults.kill_and_resume --parts 2 --resume-at 50 500 5000 20000
 
 Timings are wall-clock on a possibly shared machine: the header gives the load average; no timing
 is asserted. Steps lost are checked and any mismatch is printed.
 """
 from __future__ import annotations
 
-from benchlib import MiB, argument_parser, add_corpus_args, print_header, workspace
-from faults_kill import KINDS, SOURCES, kill_targets, part1, report_part1
-from faults_resume import part2, report_part2
-
+from benchmarks.common.benchlib import MiB, add_corpus_args, argument_parser, print_header, workspace
+from benchmarks.faults.kill_runs import KINDS, SOURCES, kill_targets, part1, report_part1
+from benchmarks.faults.resume_runs import part2, report_part2
 
 # ---------------------------------------------------------------------------------------------
 # Part 3: the cost of shadows and of checkpointing

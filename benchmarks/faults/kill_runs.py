@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pyarrow.flight as fl
 
-from benchlib import PssSampler, log, tree_usage, write_config
+from benchmarks.common.benchlib import PssSampler, log, tree_usage, write_config
 from flight_overlord import wire
 from flight_overlord.client import TrainerClient
 from flight_overlord.config import load_config
@@ -112,7 +112,7 @@ def part1_config(tmp: Path, data_dir: Path, name: str, args, *, prefetch: int, s
 
 
 def kill_targets(args) -> list[int]:
-    if getattr(args, "at", None):  # bench_hangs: the steps named
+    if getattr(args, "at", None):  # benchmarks.faults.hangs: the steps named
         return list(args.at)
     return list(range(args.kill_every, args.steps - args.kill_every + 1, args.kill_every))
 
@@ -121,7 +121,7 @@ def run_part1(config: Path, name: str, args, *, prefetch: int, kind: str | None 
               measure_loaders: bool = False, strike=None) -> Run:
     """One supervised run of ``args.steps`` steps; ``kind``: the role kind to kill every ``args.kill_every`` steps.
     ``strike(cluster, role, fault, done)``: what befalls the role instead of kill -9 and the wait for its
-    recovery (bench_hangs: SIGSTOP)."""
+    recovery (benchmarks.faults.hangs: SIGSTOP)."""
     run = Run(name, args.steps)
     cfg = load_config(config)
     started = time.perf_counter()

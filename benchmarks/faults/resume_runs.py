@@ -5,17 +5,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchlib import log, write_config
+from benchmarks.common.benchlib import log, write_config
+from benchmarks.faults.kill_runs import SEED, SOURCES, med, run_dir_bytes
 from flight_overlord.client import TrainerClient
 from flight_overlord.config import load_config
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.harness import each_rank, fetch_steps
+from flight_overlord.journal import Snapshots, journal_size, read_journal
 from flight_overlord.loader.state import LoaderState
 from flight_overlord.planner.planner import Planner
 from flight_overlord.planner.strategy import load_strategy
-from flight_overlord.journal import Snapshots, journal_size, read_journal
-from faults_kill import SEED, SOURCES, med, run_dir_bytes
-
 
 # ---------------------------------------------------------------------------------------------
 # Part 2: full-cluster kill at step N, then mode="resume": time to the first batch

@@ -15,8 +15,8 @@ Two parts:
                    scale-up showing in the Planner's status to the added actor's first bytes served
                    (``overlord status`` polled every 50 ms, on both sides) and the steps in between.
 
-    .venv/bin/python scripts/bench_scaling.py
-    .venv/bin/python scripts/bench_scaling.py --rows 1000 10000 --steps 60 --data /tmp/corpus
+    .venv/bin/python -m benchmarks.loaders.actor_scaling
+    .venv/bin/python -m benchmarks.loaders.actor_scaling --rows 1000 10000 --steps 60 --data /tmp/corpus
 
 Timings are wall-clock on a possibly shared machine (the header gives the load average).
 """
@@ -25,8 +25,7 @@ from __future__ import annotations
 import threading
 import time
 
-from benchlib import argument_parser, add_corpus_args, log, print_header, workspace, write_config
-
+from benchmarks.common.benchlib import add_corpus_args, argument_parser, log, print_header, workspace, write_config
 from flight_overlord.client import StepFetcher
 from flight_overlord.core.order import RowGroupRef
 from flight_overlord.core.scaling import Ownership

@@ -13,7 +13,7 @@ of each order it prints, side by side:
 Streaming runs with one canonical node (one stream, like one source of ours) and a shuffle block of
 K x R samples: the same samples in memory as our window of K. Its default block (262,144) is shown too.
 
-    python scripts/bench_shuffle.py [--row-groups 128] [--rows 8192] [--windows 1,2,4,8,16]
+    python -m benchmarks.loaders.shuffle [--row-groups 128] [--rows 8192] [--windows 1,2,4,8,16]
 
 Needs the ``peers`` extra (``pip install -e '.[peers]'``: mosaicml-streaming).
 """
@@ -27,7 +27,7 @@ import types
 
 import numpy as np
 
-import benchlib
+from benchmarks.common import benchlib
 from flight_overlord.core.order import RowGroupRef
 from flight_overlord.planner.feed import SourceFeed
 

@@ -11,23 +11,23 @@ per cell (3), the order of the sides reversed each round; the table shows median
 (20 warm-up and 300 timed steps) are long enough to trust samples/s; a 16-step run is not.
 
   flight_overlord  ``LocalCluster`` (Planner, loader hosts, Data Constructors) plus one
-                   ``TrainerClient`` process per rank (bench_delivery's trainer, torch tensors).
+                   ``TrainerClient`` process per rank (benchmarks.delivery.throughput's trainer, torch tensors).
                    ``default``: the config's defaults (one constructor per rank); ``single_node``:
                    the named setting ``deployment: single_node`` (one loader process, one
                    constructor building every rank's batches; the same plans and streams); ``node``:
                    ``constructor.dp_per_constructor: R`` only; ``node1``: that and ``loader.hosts: 1``;
-                   ``+lean``, ``+raN``, ``+slNm``: bench_memory's loader settings on top.
+                   ``+lean``, ``+raN``, ``+slNm``: benchmarks.memory.sources_ranks' loader settings on top.
   Streaming        ``mosaicml-streaming`` 0.13 (``pip install -e '.[peers]'``): the corpus converted
                    to MDS by this script (one dataset per source, columns key and text), per rank a
                    ``StreamingDataset`` with one ``Stream`` per source (proportion 1/S), a torch
                    DataLoader with ``--workers`` workers, the same byte tokenizer and greedy
                    packing as the colocated side, inside the workers.
-  colocated        bench_delivery's baseline: per rank a DataLoader with ``--workers`` workers, each
+  colocated        benchmarks.delivery.throughput's baseline: per rank a DataLoader with ``--workers`` workers, each
                    worker opening every file of every source (skipped where its fitted size passes
                    ``--max-gib``).
 
-    .venv/bin/python scripts/bench_peers.py --data /tmp/c96 --no-colocated          # 6, 96 sources x 2, 8 ranks
-    .venv/bin/python scripts/bench_peers.py --data /tmp/c96 --sources 96 --ranks 2 --no-colocated \
+    .venv/bin/python -m benchmarks.memory.peers --data /tmp/c96 --no-colocated          # 6, 96 sources x 2, 8 ranks
+    .venv/bin/python -m benchmarks.memory.peers --data /tmp/c96 --sources 96 --ranks 2 --no-colocated \
         --variants default,single_node,single_node+lean --rounds 1
 """
 from __future__ import annotations
@@ -39,10 +39,10 @@ from pathlib import Path
 
 import numpy as np
 
-import bench_delivery as bd
-import colocated
-import memory_runs as bm  # bench_memory's runs
-from benchlib import MiB, add_run_args, argument_parser, log, print_header, workspace
+from benchmarks.common import colocated
+from benchmarks.common.benchlib import MiB, add_run_args, argument_parser, log, print_header, workspace
+from benchmarks.delivery import throughput as bd
+from benchmarks.memory import runs as bm  # benchmarks.memory.sources_ranks' runs
 
 GiB = 1024 * MiB
 
@@ -144,7 +144,7 @@ def run_streaming(args, mds_dirs: list[Path], ranks: int) -> bm.Run:
 def deployment(variant: str, ranks: int) -> tuple[int | str | None, dict]:
     """(loader.hosts, further config sections) of a flight_overlord variant: ``default``; ``single_node``
     (the named setting: ``deployment: single_node``); ``node`` (``constructor.dp_per_constructor: R``),
-    ``node1`` (and ``loader.hosts: 1``); any of them ``+`` loader settings (``+lean``, ``+ra1``: bench_memory)."""
+    ``node1`` (and ``loader.hosts: 1``); any of them ``+`` loader settings (``+lean``, ``+ra1``: benchmarks.memory.sources_ranks)."""
     name = variant.split("+")[0]
     if name == "single_node":
         return None, {"deployment": "single_node"}
@@ -245,7 +245,7 @@ def parse_args(argv=None):
     p.add_argument("--variants", type=lambda t: t.split(","), default=["single_node"],
                    help="flight_overlord deployments: default; single_node (deployment: single_node); node (one "
                         "constructor process per node); node1 (and one loader host process); each may add +lean, "
-                        "+raN (bench_memory's loader settings)")
+                        "+raN (benchmarks.memory.sources_ranks' loader settings)")
     p.add_argument("--no-colocated", action="store_true")
     p.add_argument("--no-streaming", action="store_true", help="flight_overlord's variants only (a before/after "
                    "of a change: no ratio to Streaming then)")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-import rank_processes
-from bench_delivery import overlord_trainer
-from benchlib import MiB, cluster_roots, log, write_config
-from colocated import baseline_rank
+from benchmarks.common import rank_processes
+from benchmarks.common.benchlib import MiB, cluster_roots, log, write_config
+from benchmarks.common.colocated import baseline_rank
+from benchmarks.delivery.throughput import overlord_trainer
 
 GiB = 1024 * MiB
 FILL = 0.85  # tokens_per_step over the slots
@@ -66,7 +66,7 @@ VARIANTS = {"default": {}, "lean": {"read_ahead_bytes": 1}}  # lean: no row grou
 def loader_settings(variant: str) -> dict:
     """The ``loader`` settings of a variant: a name of ``VARIANTS``, or ``+``-joined read-ahead settings
     for a sweep, ``raN`` (``read_ahead_row_groups: N``), ``bytesNm`` (``read_ahead_bytes``: N MiB; ``bytes0m``: no byte bound) and
-    ``slNm`` (``sample_level_bytes``: N MiB), say ``ra8+bytes4m``; other names (bench_peers' deployments) change no loader setting."""
+    ``slNm`` (``sample_level_bytes``: N MiB), say ``ra8+bytes4m``; other names (benchmarks.memory.peers' deployments) change no loader setting."""
     settings = {}
     for part in variant.split("+"):
         if part in VARIANTS:

@@ -10,8 +10,8 @@ other process shares: PSS also moves with the other programs of the machine, USS
 PSS at the last sample with the one at ``--from-step`` (default 2,000): flat means it grew by at
 most ``--tolerance`` (default 5%).
 
-    .venv/bin/python scripts/bench_soak.py --data /tmp/c96 --steps 20000            # ~10-20 min
-    .venv/bin/python scripts/bench_soak.py --steps 3000 --every 250 --from-step 500  # a short look
+    .venv/bin/python -m benchmarks.memory.soak --data /tmp/c96 --steps 20000            # ~10-20 min
+    .venv/bin/python -m benchmarks.memory.soak --steps 3000 --every 250 --from-step 500  # a short look
 """
 from __future__ import annotations
 
@@ -22,11 +22,21 @@ from pathlib import Path
 import psutil
 import pyarrow.flight as fl
 
-from benchlib import (MiB, add_run_args, argument_parser, cluster_roots, log, print_header, pyplot, save_plot,
-                      tree_usage, workspace, write_config)
-from rank_processes import stop_processes
+from benchmarks.common.benchlib import (
+    MiB,
+    add_run_args,
+    argument_parser,
+    cluster_roots,
+    log,
+    print_header,
+    pyplot,
+    save_plot,
+    tree_usage,
+    workspace,
+    write_config,
+)
+from benchmarks.common.rank_processes import stop_processes
 
-REPO = Path(__file__).resolve().parent.parent
 ROLES = ("planner", "loader", "constructor", "trainer")
 
 
@@ -96,7 +106,7 @@ def soak(args, tmp: Path, data_dir: Path, names: list[str]) -> list[tuple[int, f
         client = fl.connect(planner)
         started, mark = time.monotonic(), args.every
         print(f"\n{'step':>7} {'s':>6}  " + "  ".join(f"{r:>11}" for r in ROLES) + "  buffered   (PSS USS per role; the loader "
-              f"actors' buffered row groups; MiB)")
+              "actors' buffered row groups; MiB)")
         done = 0
         while done < len(procs):
             if time.monotonic() - started > args.timeout or not all(p.is_alive() for p in procs):
@@ -171,7 +181,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     print_header()
     with workspace("bench-soak-", args.data, [], 1.0) as (tmp, data_dir):
-        from bench_memory import ensure_many
+        from benchmarks.memory.sources_ranks import ensure_many
         names = ensure_many(data_dir, args.sources, args)
         log(f"soak: {args.sources} sources, {args.ranks} ranks, {args.steps} steps")
         samples = soak(args, tmp, data_dir, names[:args.sources])

@@ -6,11 +6,11 @@ children included), sampled every 0.5 s while the ranks run their timed steps; t
 last sample (all processes still up) are reported. Same corpus, same steps on both sides:
 
   flight_overlord  ``LocalCluster`` (Planner, loader hosts, one Data Constructor per rank) plus
-                   one trainer process per rank iterating ``TrainerClient`` (bench_delivery's
+                   one trainer process per rank iterating ``TrainerClient`` (benchmarks.delivery.throughput's
                    ``overlord_trainer``); ``loader: {hosts: auto}`` (the default: min(loader
                    actors, CPUs) processes; ``--hosts N``), and ``hosts: 0`` (one process per
                    loader actor) as well at the smallest source count.
-  colocated        bench_delivery's baseline: a torch DataLoader per rank with ``--workers``
+  colocated        benchmarks.delivery.throughput's baseline: a torch DataLoader per rank with ``--workers``
                    workers, every worker opening every file of every source.
 
 The corpus is ``make_many_sources`` (``overlord make-demo-data --sources N``): the largest source
@@ -27,10 +27,10 @@ Each flight_overlord cell runs two loader variants: ``default`` (the config's re
 "data path only" table subtracts R bare trainer processes (measured together in the same run)
 from both sides: an estimate, labelled as such; the headline is the total PSS.
 
-    .venv/bin/python scripts/bench_memory.py                 # defaults: ~1.5 min on 2 quiet cores
-    .venv/bin/python scripts/bench_memory.py --grid full     # S x R all combinations (within --max-gib)
-    .venv/bin/python scripts/bench_memory.py --sources 6,24 --ranks 2 --no-plot
-    .venv/bin/python scripts/bench_memory.py --row-group-mib 2 --sources 96 --ranks 2   # realistic row groups
+    .venv/bin/python -m benchmarks.memory.sources_ranks                 # defaults: ~1.5 min on 2 quiet cores
+    .venv/bin/python -m benchmarks.memory.sources_ranks --grid full     # S x R all combinations (within --max-gib)
+    .venv/bin/python -m benchmarks.memory.sources_ranks --sources 6,24 --ranks 2 --no-plot
+    .venv/bin/python -m benchmarks.memory.sources_ranks --row-group-mib 2 --sources 96 --ranks 2   # realistic row groups
 """
 from __future__ import annotations
 
@@ -42,12 +42,27 @@ from pathlib import Path
 
 import numpy as np
 
-from benchlib import MiB, add_run_args, argument_parser, log, print_header, pyplot, save_plot, workspace
-from memory_runs import (GiB, Run, bare_trainers_pss, ensure_many, fitted_colocated, run_colocated,
-                         run_overlord, sized_corpus)
-
-REPO = Path(__file__).resolve().parent.parent
-
+from benchmarks.common.benchlib import (
+    REPO,
+    MiB,
+    add_run_args,
+    argument_parser,
+    log,
+    print_header,
+    pyplot,
+    save_plot,
+    workspace,
+)
+from benchmarks.memory.runs import (
+    GiB,
+    Run,
+    bare_trainers_pss,
+    ensure_many,
+    fitted_colocated,
+    run_colocated,
+    run_overlord,
+    sized_corpus,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Report

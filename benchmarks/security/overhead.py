@@ -8,14 +8,13 @@ the header. For each variant: connect + first call, the latency of a tiny ``do_a
 p90), and ``do_get`` throughput of 4 MiB batches (median of rounds). Then HMAC-SHA256 ticket
 signing and verification, in process.
 
-    .venv/bin/python scripts/bench_security.py [--calls 4000] [--mib 256] [--repeats 9]
+    .venv/bin/python -m benchmarks.security.overhead [--calls 4000] [--mib 256] [--repeats 9]
 """
 from __future__ import annotations
 
 import multiprocessing as mp
 import secrets
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,12 +23,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as fl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-import benchlib  # noqa: E402
-from flight_overlord.deploy.certs import make_certs  # noqa: E402
-from flight_overlord.wire.security import TRAINER, Credentials, Security, TLSMaterial, requires  # noqa: E402
-from flight_overlord.wire.server import ActionServer, connect  # noqa: E402
+from benchmarks.common import benchlib
+from flight_overlord.deploy.certs import make_certs
+from flight_overlord.wire.security import TRAINER, Credentials, Security, TLSMaterial, requires
+from flight_overlord.wire.server import ActionServer, connect
 
 BATCH = 4 << 20  # bytes per record batch
 VARIANTS = [  # name, tls, mutual, auth

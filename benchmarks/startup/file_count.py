@@ -27,8 +27,8 @@ by side. Such an interpreter, for the code of ``main`` (an editable install's fi
     .venv/bin/python -c "import site; print('/tmp/base'); print(site.getsitepackages()[0])" \
         > "$(/tmp/basevenv/bin/python -c 'import site; print(site.getsitepackages()[0])')/base.pth"
 
-    .venv/bin/python scripts/bench_startup.py --files 1000,10000 --row-groups 1,10
-    .venv/bin/python scripts/bench_startup.py --files 1000,10000,100000 --baseline /tmp/basevenv/bin/python \
+    .venv/bin/python -m benchmarks.startup.file_count --files 1000,10000 --row-groups 1,10
+    .venv/bin/python -m benchmarks.startup.file_count --files 1000,10000,100000 --baseline /tmp/basevenv/bin/python \
         --plot docs/startup.png
 """
 from __future__ import annotations
@@ -42,13 +42,9 @@ import tempfile
 import time
 from pathlib import Path
 
-if "--measure" not in sys.argv:  # a measuring child imports flight_overlord from its own interpreter's path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+from benchmarks.common import benchlib
+from benchmarks.common.benchlib import MiB, log
 
-import benchlib  # noqa: E402
-from benchlib import MiB, log  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
 SOURCES = ("web", "code", "books", "qa")
 ROWS_PER_GROUP = 32
 BUCKET = "startup"
@@ -116,7 +112,8 @@ def measure(config: Path, mode: str, step: int) -> dict:
 
 def start_in_process(python: str, config: Path, mode: str, step: int, env: dict) -> dict:
     """``measure`` in a fresh process of interpreter ``python`` (its ``flight_overlord`` is the code measured)."""
-    out = subprocess.run([python, __file__, "--measure", str(config), "--mode", mode, "--step", str(step)],
+    command = benchlib.module_command(__spec__.name, python)  # a measuring child imports its own flight_overlord
+    out = subprocess.run([*command, "--measure", str(config), "--mode", mode, "--step", str(step)],
                          env={**os.environ, **env}, cwd=config.parent, capture_output=True, text=True, timeout=1800)
     if out.returncode:
         raise RuntimeError(f"start ({mode}, {python}) failed:\n{out.stderr[-3000:]}")
@@ -135,8 +132,7 @@ def three_starts(code: str, run: Path, config: Path, env: dict) -> dict:
 
 def s3_corpus(data: Path, latency_ms: float):
     """(moto server context, paths function) for ``data`` uploaded to a moto S3 behind a latency proxy."""
-    from bench_storage import LatencyProxy
-    from tests.s3 import moto_s3
+    from benchmarks.common.s3 import LatencyProxy, moto_s3
     context = moto_s3(data, SOURCES, BUCKET, access_key=CREDENTIALS["AWS_ACCESS_KEY_ID"])
     query, port, _ = context.__enter__()
     proxy = LatencyProxy(port, latency_ms / 1000)

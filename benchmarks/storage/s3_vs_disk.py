@@ -18,73 +18,29 @@ The same demo text sources are read from three places, in the same run:
    Reported: the trainers' wait for data per step (median, p90) and samples per second over the
    timed steps, each the median over ``--repeats`` runs (the sides interleave).
 
-    .venv/bin/python scripts/bench_storage.py                    # defaults: ~5 min on 2 loaded cores
-    .venv/bin/python scripts/bench_storage.py --latency-ms 50 --steps 60 --plot docs/storage.png
+    .venv/bin/python -m benchmarks.storage.s3_vs_disk                    # defaults: ~5 min on 2 loaded cores
+    .venv/bin/python -m benchmarks.storage.s3_vs_disk --latency-ms 50 --steps 60 --plot docs/storage.png
 """
 from __future__ import annotations
 
 import glob
 import os
-import socket
 import statistics
-import sys
-import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-import benchlib  # noqa: E402
-from benchlib import log  # noqa: E402
-from flight_overlord import source_files  # noqa: E402
-from flight_overlord.client import StepFetcher  # noqa: E402
-from flight_overlord.config import load_config  # noqa: E402
-from flight_overlord.deploy.launch import LocalCluster  # noqa: E402
-from tests.s3 import moto_s3  # noqa: E402
+from benchmarks.common import benchlib
+from benchmarks.common.benchlib import log
+from benchmarks.common.s3 import LatencyProxy, moto_s3
+from flight_overlord import source_files
+from flight_overlord.client import StepFetcher
+from flight_overlord.config import load_config
+from flight_overlord.deploy.launch import LocalCluster
 
 SOURCES = [("captions", 0.15), ("longdocs", 0.25), ("code", 0.20), ("docstrings", 0.15), ("manuals", 0.15),
            ("qa", 0.10)]
 BUCKET = "bench"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_EC2_METADATA_DISABLED": "true"}
-
-
-class LatencyProxy:
-    """A loopback TCP proxy holding each chunk a client sends (an HTTP request) ``latency`` seconds."""
-
-    def __init__(self, upstream: int, latency: float):
-        self.upstream, self.latency = upstream, latency
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.upstream))
-            threading.Thread(target=self._pump, args=(client, server, self.latency), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, 0.0), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket, delay: float) -> None:
-        try:
-            while chunk := src.recv(1 << 16):
-                if delay:
-                    time.sleep(delay)
-                dst.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def paths_of(place: str, port: int | None, data_dir: Path, name: str) -> str:

@@ -100,7 +100,7 @@ def hdp_groups(mbs: list[dict], encoder_inputs=None) -> list[float]:
     ``seq_cp_size`` ranks; per sequence, a * held positions + 2b * their causal pairs, plus ring
     attention's KV traffic CP_PASSES * (g-1) * held * KV_BYTES_PER_TOKEN / CP_LINK_BYTES_PER_S when
     g > 1. Optimistic: the step barrier is the only sync, while a real group also syncs its members
-    inside the microbatch (scripts/bench_hdp.py models that)."""
+    inside the microbatch (benchmarks/balance/hdp.py models that)."""
     out = []
     for mb in mbs:
         ranges = np.asarray(mb["token_ranges"], dtype=np.int64).reshape(-1, 2, 2)  # per sequence, 2 chunks

@@ -14,7 +14,7 @@ slowest rank, which is what balancing is about. Side by side in one run, same da
 - ``flight_overlord unbalanced``: the same cluster with ``balance: none`` (samples fill the
   microbatches in arrival order, as a conventional loader packs them; images stay with their
   sequence);
-- ``colocated``: bench_delivery's colocated torch DataLoader per rank (2 workers, each opening every
+- ``colocated``: benchmarks.delivery.throughput's colocated torch DataLoader per rank (2 workers, each opening every
   file of its sources, packing greedily in arrival order to the same microbatches per step).
 
 The cost model (printed with every run): a dense 7B decoder (Llama-2-7B: 6.74e9 parameters,
@@ -39,9 +39,9 @@ Most of a run's wall time is starting things (clusters, 8 spawned trainers impor
 DataLoader workers): 6.6 minutes with the defaults measured at a load average of 17-31 (10 at
 30-57, with one scenario fewer); an otherwise idle machine should need about half (an estimate).
 
-    .venv/bin/python scripts/bench_training.py                   # defaults: 7 scenarios x 20 steps
-    .venv/bin/python scripts/bench_training.py --steps 10 --scenarios text-balanced,text-unbalanced
-    .venv/bin/python scripts/bench_training.py --ranks 16 --data /tmp/bench-data
+    .venv/bin/python -m benchmarks.training.end_to_end                   # defaults: 7 scenarios x 20 steps
+    .venv/bin/python -m benchmarks.training.end_to_end --steps 10 --scenarios text-balanced,text-unbalanced
+    .venv/bin/python -m benchmarks.training.end_to_end --ranks 16 --data /tmp/bench-data
 
 What it leaves out: real kernels (compute time is a formula, exact per microbatch, no jitter, no
 kernel-efficiency drop for short sequences), the all-reduce's own time (the barrier is free),
@@ -58,13 +58,22 @@ from typing import Callable
 import numpy as np
 import yaml
 
-from benchlib import (argument_parser, cluster_roots, log, plan_imbalance, print_header, pyplot, save_plot,
-                      workspace, write_config)
-from colocated import colocated_loader
-from rank_processes import run_ranks
-from training_cost import CP_LINK_BYTES_PER_S, CP_PASSES, FLOPS, KV_BYTES_PER_TOKEN, LLM, MFU, TFLOPS, VIT
-from training_scenarios import CORPORA, DEFAULT_SCENARIOS, REPO, SCENARIOS, Result, Scenario
-
+from benchmarks.common.benchlib import (
+    REPO,
+    argument_parser,
+    cluster_roots,
+    log,
+    plan_imbalance,
+    print_header,
+    pyplot,
+    save_plot,
+    workspace,
+    write_config,
+)
+from benchmarks.common.colocated import colocated_loader
+from benchmarks.common.rank_processes import run_ranks
+from benchmarks.training.cost import CP_LINK_BYTES_PER_S, CP_PASSES, FLOPS, KV_BYTES_PER_TOKEN, LLM, MFU, TFLOPS, VIT
+from benchmarks.training.scenarios import CORPORA, DEFAULT_SCENARIOS, SCENARIOS, Result, Scenario
 
 # ---------------------------------------------------------------------------------------------
 # A rank: fetch, compute (sleep), barrier
@@ -216,7 +225,7 @@ def run_scenario(args, tmp: Path, data_dir: Path, name: str) -> Result:
         finally:
             cluster.stop()
         notes.append(f"{len(roles)} role processes + {args.ranks} trainers, prefetch {args.prefetch}")
-    notes += sampler.summary()[1:]  # CPU shares (memory is bench_memory's business)
+    notes += sampler.summary()[1:]  # CPU shares (memory is benchmarks.memory.sources_ranks' business)
     result = Result(name, scenario, [np.array(r, dtype=np.float64) for r in records], scale, notes)
     log(f"[{name}] step {result.step_times.mean() * 1e3:.0f} ms, {result.tokens_per_s:.0f} tokens/s, "
         f"data wait {result.share(1):.2%}, barrier {result.share(3):.1%}")
@@ -301,7 +310,7 @@ def parse_args(argv=None):
     p.add_argument("--data", type=Path, help="corpus dir (generated there if missing; default: a temp dir)")
     p.add_argument("--plot", type=Path, default=REPO / "docs" / "training_step_time.png")
     p.add_argument("--timeout", type=float, default=600.0, help="per scenario, against hangs (seconds)")
-    import vlm_workload
+    from benchmarks.training import vlm_workload
     vlm_workload.add_arguments(p)
     args = p.parse_args(argv)
     if args.workload:
@@ -323,8 +332,7 @@ def parse_args(argv=None):
 
 def run_workload(args) -> None:
     """``--workload``: the paper's VLM setting planned in-process, then (``--cluster-ranks``) end to end here."""
-    import vlm_cluster
-    import vlm_workload
+    from benchmarks.training import vlm_cluster, vlm_workload
     print_header()
     results = vlm_workload.run(args)
     end_to_end = vlm_cluster.end_to_end(args) if args.cluster_ranks else None

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from training_cost import backbone, context_parallel, hdp_groups, vlm_hybrid, vlm_own_images
-
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.common.benchlib import REPO
+from benchmarks.training.cost import backbone, context_parallel, hdp_groups, vlm_hybrid, vlm_own_images
 
 
 @dataclass(frozen=True)
@@ -36,7 +34,7 @@ class Scenario:
     side: str
     compute: Callable
     config: dict = field(default_factory=dict)
-    colocated: bool = False  # bench_delivery's colocated DataLoader instead of a cluster
+    colocated: bool = False  # benchmarks.delivery.throughput's colocated DataLoader instead of a cluster
     equal_samples: bool = False  # colocated: each rank the same sample count per step, not the same microbatches
     token_share: float = 1.0  # of a row's num_tokens this rank counts: 1/cp under static CP (rows carry the
     # whole sequence's count on every CP rank), so tokens/s counts every token once

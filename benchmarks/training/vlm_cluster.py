@@ -1,4 +1,4 @@
-"""``bench_training.py --workload navit|coyo --cluster-ranks R``: the three scenarios of
+"""``benchmarks/training/end_to_end.py --workload navit|coyo --cluster-ranks R``: the three scenarios of
 ``vlm_workload`` end to end on this machine, on as many trainer ranks as 2 cores drive.
 
 A real ``LocalCluster`` over the corpus ``make-demo-data --navit``/``--coyo`` writes (one loader
@@ -25,13 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from benchlib import cluster_roots, log, write_config
-from rank_processes import run_ranks
-from training_cost import image_patches, sequence_lengths
-from training_scenarios import Result, Scenario
-from vlm_workload import LLM_12B, SCENARIOS, VISION, VIT_2B
-
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.common.benchlib import REPO, cluster_roots, log, write_config
+from benchmarks.common.rank_processes import run_ranks
+from benchmarks.training.cost import image_patches, sequence_lengths
+from benchmarks.training.scenarios import Result, Scenario
+from benchmarks.training.vlm_workload import LLM_12B, SCENARIOS, VISION, VIT_2B
 
 
 def phase_seconds(mbs: list[dict], encoder_inputs) -> tuple[float, float]:
@@ -44,7 +42,7 @@ def phase_seconds(mbs: list[dict], encoder_inputs) -> tuple[float, float]:
 
 def vlm_rank(channel, planner: str, scenario: Scenario, warmup: int, steps: int, scale: float, barrier) -> None:
     """A trainer: per step, fetch; the ViT's sleep; with an image graph, a barrier (the embeddings'
-    all-to-all); the backbone's sleep; the step barrier. Records bench_training's eight columns per
+    all-to-all); the backbone's sleep; the step barrier. Records benchmarks.training.end_to_end's eight columns per
     timed step, then the ViT's and the backbone's simulated seconds."""
     from flight_overlord.client.trainer import TrainerClient
     records = []

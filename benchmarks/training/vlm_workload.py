@@ -1,4 +1,4 @@
-"""The paper's VLM setting for ``bench_training.py --workload navit|coyo``: a 12B LLM with a 2B ViT
+"""The paper's VLM setting for ``benchmarks/training/end_to_end.py --workload navit|coyo``: a 12B LLM with a 2B ViT
 on the navit-like (306 sources) or coyo-like (5 sources) corpus, Vanilla vs backbone vs hybrid
 balance at 4K, 8K and 16K context, planned by the Planner's own placement code.
 
@@ -19,7 +19,7 @@ Samples a plan leaves out are deferred to the next step (as the Planner defers t
 time is its ViT seconds plus the backbone's seconds over its microbatches (the cost models below);
 the step ends with the slowest rank; throughput is placed tokens over the summed step times.
 No servers run: what this measures is the plan, with the Planner's code, at any rank count. The
-end-to-end path with real servers on this machine is ``bench_training.py``'s ``vlm-*`` scenarios.
+end-to-end path with real servers on this machine is ``benchmarks/training/end_to_end.py``'s ``vlm-*`` scenarios.
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from training_cost import FLOPS, MFU, TFLOPS, ModelCost
-from training_scenarios import REPO
+from benchmarks.common.benchlib import REPO
+from benchmarks.training.cost import FLOPS, MFU, TFLOPS, ModelCost
 
 LLM_12B = ModelCost("Llama-12B backbone", 12e9, 45, 4608)
 VIT_2B = ModelCost("ViT-2B encoder", 2e9, 48, 1664)
@@ -316,7 +316,7 @@ def report(results: dict, args) -> None:
 
 
 def plot(results: dict, args, path: Path, end_to_end: dict | None = None) -> None:
-    from benchlib import pyplot, save_plot
+    from benchmarks.common.benchlib import pyplot, save_plot
     plt = pyplot(path)
     if plt is None:
         return
@@ -340,8 +340,8 @@ def plot(results: dict, args, path: Path, end_to_end: dict | None = None) -> Non
 
 
 def add_arguments(p) -> None:
-    """``bench_training.py``'s options for ``--workload``."""
-    g = p.add_argument_group("--workload navit|coyo (the paper's VLM setting, planned in-process; see scripts/vlm_workload.py)")
+    """``benchmarks/training/end_to_end.py``'s options for ``--workload``."""
+    g = p.add_argument_group("--workload navit|coyo (the paper's VLM setting, planned in-process; see benchmarks/training/vlm_workload.py)")
     g.add_argument("--workload", choices=("navit", "coyo"), help="run the paper's VLM setting instead of --scenarios")
     g.add_argument("--contexts", default=",".join(map(str, CONTEXTS)), help="context lengths (default 4096,8192,16384)")
     g.add_argument("--model-ranks", default="8,64,256", help="simulated data-parallel ranks (default 8,64,256)")

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from benchlib import PssSampler, cluster_roots, log, plan_imbalance, write_config
+from benchmarks.common.benchlib import PssSampler, cluster_roots, log, plan_imbalance, write_config
 from flight_overlord.deploy.status import cluster_status
 from flight_overlord.wire.server import ClientPool
 

@@ -22,9 +22,9 @@ Two parts, measured in one run on the same demo corpus (``make_demo_data(seed=0,
                    both ends. CPU and PSS per process kind come from psutil over the cluster's
                    child processes.
 
-    .venv/bin/python scripts/bench_vision.py                # defaults: ~1 min on 2 cores
-    .venv/bin/python scripts/bench_vision.py --steps 300    # longer timed phases
-    .venv/bin/python scripts/bench_vision.py --data /tmp/demo --scale 1.0
+    .venv/bin/python -m benchmarks.vision.image_text                # defaults: ~1 min on 2 cores
+    .venv/bin/python -m benchmarks.vision.image_text --steps 300    # longer timed phases
+    .venv/bin/python -m benchmarks.vision.image_text --data /tmp/demo --scale 1.0
 
 The machine is shared: compare the two placements within one run; the notes say how much CPU
 everything else used while each deployment was timed.
@@ -33,10 +33,26 @@ from __future__ import annotations
 
 import time
 
-from benchlib import MiB, add_corpus_args, add_mesh_args, argument_parser, log, print_header, workspace
-from vision_deployment import DEPLOYMENT_SOURCES, Deployment, deployment_config, run_deployment
-from vision_transforms import (IMAGE_SOURCES, LARGE_SIDE, PLACEMENTS, SMALL_PIXELS, TEXT_SOURCES, KindRow, RowGroupRow,
-                               run_transforms)
+from benchmarks.common.benchlib import (
+    MiB,
+    add_corpus_args,
+    add_mesh_args,
+    argument_parser,
+    log,
+    print_header,
+    workspace,
+)
+from benchmarks.vision.deployment import DEPLOYMENT_SOURCES, Deployment, deployment_config, run_deployment
+from benchmarks.vision.transforms import (
+    IMAGE_SOURCES,
+    LARGE_SIDE,
+    PLACEMENTS,
+    SMALL_PIXELS,
+    TEXT_SOURCES,
+    KindRow,
+    RowGroupRow,
+    run_transforms,
+)
 
 MB = 1e6
 

@@ -37,7 +37,7 @@ Images are small on disk: each is a valid 1-bit greyscale PNG of the drawn size,
 (~100..500 bytes whatever the size). Its header gives the planner the real size and patch grid, and
 it really decodes (a constructor decodes it as any PNG, at ~30 ms per megapixel here), but its
 pixels carry nothing. A benchmark that must not spend 2 cores on decoding models the decode
-instead (scripts/vlm_workload.py). Rows come from ``default_rng([seed, offset, source, row])``: the
+instead (benchmarks/training/vlm_workload.py). Rows come from ``default_rng([seed, offset, source, row])``: the
 files are byte-identical for the same arguments.
 """
 from __future__ import annotations
