@@ -19,7 +19,7 @@ seconds) and the true-cost imbalance (slowest rank / mean rank), printed side by
 (``$OVERLORD_SLOW_SOURCES``, its loader sleeps per call) and ``overlord status``'s starvation view
 is printed for that run and for one without the delay.
 
-    .venv/bin/python -m benchmarks.balance.cost_fit                       # 4 ranks x 60 steps x 3 sides
+    .venv/bin/python -m benchmarks.balance.cost_fit  # 4 ranks x 60 steps x 3 sides
     .venv/bin/python -m benchmarks.balance.cost_fit --steps 40 --plot docs/costfit_step_time.png
 
 Left out: real kernels (the sleeps are the formula, plus the scheduler's jitter on a loaded machine),
@@ -90,7 +90,8 @@ def run_side(side: Side, args, tmp: Path, data_dir: Path, sources: list[dict], e
     from flight_overlord.journal import read_journal
     slug = re.sub(r"\W+", "-", side.name)
     path = benchlib.write_config(tmp / f"{slug}.yaml", data_dir, sources, ranks=args.ranks,
-                                 context_length=32768, microbatches=2, tokens_per_step=int(args.ranks * 2 * 32768 * 0.92),
+                                 context_length=32768, microbatches=2,
+                                 tokens_per_step=int(args.ranks * 2 * 32768 * 0.92),
                                  seed=1234, run_dir=tmp / f"run-{slug}", cost=side.cost,
                                  balance={"method": "greedy"}, prefetch=2)
     saved = {k: os.environ.get(k) for k in (env or {})}

@@ -28,7 +28,7 @@ scenario happened to defer past the last step (long ones cost more per token), s
 two scenarios' efficiencies is their speedup on the same work.
 Planning time = wall time of ``plan_step`` (mix, cost, place) on this machine.
 
-    .venv/bin/python -m benchmarks.balance.hdp                    # 30 steps, ~1 min
+    .venv/bin/python -m benchmarks.balance.hdp  # 30 steps, ~1 min
     .venv/bin/python -m benchmarks.balance.hdp --steps 10 --data data/demo
 
 Left out: real kernels and their efficiency on short sequences, overlap of ring communication with
@@ -217,7 +217,8 @@ def run(scenario: Scenario, config: Path, data_dir: Path, steps: int) -> dict:
         sent.append(bytes_)
         tokens.append(sum(plan.stats["tokens"].values()))
         lengths = np.array([p.tokens for p in {p.ref.key: p for b in plan.bins for p in b}.values()], dtype=np.float64)
-        useful.append(float((A * lengths + B * lengths * (lengths + 1)).sum()) / busy.shape[1])  # ideal: no comm, no idle
+        # ideal: no comm, no idle
+        useful.append(float((A * lengths + B * lengths * (lengths + 1)).sum()) / busy.shape[1])
         deferred += plan.stats["deferred"]
     return {"step": np.array(step_s), "idle": np.array(idle), "sent": np.array(sent),
             "planning": np.array(planning), "tokens": np.array(tokens), "useful": np.array(useful),
@@ -230,9 +231,11 @@ def main(argv=None) -> None:
     p.add_argument("--ranks", type=int, default=8, help="ranks of the DP x CP domain, a multiple of 8 (default 8)")
     p.add_argument("--microbatches", type=int, default=2, help="microbatches per rank and step (default 2)")
     p.add_argument("--link-gb-s", type=float, default=CP_LINK_BYTES_PER_S / 1e9,
-                   help=f"ring attention link per rank, GB/s (default {CP_LINK_BYTES_PER_S / 1e9:g}; ~25 for inter-node)")
+                   help=f"ring attention link per rank, GB/s (default {CP_LINK_BYTES_PER_S / 1e9:g}; "
+                        "~25 for inter-node)")
     p.add_argument("--rows", type=int, default=20000, help="rows of the long-tail source if generated (default 20000)")
-    p.add_argument("--data", type=Path, help="a data dir holding longtail_256k (generated there if missing; default: a temp dir)")
+    p.add_argument("--data", type=Path,
+                   help="a data dir holding longtail_256k (generated there if missing; default: a temp dir)")
     p.add_argument("--tail-fraction", type=float, default=None,
                    help="share of long (16K-256K) rows when generating (default: the generator's, 4%%); "
                         "always generates into a temp dir")
@@ -263,8 +266,8 @@ def main(argv=None) -> None:
             results[s.name] = run(s, scenario_config(tmp, data_dir, s, args.ranks, args.microbatches), data_dir,
                                   args.steps)
     print(f"{args.steps} steps per scenario, same data and order, {results['hdp']['tokens'].mean():,.0f} real tokens "
-          f"per step, {args.ranks} ranks x {args.microbatches} microbatches x 32K per rank; static: dp{args.ranks // 8} "
-          f"x cp8, HDP: dp{args.ranks // 4} x cp4")
+          f"per step, {args.ranks} ranks x {args.microbatches} microbatches x 32K per rank; "
+          f"static: dp{args.ranks // 8} x cp8, HDP: dp{args.ranks // 4} x cp4")
     print()
     print("| scenario | side | step s (simulated) mean | p95 | tokens/s | efficiency | idle | CP volume GB/step | "
           "planning ms/step | planning / step |")
@@ -272,13 +275,15 @@ def main(argv=None) -> None:
     for s in SCENARIOS:
         r = results[s.name]
         print(f"| {s.name} | {s.side} | {r['step'].mean():.2f} | {np.percentile(r['step'], 95):.2f} | "
-              f"{r['tokens'].sum() / r['step'].sum():,.0f} | {r['useful'].sum() / r['step'].sum():.1%} | {r['idle'].mean():.1%} | {r['sent'].mean() / 1e9:.1f} | "
+              f"{r['tokens'].sum() / r['step'].sum():,.0f} | {r['useful'].sum() / r['step'].sum():.1%} | "
+              f"{r['idle'].mean():.1%} | {r['sent'].mean() / 1e9:.1f} | "
               f"{r['planning'].mean() * 1e3:.1f} | {r['planning'].mean() / r['step'].mean():.2%} |")
     print()
     base = results["hdp"]["step"].mean()
     for s in SCENARIOS[:-1]:
         r, h = results[s.name], results["hdp"]
-        print(f"- hdp vs {s.name}: {(h['useful'].sum() / h['step'].sum()) / (r['useful'].sum() / r['step'].sum()):.2f}x "
+        efficiency = (h['useful'].sum() / h['step'].sum()) / (r['useful'].sum() / r['step'].sum())
+        print(f"- hdp vs {s.name}: {efficiency:.2f}x "
               f"the efficiency (same work in that much less time), tokens/s "
               f"{(h['tokens'].sum() / h['step'].sum()) / (r['tokens'].sum() / r['step'].sum()):.2f}x, "
               f"step time {r['step'].mean() / base:.2f}x shorter, CP volume per token "

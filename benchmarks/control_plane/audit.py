@@ -14,7 +14,7 @@ process, side by side:
 Both re-derive every step and check it against its journaled digest, and the script checks that the
 two audits are the same report. Wall and CPU seconds of each, per step and in all.
 
-    .venv/bin/python -m benchmarks.control_plane.audit                       # 300 steps, a snapshot every 50
+    .venv/bin/python -m benchmarks.control_plane.audit  # 300 steps, a snapshot every 50
     .venv/bin/python -m benchmarks.control_plane.audit --steps 600 --every 200 --data data/demo --keep runs/audit
 """
 from __future__ import annotations

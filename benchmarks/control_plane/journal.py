@@ -21,7 +21,7 @@ dp in --dp. For every planned step, side by side in the same run:
   step's feeds sorted and hashed all of their source's row groups again: ~20 ms per source at 10k
   row groups; --row-groups sets how many each source has).
 
-    .venv/bin/python -m benchmarks.control_plane.journal                      # dp 8, 64, 4096
+    .venv/bin/python -m benchmarks.control_plane.journal  # dp 8, 64, 4096
     .venv/bin/python -m benchmarks.control_plane.journal --dp 8 64 --steps 20
     .venv/bin/python -m benchmarks.control_plane.journal --dp 8 --steps 20 --row-groups 10000
 """
@@ -117,8 +117,10 @@ def main() -> None:
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['dp']} | {r['samples']:,.0f} | {r['before'] / 1024:,.1f} KiB | {r['now'] / 1024:,.1f} KiB "
-              f"| {r['before'] / r['now']:,.0f}x | {r['metadata'] / 1024:,.1f} KiB | {1e3 * r['before_cpu']:,.1f} ms | {1e3 * r['now_cpu']:,.1f} ms "
-              f"| {1e3 * r['replay_cpu']:,.0f} ms | {1e3 * r['replay_before_cpu']:,.0f} ms | {1e3 * r['plan_cpu']:,.0f} ms |")
+              f"| {r['before'] / r['now']:,.0f}x | {r['metadata'] / 1024:,.1f} KiB "
+              f"| {1e3 * r['before_cpu']:,.1f} ms | {1e3 * r['now_cpu']:,.1f} ms "
+              f"| {1e3 * r['replay_cpu']:,.0f} ms | {1e3 * r['replay_before_cpu']:,.0f} ms "
+              f"| {1e3 * r['plan_cpu']:,.0f} ms |")
 
 
 if __name__ == "__main__":

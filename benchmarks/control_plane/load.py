@@ -17,8 +17,8 @@ Planner's prefetch window, so a fetch includes waiting for the slowest rank.
 - PSS: psutil ``memory_full_info().pss`` summed over the role processes (``cluster.children``), right
   after the warm-up and at the end; goal: within 10%. Also sampled every second (max, CPU by role).
 
-    .venv/bin/python -m benchmarks.control_plane.load                   # 120 s timed, ~2.5 min in all
-    .venv/bin/python -m benchmarks.control_plane.load --seconds 20      # a quick look
+    .venv/bin/python -m benchmarks.control_plane.load               # 120 s timed, ~2.5 min in all
+    .venv/bin/python -m benchmarks.control_plane.load --seconds 20  # a quick look
 
 tests/integration/test_load.py runs the same (``run_load``) for ~15 s in the default suite and for
 120 s under ``-m slow``.

@@ -13,13 +13,14 @@ rank, lengths as in benchmarks/balance/balancers.py at a 32k context, cost a*l +
 Then a prefetch guidance table: how many steps ahead the Planner must run so that a step's
 plan is never late, for a given step time and planning time.
 
-    .venv/bin/python -m benchmarks.control_plane.plan_time                 # dp 8 .. 4096, plot to docs/planner_scaling.png
-    .venv/bin/python -m benchmarks.control_plane.plan_time --max-dp 512    # quicker
+    .venv/bin/python -m benchmarks.control_plane.plan_time  # dp 8 .. 4096, plot to docs/planner_scaling.png
+    .venv/bin/python -m benchmarks.control_plane.plan_time --max-dp 512  # quicker
     # plan_step of another checkout side by side (alternating processes, same input, plan hashes):
     git archive 4d3fe2b flight_overlord | tar -x -C /tmp/before
     .venv/bin/python -m benchmarks.control_plane.plan_time --compare-with /tmp/before --compare-dp 1024 4096
-    .venv/bin/python -m benchmarks.control_plane.plan_time --compare-with /tmp/before --compare-unit tokens  # token budgets
-    .venv/bin/python -m benchmarks.control_plane.plan_time --ratio-dp 4096 --reps 5   # plan_step / heapq LPT, CPU time
+    # the same, the steps as token budgets:
+    .venv/bin/python -m benchmarks.control_plane.plan_time --compare-with /tmp/before --compare-unit tokens
+    .venv/bin/python -m benchmarks.control_plane.plan_time --ratio-dp 4096 --reps 5  # plan_step / heapq LPT, CPU time
 """
 from __future__ import annotations
 
@@ -63,8 +64,9 @@ def synthetic_planner(dp: int, *, per_rank: int = PER_RANK, context: int = CONTE
                       sources: dict[str, float] = SOURCES, seed: int = 0, row_groups: int = 2):
     """(feeds, mixer, strategy, weights) for ``plan_step`` over synthetic sources: no files, no servers.
 
-    Every source is ``row_groups`` row groups of ``ROWS_PER_GROUP`` rows whose lengths follow benchmarks.balance.balancers'
-    long-tailed mixture; a step draws ``dp * per_rank`` samples (or ``tokens_per_step``)."""
+    Every source is ``row_groups`` row groups of ``ROWS_PER_GROUP`` rows whose lengths follow the
+    long-tailed mixture of ``benchmarks.balance.balancers``; a step draws ``dp * per_rank`` samples (or
+    ``tokens_per_step``)."""
     mean_len = float(sample_lengths(np.random.default_rng(0), 100_000, context).mean())
     if microbatches is None:  # enough slots for the step's tokens with ~30% room
         microbatches = max(1, math.ceil(1.3 * per_rank * mean_len / context))
@@ -89,7 +91,8 @@ def synthetic_planner(dp: int, *, per_rank: int = PER_RANK, context: int = CONTE
             return {"num_tokens": sample_lengths(rng, rg.num_rows, context).astype(np.int64)}
         return meta
 
-    feeds = {s: SourceFeed(s, [RowGroupRef(f"{s}/part-{i}.parquet", 0, rows) for i in range(row_groups)], seed, fetch(s))
+    feeds = {s: SourceFeed(s, [RowGroupRef(f"{s}/part-{i}.parquet", 0, rows) for i in range(row_groups)], seed,
+                           fetch(s))
              for s in sources}
     return feeds, Mixer(list(sources)), strategy, dict(sources)
 
@@ -300,14 +303,16 @@ def main() -> None:
     print(f"\n{PER_RANK} samples per rank, ctx {CONTEXT}; best of {args.reps} runs (single process, no servers).\n")
     print("Balancer alone (`partition(costs, dp)`, rank level, refine on) vs a plain heapq LPT; time in ms, "
           "quality as max/lower bound:\n")
-    print("| dp | items | heapq LPT ms | greedy ms | KK ms | greedy / heapq | KK / heapq | max/LB heapq | greedy | KK |")
+    print("| dp | items | heapq LPT ms | greedy ms | KK ms | greedy / heapq | KK / heapq "
+          "| max/LB heapq | greedy | KK |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in balancer:
         h, g, k = r["heapq"], r["greedy"], r["karmarkar_karp"]
         print(f"| {r['dp']} | {r['items']} | {1000 * h[0]:.1f} | {1000 * g[0]:.1f} | {1000 * k[0]:.1f} "
               f"| {g[0] / h[0]:.2f} | {k[0] / h[0]:.2f} | {h[1]:.5f} | {g[1]:.5f} | {k[1]:.5f} |")
     print(f"\nWhole step (`plan_step`: mix 6 sources, read metadata, cost, ranks then microbatches under the "
-          f"token capacity, stats); mean of {args.steps} consecutive steps after an untimed first one, best of {args.reps} runs "
+          f"token capacity, stats); mean of {args.steps} consecutive steps after an untimed first one, "
+          f"best of {args.reps} runs "
           f"(1 run from dp 1024):\n")
     print("| dp | samples | microbatches/rank | greedy ms | max/LB | deferred | KK ms | max/LB | deferred "
           "| per sample (greedy) | greedy / heapq LPT | KK / heapq LPT |")

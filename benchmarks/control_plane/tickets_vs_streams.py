@@ -12,11 +12,11 @@ cluster and run_dir, with one trainer thread per rank:
 Over the timed phase: the Planner process's CPU seconds (user + system, psutil) divided by the
 rank-steps delivered (tickets + planning + journal: everything the Planner does), the journal's
 bytes per planned step, rank-steps per second, and the share of the constructors' plan requests whose
-answer brought the next step's view too (so that no request was made for it). ``measure()`` is the function other benchmarks
-call (for instance a scale harness).
+answer brought the next step's view too (so that no request was made for it). ``measure()`` is the
+function other benchmarks call (for instance a scale harness).
 
-    .venv/bin/python -m benchmarks.control_plane.tickets_vs_streams                 # 2 x (10 s warm-up + 30 s timed)
-    .venv/bin/python -m benchmarks.control_plane.tickets_vs_streams --seconds 10    # a quick look
+    .venv/bin/python -m benchmarks.control_plane.tickets_vs_streams               # 2 x (10 s warm-up + 30 s timed)
+    .venv/bin/python -m benchmarks.control_plane.tickets_vs_streams --seconds 10  # a quick look
 """
 from __future__ import annotations
 
@@ -162,9 +162,11 @@ def main(argv=None) -> None:
     results = []
     with workspace("bench-control-", args.data, list(SOURCES), args.scale) as (tmp, data_dir):
         for path in args.paths.split(","):
-            config = write_config(tmp / f"{path}.yaml", data_dir, [{"name": n, "weight": w} for n, w in SOURCES.items()],
+            sources = [{"name": n, "weight": w} for n, w in SOURCES.items()]
+            config = write_config(tmp / f"{path}.yaml", data_dir, sources,
                                   ranks=args.ranks, context_length=gb["context_length"],
-                                  microbatches=gb["microbatches"], tokens_per_step=gb["tokens_per_step"] * args.ranks // 64,
+                                  microbatches=gb["microbatches"],
+                                  tokens_per_step=gb["tokens_per_step"] * args.ranks // 64,
                                   seed=7, run_dir=tmp / f"run-{path}",
                                   **{k: v for k, v in CONFIG.items() if k not in ("mesh", "global_batch")})
             if args.profile:

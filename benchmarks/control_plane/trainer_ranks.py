@@ -18,10 +18,10 @@ Two parts, each printed with what was measured and what is modelled:
                the step (``read_chunk``) to the record batch;
              - journal bytes per step: the plan journal's size / the steps it holds;
              - PSS of the Planner and of the constructors (psutil), at the end.
-2. planning  the pure ``plan_step`` at N x 72 samples per rank (benchmarks/control_plane/plan_time.py's synthetic long-document
-             steps, greedy, no servers) and the journal record it makes (``step_record`` + JSON: the step's
-             inputs and a digest of its plan, not its samples; ``benchmarks/control_plane/journal.py`` sets it beside the
-             whole-plan record of before): the part of
+2. planning  the pure ``plan_step`` at N x 72 samples per rank (the synthetic long-document steps of
+             ``benchmarks.control_plane.plan_time``, greedy, no servers) and the journal record it makes
+             (``step_record`` + JSON: the step's inputs and a digest of its plan, not its samples;
+             ``benchmarks.control_plane.journal`` sets it beside a whole-plan record): the part of
              the Planner's per-step work that grows with samples, measured up to 4,096 ranks in-process.
 
 Model beyond the live runs: Planner CPU per step = fixed + per-rank x N, fitted (least squares) on
@@ -29,7 +29,7 @@ the live runs; with it, the CPU per step and the sustainable steps/s at 4,096 (w
 16,384 ranks, and for the paper's step shape the measured planning of part 2 plus the per-rank
 per-rank cost (rank streams, views). Figures are wall/CPU time on a shared 2-core machine (the header gives the load).
 
-    .venv/bin/python -m benchmarks.control_plane.trainer_ranks                                   # N = 64 .. 1024, ~5 min
+    .venv/bin/python -m benchmarks.control_plane.trainer_ranks  # N = 64 .. 1024, ~5 min
     .venv/bin/python -m benchmarks.control_plane.trainer_ranks --ranks 64 256 1024 4096 --steps 4
     .venv/bin/python -m benchmarks.control_plane.trainer_ranks --plot docs/methods/control-plane-scale.png
 """
@@ -224,14 +224,16 @@ def report(live: list[dict], planning: list[dict]) -> tuple[float, float]:
         print(f"| {r['ranks']} | {r['constructors']} | {1e3 * r['planner_cpu_step']:.1f} ms "
               f"| {1e6 * r['planner_cpu_step'] / r['ranks']:.0f} us | {1 / r['planner_cpu_step']:.2f} "
               f"| {1e3 * r['wall_step']:.0f} ms | {1e3 * r['p50']:.1f} ms | {1e3 * r['p99']:.1f} ms "
-              f"| {r['journal_step'] / 1024:.1f} KiB | {r['planner_pss'] / MiB:.0f} MiB | {r['constructor_pss'] / MiB:.0f} MiB |")
+              f"| {r['journal_step'] / 1024:.1f} KiB | {r['planner_pss'] / MiB:.0f} MiB "
+              f"| {r['constructor_pss'] / MiB:.0f} MiB |")
     a, b = fit(live)
     print(f"\nModel (fitted on the live rows): Planner CPU per step = {1e3 * a:.1f} ms + {1e6 * b:.0f} us x ranks\n")
     print("| ranks | Planner CPU / step | per rank-step | Planner steps/s (1 core) | source |")
     print("|---:|---:|---:|---:|---|")
     for r in live:
         cpu = r["planner_cpu_step"]
-        print(f"| {r['ranks']} | {1e3 * cpu:.1f} ms | {1e6 * cpu / r['ranks']:.0f} us | {1 / cpu:.2f} | measured (live) |")
+        print(f"| {r['ranks']} | {1e3 * cpu:.1f} ms | {1e6 * cpu / r['ranks']:.0f} us | {1 / cpu:.2f} "
+              "| measured (live) |")
     measured = {r["ranks"] for r in live}
     for n in MODEL_RANKS:
         if n not in measured:

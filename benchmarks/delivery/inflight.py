@@ -16,7 +16,7 @@ largest and the median over the run, and the bytes of one step's table. Then the
 when the data plane is the bottleneck: each mode once more on a fresh run with a training loop that
 does nothing, steps per second over the run (rank 0's wall time from its first step to its last).
 
-    .venv/bin/python -m benchmarks.delivery.inflight                 # 80 steps, prefetch 2, 20 ms per step
+    .venv/bin/python -m benchmarks.delivery.inflight  # 80 steps, prefetch 2, 20 ms per step
     .venv/bin/python -m benchmarks.delivery.inflight --steps 200 --prefetch 4 --data data/demo
 """
 from __future__ import annotations

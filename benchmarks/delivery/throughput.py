@@ -20,9 +20,9 @@ microbatches) over the wall time of the timed phase. Memory is the PSS summed ov
 process of the deployment (including children), sampled during the timed phase; the max is
 reported. The driver (this process) is not counted.
 
-    .venv/bin/python -m benchmarks.delivery.throughput               # defaults: ~20 s on 2 cores
-    .venv/bin/python -m benchmarks.delivery.throughput --steps 600   # ~1.5 min: timed phases of ~20 s
-    .venv/bin/python -m benchmarks.delivery.throughput --quick       # fewer steps
+    .venv/bin/python -m benchmarks.delivery.throughput              # defaults: ~20 s on 2 cores
+    .venv/bin/python -m benchmarks.delivery.throughput --steps 600  # ~1.5 min: timed phases of ~20 s
+    .venv/bin/python -m benchmarks.delivery.throughput --quick      # fewer steps
     .venv/bin/python -m benchmarks.delivery.throughput --workers 4 --data /tmp/demo
 
 With the default 30 steps the timed phases are short (well under a second for the ceiling), so
@@ -37,6 +37,19 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+# first: in a trainer process it loads our client before pyarrow, as a training script does
+from benchmarks.common.rank_processes import (
+    TRAINER_SIDE,
+    RankChannel,
+    SideResult,
+    Tally,
+    microbatch_nbytes,
+    run_ranks,
+    stop_processes,
+)
+
+# isort: split
 import pyarrow as pa
 import yaml
 
@@ -54,17 +67,6 @@ from benchmarks.common.benchlib import (
     write_config,
 )
 from benchmarks.common.colocated import baseline_rank
-
-# first: in a trainer process it loads our client before pyarrow, as a training script does
-from benchmarks.common.rank_processes import (  # noqa: I001
-    TRAINER_SIDE,
-    RankChannel,
-    SideResult,
-    Tally,
-    microbatch_nbytes,
-    run_ranks,
-    stop_processes,
-)
 
 DEMO_CONFIG = REPO / "configs" / "demo.yaml"
 # Used when configs/demo.yaml is missing: the demo's token-share weights and loader counts.

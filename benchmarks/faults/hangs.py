@@ -1,7 +1,7 @@
 """Hangs: one role's process gets SIGSTOP for --hang seconds when rank 0 reaches step --at of --steps,
 while the trainers consume at a steady simulated step time; every rank's stream is compared with an
-undisturbed run's. The kill -9 version of the same runs is benchmarks/faults/kill_and_resume.py (part 1, benchmarks/faults/kill_runs.py,
-whose machinery this reuses).
+undisturbed run's. The kill -9 version of the same runs is ``benchmarks.faults.kill_and_resume`` (part 1,
+``benchmarks.faults.kill_runs``, whose machinery this reuses).
 
 Per hung role and setting it prints the worst gap between two consecutive batches of a rank (step time
 included) among those ending after the stop, against the run's median gap, and how long after the
@@ -10,7 +10,7 @@ stop the hung process was replaced. With liveness on (this package's default, ``
 same with ``liveness: {hung_seconds: 0}``, which is the behaviour before liveness: nothing takes over
 from a process that does not refuse connections, so everyone waits for the SIGCONT.
 
-    .venv/bin/python -m benchmarks.faults.hangs                  # 30 s stops at step 15 of 60, 50 ms steps
+    .venv/bin/python -m benchmarks.faults.hangs  # 30 s stops at step 15 of 60, 50 ms steps
     .venv/bin/python -m benchmarks.faults.hangs --hang 8 --no-baseline --kinds constructor
 """
 from __future__ import annotations
@@ -65,7 +65,8 @@ def report(reference, runs: dict, args) -> None:
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     problems = []
     for (kind, live), run in runs.items():
-        setting = {"loader+shadow": "`loader.shadows: 1`", "planner+standby": "`planner.standbys: 1`"}.get(kind, "default")
+        settings = {"loader+shadow": "`loader.shadows: 1`", "planner+standby": "`planner.standbys: 1`"}
+        setting = settings.get(kind, "default")
         median = run.median_interval() if run.intervals() else float("nan")
         fault = run.faults[0] if run.faults else None
         gap = fault.max_interval if fault else float("nan")

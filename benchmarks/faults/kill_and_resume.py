@@ -39,7 +39,7 @@ a supervised ``LocalCluster`` on this machine:
                      snapshots, loader journals and loader snapshots (nothing is ever rewritten or
                      pruned, so file sizes are bytes written), per step.
 
-    .venv/bin/python -m benchmarks.faults.kill_and_resume                     # defaults: ~3-4 min on 2 cores
+    .venv/bin/python -m benchmarks.faults.kill_and_resume  # defaults: ~3-4 min on 2 cores
     .venv/bin/python -m benchmarks.faults.kill_and_resume --parts 1 --kinds planner --prefetch 2 4 8
     .venv/bin/python -m benchmarks.faults.kill_and_resume --parts 2 --resume-at 50 500 5000 20000
 

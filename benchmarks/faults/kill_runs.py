@@ -108,7 +108,8 @@ def part1_config(tmp: Path, data_dir: Path, name: str, args, *, prefetch: int, s
                         ranks=args.ranks, context_length=1024, microbatches=2, tokens_per_step=1800 * args.ranks,
                         seed=SEED, run_dir=directory / "run", balance={"method": "greedy"}, prefetch=prefetch,
                         checkpoint={"every": args.checkpoint_every}, planner={"standbys": standbys},
-                        loader={"shadows": shadows, "hosts": 0}, **extra)  # one process per actor: a kill hits one source
+                        # one process per actor: a kill hits one source
+                        loader={"shadows": shadows, "hosts": 0}, **extra)
 
 
 def kill_targets(args) -> list[int]:
@@ -294,7 +295,8 @@ def part1(tmp: Path, data_dir: Path, args) -> tuple[dict, dict]:
     """Returns (undisturbed runs by (prefetch, shadows), fault runs by (kind, prefetch))."""
     references: dict[tuple[int, int], Run] = {}
     faults: dict[tuple[str, int], Run] = {}
-    shadow_counts = sorted({1 if k == "loader+shadow" else 0 for k in args.kinds} | ({0, 1} if 3 in args.parts else set()))
+    shadow_counts = sorted({1 if k == "loader+shadow" else 0 for k in args.kinds}
+                           | ({0, 1} if 3 in args.parts else set()))
     for prefetch in args.prefetch if 1 in args.parts else args.prefetch[:1]:
         for shadows in shadow_counts:
             name = f"undisturbed-p{prefetch}-s{shadows}"
@@ -319,7 +321,8 @@ def report_part1(references: dict, faults: dict, args) -> None:
           f"{args.kill_every} steps ({args.steps} steps, {args.ranks} ranks)\n")
     print(f"Trainers consume every step at a steady simulated step time of {args.step_time * 1000:.0f} ms "
           f"(they sleep after each batch), so prefetch can hide a fault. Config: 6 demo sources, one loader "
-          f"each, one process per loader actor (loader.hosts: 0); dp {args.ranks}, 2 microbatches of 1,024 tokens per rank, {1800 * args.ranks} tokens per step; "
+          f"each, one process per loader actor (loader.hosts: 0); dp {args.ranks}, 2 microbatches of 1,024 tokens "
+          f"per rank, {1800 * args.ranks} tokens per step; "
           f"checkpoint.every {args.checkpoint_every}; TrainerClient prefetch = config prefetch. Loader kills hit "
           f"loader-{args.loader_source}-0; constructor kills alternate constructor-0/1. A kill waits until the "
           "previous one's role serves again.\n")

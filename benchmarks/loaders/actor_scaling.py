@@ -73,7 +73,8 @@ def live(tmp, data_dir, args, enabled: bool) -> dict:
     strategy.write_text("from flight_overlord.orchestration import staged\n"
                         f"def build(s):\n    return s.mix(staged([(0, {WEIGHTS!r}), ({args.heavy_at}, {heavy!r}), "
                         f"({args.light_at}, {WEIGHTS!r})]))\n")
-    path = write_config(tmp / f"config-{enabled}.yaml", data_dir, [{"name": n, "weight": w} for n, w in WEIGHTS.items()],
+    sources = [{"name": n, "weight": w} for n, w in WEIGHTS.items()]
+    path = write_config(tmp / f"config-{enabled}.yaml", data_dir, sources,
                         ranks=args.ranks, context_length=4096, microbatches=2, tokens_per_step=16000, seed=0,
                         run_dir=tmp / f"run-{enabled}", strategy=str(strategy),
                         loader={"hosts": 2, "scaling": {"enabled": enabled, "interval": 3, "up_threshold": 0.5,
@@ -91,7 +92,8 @@ def live(tmp, data_dir, args, enabled: bool) -> dict:
                 events = status["planner"]["counters"].get("scaling", {}).get("events", [])
                 out["events"] = events
                 if events and out["event_s"] is None:
-                    out["event_s"], out["event_step"], out["event_read"] = time.perf_counter(), events[0]["step"], current["step"]
+                    out["event_s"] = time.perf_counter()
+                    out["event_step"], out["event_read"] = events[0]["step"], current["step"]
                 served = [lo["counters"].get("bytes_served", 0) for lo in status["loaders"]
                           if (lo["source"], lo["actor"], lo["replica"]) == ("code", 1, 0)]
                 if served and served[0] > 0 and out["first_served_s"] is None:
@@ -114,7 +116,8 @@ def main() -> None:
     args = parser.parse_args()
     print_header()
     print("\n1. reshard logic (one decision: boundary + extend; then the added actor's first lookups)\n")
-    print("| row groups | boundary + extend (ms) | actor view, first lookup (ms) | next lookup (ms) | boundary - cursor |")
+    print("| row groups | boundary + extend (ms) | actor view, first lookup (ms) | next lookup (ms) "
+          "| boundary - cursor |")
     print("| ---: | ---: | ---: | ---: | ---: |")
     for rows in args.rows:
         r = reshard_logic(rows)

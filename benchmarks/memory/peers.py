@@ -26,7 +26,7 @@ per cell (3), the order of the sides reversed each round; the table shows median
                    worker opening every file of every source (skipped where its fitted size passes
                    ``--max-gib``).
 
-    .venv/bin/python -m benchmarks.memory.peers --data /tmp/c96 --no-colocated          # 6, 96 sources x 2, 8 ranks
+    .venv/bin/python -m benchmarks.memory.peers --data /tmp/c96 --no-colocated  # 6, 96 sources x 2, 8 ranks
     .venv/bin/python -m benchmarks.memory.peers --data /tmp/c96 --sources 96 --ranks 2 --no-colocated \
         --variants default,single_node,single_node+lean --rounds 1
 """
@@ -144,7 +144,8 @@ def run_streaming(args, mds_dirs: list[Path], ranks: int) -> bm.Run:
 def deployment(variant: str, ranks: int) -> tuple[int | str | None, dict]:
     """(loader.hosts, further config sections) of a flight_overlord variant: ``default``; ``single_node``
     (the named setting: ``deployment: single_node``); ``node`` (``constructor.dp_per_constructor: R``),
-    ``node1`` (and ``loader.hosts: 1``); any of them ``+`` loader settings (``+lean``, ``+ra1``: benchmarks.memory.sources_ranks)."""
+    ``node1`` (and ``loader.hosts: 1``); any of them ``+`` loader settings (``+lean``, ``+ra1``:
+    ``benchmarks.memory.runs.loader_settings``)."""
     name = variant.split("+")[0]
     if name == "single_node":
         return None, {"deployment": "single_node"}

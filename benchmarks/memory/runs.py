@@ -17,7 +17,8 @@ from benchmarks.delivery.throughput import overlord_trainer
 
 GiB = 1024 * MiB
 FILL = 0.85  # tokens_per_step over the slots
-# The measured fit of a colocated set's PSS (per rank, per worker, per source), to skip colocated runs that cannot fit in RAM.
+# The measured fit of a colocated set's PSS (per rank, per worker, per source), to skip colocated runs
+# that cannot fit in RAM.
 FIT_RANK, FIT_WORKER, FIT_SOURCE = 80 * MiB, 40 * MiB, 9.9 * MiB
 
 
@@ -65,8 +66,9 @@ VARIANTS = {"default": {}, "lean": {"read_ahead_bytes": 1}}  # lean: no row grou
 
 def loader_settings(variant: str) -> dict:
     """The ``loader`` settings of a variant: a name of ``VARIANTS``, or ``+``-joined read-ahead settings
-    for a sweep, ``raN`` (``read_ahead_row_groups: N``), ``bytesNm`` (``read_ahead_bytes``: N MiB; ``bytes0m``: no byte bound) and
-    ``slNm`` (``sample_level_bytes``: N MiB), say ``ra8+bytes4m``; other names (benchmarks.memory.peers' deployments) change no loader setting."""
+    for a sweep, ``raN`` (``read_ahead_row_groups: N``), ``bytesNm`` (``read_ahead_bytes``: N MiB;
+    ``bytes0m``: no byte bound) and ``slNm`` (``sample_level_bytes``: N MiB), say ``ra8+bytes4m``; other
+    names (the deployments of ``benchmarks.memory.peers``) change no loader setting."""
     settings = {}
     for part in variant.split("+"):
         if part in VARIANTS:
@@ -100,7 +102,8 @@ def run_overlord(args, tmp: Path, data_dir: Path, names: list[str], ranks: int, 
         planner = cluster.start()
         run.start_s = time.monotonic() - started
         roles = cluster_roots(cluster)
-        log(f"[overlord S={len(names)} R={ranks} hosts={hosts} {variant}] {len(roles)} role processes up in {run.start_s:.1f}s")
+        log(f"[overlord S={len(names)} R={ranks} hosts={hosts} {variant}] {len(roles)} role processes up "
+            f"in {run.start_s:.1f}s")
         tallies, sampler = rank_processes.run_ranks(
             rank_processes.TRAINER_SIDE, overlord_trainer,
             [(planner, args.warmup, args.steps, None) for _ in range(ranks)],

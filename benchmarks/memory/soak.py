@@ -6,11 +6,11 @@ over ``--sources`` demo sources (``overlord make-demo-data --sources N``), drive
 process per rank iterating ``TrainerClient`` for ``--steps`` steps. Every ``--every`` steps (the
 slowest rank's position, from the Planner's ``status``) the PSS of every process is taken
 (psutil ``memory_full_info()``) and printed summed per role: PSS, and USS (the pages no
-other process shares: PSS also moves with the other programs of the machine, USS does not). The verdict compares each role's
-PSS at the last sample with the one at ``--from-step`` (default 2,000): flat means it grew by at
-most ``--tolerance`` (default 5%).
+other process shares: PSS also moves with the other programs of the machine, USS does not). The
+verdict compares each role's PSS at the last sample with the one at ``--from-step`` (default 2,000):
+flat means it grew by at most ``--tolerance`` (default 5%).
 
-    .venv/bin/python -m benchmarks.memory.soak --data /tmp/c96 --steps 20000            # ~10-20 min
+    .venv/bin/python -m benchmarks.memory.soak --data /tmp/c96 --steps 20000             # ~10-20 min
     .venv/bin/python -m benchmarks.memory.soak --steps 3000 --every 250 --from-step 500  # a short look
 """
 from __future__ import annotations
@@ -105,8 +105,8 @@ def soak(args, tmp: Path, data_dir: Path, names: list[str]) -> list[tuple[int, f
         roots = lambda: roles + [(p.pid, "trainer", "trainer") for p in procs]  # noqa: E731
         client = fl.connect(planner)
         started, mark = time.monotonic(), args.every
-        print(f"\n{'step':>7} {'s':>6}  " + "  ".join(f"{r:>11}" for r in ROLES) + "  buffered   (PSS USS per role; the loader "
-              "actors' buffered row groups; MiB)")
+        print(f"\n{'step':>7} {'s':>6}  " + "  ".join(f"{r:>11}" for r in ROLES)
+              + "  buffered   (PSS USS per role; the loader actors' buffered row groups; MiB)")
         done = 0
         while done < len(procs):
             if time.monotonic() - started > args.timeout or not all(p.is_alive() for p in procs):
@@ -118,9 +118,9 @@ def soak(args, tmp: Path, data_dir: Path, names: list[str]) -> list[tuple[int, f
             if step >= mark:
                 mem = memory_by_role(roots())
                 samples.append((step, time.monotonic() - started, mem))
-                print(f"{step:>7} {samples[-1][1]:>6.0f}  " + "  ".join(f"{mem[r] / MiB:>5.1f} {mem[r + ' uss'] / MiB:>5.1f}"
-                                                                       for r in ROLES)
-                      + f"  {buffered_bytes(loaders) / MiB:>8.1f}", flush=True)
+                per_role = "  ".join(f"{mem[r] / MiB:>5.1f} {mem[r + ' uss'] / MiB:>5.1f}" for r in ROLES)
+                print(f"{step:>7} {samples[-1][1]:>6.0f}  {per_role}  {buffered_bytes(loaders) / MiB:>8.1f}",
+                      flush=True)
                 mark = (step // args.every + 1) * args.every
         release.set()
         client.close()

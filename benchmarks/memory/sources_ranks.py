@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Memory of flight_overlord vs the colocated DataLoader as sources and ranks grow, measured, then modelled at 512 nodes.
+"""Memory of flight_overlord vs the colocated DataLoader as sources and ranks grow, measured, then modelled at
+512 nodes.
 
 Measured: the PSS summed over every process of each side (psutil ``memory_full_info().pss``,
 children included), sampled every 0.5 s while the ranks run their timed steps; the max and the
@@ -22,15 +23,15 @@ source, per constructor) a MODEL of 512 nodes x 8 GPUs, batch 512, 4 workers, ov
 colocated loading is repeated on every GPU rank, flight_overlord loads once and builds once per
 data-parallel group. Written as a table and as ``docs/memory_ratio.png`` (needs matplotlib).
 
-Each flight_overlord cell runs two loader variants: ``default`` (the config's read-ahead: 2 row groups, at most 4 MiB) and
-``lean`` (``loader.read_ahead_bytes: 1``: nothing read ahead of the Planner's demand). A
+Each flight_overlord cell runs two loader variants: ``default`` (the config's read-ahead: 2 row groups, at
+most 4 MiB) and ``lean`` (``loader.read_ahead_bytes: 1``: nothing read ahead of the Planner's demand). A
 "data path only" table subtracts R bare trainer processes (measured together in the same run)
 from both sides: an estimate, labelled as such; the headline is the total PSS.
 
-    .venv/bin/python -m benchmarks.memory.sources_ranks                 # defaults: ~1.5 min on 2 quiet cores
-    .venv/bin/python -m benchmarks.memory.sources_ranks --grid full     # S x R all combinations (within --max-gib)
+    .venv/bin/python -m benchmarks.memory.sources_ranks  # defaults: ~1.5 min on 2 quiet cores
+    .venv/bin/python -m benchmarks.memory.sources_ranks --grid full  # S x R all combinations (within --max-gib)
     .venv/bin/python -m benchmarks.memory.sources_ranks --sources 6,24 --ranks 2 --no-plot
-    .venv/bin/python -m benchmarks.memory.sources_ranks --row-group-mib 2 --sources 96 --ranks 2   # realistic row groups
+    .venv/bin/python -m benchmarks.memory.sources_ranks --row-group-mib 2 --sources 96 --ranks 2  # realistic row groups
 """
 from __future__ import annotations
 
@@ -82,7 +83,8 @@ def measured_table(runs: list[Run], args, bare: dict[int, int]) -> None:
     print(f"W = {args.workers} DataLoader workers per rank (colocated); {args.microbatches} microbatches of "
           f"{args.context_length} tokens per rank and step, {args.warmup} warm-up + {args.steps} timed steps. "
           f"overlord: `loader.hosts: {args.hosts}`; *default* reads 2 row groups ahead while "
-          f"an actor holds under 4 MiB (`read_ahead_row_groups: 2`, `read_ahead_bytes: 4 MiB`), *lean* reads only what the Planner asks for (`read_ahead_bytes: 1`).\n")
+          f"an actor holds under 4 MiB (`read_ahead_row_groups: 2`, `read_ahead_bytes: 4 MiB`), *lean* reads only "
+          f"what the Planner asks for (`read_ahead_bytes: 1`).\n")
     print("| S | R | colocated | overlord default | colocated / default | overlord lean | colocated / lean "
           "| overlord hosts:0 | colocated end | lean end |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -101,13 +103,14 @@ def measured_table(runs: list[Run], args, bare: dict[int, int]) -> None:
           f"no data ({', '.join(f'R={r}: {b / MiB:.0f} MiB' for r, b in bare.items())}); what is left is roughly what "
           f"loading the data costs on each side. PSS splits shared pages across every process of the machine, so "
           f"this is an estimate):\n")
-    print("| S | R | bare trainers | colocated - bare | overlord default - bare | ratio | overlord lean - bare | ratio |")
+    print("| S | R | bare trainers | colocated - bare | overlord default - bare | ratio | overlord lean - bare "
+          "| ratio |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for s, r in keys:
         c = _find(runs, "colocated", s, r)
         b = bare.get(r, 0)
         row = [f"| {s} | {r} | {gib(b)} | " + (gib(c.max_pss - b) if c and not c.error else "-")]
-        for o in (_find(runs, "overlord", s, r, args.hosts, "default"), _find(runs, "overlord", s, r, args.hosts, "lean")):
+        for o in (_find(runs, "overlord", s, r, args.hosts, variant) for variant in ("default", "lean")):
             ok = o and not o.error and c and not c.error
             row.append(gib(o.max_pss - b) if o and not o.error else "-")
             row.append(f"{(c.max_pss - b) / (o.max_pss - b):.2f}x" if ok else "-")
@@ -155,7 +158,8 @@ class Components:
 
 def components(runs: list[Run], args) -> Components | None:
     r = min(x.ranks for x in runs)
-    col = slope(runs, "colocated", r, None, lambda x: x.label_sum("worker") / max(1, x.by_label.get("worker", (1, 0))[0]))
+    col = slope(runs, "colocated", r, None,
+                lambda x: x.label_sum("worker") / max(1, x.by_label.get("worker", (1, 0))[0]))
     v = args.model_variant
     load = slope(runs, "overlord", r, args.hosts, lambda x: x.label_sum("loader"), v)
     cons = slope(runs, "overlord", r, args.hosts, lambda x: x.label_avg("constructor"), v)
@@ -258,7 +262,8 @@ def parse_args(argv=None):
                    help="cross (default): every S at the smallest R, every R at the smallest S; full: all S x R")
     p.add_argument("--workers", type=int, default=4, help="colocated DataLoader workers per rank (default 4)")
     p.add_argument("--hosts", type=lambda v: v if v == "auto" else int(v), default="auto",
-                   help="flight_overlord loader.hosts: auto (default, the config's default: min(ceil(actors / 4), CPUs)) or N")
+                   help="flight_overlord loader.hosts: auto (default, the config's default: "
+                        "min(ceil(actors / 4), CPUs)) or N")
     p.add_argument("--no-hosts0", action="store_true", help="skip the hosts: 0 run at the smallest S")
     p.add_argument("--max-gib", type=float, default=20.0,
                    help="skip colocated runs the fitted model puts above this (default 20)")
@@ -267,8 +272,8 @@ def parse_args(argv=None):
                         "0: the demo corpus's own, ~0.1 MiB)")
     p.add_argument("--variants", type=lambda t: t.split(","), default=["default", "lean"],
                    help="overlord loader variants: default (the config's read-ahead), lean (read_ahead_bytes: 1), "
-                        "or a sweep's raN / bytesNm / slNm joined by + (read_ahead_row_groups N, read_ahead_bytes N MiB, "
-                        "sample_level_bytes N MiB)")
+                        "or a sweep's raN / bytesNm / slNm joined by + (read_ahead_row_groups N, "
+                        "read_ahead_bytes N MiB, sample_level_bytes N MiB)")
     p.add_argument("--model-variant", default="lean", help="the overlord variant the simulation is built from")
     p.add_argument("--data", type=Path, help="corpus dir (make_many_sources; generated if missing)")
     add_run_args(p, steps=8, timeout=300.0)

@@ -89,8 +89,9 @@ def _thread_cpu() -> list[str]:
 
 
 # Functions whose own thread's CPU is added up per call (inclusive of what they call): "module:attr.attr".
-TIMED = ["flight_overlord.planner.planner:Planner._plan_next", "flight_overlord.planner.calls:call_any", "flight_overlord.journal:Journal.append",
-         "flight_overlord.planner.planner:Planner._snapshot", "flight_overlord.planner.server:PlannerServer.action_plan",
+TIMED = ["flight_overlord.planner.planner:Planner._plan_next", "flight_overlord.planner.calls:call_any",
+         "flight_overlord.journal:Journal.append", "flight_overlord.planner.planner:Planner._snapshot",
+         "flight_overlord.planner.server:PlannerServer.action_plan",
          "flight_overlord.planner.service:wire_view", "flight_overlord.planner.service:step_views",
          "flight_overlord.wire.plan:ConstructorPlan.to_wire", "flight_overlord.planner.planner:plan_step",
          "flight_overlord.wire.server:encode", "flight_overlord.wire.server:decode",

@@ -18,7 +18,7 @@ The same demo text sources are read from three places, in the same run:
    Reported: the trainers' wait for data per step (median, p90) and samples per second over the
    timed steps, each the median over ``--repeats`` runs (the sides interleave).
 
-    .venv/bin/python -m benchmarks.storage.s3_vs_disk                    # defaults: ~5 min on 2 loaded cores
+    .venv/bin/python -m benchmarks.storage.s3_vs_disk  # defaults: ~5 min on 2 loaded cores
     .venv/bin/python -m benchmarks.storage.s3_vs_disk --latency-ms 50 --steps 60 --plot docs/storage.png
 """
 from __future__ import annotations
@@ -131,13 +131,15 @@ def main() -> None:
                     for side, loader in sides.items():
                         run = tmp / f"run-{place}-{side.replace(' ', '_')}-{repeat}"
                         run.mkdir()
+                        sources = [{"name": n, "weight": w, "paths": paths_of(place, where, data_dir, n)}
+                                   for n, w in SOURCES]
                         config = benchlib.write_config(
-                            run / "config.yaml", data_dir,
-                            [{"name": n, "weight": w, "paths": paths_of(place, where, data_dir, n)} for n, w in SOURCES],
+                            run / "config.yaml", data_dir, sources,
                             ranks=2, context_length=4096, microbatches=2, tokens_per_step=args.tokens_per_step, seed=0,
                             run_dir=run / "run", loader=loader, prefetch=args.prefetch)
                         log(f"delivery: {place}, read-ahead {side}, run {repeat + 1}/{args.repeats}")
-                        runs.setdefault((place, side), []).append(deliver(config, args.steps, args.warmup, args.step_ms))
+                        delivered = deliver(config, args.steps, args.warmup, args.step_ms)
+                        runs.setdefault((place, side), []).append(delivered)
             delivery = {key: {k: statistics.median(r[k] for r in results) for k in results[0]}
                         for key, results in runs.items()}
             for (place, side), result in delivery.items():

@@ -34,7 +34,8 @@ class ModelCost:
     def describe(self) -> str:
         return (f"{self.name}: a = 6*{self.params:.3g}/{FLOPS:.3g} = {self.a * 1e6:.1f} us/token, "
                 f"b = 12*{self.layers}*{self.hidden}/{FLOPS:.3g} = {self.b * 1e9:.2f} ns/token^2 "
-                f"(a 32K sequence: {self.seconds([32768]):.1f} s, {self.b * 32768**2 / self.seconds([32768]):.0%} attention)")
+                f"(a 32K sequence: {self.seconds([32768]):.1f} s, "
+                f"{self.b * 32768**2 / self.seconds([32768]):.0%} attention)")
 
 
 LLM = ModelCost("Llama-2-7B backbone", 6.74e9, 32, 4096)
@@ -108,7 +109,8 @@ def hdp_groups(mbs: list[dict], encoder_inputs=None) -> list[float]:
         for g, chunks in zip(mb["seq_cp_size"], ranges):
             held = int((chunks[:, 1] - chunks[:, 0]).sum())
             pairs = float(((chunks[:, 1] - chunks[:, 0]) * ((chunks[:, 0] + chunks[:, 1] - 1) / 2 + 1)).sum())
-            seconds += LLM.a * held + 2 * LLM.b * pairs + CP_PASSES * (g - 1) * held * KV_BYTES_PER_TOKEN / CP_LINK_BYTES_PER_S
+            ring = CP_PASSES * (g - 1) * held * KV_BYTES_PER_TOKEN / CP_LINK_BYTES_PER_S
+            seconds += LLM.a * held + 2 * LLM.b * pairs + ring
         out.append(seconds)
     return out
 

@@ -39,7 +39,7 @@ Most of a run's wall time is starting things (clusters, 8 spawned trainers impor
 DataLoader workers): 6.6 minutes with the defaults measured at a load average of 17-31 (10 at
 30-57, with one scenario fewer); an otherwise idle machine should need about half (an estimate).
 
-    .venv/bin/python -m benchmarks.training.end_to_end                   # defaults: 7 scenarios x 20 steps
+    .venv/bin/python -m benchmarks.training.end_to_end  # defaults: 7 scenarios x 20 steps
     .venv/bin/python -m benchmarks.training.end_to_end --steps 10 --scenarios text-balanced,text-unbalanced
     .venv/bin/python -m benchmarks.training.end_to_end --ranks 16 --data /tmp/bench-data
 
@@ -253,9 +253,10 @@ def report(results: list[Result], args) -> None:
             continue
         first = group[0]
         for r in group[1:]:
-            print(f"- {corpus}: mean step time {r.name} / {first.name} = {r.step_times.mean() / first.step_times.mean():.2f} "
-                  f"(p50: {np.median(r.step_times) / np.median(first.step_times):.2f}); tokens/s {first.name} / {r.name} = "
-                  f"{first.tokens_per_s / r.tokens_per_s:.2f}")
+            print(f"- {corpus}: mean step time {r.name} / {first.name} = "
+                  f"{r.step_times.mean() / first.step_times.mean():.2f} "
+                  f"(p50: {np.median(r.step_times) / np.median(first.step_times):.2f}); "
+                  f"tokens/s {first.name} / {r.name} = {first.tokens_per_s / r.tokens_per_s:.2f}")
     goals = [r for r in results if not r.scenario.colocated and args.prefetch == 2]
     for r in goals:
         met = "met" if r.share(1) < 0.01 else "NOT met"
@@ -336,7 +337,8 @@ def run_workload(args) -> None:
     print_header()
     results = vlm_workload.run(args)
     end_to_end = vlm_cluster.end_to_end(args) if args.cluster_ranks else None
-    vlm_workload.plot(results, args, args.workload_plot or REPO / "docs" / f"vlm_{args.workload}_speedup.png", end_to_end)
+    plot = args.workload_plot or REPO / "docs" / f"vlm_{args.workload}_speedup.png"
+    vlm_workload.plot(results, args, plot, end_to_end)
 
 
 def main(argv=None) -> None:

@@ -61,8 +61,9 @@ SCENARIOS: dict[str, Scenario] = {
                                {"strategy": None, "balance": {"method": "none"}}),
     **{f"text-cp{cp}-{fmt}": static_cp(cp, fmt) for cp in (2, 4) for fmt in ("bshd", "thd")},
     "text-hdp": Scenario("text", "HDP: dynamic CP groups over dp4 x cp2, 16K per rank", hdp_groups,
-                         {"mesh": {"cp": 2}, "strategy": {"file": str(REPO / "configs" / "strategies" / "long_context_hdp.py"),
-                                                          "options": {"max_tokens_per_rank": 16384}}}),
+                         {"mesh": {"cp": 2},
+                          "strategy": {"file": str(REPO / "configs" / "strategies" / "long_context_hdp.py"),
+                                       "options": {"max_tokens_per_rank": 16384}}}),
 }
 DEFAULT_SCENARIOS = ("text-balanced,text-unbalanced,text-colocated,text-colocated-samples,"
                      "vlm-hybrid,vlm-backbone,vlm-unbalanced")

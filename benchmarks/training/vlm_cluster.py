@@ -157,7 +157,8 @@ def report_cluster(results: dict, args) -> None:
                   f"{r.step_times.mean() * 1e3:.0f} | {r.share(1):.1%} | {r.scale:.3g} |")
     print()
     for context in args.contexts:
-        ratio = simulated_tokens_per_s(results[(context, "hybrid")]) / simulated_tokens_per_s(results[(context, "vanilla")])
+        hybrid, vanilla = results[(context, "hybrid")], results[(context, "vanilla")]
+        ratio = simulated_tokens_per_s(hybrid) / simulated_tokens_per_s(vanilla)
         print(f"speedup vs vanilla at {context // 1024}K: {ratio:.2f}x ({args.cluster_ranks} ranks, end to end)")
 
 

@@ -199,7 +199,8 @@ def simulate(workload: str, scenario: str, ranks: int, context: int, microbatche
              fill: float, seed: int, sources: int | None, workdir: Path) -> dict:
     """Run ``steps`` steps; tokens/s of the simulated accelerators, step time over the mean rank's
     and over the floor (``StepLoad.floor``), and the worst microbatch over the mean one."""
-    strategy = make_strategy("vanilla" if scenario == EQUAL_SAMPLES else scenario, ranks, context, microbatches, workdir)
+    placement = "vanilla" if scenario == EQUAL_SAMPLES else scenario
+    strategy = make_strategy(placement, ranks, context, microbatches, workdir)
     stream = SampleStream(workload, context, seed, sources)  # same seed: every scenario sees the same draws
     budget = fill * ranks * microbatches * context
     carried: list[Drawn] = []
@@ -248,10 +249,12 @@ def corpus_stats(workload: str, context: int, seed: int, sources: int | None, n:
     merge = stream.spec.merge_size ** 2
     image_tokens = patches.sum() / merge + 2 * len(patches)
     q = np.percentile(tokens, [50, 90, 99])
-    return (f"sample tokens mean {tokens.mean():.0f}, p50 {q[0]:.0f}, p90 {q[1]:.0f}, p99 {q[2]:.0f}, max {tokens.max()}; "
-            f"{(tokens >= context / 4).mean():.1%} of samples >= context/4 holding {tokens[tokens >= context / 4].sum() / tokens.sum():.0%} "
-            f"of tokens; image tokens {image_tokens / tokens.sum():.0%}; {len(patches) / n:.2f} images per sample, "
-            f"patches per image p50 {np.percentile(patches, 50):.0f}, p99 {np.percentile(patches, 99):.0f}, max {patches.max()}")
+    long = tokens >= context / 4
+    return (f"sample tokens mean {tokens.mean():.0f}, p50 {q[0]:.0f}, p90 {q[1]:.0f}, p99 {q[2]:.0f}, "
+            f"max {tokens.max()}; {long.mean():.1%} of samples >= context/4 holding "
+            f"{tokens[long].sum() / tokens.sum():.0%} of tokens; image tokens {image_tokens / tokens.sum():.0%}; "
+            f"{len(patches) / n:.2f} images per sample, patches per image p50 {np.percentile(patches, 50):.0f}, "
+            f"p99 {np.percentile(patches, 99):.0f}, max {patches.max()}")
 
 
 def cost_ceiling(workload: str, context: int) -> float:
@@ -294,7 +297,8 @@ def report(results: dict, args) -> None:
             print(f"| {context // 1024}K | {ranks} | {r[0]['tokens_per_s']:,.0f} | {r[1]['tokens_per_s']:,.0f} | "
                   f"{r[2]['tokens_per_s']:,.0f} | {speedup(results, context, ranks, 'backbone'):.2f}x | "
                   f"{speedup(results, context, ranks):.2f}x | {PAPER.get(context, math.nan):.2f}x | "
-                  + ", ".join(f"{x['imbalance']:.2f}" for x in r) + f" | {r[2]['over_floor']:.2f} | {r[0]['worst_bin']:.2f} |")
+                  + ", ".join(f"{x['imbalance']:.2f}" for x in r)
+                  + f" | {r[2]['over_floor']:.2f} | {r[0]['worst_bin']:.2f} |")
     if any(k[2] == EQUAL_SAMPLES for k in results):
         print()
         print(f"| context | ranks | {EQUAL_SAMPLES} tokens/s | its max/mean rank time | hybrid / {EQUAL_SAMPLES} |")
@@ -322,7 +326,8 @@ def plot(results: dict, args, path: Path, end_to_end: dict | None = None) -> Non
         return
     fig, ax = plt.subplots(figsize=(8, 4))
     x = np.arange(len(args.contexts))
-    series = [(f"hybrid, {r} ranks (planned)", [speedup(results, c, r) for c in args.contexts]) for r in args.model_ranks]
+    series = [(f"hybrid, {r} ranks (planned)", [speedup(results, c, r) for c in args.contexts])
+              for r in args.model_ranks]
     if end_to_end:
         series.insert(0, (f"hybrid, {args.cluster_ranks} ranks end to end", [end_to_end[c] for c in args.contexts]))
     series.append(("paper (Fig. 13 average)", [PAPER.get(c, math.nan) for c in args.contexts]))
@@ -340,8 +345,9 @@ def plot(results: dict, args, path: Path, end_to_end: dict | None = None) -> Non
 
 
 def add_arguments(p) -> None:
-    """``benchmarks/training/end_to_end.py``'s options for ``--workload``."""
-    g = p.add_argument_group("--workload navit|coyo (the paper's VLM setting, planned in-process; see benchmarks/training/vlm_workload.py)")
+    """The options of ``benchmarks.training.end_to_end`` for ``--workload``."""
+    g = p.add_argument_group("--workload navit|coyo (the paper's VLM setting, planned in-process; "
+                             "see benchmarks/training/vlm_workload.py)")
     g.add_argument("--workload", choices=("navit", "coyo"), help="run the paper's VLM setting instead of --scenarios")
     g.add_argument("--contexts", default=",".join(map(str, CONTEXTS)), help="context lengths (default 4096,8192,16384)")
     g.add_argument("--model-ranks", default="8,64,256", help="simulated data-parallel ranks (default 8,64,256)")

@@ -25,7 +25,8 @@ DEPLOYMENT_SOURCES = (("imagecaps", 0.5, True), ("interleaved", 0.3, True), ("ca
 # ---------------------------------------------------------------------------------------------
 
 def deployment_config(path: Path, data_dir: Path, args, decode_at: str) -> Path:
-    sources = [{"name": name, "weight": weight, **({"text_column": "texts", "image_column": "images"} if image_text else {})}
+    image_columns = {"text_column": "texts", "image_column": "images"}
+    sources = [{"name": name, "weight": weight, **(image_columns if image_text else {})}
                for name, weight, image_text in DEPLOYMENT_SOURCES]
     return write_config(path, data_dir, sources, ranks=args.ranks, context_length=args.context_length,
                         microbatches=args.microbatches, tokens_per_step=args.tokens_per_step, seed=0,

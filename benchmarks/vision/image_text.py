@@ -22,8 +22,8 @@ Two parts, measured in one run on the same demo corpus (``make_demo_data(seed=0,
                    both ends. CPU and PSS per process kind come from psutil over the cluster's
                    child processes.
 
-    .venv/bin/python -m benchmarks.vision.image_text                # defaults: ~1 min on 2 cores
-    .venv/bin/python -m benchmarks.vision.image_text --steps 300    # longer timed phases
+    .venv/bin/python -m benchmarks.vision.image_text              # defaults: ~1 min on 2 cores
+    .venv/bin/python -m benchmarks.vision.image_text --steps 300  # longer timed phases
     .venv/bin/python -m benchmarks.vision.image_text --data /tmp/demo --scale 1.0
 
 The machine is shared: compare the two placements within one run; the notes say how much CPU

@@ -70,7 +70,7 @@ def test_every_scenario_config_is_valid(bt, tmp_path):
     make_long_tail(tmp_path / "data", "longtail_32k", rows=200, max_tokens=32768)
     args = types.SimpleNamespace(ranks=8, prefetch=2)
     for name, scenario in bt.SCENARIOS.items():
-        if scenario.corpus != "text":  # the VLM mix needs the image corpus (benchmarks.vision.image_text's tests cover it)
+        if scenario.corpus != "text":  # the VLM mix needs the image corpus (the vision benchmark's tests cover it)
             continue
         cfg = load_config(bt.overlord_config(args, tmp_path, tmp_path / "data", name, scenario))
         cp = scenario.config.get("mesh", {}).get("cp", 1)

@@ -16,7 +16,7 @@ def vw():
 
 
 def test_draws_are_deterministic_and_cut_like_the_loader(vw):
-    stream, again = vw.SampleStream("navit", 4096, seed=5, sources=20), vw.SampleStream("navit", 4096, seed=5, sources=20)
+    stream, again = (vw.SampleStream("navit", 4096, seed=5, sources=20) for _ in range(2))
     drawn = [stream.draw() for _ in range(400)]
     assert drawn == [again.draw() for _ in range(400)]
     assert drawn != [vw.SampleStream("navit", 4096, seed=6, sources=20).draw() for _ in range(400)]
