@@ -9,12 +9,11 @@ the rank level and the microbatch level, plus the latency of the 4096 x 72 speed
 
 from __future__ import annotations
 
-import argparse
 import platform
 
 import numpy as np
 
-from benchmarks.common.benchlib import command_line, timed_runs
+from benchmarks.common.benchlib import argument_parser, command_line, timed_runs
 from flight_overlord.balance import lower_bound, partition
 
 MICROBATCHES = 8
@@ -113,7 +112,7 @@ def speed_rows(reps: int) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="only DP <= 512")
     args = parser.parse_args()
     dp_sizes = [dp for dp in DP_SIZES if dp <= 512] if args.quick else list(DP_SIZES)

@@ -59,12 +59,16 @@ def save_plot(fig, path: Path) -> None:
 # Header
 # ---------------------------------------------------------------------------------------------
 
-def command_line() -> str:
-    """``$ `` and the command this process runs (the interpreter relative to the cwd): ``-m MODULE``
-    for a benchmark run as a module, where ``sys.argv[0]`` holds the module's file instead."""
+def program() -> list[str]:
+    """What runs this process after the interpreter: ``-m MODULE`` for a benchmark run as a module (where
+    ``sys.argv[0]`` holds the module's file instead), else the script."""
     spec = getattr(sys.modules["__main__"], "__spec__", None)
-    program = ["-m", spec.name] if spec is not None else sys.argv[:1]
-    return "$ " + shlex.join([os.path.relpath(sys.executable), *program, *sys.argv[1:]])
+    return ["-m", spec.name] if spec is not None else sys.argv[:1]
+
+
+def command_line() -> str:
+    """``$ `` and the command this process runs (the interpreter relative to the cwd)."""
+    return "$ " + shlex.join([os.path.relpath(sys.executable), *program(), *sys.argv[1:]])
 
 
 # Runs `python -m MODULE ARGS` with only this checkout's `benchmarks` package registered by its location:
@@ -110,7 +114,7 @@ def print_header(extra: str = "") -> None:
 def argument_parser(doc: str) -> argparse.ArgumentParser:
     """A parser whose description is the first paragraph of the script's docstring, and whose
     --help shows the rest of it as written."""
-    return argparse.ArgumentParser(description=doc.split("\n\n")[0],
+    return argparse.ArgumentParser(prog=shlex.join(["python", *program()]), description=doc.split("\n\n")[0],
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
 
 

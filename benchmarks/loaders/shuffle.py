@@ -19,7 +19,6 @@ Needs the ``peers`` extra (``pip install -e '.[peers]'``: mosaicml-streaming).
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
 import time
@@ -84,7 +83,7 @@ def quality(order: np.ndarray, rows: int, row_groups: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = benchlib.argument_parser(__doc__)
     parser.add_argument("--row-groups", type=int, default=128)
     parser.add_argument("--rows", type=int, default=8192, help="rows per row group (= per Streaming shard)")
     parser.add_argument("--windows", default="1,2,4,8,16")
