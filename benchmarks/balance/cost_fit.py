@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Closed-loop balancing: a cost model fitted from the trainers' timings vs a mis-set one vs the truth.
 
 Simulated ranks (threads, 4 by default) train the long-tail 32K source (most samples short, a few

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Dynamic CP groups (HDP) vs static context parallelism on a long-tail corpus, simulated accelerators.
 
 A pure simulation over the Planner's own code: the same long-tail source (its real Parquet

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """`overlord audit` of a stopped run: one pass over the plan journal vs a lookup per step.
 
 A real run first (`LocalCluster` over the demo corpus, every rank through a TrainerClient for --steps

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """The plan journal per step as the cluster grows: whole plans (before) vs inputs + state + digest (now).
 
 In process, no servers: a real ``Planner`` (journal, snapshots, fsync) over benchmarks/control_plane/plan_time.py's

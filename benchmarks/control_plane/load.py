@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Load: 64 concurrent trainer clients for a fixed time; fetch latency, steps/s, errors, exactly-once, PSS.
 
 A dp=64 mesh over the six text sources of the demo corpus (``make_demo_data(seed=0, scale=--scale)``),

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """How long the Planner takes to plan one step as data parallelism grows, without servers.
 
 Two measurements in the same run, on the same synthetic long-document steps (72 samples per

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Control plane: the Planner's CPU per rank-step with 64 trainer clients, per-step tickets vs rank streams.
 
 The load config of ``benchmarks/control_plane/load.py`` (dp 64, 4 constructors of 16 ranks, six text sources, one

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """The control plane at scale: what N trainer ranks cost one Planner, measured to where this machine
 allows and modelled beyond.
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Steps in flight to a rank: sent by its constructor (and counted served there), not yet yielded to
 the training loop: in gRPC's buffers, in the client's queue, or in its prefetch thread's hand.
 

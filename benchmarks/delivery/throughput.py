@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """What a trainer receives per second, and what each deployment costs in memory.
 
 Three sides, measured in the same run on the same corpus, one process per trainer rank:

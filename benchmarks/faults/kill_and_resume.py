@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Fault tolerance: what a kill -9 of each role costs the trainers, what a full-cluster resume costs,
 and what shadow loaders and checkpointing cost.
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Mixture-driven scaling (loader.scaling): what adding a loader actor costs, and the same run without.
 
 Two parts:

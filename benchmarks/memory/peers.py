@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Memory and samples/s of flight_overlord beside MosaicML Streaming and the colocated DataLoader.
 
 Same corpus (``overlord make-demo-data --sources N``; a run with S sources uses the first S,

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Memory over time: does any role's PSS grow with the step number? (a soak run)
 
 ``overlord up``'s roles (``LocalCluster``: Planner, loader hosts, one Data Constructor per rank)

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Memory of flight_overlord vs the colocated DataLoader as sources and ranks grow, measured, then modelled at
 512 nodes.
 

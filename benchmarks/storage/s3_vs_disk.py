@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Sources on S3 vs local disk: row-group read time, and what trainers wait for with and without read-ahead.
 
 The same demo text sources are read from three places, in the same run:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """End-to-end training throughput with simulated accelerators: balanced vs unbalanced vs colocated.
 
 One process per trainer rank (8 by default) takes each step's microbatches, "computes" each

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Image-text samples: what each transform costs, and what decoding at the constructor saves.
 
 Two parts, measured in one run on the same demo corpus (``make_demo_data(seed=0, scale=--scale)``):
