@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.common.benchlib import module_command
+
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "benchmarks"
 WITHOUT_MATPLOTLIB = ("import runpy, sys; sys.modules['matplotlib'] = None; module = sys.argv[1]; "
@@ -79,3 +81,15 @@ def test_benchmarks_import_as_a_package_only():
     for path in BENCHMARKS.rglob("*.py"):
         text = path.read_text()
         assert not re.search(r"sys\.path\.(insert|append)|^\s*(from|import) tests\b", text, re.M), path
+
+
+def test_a_benchmark_module_under_another_checkout_measures_that_checkouts_code(tmp_path):
+    """``module_command`` (the start-up and plan-time baselines): the benchmark is this checkout's, the
+    ``flight_overlord`` it measures is the one first on the child's path (here a second checkout)."""
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "flight_overlord").symlink_to(REPO / "flight_overlord", target_is_directory=True)
+    command = [*module_command("benchmarks.control_plane.plan_time"), "--one", "8", "greedy", "1", "samples"]
+    out = subprocess.run(command, cwd=other, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1].endswith(f'"package": "{other / "flight_overlord"}"}}')
