@@ -145,7 +145,9 @@ def test_an_actor_view_is_shared_by_threads():
         view = Ownership(catalog, seed=2, source="s", segments=segments).view(1)
         results, threads = {}, []
         for t in range(6):
-            threads.append(threading.Thread(target=lambda t=t: results.__setitem__(t, [view.position(p) for p in wanted])))
+            def look_up(t=t):
+                results[t] = [view.position(p) for p in wanted]
+            threads.append(threading.Thread(target=look_up))
         for th in threads:
             th.start()
         for th in threads:
@@ -158,7 +160,8 @@ def test_positions_follow_the_seeded_read_order():
     for epoch in range(3):
         order = epoch_order(CATALOG, seed=9, source="web", epoch=epoch)
         assert [ownership.row_group(epoch * R + i) for i in range(R)] == order
-        assert [ownership.position(epoch, rg.file, rg.row_group) for rg in order] == list(range(epoch * R, (epoch + 1) * R))
+        positions = [ownership.position(epoch, rg.file, rg.row_group) for rg in order]
+        assert positions == list(range(epoch * R, (epoch + 1) * R))
     with pytest.raises(KeyError, match="not in source"):
         ownership.position(0, "nope.parquet", 0)
 
