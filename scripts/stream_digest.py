@@ -13,9 +13,9 @@ Run it before and after a change and compare the outputs (``diff``): equal lines
 
     python scripts/stream_digest.py --data DIR [--steps 8] [--deployment single_node] [CONFIG ...]
 
-CONFIG names shipped configs (default: demo long_short_4d vlm long_context_hdp). DIR holds the demo corpus (``overlord make-demo-data DIR``, which also writes the image sources)
-and, for ``long_context_hdp``, the long-tail source (``overlord make-demo-data DIR --long-tail
-262144``).
+CONFIG names shipped configs (default: demo long_short_4d vlm long_context_hdp). DIR holds the demo
+corpus (``overlord make-demo-data DIR``, which also writes the image sources) and, for
+``long_context_hdp``, the long-tail source (``overlord make-demo-data DIR --long-tail 262144``).
 """
 from __future__ import annotations
 
