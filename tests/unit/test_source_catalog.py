@@ -34,8 +34,8 @@ def source(tmp_path, monkeypatch):
 
 
 def write(path, *, rows: int, row_group_size: int, column: str = "text") -> None:
-    texts = [f"{path.name} row {i}" for i in range(rows)]
-    pq.write_table(pa.table({column: texts}), path, row_group_size=row_group_size)
+    table = pa.table({column: [f"{path.name} row {i}" for i in range(rows)]})
+    pq.write_table(table, path, row_group_size=row_group_size)
 
 
 @pytest.fixture
