@@ -146,11 +146,13 @@ def validated_env() -> dict[str, str]:
     return {VALIDATED_ENV: json.dumps(_validated)} if _validated else {}
 
 
-def _validated_for_this_start(key: str, files: list[str]) -> SourceCatalog | None:
+def _validated_for_this_start(source: SourceConfig, key: str, files: list[str]) -> SourceCatalog | None:
     """The catalog the process that started this one validated for file list ``key``, if it named one."""
     digest = json.loads(os.environ.get(VALIDATED_ENV) or "{}").get(key)
     catalog = cached_catalog(digest) if digest else None
-    return catalog if catalog is not None and catalog.files == files else None
+    if catalog is None or catalog.files != files or catalog.file_ids != list(source.file_ids):
+        return None
+    return catalog
 
 
 def load_catalog(source: SourceConfig) -> SourceCatalog:
@@ -159,7 +161,7 @@ def load_catalog(source: SourceConfig) -> SourceCatalog:
     ``overlord up`` says so (``validated_env``)."""
     files = [source_files.display(p) for p in source.files]
     key = _list_key(files)
-    catalog = _validated_for_this_start(key, files)
+    catalog = _validated_for_this_start(source, key, files)
     if catalog is None:
         catalog = _validated_now(source, files, key)
         _validated[key] = catalog.digest()
