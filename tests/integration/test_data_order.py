@@ -35,7 +35,8 @@ def stock_read(planner: str, steps: range, ranks: int = RANKS) -> dict[int, list
                 info = client.get_flight_info(fl.FlightDescriptor.for_path("batch", str(step), str(rank)))
                 for endpoint in info.endpoints:
                     table = fl.connect(endpoint.locations[0].uri.decode()).do_get(endpoint.ticket).read_all()
-                    for keys, cu in zip(table.column("sample_keys").to_pylist(), table.column("cu_seqlens").to_pylist()):
+                    columns = table.column("sample_keys").to_pylist(), table.column("cu_seqlens").to_pylist()
+                    for keys, cu in zip(*columns):
                         out[step].extend(zip(keys, np.diff(cu).tolist()))
     finally:
         client.close()

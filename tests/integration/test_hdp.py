@@ -91,7 +91,8 @@ def test_every_token_once_per_domain_on_its_group(hdp_run):
             assert len(parts) == size and hdp.is_pow2(size) and first % size == 0
             assert sorted(p["bucket"] for p in parts) == list(range(first, first + size))
             assert {p["m"] for p in parts} == {parts[0]["m"]} and all(p["bucket"] - first == p["rank"] for p in parts)
-            assert size >= hdp.group_sizes([length], 4, PER_RANK)[0]  # at least its length's group (widen may double it)
+            # at least its length's group (widen may double it)
+            assert size >= hdp.group_sizes([length], 4, PER_RANK)[0]
             # exactly once: the shards' ranges tile the padded sequence, and give back the Parquet text, whole
             assert sum(len(p["ids"]) for p in parts) == slot
             full = reassemble([(p["ids"], p["ranges"]) for p in parts], slot)

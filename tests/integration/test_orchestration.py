@@ -21,7 +21,6 @@ from flight_overlord.wire.server import ClientPool
 
 from ..helpers import WEIGHTS, delivered_keys, each_rank, journal, journal_records, write_config
 
-
 # -- end to end --------------------------------------------------------------------------
 STRATEGY_4D = """
 from flight_overlord.orchestration import linear
@@ -127,7 +126,8 @@ def test_dynamic_mixing_moves_weights_and_replays_from_the_journal(corpus, tmp_p
     lines = journal_records(path)
     plans = {r["step"]: r for r in lines if "step" in r}
     assert plans[0]["weights"] == pytest.approx(WEIGHTS) and "feedback" not in plans[0]
-    assert plans[5]["weights"]["longdocs"] > 2 * plans[5]["weights"]["captions"] * WEIGHTS["longdocs"] / WEIGHTS["captions"]
+    fed_back = plans[5]["weights"]
+    assert fed_back["longdocs"] > 2 * fed_back["captions"] * WEIGHTS["longdocs"] / WEIGHTS["captions"]
     # Replay: the journaled reports alone give every plan's weights again.
     log = FeedbackLog(expected=2)
     for r in lines:
@@ -141,6 +141,7 @@ def test_dynamic_mixing_moves_weights_and_replays_from_the_journal(corpus, tmp_p
 
 def test_dynamic_mixing_rejects_bad_reports(corpus, tmp_path):
     import pyarrow.flight as fl
+
     from flight_overlord import wire
     (tmp_path / "dyn.py").write_text(STRATEGY_DYNAMIC.format(weights=WEIGHTS))
     with LocalCluster(write_config(tmp_path, corpus, strategy="dyn.py")) as cluster:

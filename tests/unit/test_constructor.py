@@ -2,7 +2,6 @@
 plan, loader answers as the loaders send them, and what each rank is handed."""
 from __future__ import annotations
 
-import numpy as np
 import pyarrow as pa
 import pytest
 

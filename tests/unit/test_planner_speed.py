@@ -1,6 +1,6 @@
 """The Planner's fast paths keep its contracts: the mixer's float loop makes the same choices as
 choose/charge, and a step planned over synthetic feeds is the same twice, with stats that match
-its bins. (Speed itself is measured by scripts/bench_planner.py, never asserted here.)"""
+its bins. (Speed itself is measured by benchmarks/control_plane/plan_time.py, never asserted here.)"""
 from __future__ import annotations
 
 import collections

@@ -273,8 +273,10 @@ def test_an_unreadable_note_holds_from_the_failed_read_to_the_next_good_one(tmp_
     for good, size[0] in ((False, 100), (False, 150), (True, 200), (True, 250), (False, 300), (True, 300)):
         answers.append({"num_tokens": np.full(4, 1 if good else -1)})
         watched(0, rg)
+
     def read(epoch, rg):
         return {"num_tokens": np.ones(4, dtype=np.int64)}
+
     for notes in (Unreadable(path), Unreadable(path)):  # as the file holds it
         failed = [o for o in (0, 99, 100, 150, 199, 200, 250, 300, 400)
                   if notes.applied("a", read, o)(0, rg)["num_tokens"][0] < 0]
