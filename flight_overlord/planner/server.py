@@ -26,15 +26,7 @@ from ..config import Config, load_config
 from ..fence import Fence
 from ..fence import claim as claim_fence
 from ..role_process import advertised_host, role_parser, start_metrics
-from ..wire.actions import (
-    MixRequest,
-    PositionRequest,
-    Report,
-    ResumePointRequest,
-    SkipRequest,
-    StatsRequest,
-    plans_message,
-)
+from ..wire import actions
 from ..wire.plan_channel import VIEWS_PER_ANSWER, action_answer, check_descriptor, serve_plans
 from ..wire.schemas import SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
@@ -160,12 +152,12 @@ class PlannerServer(ActionServer):
     def _plans_answer(self, body: dict, views: int):
         if self.fence is not None:  # the stream outlives the call's own check: each message is one
             self.fence.enforce()
-        return self.service.answer(plans_message(body), views)
+        return self.service.answer(actions.plans_message(body), views)
 
     @requires(CLUSTER)
     def action_resume_point(self, body):
         """Where a (re)started constructor begins: the earliest step its ranks are waiting for."""
-        return {"step": self.service.resume_point(ResumePointRequest.from_wire(body).constructor)}
+        return {"step": self.service.resume_point(actions.ResumePointRequest.from_wire(body).constructor)}
 
     # -- trainer feedback --------------------------------------------------------------
     @requires(TRAINER, rank_field="rank")
@@ -174,7 +166,7 @@ class PlannerServer(ActionServer):
         its replica group continue together (``TrainerPositions.rejoin_step``, with what their constructor says
         it served). Records nothing: the rank
         says where it starts when it asks for its stream from there."""
-        rank = PositionRequest.from_wire(body).rank
+        rank = actions.PositionRequest.from_wire(body).rank
         group = self.mesh.replica_group(rank)  # ValueError naming a rank outside the mesh
         served = self.parts.calls.served_steps(self.service.constructor_location(rank))
         step = self.service.rejoin_step(group, served)
@@ -184,7 +176,7 @@ class PlannerServer(ActionServer):
     def action_report(self, body):
         """A trainer's feedback on one step: {"step", "rank", "losses": {source: loss}, "compute_seconds":
         seconds or [per microbatch], "encoder_seconds", "waits"} (losses and/or timings)."""
-        report = Report.from_wire(body)
+        report = actions.Report.from_wire(body)
         self.service.report(report.step, report.rank, report.losses, report.to_wire())
         return {"ok": True}
 
@@ -194,7 +186,7 @@ class PlannerServer(ActionServer):
         """Live reweighting: {"weights": {source: w}, "step": first step (optional, default the first
         one not planned), "only": sources not named weigh 0 (default: they keep theirs), "dry_run"}.
         Journaled; a resume replays it. Answers the weights in force from that step on, and before it."""
-        request = MixRequest.from_wire(body)
+        request = actions.MixRequest.from_wire(body)
         return self.planner.mix(checked_weights(request.weights, [s.name for s in self.cfg.sources]), request.step,
                                 only=request.only, dry_run=request.dry_run)
 
@@ -202,7 +194,7 @@ class PlannerServer(ActionServer):
     def action_skip(self, body):
         """{"first", "last"}: the samples steps first..last would have had are dropped; from step first on
         the steps hold the samples after them (``core/skips.py``). Journaled; a resume replays it."""
-        request = SkipRequest.from_wire(body)
+        request = actions.SkipRequest.from_wire(body)
         return self.planner.skip(request.first, request.last)
 
     @requires(INSPECT)
@@ -219,7 +211,7 @@ class PlannerServer(ActionServer):
     @requires(INSPECT)
     def action_stats(self, body):
         """Per-step plan statistics (mixture, imbalance): {"from": step, "to": step}."""
-        request = StatsRequest.from_wire(body)
+        request = actions.StatsRequest.from_wire(body)
         return self.service.step_stats(request.first, request.last)
 
     def shutdown(self):
