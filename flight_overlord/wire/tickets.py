@@ -134,8 +134,8 @@ STREAM_KINDS = {"rank": "batch", "encoder-rank": "encoder"}  # a stream ticket's
 
 @dataclass(frozen=True)
 class BatchTicket:
-    """A rank's ``batch`` or ``encoder`` table of one step, or (``rank``) its stream of batches from
-    ``step`` on, up to ``end`` (exclusive; None: no end); ``raw`` keeps the signed fields (``exp``,
+    """A rank's ``batch`` or ``encoder`` table of one step (its stream's one-step slice), or (``rank``,
+    ``encoder-rank``) its stream from ``step`` on, up to ``end`` (exclusive; None: no end); ``raw`` keeps the signed fields (``exp``,
     ``sig``) the constructor verifies (``wire.security``)."""
     kind: str
     step: int
@@ -144,6 +144,16 @@ class BatchTicket:
     end: int | None = None
 
     KINDS = ("batch", "encoder", "rank", "encoder-rank")
+
+    @property
+    def streams(self) -> str:
+        """What the ticket's stream carries: "batch" (the rank's microbatches) or "encoder" (its images)."""
+        return STREAM_KINDS.get(self.kind, self.kind)
+
+    @property
+    def end_step(self) -> int | None:
+        """Where its stream ends (exclusive; None: no end): a one-step ticket is the one-step slice."""
+        return self.end if self.kind in STREAM_KINDS else self.step + 1
 
     def to_wire(self) -> dict:
         return {**self.raw, "kind": self.kind, "step": self.step, "rank": self.rank,
