@@ -59,7 +59,7 @@ class TrainerClient:
                  prefetch: int = 2, timeout: float = 300.0, as_tensors: bool = True, encoder: bool = False,
                  token: str | None = None, credentials: Credentials | None = None,
                  device: "str | torch.device | None" = None, pin_memory: bool = False,
-                 system_allocator: bool = True):
+                 system_allocator: bool = False):
         """``num_steps``: how many steps to yield in all, counted from the step of the first
         iteration (None: no end). ``encoder=True`` (strategies with an image graph): each step yields
         ``(microbatches, encoder_inputs)``, the second being the images this rank's vision encoder
@@ -67,11 +67,13 @@ class TrainerClient:
         ``pin_memory``: tensors are copied to page-locked memory (needs an accelerator), so that
         ``device`` (say ``"cuda:0"``) receives them asynchronously; ``device``: where the tensors
         are placed (default: left on the CPU as zero-copy views of the Arrow buffers).
-        ``system_allocator``: this process's default Arrow memory pool becomes the system allocator
-        (mimalloc keeps ~4 MiB of freed pages per trainer; ``$ARROW_DEFAULT_MEMORY_POOL``, where
-        set, wins; False leaves the pool alone). Flight's own reads use the pool chosen as pyarrow
-        loaded: the system allocator when the client loaded it (importing ``flight_overlord.client``
-        before anything else loads pyarrow), unless the variable says otherwise."""
+        ``system_allocator=True``: the host process's default Arrow memory pool, which every pyarrow
+        call of the process allocates from, becomes the system allocator (mimalloc keeps ~4 MiB of freed
+        pages per trainer; ``$ARROW_DEFAULT_MEMORY_POOL``, where set, wins). That is process-wide state,
+        so the client changes it only when asked: by default it leaves the pool as the process chose it.
+        Flight's own reads use the pool Arrow picked as pyarrow loaded: to have them on the system
+        allocator too, call ``flight_overlord.allocator.system_pool_if_first_to_load_pyarrow()`` first
+        thing in the training script (before anything loads pyarrow), or set the variable."""
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch!r}")
         if system_allocator:
