@@ -193,7 +193,7 @@ class PlanService:
         with self.cond:
             if step < self.requested.get(rank, 0) and not self.rewind_pending:
                 self.planner.check_rewind(rank, step)
-            self._trainer_at(step, lambda: self.positions.asked_step(rank, step))
+            self._trainer_at(step, lambda: self.positions.asked(rank, step))
             self._wait_for_plan(step, WAIT_SECONDS)
 
     def stream_asked(self, rank: int, first: int | None) -> tuple[int, str]:
@@ -204,7 +204,7 @@ class PlanService:
             first = self.requested.get(rank, 0) if first is None else first
             if not self.rewind_pending:
                 self.planner.check_rewind(rank, first)
-            self._trainer_at(first, lambda: self.positions.asked_stream(rank, first))
+            self._trainer_at(first, lambda: self.positions.asked(rank, first))
             return first, self.constructor_of(rank)
 
     def constructor_of(self, rank: int) -> str:
