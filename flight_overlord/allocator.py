@@ -115,7 +115,8 @@ def system_pool_if_first_to_load_pyarrow() -> bool:
     """Load pyarrow with Arrow's default pool on the system allocator, its C++ parts (Flight's reads)
     included, when pyarrow is not loaded yet and ``$ARROW_DEFAULT_MEMORY_POOL`` names no pool: what a
     training script calls first thing to have its trainer's Flight reads there (torch does not load
-    pyarrow; the client does, and leaves the pool alone). mimalloc keeps ~4 MiB of freed pages per trainer (docs/methods/memory-peers.md).
+    pyarrow; the client does, and leaves the pool alone). mimalloc keeps ~4 MiB of freed pages per
+    trainer (docs/methods/memory-peers.md).
     The variable is set only while pyarrow loads (Arrow reads it then, once), so the trainer's own
     child processes are left as they were. False where pyarrow was loaded before (its C++ pool is
     fixed: set the variable in the trainer's environment to choose it) or the variable is set."""

@@ -21,8 +21,9 @@ def load_the_client_first_in_trainers() -> None:
     A spawned rank process imports the driver's script again, and with it the harness (pyarrow),
     before its target runs; a training script that wants the system allocator for Flight's reads calls
     ``allocator.system_pool_if_first_to_load_pyarrow`` first thing, before torch and the client (the
-    client leaves the process's pool alone). This does it in the benchmarks' trainer processes; the other sides' rank processes (process names of other sides) and the driver
-    are left as they are. Runs when this module is imported (before pyarrow, by every script here)."""
+    client leaves the process's pool alone). This does it in the benchmarks' trainer processes; the
+    other sides' rank processes (process names of other sides) and the driver are left as they are.
+    Runs when this module is imported (before pyarrow, by every script here)."""
     if mp.current_process().name.startswith(f"{TRAINER_SIDE}-rank"):
         from flight_overlord import allocator
         allocator.system_pool_if_first_to_load_pyarrow()

@@ -23,7 +23,8 @@ DEMO_SEED, DEMO_SCALE = 0, 0.03  # the session's demo corpus (tests/conftest.py)
 WEIGHTS = {"captions": 0.15, "longdocs": 0.25, "code": 0.20, "docstrings": 0.15, "manuals": 0.15, "qa": 0.10}
 
 
-def write_config(directory: pathlib.Path, corpus: pathlib.Path, *, loaders: dict | None = None, **overrides) -> pathlib.Path:
+def write_config(directory: pathlib.Path, corpus: pathlib.Path, *, loaders: dict | None = None,
+                 **overrides) -> pathlib.Path:
     """A small run config over ``corpus``; ``overrides`` replace top-level keys."""
     loaders = loaders or {}
     raw = {

@@ -1,6 +1,7 @@
 """One rank's raw Arrow tables, step by step (``StepFetcher``): a rank stream ticket from the Planner,
 then one long-lived stream at the constructor (a ``do_exchange`` with credits, ``wire/credits.py``, or a
-stock ``do_get``); one step alone is the stream's one-step slice. While it retries it says what it waits for, where and since when
+stock ``do_get``); one step alone is the stream's one-step slice. While it retries it says what it
+waits for, where and since when
 (``WaitLog``); a server's refusal arrives as one line (``wire.server.refusal``).
 """
 from __future__ import annotations

@@ -14,18 +14,20 @@ import os
 import queue
 import threading
 import time
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import pyarrow as pa
 
 from .. import allocator, wire
+from ..wire.actions import PositionRequest, Report
 from ..wire.credits import HEARTBEAT_SECONDS, credit_after
 from ..wire.security import Credentials
-from ..wire.actions import PositionRequest, Report
 from .fetcher import StepFetcher
 from .launcher import PLANNER_ENV, launcher_rank
 from .tensors import TensorPlacement, table_to_encoder_inputs, table_to_microbatches
 
+if TYPE_CHECKING:
+    import torch
 
 
 def in_step(rank: int, batches: Iterator[tuple[int, pa.Table]],

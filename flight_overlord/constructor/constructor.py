@@ -22,9 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..config import Config
-from ..errors import BackgroundFailure
 from ..core.mesh import Delivery
 from ..core.starvation import StageTimeline
+from ..errors import BackgroundFailure
 from ..planner.strategy import Strategy
 from ..waiting import wait_until
 from ..wire.plan import ConstructorPlan
@@ -35,7 +35,7 @@ from .loop import AssemblyLoop, PlanSource, SampleSource
 from .rebuilt import RebuiltSteps
 from .staging import Staging
 
-WAIT_SECONDS = 30.0  # a trainer's do_get waits this long server-side for its step, then asks again
+WAIT_SECONDS = 30.0  # a stream waits this long server-side for its first step, then its client asks again
 
 
 class Constructor:
@@ -303,8 +303,9 @@ class Constructor:
     def status(self) -> ConstructorStatus:
         """Assembly progress, staged steps, and what each rank was served."""
         with self.cond:
-            return ConstructorStatus(self.index, list(self.dp_ranks), self.staging.next_step - 1, self.staging.steps(),
-                                     str(self.failure) if self.failure else None, list(self._bad_samples), self.bytes_fetched,
+            return ConstructorStatus(self.index, list(self.dp_ranks), self.staging.next_step - 1,
+                                     self.staging.steps(), str(self.failure) if self.failure else None,
+                                     list(self._bad_samples), self.bytes_fetched,
                                      {str(r): dict(s) for r, s in sorted(self._served.items())},
                                      waits={str(r): w for r, w in sorted(self.timeline.totals().items())})
 

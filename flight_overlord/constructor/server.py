@@ -25,7 +25,7 @@ from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.credits import CreditReader
 from ..wire.security import INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, ClientPool, location_of, register, serve
-from ..wire.tickets import BatchTicket, Registration
+from ..wire.tickets import STREAM_KINDS, BatchTicket, Registration
 from .constructor import Constructor
 from .deliveries import DeliveryJournal
 from .flight_io import FlightPlanSource, FlightSampleSource
@@ -69,6 +69,8 @@ class ConstructorServer(ActionServer):
         if descriptor.command is None:
             raise ValueError("do_exchange of a constructor takes a rank ticket as the descriptor's command")
         batch = self._redeemed(context, descriptor.command, "do_exchange")
+        if batch.kind not in STREAM_KINDS:  # credits pace a stream that goes on; a one-step ticket is a do_get
+            raise ValueError(f"do_exchange takes a rank stream ticket ({', '.join(STREAM_KINDS)}), not {batch.kind!r}")
         credits = CreditReader(reader, batch.step)
         schema, steps = self.constructor.rank_stream(batch.rank, batch.step, batch.end_step, batch.streams)
         writer.begin(schema)
