@@ -1,6 +1,6 @@
 """The pieces of the trainer's side of failures, without servers (credits: test_credits.py; steps
-built again: test_rebuilt.py): the client's address check, wait log and one-line refusals, the Planner's address kept for a resume, a re-fetch of a released row group, and rewinds
-in the audit."""
+built again: test_rebuilt.py): the client's address check, wait log and one-line refusals, the
+Planner's address kept for a resume, a re-fetch of a released row group, and rewinds in the audit."""
 from __future__ import annotations
 
 import logging
