@@ -108,14 +108,14 @@ def test_it_paces_on_the_streams_positions_and_reports_them_while_it_waits(cfg):
         steps = stream_of(constructor, 0)
         next(steps)  # the stream sent step 0 and waits at step 1
         next(steps)
-        eventually(lambda: plans.reports, "a waiting loop reports the positions")
-        assert plans.reports[-1] == {"0": 1}
-        assembled = constructor.staging.next_step
-        assert assembled == 1 + cfg.prefetch + 1  # steps up to the position + prefetch, no further
+        paced = 1 + cfg.prefetch + 1  # steps up to the position + prefetch are assembled, no further
+        eventually(lambda: constructor.staging.next_step == paced, "the loop assembles up to the pace")
+        eventually(lambda: plans.reports and plans.reports[-1] == {"0": 1}, "a waiting loop reports the positions")
+        assert constructor.staging.next_step == paced
         next(steps)  # the stream moves on: one more step is assembled
-        eventually(lambda: constructor.staging.next_step == assembled + 1, "the loop goes on when the stream moves")
-        time.sleep(0.1)
-        assert constructor.staging.next_step == assembled + 1
+        eventually(lambda: constructor.staging.next_step == paced + 1, "the loop goes on when the stream moves")
+        eventually(lambda: plans.reports[-1] == {"0": 2}, "the loop waits again, reporting the new position")
+        assert constructor.staging.next_step == paced + 1
     finally:
         constructor.stop()
 
