@@ -9,19 +9,19 @@ flat with these settings. So: a fixed mmap threshold, two arenas, and a periodic
 
 Loader hosts (and the one-process node) also run with glibc's per-thread caches (tcache) off. Each
 thread keeps up to 7 freed blocks of each of 64 small sizes for itself; a loader host has ~110 threads
-(two per actor, gRPC's), whose caches filled over thousands of steps: at 96 sources the loader hosts grew
-+7 % from step 2,000 to 20,000 with them, +4-5 % without, and were ~7 MiB smaller at every step
-(docs/methods/memory-peers.md). glibc reads that setting only as a process starts (``$GLIBC_TUNABLES``),
+(two per actor, gRPC's), whose caches fill over thousands of steps: at 96 sources a loader host grows
++7 % from step 2,000 to 20,000 with them, +4-5 % without, and is ~7 MiB smaller at every step without
+them (measured, docs/methods/memory-peers.md). glibc reads that setting only as a process starts (``$GLIBC_TUNABLES``),
 so ``overlord serve loader|node`` runs itself again with it set (``exec``: the same pid and arguments).
 Not under ``--backend ray``: its loader actors start in Ray's workers, so set the variable in the Ray
 cluster's environment there.
 
 Every role process also moves Arrow's default memory pool from mimalloc (or jemalloc) to the system
-allocator: those keep freed pages per thread, which at 96 sources and 8 ranks was ~4 MiB per trainer,
-~10 MiB in a constructor and ~5 MiB in the Planner, for no speed that shows at these sizes
-(docs/methods/memory-peers.md). Arrow reads the choice once, as pyarrow loads: the ``overlord`` command
-sets it for its process tree. A trainer is the user's process, so its pool moves only when the user
-asks: ``system_pool_if_first_to_load_pyarrow`` first thing in the training script, or
+allocator: those keep freed pages per thread, at 96 sources and 8 ranks ~4 MiB per trainer, ~10 MiB
+in a constructor and ~5 MiB in the Planner (measured, docs/methods/memory-peers.md), for no speed that
+shows at these sizes. Arrow reads the choice once, as pyarrow loads: the ``overlord`` command sets it
+for its process tree. A trainer is the user's process, so its pool moves only when the user asks:
+``system_pool_if_first_to_load_pyarrow`` first thing in the training script, or
 ``TrainerClient(system_allocator=True)`` (``use_system_pool``: the Python-level pool only).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The root of this project's errors: ``except OverlordError`` catches every error the package
-raises on purpose, each also a subclass of the builtin it always was (a ``ConfigError`` is still a
-``ValueError``), so existing handlers keep working. The balance package (``core/balance/``) is
+raises on purpose, each also a subclass of the matching builtin (a ``ConfigError`` is a
+``ValueError``), so a handler of the builtin catches it too. The balance package (``core/balance/``) is
 self-contained and keeps its own (``CapacityError``, ``UnknownName``: ValueErrors).
 """
 from __future__ import annotations

@@ -66,7 +66,8 @@ class Fence:
         if holder is not None and holder.get("token") == self._token:
             self._seen = stat  # touched, still ours
             return
-        newer = "nobody" if holder is None else f"generation {holder.get('generation')} (pid {holder.get('pid')} on {holder.get('host')})"
+        newer = ("nobody" if holder is None else
+                 f"generation {holder.get('generation')} (pid {holder.get('pid')} on {holder.get('host')})")
         raise Fenced(f"{self.name} of generation {self.generation} (pid {os.getpid()}) was replaced by {newer}: "
                      f"it serves and journals nothing more")
 
@@ -94,7 +95,8 @@ def claim(run_dir: Path, name: str) -> Fence:
 
 def loader_fence_name(actors: list[tuple[str, int]], replica: int) -> str:
     """A loader process's role: the actors it hosts and which replica of them it is."""
-    name = "loader-" + "+".join(f"{source}-{actor}" for source, actor in actors) + (f"-shadow{replica}" if replica else "")
+    shadow = f"-shadow{replica}" if replica else ""
+    name = "loader-" + "+".join(f"{source}-{actor}" for source, actor in actors) + shadow
     if len(name) <= 120:
         return name
     return f"loader-{hashlib.sha1(name.encode()).hexdigest()[:16]}" + (f"-shadow{replica}" if replica else "")

@@ -16,7 +16,7 @@ clusters, same data and seed, one after another:
 Per step from the start: the step's wall time and simulated step time (the slowest rank's true
 seconds) and the true-cost imbalance (slowest rank / mean rank), printed side by side and plotted
 (``--plot``). Then the attribution: a second source is slowed on purpose
-(``$OVERLORD_SLOW_SOURCES``, its loader sleeps per call) and ``overlord status``'s starvation view
+(``flight_overlord.faults.slow_sources``, its loader sleeps per call) and ``overlord status``'s starvation view
 is printed for that run and for one without the delay.
 
     .venv/bin/python scripts/bench_costfit.py                       # 4 ranks x 60 steps x 3 sides
@@ -84,32 +84,29 @@ def rank_loop(planner: str, rank: int, steps: int, scale: float, barrier: thread
                 out[("end", step)] = time.monotonic()
 
 
-def run_side(side: Side, args, tmp: Path, data_dir: Path, sources: list[dict], env: dict | None = None) -> Side:
+def run_side(side: Side, args, tmp: Path, data_dir: Path, sources: list[dict], slow: dict | None = None) -> Side:
+    """``slow``: source -> seconds its loader sleeps per samples call (``faults.slow_sources``)."""
     from flight_overlord.deploy.launch import LocalCluster
     from flight_overlord.deploy.status import cluster_status
+    from flight_overlord.faults import slow_sources_plugin
     from flight_overlord.journal import read_journal
     slug = re.sub(r"\W+", "-", side.name)
+    plugins = {"plugins": [str(slow_sources_plugin(tmp, tmp / f"run-{slug}", slow))]} if slow else {}
     path = benchlib.write_config(tmp / f"{slug}.yaml", data_dir, sources, ranks=args.ranks,
                                  context_length=32768, microbatches=2, tokens_per_step=int(args.ranks * 2 * 32768 * 0.92),
                                  seed=1234, run_dir=tmp / f"run-{slug}", cost=side.cost,
-                                 balance={"method": "greedy"}, prefetch=2)
-    saved = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
-    try:
-        with LocalCluster(path) as cluster:
-            barrier, out = threading.Barrier(args.ranks), {}
-            threads = [threading.Thread(target=rank_loop, args=(cluster.planner, r, args.steps, args.time_scale,
-                                                                barrier, out, side.cost.get("fit", False)))
-                       for r in range(args.ranks)]
-            started = time.monotonic()
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            side.status = cluster_status(cluster.planner)
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+                                 balance={"method": "greedy"}, prefetch=2, **plugins)
+    with LocalCluster(path) as cluster:
+        barrier, out = threading.Barrier(args.ranks), {}
+        threads = [threading.Thread(target=rank_loop, args=(cluster.planner, r, args.steps, args.time_scale,
+                                                            barrier, out, side.cost.get("fit", False)))
+                   for r in range(args.ranks)]
+        started = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        side.status = cluster_status(cluster.planner)
     ends = [started] + [out[("end", s)] for s in range(args.steps)]
     side.step_wall = list(np.diff(ends))
     for s in range(args.steps):
@@ -225,7 +222,7 @@ def main(argv=None) -> None:
         fitted = {"model": "attention", "a": 1.0, "b": 0.0, "fit": True, "lag": args.lag}
         runs = [run_side(Side("no delay", fitted), short, tmp, data_dir, two),
                 run_side(Side(f"{SHORT} +{args.slow}s", fitted), short, tmp, data_dir, two,
-                         env={"OVERLORD_SLOW_SOURCES": f"{SHORT}={args.slow}"})]
+                         slow={SHORT: args.slow})]
         report_attribution(runs)
         print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 

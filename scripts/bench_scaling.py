@@ -45,10 +45,10 @@ def reshard_logic(rows: int) -> dict:
     boundary = ownership.boundary(cursor, 2)
     ownership.extend(boundary, 3)
     t1 = time.perf_counter()
-    view = ownership.view(2)
+    view = ownership.actor_slots(2)
     local = view.local(next(g for g in range(boundary, boundary + rows) if ownership.owner_at(g) == 2))
     t2 = time.perf_counter()
-    view.position(local + 1)
+    view.global_slot(local + 1)
     t3 = time.perf_counter()
     return {"decision_ms": (t1 - t0) * 1e3, "view_ms": (t2 - t1) * 1e3, "next_ms": (t3 - t2) * 1e3,
             "distance": boundary - cursor}

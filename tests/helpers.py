@@ -1,6 +1,7 @@
 """Helpers shared by the test modules: configs over the test corpus, and reading runs back."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import pathlib
@@ -43,6 +44,19 @@ def write_config(directory: pathlib.Path, corpus: pathlib.Path, *, loaders: dict
     path = directory / "config.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
+
+
+def assert_round_trip(original, make_fresh, advance) -> None:
+    """``state_dict`` is JSON-able; a fresh object loaded with it has the same state, and stays equal
+    to the original through the same further steps."""
+    state = json.loads(json.dumps(original.state_dict()))
+    restored = make_fresh()
+    restored.load_state_dict(state)
+    assert json.loads(json.dumps(restored.state_dict())) == state
+    for _ in range(3):
+        advance(original)
+        advance(restored)
+        assert json.loads(json.dumps(restored.state_dict())) == json.loads(json.dumps(original.state_dict()))
 
 
 ONE_RANK_BATCH = {"context_length": 512, "microbatches": 2, "tokens_per_step": 800}

@@ -21,7 +21,6 @@ from typing import Any
 from ..errors import ConfigError
 from .fields import as_number, check_keys, defaults_of
 
-
 STARTING_LEASES = 10  # a process not yet heard from is hung only after this many leases of silence
 
 

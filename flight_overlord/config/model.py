@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError  # noqa: F401 - re-exported: config.ConfigError is the one of errors.py
 from ..core.mesh import Mesh
 from ..core.run_shape import RunShape
 from ..core.vision import VisionSpec
+from ..errors import ConfigError  # noqa: F401 - re-exported: config.ConfigError is the one of errors.py
 from .fields import defaults_of
 from .liveness import LivenessConfig
 

@@ -6,7 +6,6 @@ because a config is the first thing a user gets wrong.
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -17,13 +16,33 @@ from ..core import balance
 from ..core.context_parallel import CP_FORMATS, CP_SPLITS, chunk_count
 from ..core.cost import COST_MODELS
 from ..core.mesh import Mesh
-from .fields import REQUIRED, as_choice, as_flag, as_int, as_number, check_host, check_keys, defaults_of, join_key
+from .fields import REQUIRED, as_choice, as_flag, as_int, as_number, check_host, check_keys, defaults_of
+from .model import (
+    BalanceConfig,
+    CheckpointConfig,
+    Config,
+    ConfigError,
+    ConstructorConfig,
+    CostConfig,
+    GlobalBatchConfig,
+    LivenessConfig,
+    LoaderConfig,
+    MetricsConfig,
+    NetworkConfig,
+    PartitionBudget,
+    PlannerConfig,
+    RayConfig,
+    ScalingConfig,
+    SecurityConfig,
+    StrategyConfig,
+    TLSConfig,
+    VisionConfig,
+    deployment_defaults,
+)
 from .plugins import import_plugins
-from .sources import parse_sources, relative_path as _path
-from .model import (BalanceConfig, CheckpointConfig, Config, ConfigError, ConstructorConfig, CostConfig, GlobalBatchConfig,
-                    LivenessConfig, LoaderConfig, MetricsConfig, NetworkConfig, PartitionBudget, PlannerConfig, RayConfig,
-                    ScalingConfig, SecurityConfig, StrategyConfig, TLSConfig, VisionConfig, deployment_defaults)
 from .shape import shape_keys
+from .sources import parse_sources
+from .sources import relative_path as _path
 
 MESH_KEYS = {k: v for k, v in defaults_of(Mesh).items() if k != "dp_per_constructor"}  # its own section's
 
@@ -79,8 +98,8 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None, expand_f
     sources = parse_sources(top["sources"], data_root, expand_files=expand_files)
     network = check_keys(top["network"], "network", defaults_of(NetworkConfig))
     balancing = check_keys(top["balance"], "balance", defaults_of(BalanceConfig))
-    loader, constructor = (check_keys(top[k], k, keys) for k, keys in zip(("loader", "constructor"),
-                                                                           deployment_defaults(top["deployment"], top["mesh"])))
+    role_defaults = deployment_defaults(top["deployment"], top["mesh"])
+    loader, constructor = (check_keys(top[k], k, keys) for k, keys in zip(("loader", "constructor"), role_defaults))
     checkpoint = check_keys(top["checkpoint"], "checkpoint", defaults_of(CheckpointConfig))
     dp_per_constructor = as_int(constructor["dp_per_constructor"], "constructor.dp_per_constructor", minimum=1)
     mesh = _parse_mesh(top["mesh"], global_batch.context_length, global_batch.pad_to_multiple, dp_per_constructor)
@@ -102,7 +121,8 @@ def parse_config(raw: Any, *, base_dir: Path, path: Path | None = None, expand_f
                             as_choice(loader["partition"], "loader.partition", ("manual", "auto")),
                             _parse_budget(loader["budget"]),
                             scaling=_parse_scaling(loader["scaling"], [s.name for s in sources]),
-                            sample_level_bytes=as_int(loader["sample_level_bytes"], "loader.sample_level_bytes", minimum=0)),
+                            sample_level_bytes=as_int(loader["sample_level_bytes"], "loader.sample_level_bytes",
+                                                      minimum=0)),
         constructor=ConstructorConfig(dp_per_constructor),
         checkpoint=CheckpointConfig(as_int(checkpoint["every"], "checkpoint.every", minimum=1)),
         pad_token_id=as_int(top["pad_token_id"], "pad_token_id", minimum=0),
@@ -154,7 +174,8 @@ def _parse_scaling(raw: Any, names: list[str]) -> ScalingConfig:
         raise ConfigError(f"loader.scaling.up_threshold: a weight per actor, at most 1, got {up}")
     if down > up / 2:
         raise ConfigError(f"loader.scaling.down_threshold: must be <= up_threshold / 2 = {up / 2} (one more "
-                          f"actor at most halves a source's load: a scale-up must not trigger a scale-down), got {down}")
+                          f"actor at most halves a source's load: a scale-up must not trigger a scale-down), "
+                          f"got {down}")
     sources = f["sources"] or []
     if not isinstance(sources, (list, tuple)):
         raise ConfigError(f"loader.scaling.sources: expected a list of source names, got {sources!r}")
@@ -179,7 +200,8 @@ def _parse_budget(raw: Any) -> PartitionBudget:
 
 def _parse_ray(raw: Any, world_size: int) -> RayConfig:
     f = check_keys(raw, "ray", defaults_of(RayConfig))
-    resources = check_keys(f["loader_resources"], "ray.loader_resources", {k: REQUIRED for k in f["loader_resources"] or {}})
+    resources = check_keys(f["loader_resources"], "ray.loader_resources",
+                           {k: REQUIRED for k in f["loader_resources"] or {}})
     nodes = f["trainer_nodes"] or []
     if not isinstance(nodes, list) or not all(isinstance(n, str) and n.strip() for n in nodes):
         raise ConfigError(f"ray.trainer_nodes: expected a list of node IPs or custom resource names, got {nodes!r}")
@@ -189,8 +211,8 @@ def _parse_ray(raw: Any, world_size: int) -> RayConfig:
     cpus = as_number(f["cpus"], "ray.cpus", minimum=0.0)
     if cpus <= 0:
         raise ConfigError(f"ray.cpus: must be > 0 (a fraction of a CPU per actor), got {cpus}")
-    return RayConfig(cpus, {str(k): as_number(v, f"ray.loader_resources.{k}", minimum=0.0) for k, v in resources.items()},
-                     tuple(nodes))
+    per_actor = {str(k): as_number(v, f"ray.loader_resources.{k}", minimum=0.0) for k, v in resources.items()}
+    return RayConfig(cpus, per_actor, tuple(nodes))
 
 
 def _parse_mesh(raw: Any, context_length: int, pad_to_multiple: int | None, dp_per_constructor: int) -> Mesh:

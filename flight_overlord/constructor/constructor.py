@@ -26,7 +26,7 @@ from ..core.mesh import Delivery
 from ..core.starvation import StageTimeline
 from ..errors import BackgroundFailure
 from ..planner.strategy import Strategy
-from ..waiting import wait_until
+from ..waiting import Waiters
 from ..wire.plan import ConstructorPlan
 from ..wire.status import ConstructorStatus
 from .assembly import build_microbatch, drop_bad, encoder_table, rank_table
@@ -58,6 +58,7 @@ class Constructor:
         self.dp_ranks = self.mesh.dp_ranks_of(index)
         self.ranks = [r for r in range(self.mesh.world_size) if self.mesh.coord(r).dp in self.dp_ranks]
         self.cond = threading.Condition()
+        self.waiters = Waiters()  # this server's blocking takes, bounded
         self.timeline = StageTimeline()  # what this constructor was doing while a rank waited (status)
         self._deliveries: dict[int, Delivery] = {}  # rank -> what it receives; known from the first plan
         self._encoder_axis: str | None = None  # the image graph's axis, if the plans have one
@@ -211,8 +212,8 @@ class Constructor:
             if later:
                 self.cond.wait_for(lambda: self.failure is not None or self.stopping or self.staging.assembled(step))
             else:
-                wait_until(self.cond, lambda: self.failure is not None or self.staging.assembled(step),
-                                WAIT_SECONDS, f"step {step} of rank {rank}")
+                self.waiters.wait_until(self.cond, lambda: self.failure is not None or self.staging.assembled(step),
+                                        WAIT_SECONDS, f"step {step} of rank {rank}")
         finally:
             if since is not None:
                 self.timeline.waited(rank, since, time.monotonic())

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..stateful import Stateful
+
 OUTLIER_MADS = 3.5     # a relative residual this many robust standard deviations out is rejected
 MAD_TO_SIGMA = 1.4826  # MAD of a normal sample x this = its standard deviation
 
@@ -41,7 +43,7 @@ class Fitted:
         return {**asdict(self), "fitted": self.fitted}
 
 
-class CostFit:
+class CostFit(Stateful):
     """Per-step timing reports and the fit they give for a step (pure: no I/O, no clock)."""
 
     def __init__(self, prior_a: float, prior_b: float, *, lag: int, window: int, buckets: int,

@@ -18,8 +18,10 @@ from typing import Mapping
 
 import numpy as np
 
+from ..stateful import Stateful
 
-class Mixer:
+
+class Mixer(Stateful):
     def __init__(self, sources: list[str]):
         self.sources = list(sources)
         self._credit = np.zeros(len(sources))
@@ -81,7 +83,7 @@ class Mixer:
 class MixerRun:
     """One step's draws on plain floats: ``choose()`` -> source index, ``charge(i, amount)``.
 
-    numpy's per-call overhead on a handful of sources was most of the planner's mixing time;
+    numpy's per-call overhead would be most of the planner's mixing time on a handful of sources;
     each operation here is the scalar of Mixer's vector one (credit + w, credit += w * amount,
     credit[i] -= amount), evaluated in the same order on IEEE doubles, so the credits, and
     with them every choice, are bit for bit those of ``choose``/``charge``."""

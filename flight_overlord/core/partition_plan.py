@@ -193,7 +193,8 @@ def render(plan: PartitionPlan, profiles: list[SourceProfile] | None = None) -> 
     lines = [f"partition plan: {sum(s.actors for s in plan.sources)} loader actors for {len(plan.sources)} sources "
              f"on {len(plan.hosts)} loader hosts; budget {plan.budget.cpus:g} CPUs, "
              f"{plan.budget.memory_bytes / GiB:.2f} GiB; read-ahead {plan.read_ahead_row_groups} row groups",
-             "", f"{'source':<16} {'cost':>6} {'us/sample':>9} {'row group MiB':>13} {'actor MiB':>9} {'actors':>6}  why",
+             "", f"{'source':<16} {'cost':>6} {'us/sample':>9} {'row group MiB':>13} {'actor MiB':>9} "
+                 f"{'actors':>6}  why",
              ]
     for s in plan.sources:
         p = prof.get(s.name)
@@ -219,8 +220,8 @@ def single_node_advice(plan: PartitionPlan) -> str:
     process for every role (``deployment: single_node``: the Planner, one loader host for every actor,
     one constructor for every data-parallel rank) when the planned loader buffers fit the memory with it.
     The choice is measured (``scripts/bench_peers.py``, docs/results.md): at 6 and 96 sources, 2 and 8
-    ranks, it was ahead of MosaicML Streaming on samples/s and on memory, and it used the least memory of
-    our deployments; it used about one core, so it suits a node of any core count from one on."""
+    ranks, it is ahead of MosaicML Streaming on samples/s and on memory, and uses the least memory of
+    our deployments; it uses about one core, so it suits a node of any core count from one on."""
     needed = sum(plan.host_bytes) + NODE_BASE_BYTES
     if needed > plan.budget.memory_bytes:
         return (f"single node: the loader buffers and one process ({needed / GiB:.2f} GiB) exceed the memory "

@@ -18,7 +18,8 @@ class RankSet:
             try:
                 span = (int(first), int(last) if dash else int(first))
             except ValueError:
-                raise ValueError(f"{part.strip()!r} is not a rank or a span FIRST-LAST of ranks (e.g. 0-7,12)") from None
+                raise ValueError(f"{part.strip()!r} is not a rank or a span FIRST-LAST of ranks "
+                                 "(e.g. 0-7,12)") from None
             if span[0] < 0 or span[1] < span[0]:
                 raise ValueError(f"{part.strip()!r}: ranks are >= 0 and a span goes from low to high")
             spans.append(span)

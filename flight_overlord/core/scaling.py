@@ -8,14 +8,14 @@ Two pure pieces, both plain numbers to save and restore:
   load below ``down_threshold`` for as many removes one (down to the configured ``loaders``).
   ``down_threshold <= up_threshold / 2`` (checked by the config) means a decision never undoes
   itself at the next interval: one more actor at most halves the load.
-- ``Ownership`` says who owns what. Position ``g`` of a source's global read order is row group
+- ``Ownership`` says who owns what. Slot ``g`` of a source's global read order is row group
   ``g % R`` of epoch ``g // R``'s seeded order (R row groups). Ownership is a list of segments
-  ``[first position, actors]``: from ``first`` on, the row group of catalog index ``i`` belongs to
-  actor ``i % actors``. A reshard appends a segment whose first position lies past everything any
+  ``[first slot, actors]``: from ``first`` on, the row group of catalog index ``i`` belongs to
+  actor ``i % actors``. A reshard appends a segment whose first slot lies past everything any
   current owner may have read ahead (``boundary``), so nothing buffered changes hands: no row group
   is read by two actors, none is skipped, and the read order, a function of the seed alone, is the
-  same for any number of actors. ``ActorView`` numbers the positions one actor owns 0, 1, 2, ...
-  (its local positions, what its journal counts); with one segment this is the actor's old order.
+  same for any number of actors. ``ActorSlots`` numbers the slots one actor owns 0, 1, 2, ...
+  (its local slots, what its journal counts); with one segment this is the actor's static order.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..stateful import Stateful
 from .order import RowGroupRef, stable_hash
 
 
@@ -35,14 +36,14 @@ class ScaleEvent:
     actors: int       # active actors from the boundary on
     previous: int
     load: float       # the interval's mean weight per actor that triggered it
-    boundary: int = -1  # first position of the source's read order owned the new way
+    boundary: int = -1  # first slot of the source's read order owned the new way
 
     def to_dict(self) -> dict:
         return {"step": self.step, "source": self.source, "actors": self.actors, "previous": self.previous,
                 "load": round(self.load, 6), "boundary": self.boundary}
 
 
-class Scaler:
+class Scaler(Stateful):
     def __init__(self, minimum: dict[str, int], *, interval: int, up_threshold: float, down_threshold: float,
                  consecutive: int, max_actors: int | dict[str, int]):
         """``minimum``: each source's configured actors; ``max_actors``: at most, for every source or per
@@ -102,7 +103,7 @@ class Scaler:
 
 
 class Ownership:
-    """Which actor of a source owns each position of its read order (see the module doc)."""
+    """Which actor of a source owns each slot of its read order (see the module doc)."""
 
     def __init__(self, catalog: list[RowGroupRef], *, seed: int, source: str, segments: list):
         if not catalog:
@@ -127,7 +128,7 @@ class Ownership:
 
     def _order(self, epoch: int) -> np.ndarray:
         """The catalog indices in ``epoch``'s seeded order: ``core.order.epoch_order``'s order (the same
-        key), as indices, so owning a position needs no lookup by name."""
+        key), as indices, so owning a slot needs no lookup by name."""
         order = self._orders.get(epoch)
         if order is None:  # (several threads may ask: the result is returned, never re-read)
             c, seed, source = self.catalog, self.seed, self.source
@@ -137,7 +138,7 @@ class Ownership:
             _trim(self._orders, keep=2)
         return order
 
-    def position(self, epoch: int, file: str, row_group: int) -> int:
+    def slot(self, epoch: int, file: str, row_group: int) -> int:
         if self._index is None:
             self._index = {(rg.file, rg.row_group): i for i, rg in enumerate(self.catalog)}
         index = self._index.get((file, row_group))
@@ -151,21 +152,21 @@ class Ownership:
             _trim(self._inverse, keep=2)
         return epoch * self.rows + int(inverse[index])
 
-    def row_group(self, position: int) -> RowGroupRef:
-        epoch, index = divmod(position, self.rows)
+    def row_group(self, slot: int) -> RowGroupRef:
+        epoch, index = divmod(slot, self.rows)
         return self.catalog[int(self._order(epoch)[index])]
 
-    def actors_at(self, position: int) -> int:
-        if position >= self.segments[-1][0]:
+    def actors_at(self, slot: int) -> int:
+        if slot >= self.segments[-1][0]:
             return self.segments[-1][1]
-        return self.segments[bisect.bisect_right([f for f, _ in self.segments], position) - 1][1]
+        return self.segments[bisect.bisect_right([f for f, _ in self.segments], slot) - 1][1]
 
-    def owner_at(self, position: int) -> int:
-        epoch, index = divmod(position, self.rows)
-        return int(self._order(epoch)[index]) % self.actors_at(position)
+    def owner_at(self, slot: int) -> int:
+        epoch, index = divmod(slot, self.rows)
+        return int(self._order(epoch)[index]) % self.actors_at(slot)
 
     def owners_of_epoch(self, epoch: int) -> np.ndarray:
-        """The owner of every position of ``epoch``, at once."""
+        """The owner of every slot of ``epoch``, at once."""
         base = epoch * self.rows
         firsts = np.array([f for f, _ in self.segments], dtype=np.int64)
         actors = np.array([a for _, a in self.segments], dtype=np.int64)
@@ -173,45 +174,45 @@ class Ownership:
         return self._order(epoch) % counts
 
     def owner(self, epoch: int, file: str, row_group: int) -> int:
-        return self.owner_at(self.position(epoch, file, row_group))
+        return self.owner_at(self.slot(epoch, file, row_group))
 
     def boundary(self, cursor: int, read_ahead: int) -> int:
-        """The first position a new segment may start at, when the Planner's feed has asked metadata
-        for every position below ``cursor`` and for none at or past it. An actor reads ahead at most
-        ``read_ahead`` of its own positions past its last demand, so past the first ``read_ahead``
-        positions every owner has at or after ``cursor`` (segments not reached yet included), nothing
+        """The first slot a new segment may start at, when the Planner's feed has asked metadata
+        for every slot below ``cursor`` and for none at or past it. An actor reads ahead at most
+        ``read_ahead`` of its own slots past its last demand, so past the first ``read_ahead``
+        slots every owner has at or after ``cursor`` (segments not reached yet included), nothing
         has been read: ownership may change there."""
         last_first = self.segments[-1][0]
         limit = max(cursor, last_first) + self.rows * read_ahead
         active = min(self.segments[-1][1], self.rows)
         counts: dict[int, int] = {}
         end = cursor
-        position = cursor
-        while position < limit:
-            if position >= last_first and all(counts.get(a, 0) >= read_ahead for a in range(active)):
+        slot = cursor
+        while slot < limit:
+            if slot >= last_first and all(counts.get(a, 0) >= read_ahead for a in range(active)):
                 break
-            owner = self.owner_at(position)
+            owner = self.owner_at(slot)
             if counts.get(owner, 0) < read_ahead:
                 counts[owner] = counts.get(owner, 0) + 1
-                end = position + 1
-            position += 1
+                end = slot + 1
+            slot += 1
         return max(end, last_first + 1)
 
-    def view(self, actor: int) -> "ActorView":
-        return ActorView(self, actor)
+    def actor_slots(self, actor: int) -> "ActorSlots":
+        return ActorSlots(self, actor)
 
     def to_list(self) -> list[list[int]]:
         return [[f, a] for f, a in self.segments]
 
 
-class ActorView:
-    """The positions one actor owns, numbered 0, 1, 2, ... in read order (its local positions)."""
+class ActorSlots:
+    """The slots one actor owns, numbered 0, 1, 2, ... in read order (its local slots)."""
 
     def __init__(self, ownership: Ownership, actor: int):
         self.ownership, self.actor = ownership, actor
         self._owned: dict[int, np.ndarray] = {}  # epoch -> indices in that epoch's order owned by the actor
-        self._prefix = [0]  # local positions before each epoch, epochs up to the last segment's
-        self._lock = threading.RLock()  # an actor's reading and serving threads share its view
+        self._prefix = [0]  # local slots before each epoch, epochs up to the last segment's
+        self._lock = threading.RLock()  # an actor's reading and serving threads share its slots
 
     def _owned_in(self, epoch: int) -> np.ndarray:
         owned = self._owned.get(epoch)
@@ -221,7 +222,7 @@ class ActorView:
         return owned
 
     def _count_in(self, epoch: int) -> int:
-        """Positions of ``epoch`` this actor owns: counted without the epoch's order when one segment
+        """Slots of ``epoch`` this actor owns: counted without the epoch's order when one segment
         covers the whole epoch (only an epoch a boundary falls in needs its order)."""
         o, first = self.ownership, epoch * self.ownership.rows
         actors = o.actors_at(first)
@@ -253,17 +254,17 @@ class ActorView:
     def _steady(self) -> int:
         return self.owned_per_epoch()
 
-    def local(self, position: int) -> int | None:
-        """The local position of global ``position``; None when this actor does not own it."""
-        epoch, index = divmod(position, self.ownership.rows)
+    def local(self, slot: int) -> int | None:
+        """The local slot of global ``slot``; None when this actor does not own it."""
+        epoch, index = divmod(slot, self.ownership.rows)
         owned = self._owned_in(epoch)
         i = int(np.searchsorted(owned, index))
         if i == len(owned) or owned[i] != index:
             return None
         return self._before(epoch) + i
 
-    def position(self, local: int) -> int | None:
-        """The global position of local position ``local``; None past the end (no longer owning)."""
+    def global_slot(self, local: int) -> int | None:
+        """The global slot of local slot ``local``; None past the end (no longer owning)."""
         last = self._last_epoch
         if local >= self._before(last + 1):
             if not self._steady:
@@ -275,9 +276,9 @@ class ActorView:
                 epoch += 1
         return epoch * self.ownership.rows + int(self._owned_in(epoch)[local - self._before(epoch)])
 
-    def first_local_at(self, position: int) -> int:
-        """How many positions below global ``position`` this actor owns."""
-        epoch, index = divmod(position, self.ownership.rows)
+    def first_local_at(self, slot: int) -> int:
+        """How many slots below global ``slot`` this actor owns."""
+        epoch, index = divmod(slot, self.ownership.rows)
         return self._before(epoch) + int(np.searchsorted(self._owned_in(epoch), index))
 
 

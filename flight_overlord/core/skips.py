@@ -8,6 +8,8 @@ Plain state: the windows [first, last] of steps, inclusive, in the order they we
 """
 from __future__ import annotations
 
+from ..stateful import Stateful
+
 
 def parse_window(text: str, where: str) -> tuple[int, int]:
     """``"A:B"`` (or ``"A"``) -> (A, B): steps A to B inclusive; ValueError naming ``where`` otherwise."""
@@ -32,7 +34,7 @@ def window(first: int, last: int, planned_to: int) -> list:
     return [first, last, first if first >= planned_to else None]
 
 
-class StepSkips:
+class StepSkips(Stateful):
     """The windows set, each [first, last, start]: the draws of steps start..last are dropped when step
     ``start`` is planned. ``start`` is ``first``, unless the window was set (in a resumed config) after
     its first steps were planned: then it is None until the re-plan says where the trainers resume

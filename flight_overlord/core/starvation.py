@@ -85,7 +85,7 @@ class TrainerWaits:
         if unknown:
             raise ValueError(f"report: unknown wait {unknown[0]!r} (waits: {', '.join(TRAINER_WAITS)})")
         for name, value in waits.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
                 raise ValueError(f"report: wait {name!r} must be a finite number of seconds >= 0, got {value!r}")
         self._waits.setdefault(rank, deque(maxlen=self.keep)).append({k: float(v) for k, v in waits.items()})
 

@@ -26,7 +26,8 @@ def make_certs(out: str | os.PathLike, *, hosts: tuple[str, ...] = (), days: int
         from cryptography.hazmat.primitives.asymmetric import ec
         from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
     except ImportError:
-        raise ConfigError("overlord certs needs the cryptography package: pip install 'flight_overlord[security]'") from None
+        raise ConfigError("overlord certs needs the cryptography package: "
+                          "pip install 'flight_overlord[security]'") from None
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

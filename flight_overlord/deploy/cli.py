@@ -95,7 +95,8 @@ def _make_demo_data(args) -> None:
             written = (make_navit(out, args.navit, seed=args.seed, **rows) if args.navit is not None
                        else make_coyo(out, seed=args.seed, **rows))
         except ValueError as exc:
-            raise SystemExit(f"error: make-demo-data --{'navit' if args.navit is not None else 'coyo'}: {exc}") from None
+            flag = "navit" if args.navit is not None else "coyo"
+            raise SystemExit(f"error: make-demo-data --{flag}: {exc}") from None
     elif args.sources is not None:
         rows = 2000 if args.rows_per_source is None else args.rows_per_source
         written = make_many_sources(out, args.sources, seed=args.seed, rows_per_source=rows)
@@ -141,6 +142,7 @@ def _add_credential_args(p) -> None:
 def _status(args) -> None:
     import json
     import time
+
     from .status import cluster_status, render
     credentials = _credentials(args)
     while True:
@@ -154,8 +156,8 @@ def _status(args) -> None:
 
 
 def _inspect(args) -> None:
-    from .inspection import inspect_server
     from ..wire.server import refusal
+    from .inspection import inspect_server
     credentials = _credentials(args)
     import pyarrow.flight as fl
     try:
@@ -279,7 +281,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--address", help="with --backend ray: join this Ray cluster (auto, or HOST:PORT); default: "
                    "start a local Ray with this machine's CPUs")
     p.set_defaults(func=_up)
-    p = sub.add_parser("serve", help="run one role: planner | loader | constructor (for manual deployment); node: every role of a 'deployment: single_node' run in this process")
+    p = sub.add_parser("serve", help="run one role: planner | loader | constructor (for manual deployment); "
+                       "node: every role of a 'deployment: single_node' run in this process")
     p.add_argument("role", choices=ROLES)
     p.add_argument("flags", nargs=argparse.REMAINDER, help="the role's flags: overlord serve ROLE --help")
     p.set_defaults(func=_serve)
@@ -293,8 +296,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reprofile", action="store_true", help="measure again even if run_dir holds a valid profile")
     p.set_defaults(func=_partition)
     p = sub.add_parser("make-demo-data", help="write the demo corpus as Parquet")
-    p.add_argument("dir", nargs="?", help=f"a folder, or a pyarrow.fs URI such as s3://bucket/demo?endpoint_override=... "
-                   f"(credentials from the environment); default: ./{DEFAULT_DATA_DIR}, where `overlord demo` reads")
+    p.add_argument("dir", nargs="?", help="a folder, or a pyarrow.fs URI such as "
+                   "s3://bucket/demo?endpoint_override=... (credentials from the environment); "
+                   f"default: ./{DEFAULT_DATA_DIR}, where `overlord demo` reads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scale", type=float, default=1.0)
     p.add_argument("--sources", type=int, default=None, metavar="N",
@@ -317,7 +321,8 @@ def main(argv: list[str] | None = None) -> None:
                        "the config needs if missing; moves a previous demo run in its run_dir aside)")
     p.add_argument("--config", help="default: the shipped demo config (configs/demo.yaml) over --data, into --run-dir")
     p.add_argument("--data", help=f"the shipped config's data_root, made if missing (default: ./{DEFAULT_DATA_DIR})")
-    p.add_argument("--run-dir", help=f"the shipped config's run_dir, logs and config copy (default: ./{DEFAULT_RUN_DIR})")
+    p.add_argument("--run-dir",
+                   help=f"the shipped config's run_dir, logs and config copy (default: ./{DEFAULT_RUN_DIR})")
     p.add_argument("--steps", type=int, default=None)
     p.set_defaults(func=_demo)
     p = sub.add_parser("inspect", help="show what a Flight server offers, with the stock Flight API only")

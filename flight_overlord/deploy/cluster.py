@@ -39,7 +39,8 @@ class Backend(Protocol):
     one_process: bool  # runs a single_node run's roles in one process (``overlord serve node``)
 
     def open(self, cluster: "Cluster") -> int | None:
-        """Before any role: connect to what runs them; the CPUs ``loader.hosts: auto`` may use (None: this machine's)."""
+        """Before any role: connect to what runs them; the CPUs ``loader.hosts: auto`` may use (None: this
+        machine's)."""
 
     def start_role(self, spec: RoleSpec, argv: list[str]): ...
 

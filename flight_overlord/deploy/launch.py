@@ -99,7 +99,8 @@ class Processes:
         extra = []
         if restart and name != STANDBY:  # same address; the Planner keeps the others' registrations
             ready_file.unlink(missing_ok=True)
-            extra = ["--port", child.location.rsplit(":", 1)[1]] + (["--recover"] if child.spec.role in ("planner", NODE) else [])
+            recover = ["--recover"] if child.spec.role in ("planner", NODE) else []
+            extra = ["--port", child.location.rsplit(":", 1)[1], *recover]
         cmd = [sys.executable, "-m", "flight_overlord.deploy.cli", "serve", *child.args, *extra,
                "--config", str(cluster.config_path), "--ready-file", str(ready_file)]
         env = {**os.environ, SECRET_ENV: cluster.secret}  # never on the command line

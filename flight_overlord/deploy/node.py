@@ -46,8 +46,8 @@ def main(argv=None) -> None:
     ports = previous_ports(cfg) if args.recover else {}
     if args.port is not None:
         ports["planner"] = args.port
-    planner, location, _ = _start("planner", [*_flags(args, ports, "planner"), *metrics["planner"],
-                                              *(["--recover"] if args.recover else ["--resume"] if args.resume else [])])
+    restore = ["--recover"] if args.recover else ["--resume"] if args.resume else []
+    planner, location, _ = _start("planner", [*_flags(args, ports, "planner"), *metrics["planner"], *restore])
     hosted = {}
     for spec in specs:
         hosted[spec.name] = _start(spec.role, [*spec.args, *_flags(args, ports, spec.name), *metrics[spec.name],

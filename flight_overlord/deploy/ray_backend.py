@@ -1,7 +1,8 @@
 """The Ray backend: the roles of ``topology.roles(cfg)`` as Ray actors, started by the same
 ``cluster.Cluster`` as the local backend (so ``loader.partition: auto`` plans at start-up here too),
-each hosting the same Flight server as a process of ``LocalCluster`` does, on a fixed port so that Ray's restart of a killed actor comes back on the same
-address and rebuilds from the run's journals (the Planner with ``--recover``).
+each hosting the same Flight server as a process of ``LocalCluster`` does, on a fixed port so that Ray's
+restart of a killed actor comes back on the same address and rebuilds from the run's journals (the Planner
+with ``--recover``).
 
     overlord up --backend ray CONFIG [--address auto|HOST:PORT]
 
@@ -17,8 +18,8 @@ anywhere. The config file, the data (local paths on a shared file system, or URI
 from __future__ import annotations
 
 import importlib
-import os
 import ipaddress
+import os
 import signal
 import socket
 import time

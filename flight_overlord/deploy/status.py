@@ -157,7 +157,7 @@ def render(status: dict) -> str:
         lines.append("scaling: active actors " + " ".join(f"{s}:{n}" for s, n in sorted(scaling["actors"].items())))
         for e in scaling["events"][-5:]:
             lines.append(f"  step {e['step']}: {e['source']} {e['previous']} -> {e['actors']} actors "
-                         f"(weight per actor {e['load']:.3f}; row groups from position {e['boundary']} on)")
+                         f"(weight per actor {e['load']:.3f}; row groups from read-order slot {e['boundary']} on)")
     if totals["down"]:
         lines.append("down: " + ", ".join(totals["down"]))
     return "\n".join(lines) + "\n"

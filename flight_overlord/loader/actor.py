@@ -19,14 +19,14 @@ import pyarrow as pa
 
 from .. import allocator
 from ..core.order import RowGroupRef, stable_hash
-from ..core.scaling import ActorView, Ownership
+from ..core.scaling import ActorSlots, Ownership
 from ..core.vision import ImageError
 from ..journal import Journal, Snapshots, read_journal
 from ..wire.schemas import SAMPLE_METADATA, load_schema
 from ..wire.status import LoaderActorStatus
 from .read_ahead import ReadAheadPool
-from .samples_table import samples_table
 from .row_groups import RowGroupSamples, SourceShare
+from .samples_table import samples_table
 from .state import LoaderState
 
 log = logging.getLogger(__name__)
@@ -34,10 +34,10 @@ log = logging.getLogger(__name__)
 # way): the newest few, bounded in count and bytes per actor so 100s of actors stay small.
 SERVED_KEPT, SERVED_BYTES = 8, 2 * 1024 * 1024
 # Read a row group ahead of its demand once this share of the asked-for row groups' rows is served
-# (_draining): every other position at once, the others near the end, which comes first set by the actor
+# (_draining): every other slot at once, the others near the end, which comes first set by the actor
 # (``read_ahead_phase``). Not one share for all: every actor starts at the start of a row group, in
-# phase, and a row group lasts thousands of steps at 96 sources, so with one share the buffer filled
-# slowly to its long-run size over ~10,000 steps (docs/methods/memory-peers.md, "Over time").
+# phase, and a row group lasts thousands of steps at 96 sources, so with one share every buffer would
+# reach its long-run size together, only after ~10,000 steps (docs/methods/memory-peers.md, "Over time").
 READ_AHEAD_AT = (0.0, 0.9)
 
 
@@ -54,54 +54,55 @@ class LoaderActor:
         self.sample_level_bytes = sample_level_bytes  # text row groups of more token bytes: counts only (0: never)
         self.checkpoint_every = checkpoint_every
         # shadows write this actor's journal too (loader.shadows): follow it. Alone, it writes every record
-        # itself; re-reading it 5 times a second per actor was ~6 MiB of churned heap over 2 hosts at 96 sources
+        # itself and never re-reads it: reading it 5 times a second per actor would only churn the heap
         self.replicated = replicated
         self.phase = read_ahead_phase(share.source.name, share.actor)
         self.state = LoaderState()
-        self._buffer: dict[int, RowGroupSamples] = {}  # position -> read, transformed row group
+        self._buffer: dict[int, RowGroupSamples] = {}  # slot -> read, transformed row group
         self._cond = threading.Condition()
         self._reading: set[int] = set()
-        self._fatal: dict[int, str] = {}  # positions whose bad image must stop the run
+        self._fatal: dict[int, str] = {}  # slots whose bad image must stop the run
         self._served: collections.OrderedDict[tuple[int, int, str], pa.Table] = collections.OrderedDict()
-        self._view: ActorView | None = None  # the positions this actor owns (core/scaling), per the segments
+        self._slots: ActorSlots | None = None  # the slots this actor owns (core/scaling), per the segments
         self._served_bytes = 0  # of the tables in _served
         self._bytes_served = 0
         self._failed_reads = 0  # row groups skipped as unreadable (status, metrics)
         self._recent_failed_reads: list[str] = []  # the last few: "FILE row group G: error"
         self._stopping = False
+        self.run_dir = run_dir
         directory = run_dir / "loaders" / f"{share.source.name}-{share.actor}"
         self._journal = Journal(directory / "journal.jsonl")
         self._snapshots = Snapshots(directory, "state", keep=2)  # a loader only ever restores its latest
         self._followed = 0  # journal offset folded in so far
         self._since_snapshot = 0
         self._snapshot_due: tuple[int, dict] | None = None  # (journal offset, snapshot) for the pool to write
-        self._ahead_at = 0  # the next position the read-ahead considers
+        self._ahead_at = 0  # the next slot the read-ahead considers
         self._owns_pool = pool is None
         self._pool = pool or ReadAheadPool(workers=1)
-        self._restore()  # builds the ownership view from the restored segments (first _follow)
+        self._restore()  # builds the slots it owns from the restored segments (first _follow)
         self._sync_ownership()
         self._pool.add(self)
 
-    # -- this actor's order: its positions of the source's read order, numbered 0, 1, 2, ... ----------
-    # (with the configured actors only, position p is row group p % n of epoch p // n of its own order;
+    # -- this actor's order: its slots of the source's read order, numbered 0, 1, 2, ... ----------
+    # (with the configured actors only, slot p is row group p % n of epoch p // n of its own order;
     # a live reshard, ``loader.scaling``, appends ownership segments: see core/scaling.py)
     def _sync_ownership(self) -> None:
-        """Follow the journaled segments: a new view of what this actor owns after a reshard."""
+        """Follow the journaled segments: the slots this actor owns, anew after a reshard."""
         segments = self.state.segments or [[0, self.share.source.loaders]]
-        if self._view is not None and len(segments) == len(self._view.ownership.segments):
+        if self._slots is not None and len(segments) == len(self._slots.ownership.segments):
             return
-        view = Ownership(self.share.catalog, seed=self.seed, source=self.share.source.name,
-                         segments=segments).view(self.share.actor)
-        if self._view is not None:  # nothing read at or past the new segment may change hands (the Planner's
-            first = view.first_local_at(segments[-1][0])  # boundary guarantees it); drop it if it did
+        owned = Ownership(self.share.catalog, seed=self.seed, source=self.share.source.name,
+                          segments=segments).actor_slots(self.share.actor)
+        if self._slots is not None:  # nothing read at or past the new segment may change hands (the Planner's
+            first = owned.first_local_at(segments[-1][0])  # boundary guarantees it); drop it if it did
             dropped = [p for p in self._buffer if p >= first]
             for p in dropped:
                 del self._buffer[p]
             if dropped or self.state.demanded >= first:
-                log.error("loader %s: reshard at position %d behind this actor's reads (local %d, demanded %d)",
+                log.error("loader %s: reshard at slot %d behind this actor's reads (local %d, demanded %d)",
                           self.name, segments[-1][0], first, self.state.demanded)
             log.info("loader %s: resharded: segments %s", self.name, segments)
-        self._view = view
+        self._slots = owned
 
     def reshard(self, segments: list) -> None:
         """The Planner's ownership segments of this source (journaled, so replicas and restarts follow)."""
@@ -113,16 +114,16 @@ class LoaderActor:
                 raise ValueError(f"reshard of loader {self.name}: segments {segments} do not extend {known}")
             self._record({"segments": [[int(f), int(a)] for f, a in segments]})
 
-    def _at(self, position: int) -> RowGroupRef | None:
-        """The row group at local ``position``; None past the end (a reclaimed actor owns no more)."""
-        g = self._view.position(position)
-        return None if g is None else self._view.ownership.row_group(g)
+    def _at(self, slot: int) -> RowGroupRef | None:
+        """The row group at local ``slot``; None past the end (a reclaimed actor owns no more)."""
+        g = self._slots.global_slot(slot)
+        return None if g is None else self._slots.ownership.row_group(g)
 
-    def position(self, epoch: int, file: str, row_group: int) -> int:
+    def slot(self, epoch: int, file: str, row_group: int) -> int:
         for attempt in range(2):
-            position = self._view.local(self._view.ownership.position(epoch, file, row_group))
-            if position is not None:
-                return position
+            slot = self._slots.local(self._slots.ownership.slot(epoch, file, row_group))
+            if slot is not None:
+                return slot
             if attempt == 0:  # a reshard another replica journaled may not be folded in yet
                 with self._cond:
                     self._follow()
@@ -136,7 +137,7 @@ class LoaderActor:
             self._followed = snapshot[1]["journal_offset"]
         self._follow()
         if snapshot is not None or self._followed:
-            log.info("loader %s restored: demanded %d, %d positions released", self.name, self.state.demanded,
+            log.info("loader %s restored: demanded %d, %d slots released", self.name, self.state.demanded,
                      self.state.released_below + len(self.state.released))
 
     def _record(self, record: dict) -> None:
@@ -163,23 +164,23 @@ class LoaderActor:
             if not self._stopping:
                 self._follow()
 
-    def _release_emptied(self, positions) -> None:
-        for position in positions:
-            buffered = self._buffer.get(position)
+    def _release_emptied(self, slots) -> None:
+        for slot in slots:
+            buffered = self._buffer.get(slot)
             if buffered is None:
                 continue
-            buffered.remaining[list(self.state.popped.get(position, ()))] = False
+            buffered.remaining[list(self.state.popped.get(slot, ()))] = False
             if not buffered.remaining.any():
-                del self._buffer[position]
+                del self._buffer[slot]
                 allocator.trim_now_and_then()  # the freed row group goes back to the system
-                if not self.state.is_released(position):
-                    self._journal.append({"release": position})
-                    self.state.release(position)
+                if not self.state.is_released(slot):
+                    self._journal.append({"release": slot})
+                    self.state.release(slot)
 
     def _maybe_snapshot(self) -> None:
         """Every ``checkpoint_every`` fetches, the state as of the journal's end, taken now and written by
-        the read-ahead pool, off the fetch's path: at 96 sources two actors a step snapshot, and their
-        files were a quarter of a samples call. A crash before it is written replays more of the journal."""
+        the read-ahead pool, off the fetch's path: at 96 sources two actors a step snapshot, and writing
+        their files would be a quarter of a samples call. A crash before it is written replays more of the journal."""
         self._since_snapshot += 1
         if self._since_snapshot >= self.checkpoint_every:
             self._since_snapshot = 0
@@ -199,36 +200,36 @@ class LoaderActor:
         the buffer allows it now. True: it may allow another now; False: wait to be poked (``_record``)."""
         self._write_due_snapshot()
         with self._cond:
-            position = self._next_to_read(self._ahead_at)
-            if self._stopping or not (position <= self.state.demanded + self.read_ahead and self._under_byte_bound()
-                                      and self._draining(position)):
+            slot = self._next_to_read(self._ahead_at)
+            if self._stopping or not (slot <= self.state.demanded + self.read_ahead and self._under_byte_bound()
+                                      and self._draining(slot)):
                 return False
             # read ahead of the furthest demand only: what lies behind it is read when asked for,
             # so a far demand (a bad request, or a jump) never makes this read everything between
-            if self._at(position) is None:  # past all this actor owns (reclaimed, or idle): until a reshard
+            if self._at(slot) is None:  # past all this actor owns (reclaimed, or idle): until a reshard
                 return False
-            skip = self.state.is_released(position) or position in self._buffer
-            self._ahead_at = position + 1
+            skip = self.state.is_released(slot) or slot in self._buffer
+            self._ahead_at = slot + 1
         if not skip:
-            self._ensure(position)
+            self._ensure(slot)
         return True
 
-    def _next_to_read(self, position: int) -> int:
-        return max(position, self.state.released_below, self.state.demanded + 1)
+    def _next_to_read(self, slot: int) -> int:
+        return max(slot, self.state.released_below, self.state.demanded + 1)
 
-    def read_ahead_at(self, position: int) -> float:
-        """The share of the asked-for rows served before ``position`` is read ahead (``READ_AHEAD_AT``)."""
-        return READ_AHEAD_AT[(position + self.phase) % 2]
+    def read_ahead_at(self, slot: int) -> float:
+        """The share of the asked-for rows served before ``slot`` is read ahead (``READ_AHEAD_AT``)."""
+        return READ_AHEAD_AT[(slot + self.phase) % 2]
 
-    def _draining(self, position: int) -> bool:
-        """Read ``position`` ahead once ``read_ahead_at(position)`` of the rows of the row groups the
+    def _draining(self, slot: int) -> bool:
+        """Read ``slot`` ahead once ``read_ahead_at(slot)`` of the rows of the row groups the
         Planner has asked for are served, not always as soon as it asks: a row group lasts many steps
-        where a step takes a few rows of each of many sources, and the row groups read ahead were half
-        of such a loader's buffer (docs/methods/memory-peers.md). Half the positions are read at once,
+        where a step takes a few rows of each of many sources, and row groups read at once would be half
+        of such a loader's buffer (docs/methods/memory-peers.md). Half the slots are read at once,
         the others when 90 % are served: about as much held ahead as with one share of 0.5, but from
-        the first step on, as it no longer depends on how far into its row group an actor is (every
+        the first step on, as it does not depend on how far into its row group an actor is (every
         actor starts at one's start). Nothing asked for yet (start-up): at once."""
-        share = self.read_ahead_at(position)
+        share = self.read_ahead_at(slot)
         if share == 0:  # no need to count the buffer's rows (under the lock, at every wake-up)
             return True
         rows = served = 0
@@ -243,29 +244,29 @@ class LoaderActor:
         the Planner asks for is always read; only the reading ahead of its demand waits)."""
         return not self.read_ahead_bytes or sum(b.nbytes for b in self._buffer.values()) < self.read_ahead_bytes
 
-    def _ensure(self, position: int) -> RowGroupSamples:
-        """The row group at ``position``: from the buffer, or read now. A released one (every row
+    def _ensure(self, slot: int) -> RowGroupSamples:
+        """The row group at ``slot``: from the buffer, or read now. A released one (every row
         served before) is read again for a retried or replayed request, and not kept."""
         with self._cond:
-            self._cond.wait_for(lambda: position not in self._reading)
-            if position in self._buffer:
-                return self._buffer[position]
-            self._reading.add(position)
+            self._cond.wait_for(lambda: slot not in self._reading)
+            if slot in self._buffer:
+                return self._buffer[slot]
+            self._reading.add(slot)
         try:
-            samples = self._read(position)
+            samples = self._read(slot)
         finally:
             with self._cond:
-                self._reading.discard(position)
+                self._reading.discard(slot)
                 self._cond.notify_all()
         with self._cond:
-            if not self.state.is_released(position):
-                samples.remaining[list(self.state.popped.get(position, ()))] = False
-                self._buffer[position] = samples
-                self._release_emptied([position])
+            if not self.state.is_released(slot):
+                samples.remaining[list(self.state.popped.get(slot, ()))] = False
+                self._buffer[slot] = samples
+                self._release_emptied([slot])
         return samples
 
-    def _read(self, position: int) -> RowGroupSamples:
-        rg = self._at(position)
+    def _read(self, slot: int) -> RowGroupSamples:
+        rg = self._at(slot)
         try:
             samples = self.share.read(rg)
             if (self.sample_level_bytes and samples.images is None and samples.loss_mask is None and not samples.failed
@@ -274,7 +275,7 @@ class LoaderActor:
             return samples
         except ImageError as exc:  # vision.on_bad_image: fail -> whoever asks for this row group gets the error
             log.error("source %s: %s; the run stops (vision.on_bad_image: fail)", self.share.source.name, exc)
-            self._fatal[position] = str(exc)
+            self._fatal[slot] = str(exc)
         except Exception as exc:  # a corrupt row group must not kill the loader: skip it, loudly
             log.error("source %s: cannot read %s row group %d: %s; its %d samples are skipped",
                       self.share.source.name, rg.file, rg.row_group, exc, rg.num_rows)
@@ -284,10 +285,10 @@ class LoaderActor:
                                              f"{rg.file} row group {rg.row_group}: {type(exc).__name__}: {exc}"[:300]]
         return RowGroupSamples.failed_read(self.share.source.name, rg)
 
-    def _checked(self, position: int) -> RowGroupSamples:
-        samples = self._ensure(position)
-        if position in self._fatal:
-            raise RuntimeError(self._fatal[position])
+    def _checked(self, slot: int) -> RowGroupSamples:
+        samples = self._ensure(slot)
+        if slot in self._fatal:
+            raise RuntimeError(self._fatal[slot])
         return samples
 
     # -- requests ----------------------------------------------------------------------
@@ -296,11 +297,11 @@ class LoaderActor:
         ``segments``: the source's ownership after a live reshard (the Planner sends them along)."""
         if segments:
             self.reshard(segments)
-        position = self.position(epoch, file, row_group)
+        slot = self.slot(epoch, file, row_group)
         with self._cond:
-            if position > self.state.demanded:
-                self._record({"demand": position})
-        return pa.Table.from_batches([self._checked(position).metadata()]).cast(load_schema(SAMPLE_METADATA))
+            if slot > self.state.demanded:
+                self._record({"demand": slot})
+        return pa.Table.from_batches([self._checked(slot).metadata()]).cast(load_schema(SAMPLE_METADATA))
 
     def samples(self, step: int, constructor: int, wanted: list[list]) -> pa.Table:
         """The named samples, in order; their pop is journaled (idempotent, so a retry is harmless)."""
@@ -326,13 +327,13 @@ class LoaderActor:
         for epoch, file, row_group, row, *rest in wanted:
             group = groups.get((epoch, file, row_group))
             if group is None:
-                position = self.position(epoch, file, row_group)
-                group = groups[(epoch, file, row_group)] = (position, self._checked(position))
-            position, buffered = group
+                slot = self.slot(epoch, file, row_group)
+                group = groups[(epoch, file, row_group)] = (slot, self._checked(slot))
+            slot, buffered = group
             if not 0 <= row < len(buffered.keys) or (buffered.bad is not None and buffered.bad[row]) or buffered.failed:
                 raise KeyError(f"sample {[epoch, file, row_group, row]} is not servable by loader {self.name}")
             parts.append((buffered, row))
-            rows.append([position, row, rest[0] if rest else 1])
+            rows.append([slot, row, rest[0] if rest else 1])
         with self._cond:
             self._record({"fetch": step, "constructor": constructor, "rows": rows})
             self._maybe_snapshot()
@@ -357,7 +358,7 @@ class LoaderActor:
         with self._cond:
             return LoaderActorStatus(
                 source=self.share.source.name, actor=self.share.actor,
-                row_groups_owned=self._view.owned_per_epoch(), segments=self._view.ownership.to_list(),
+                row_groups_owned=self._slots.owned_per_epoch(), segments=self._slots.ownership.to_list(),
                 buffered_row_groups=len(self._buffer),
                 buffered_samples=int(sum(b.remaining.sum() for b in self._buffer.values())),
                 buffered_bytes=int(sum(b.nbytes for b in self._buffer.values())),
@@ -378,5 +379,5 @@ class LoaderActor:
 
 def read_ahead_phase(source: str, actor: int) -> int:
     """0 or 1, a function of the actor alone (no random state, the same in every replica and restart):
-    which positions it reads ahead at once (``READ_AHEAD_AT``); over many actors, about half of each."""
+    which slots it reads ahead at once (``READ_AHEAD_AT``); over many actors, about half of each."""
     return stable_hash(source, actor) & 1

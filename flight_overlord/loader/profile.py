@@ -22,8 +22,8 @@ from pathlib import Path
 from .. import formats
 from ..config import Config, ConfigError
 from ..core.order import epoch_order
-from ..core.partition_plan import (GiB, Budget, PartitionPlan, SourceProfile, plan_partition, render,
-                                   single_node_advice)
+from ..core.partition_plan import Budget, GiB, PartitionPlan, SourceProfile, plan_partition, render, single_node_advice
+from ..journal import write_text_atomic
 from .row_groups import SourceShare, read_catalog
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,8 @@ def fingerprint(cfg: Config) -> str:
                 sizes.append(-1)
         transform = (s.transform.name, s.transform.options) if s.transform else (None, None)
         parts.append([s.name, list(s.file_ids), sizes, *transform, s.text_column, s.image_column,
-                      *([s.format, s.tokens_column, s.loss_mask_column] if s.tokens_column or s.format != "auto" else [])])
+                      *([s.format, s.tokens_column, s.loss_mask_column]
+                        if s.tokens_column or s.format != "auto" else [])])
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -95,7 +96,8 @@ def load_or_profile(cfg: Config, *, reprofile: bool = False) -> tuple[list[Sourc
     if path.exists() and not reprofile:
         try:
             saved = json.loads(path.read_text())
-            if saved.get("fingerprint") == fp and [p["name"] for p in saved["sources"]] == [s.name for s in cfg.sources]:
+            same_sources = [p["name"] for p in saved["sources"]] == [s.name for s in cfg.sources]
+            if saved.get("fingerprint") == fp and same_sources:
                 return [SourceProfile(**p) for p in saved["sources"]], True
         except (ValueError, KeyError, TypeError):
             log.warning("partition: %s is unreadable; profiling again", path)
@@ -151,7 +153,5 @@ def read_plan(cfg: Config) -> PartitionPlan | None:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    tmp.replace(path)
+    """Indented and sorted: an operator reads these files."""
+    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True))

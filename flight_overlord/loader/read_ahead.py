@@ -17,13 +17,13 @@ log = logging.getLogger(__name__)
 FOLLOW_SECONDS = 0.2  # how often a replica folds in what the others journaled
 # Worker threads per loader process: a row group's read spends most of its time in Arrow's decode and
 # decompression (GIL released), so two let one read while the other takes its turn at the GIL. Not tuned
-# further: with two, the reads were not what a step waited for at 96 sources (docs/methods/node-cores.md).
+# further: with two, the reads are not what a step waits for at 96 sources (docs/methods/node-cores.md).
 WORKERS = 2
 
 
 class ReadAheadPool:
     """Worker threads that run the poked actors' ``read_ahead_once`` in turn; an actor is queued at most
-    once and worked on by one worker at a time (its read-ahead position is its own)."""
+    once and worked on by one worker at a time (its read-ahead slot is its own)."""
 
     def __init__(self, workers: int = WORKERS):
         self._cond = threading.Condition()

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import formats, source_files
+from .. import formats
 from ..config import ConfigError, SourceConfig, VisionConfig
 from ..core.order import RowGroupRef, owned_row_groups, sample_key
 from ..core.vision import ImageError

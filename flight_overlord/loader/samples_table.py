@@ -13,10 +13,10 @@ def samples_table(parts: list[tuple[RowGroupSamples, int]]) -> pa.Table:
     per column, then one reorder. Every call is an Arrow kernel (no Python per row): a loader process
     builds one table for the samples of all its actors (a step of 96 sources: ~100 rows, ~30 row groups)."""
     groups: dict[int, tuple[RowGroupSamples, list[int], list[int]]] = {}
-    for position, (buffered, row) in enumerate(parts):
-        _, rows, positions = groups.setdefault(id(buffered), (buffered, [], []))
+    for place, (buffered, row) in enumerate(parts):
+        _, rows, places = groups.setdefault(id(buffered), (buffered, [], []))
         rows.append(row)
-        positions.append(position)
+        places.append(place)
     schema = load_schema(SAMPLES)
     if not groups:
         return schema.empty_table()
@@ -24,7 +24,7 @@ def samples_table(parts: list[tuple[RowGroupSamples, int]]) -> pa.Table:
     keys, tokens, images, grids, masks, order = [], [], [], [], [], []
     text_only = all(buffered.images is None and buffered.grids is None for buffered, _, _ in groups.values())
     unmasked = all(buffered.loss_mask is None for buffered, _, _ in groups.values())
-    for buffered, rows, positions in groups.values():
+    for buffered, rows, places in groups.values():
         indices = pa.array(rows, pa.int32())
         keys.append(buffered.keys.array(indices))
         taken = buffered.tokens_of(indices)
@@ -34,7 +34,7 @@ def samples_table(parts: list[tuple[RowGroupSamples, int]]) -> pa.Table:
             grids.append(_taken(buffered.grids, indices, pa.int32()))
         if not unmasked:
             masks.append(_taken(buffered.loss_mask, indices, pa.uint8()))
-        order.extend(positions)
+        order.extend(places)
     table = pa.table({
         "key": pa.concat_arrays(keys),
         "tokens": pa.concat_arrays(tokens),

@@ -16,14 +16,12 @@ hosts one actor). Three kinds of ``do_get`` ticket:
 
 ``metadata`` and ``samples`` are internal calls: they need the run's cluster secret. A ``samples``
 answer's schema metadata ``serve_seconds`` says how long this process spent on each source's share
-(starvation attribution, ``core/starvation.py``). ``$OVERLORD_SLOW_SOURCES`` (``"SOURCE=SECONDS,..."``)
-slows the named sources' ``samples`` calls on purpose: fault injection for tests and benchmarks.
+(starvation attribution, ``core/starvation.py``; ``faults.slow_sources`` slows a source on purpose).
 """
 from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 
 import pyarrow as pa
@@ -31,7 +29,8 @@ import pyarrow.flight as fl
 
 from .. import allocator, wire
 from ..config import load_config
-from ..fence import claim as claim_fence, loader_fence_name
+from ..fence import claim as claim_fence
+from ..fence import loader_fence_name
 from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire.schemas import SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, Security, requires
@@ -40,26 +39,13 @@ from ..wire.status import LoaderStatus
 from ..wire.tickets import BufferTicket, MetadataTicket, Registration, Reshard, SamplesTicket
 from .actor import LoaderActor
 from .read_ahead import ReadAheadPool
-from .samples_table import samples_table
 from .row_groups import SourceShare
+from .samples_table import samples_table
 
 log = logging.getLogger(__name__)
 
 
 TICKET_ROLES = {"metadata": CLUSTER, "samples": CLUSTER, "buffer": INSPECT}
-SLOW_SOURCES_ENV = "OVERLORD_SLOW_SOURCES"
-
-
-def slow_sources(text: str | None) -> dict[str, float]:
-    """``"qa=0.2,code=0.05"`` -> {"qa": 0.2, "code": 0.05}: the seconds each samples call of a source sleeps."""
-    delays = {}
-    for item in filter(None, (x.strip() for x in (text or "").split(","))):
-        source, _, seconds = item.partition("=")
-        try:
-            delays[source.strip()] = float(seconds)
-        except ValueError:
-            raise SystemExit(f"${SLOW_SOURCES_ENV}: {item!r} is not SOURCE=SECONDS") from None
-    return delays
 
 
 class LoaderServer(ActionServer):
@@ -69,7 +55,6 @@ class LoaderServer(ActionServer):
         # state first: Flight may accept calls during super().__init__
         self.actors = {(a.share.source.name, a.share.actor): a for a in actors}
         self._pool = pool
-        self._delays = slow_sources(os.environ.get(SLOW_SOURCES_ENV))
         super().__init__(host, port, security)
 
     def _actor(self, source: str | None, actor: int | None) -> LoaderActor:
@@ -97,7 +82,8 @@ class LoaderServer(ActionServer):
             return fl.RecordBatchStream(self._samples(samples.step, samples.constructor, samples.parts))
         if kind == "buffer":  # one actor's buffer (the Planner's source endpoints), or every hosted actor's
             buffer = BufferTicket.from_wire(request)
-            actors = [self._actor(buffer.source, buffer.actor)] if buffer.source is not None else list(self.actors.values())
+            actors = ([self._actor(buffer.source, buffer.actor)] if buffer.source is not None
+                      else list(self.actors.values()))
             return fl.RecordBatchStream(pa.concat_tables([a.buffer_metadata() for a in actors]))
         raise ValueError(f"malformed ticket: unknown kind {kind!r} (loader tickets: 'metadata', 'samples', 'buffer')")
 
@@ -108,14 +94,12 @@ class LoaderServer(ActionServer):
         if len(parts) == 1:  # one actor: its own answer, kept for a retry
             part = parts[0]
             actor, start = self._actor(part.source, part.actor), time.monotonic()
-            self._slowed(actor)
             table = actor.samples(step, constructor, [list(s) for s in part.samples])
             seconds = {actor.share.source.name: time.monotonic() - start}
         else:
             picked, seconds = [], {}
             for part in parts:
                 actor, start = self._actor(part.source, part.actor), time.monotonic()
-                self._slowed(actor)
                 picked.append((actor, actor.pick(step, constructor, [list(s) for s in part.samples])))
                 source = actor.share.source.name
                 seconds[source] = seconds.get(source, 0.0) + time.monotonic() - start
@@ -126,12 +110,6 @@ class LoaderServer(ActionServer):
                 first += len(rows)
         return table.replace_schema_metadata({**(table.schema.metadata or {}),
                                               b"serve_seconds": json.dumps(seconds).encode()})
-
-    def _slowed(self, actor: LoaderActor) -> None:
-        """``$OVERLORD_SLOW_SOURCES``: this actor's source made slow on purpose."""
-        delay = self._delays.get(actor.share.source.name)
-        if delay:
-            time.sleep(delay)
 
     def list_flights(self, context, criteria):
         self.authorize(context, INSPECT, "list_flights")

@@ -1,6 +1,6 @@
 """A loader actor's state, without I/O: how far the Planner has asked, and what has been popped.
 
-Positions number this actor's infinite read order (position p is row group p % n of epoch p // n).
+Slots number this actor's infinite read order (slot p is row group p % n of epoch p // n).
 Changes arrive as records (``demand``, ``fetch``) that are appended to the actor's journal and
 applied here; applying is idempotent, so the active loader, its restart and its shadows all fold
 the same journal into the same state (the paper's differential checkpointing: a snapshot every
@@ -8,27 +8,29 @@ so often, the journal in between).
 """
 from __future__ import annotations
 
+from ..stateful import Stateful
 
-class LoaderState:
+
+class LoaderState(Stateful):
     def __init__(self):
-        self.demanded = -1                       # furthest position the Planner asked metadata for
-        self.popped: dict[int, set[int]] = {}    # position -> rows served to every constructor that needs them
-        self.partial: dict[tuple[int, int], set[int]] = {}  # (position, row) -> constructors that have it
-        self.released_below = 0                  # every position below this was served whole
-        self.released: set[int] = set()          # positions at or above released_below served whole
+        self.demanded = -1                       # furthest slot the Planner asked metadata for
+        self.popped: dict[int, set[int]] = {}    # slot -> rows served to every constructor that needs them
+        self.partial: dict[tuple[int, int], set[int]] = {}  # (slot, row) -> constructors that have it
+        self.released_below = 0                  # every slot below this was served whole
+        self.released: set[int] = set()          # slots at or above released_below served whole
         self.segments: list[list[int]] = []      # the source's ownership segments, when resharded (core/scaling)
 
     def apply(self, record: dict) -> list[int]:
-        """Fold one journal record in; returns the positions whose popped rows changed."""
+        """Fold one journal record in; returns the slots whose popped rows changed."""
         if "demand" in record:
             self.demanded = max(self.demanded, int(record["demand"]))
             return []
         if "fetch" in record:
             constructor = int(record["constructor"])
             touched = set()
-            for position, row, consumers in record["rows"]:
-                if self._fetched(int(position), int(row), int(consumers), constructor):
-                    touched.add(int(position))
+            for slot, row, consumers in record["rows"]:
+                if self._fetched(int(slot), int(row), int(consumers), constructor):
+                    touched.add(int(slot))
             return sorted(touched)
         if "release" in record:
             self.release(int(record["release"]))
@@ -39,33 +41,33 @@ class LoaderState:
             return []
         raise ValueError(f"unknown loader journal record {sorted(record)}")
 
-    def _fetched(self, position: int, row: int, consumers: int, constructor: int) -> bool:
+    def _fetched(self, slot: int, row: int, consumers: int, constructor: int) -> bool:
         """A constructor has a sample; it is popped once every constructor that needs it has it. A
-        released position's rows were all popped: a step built again for a rank that went back changes nothing."""
-        if self.is_released(position):
+        released slot's rows were all popped: a step built again for a rank that went back changes nothing."""
+        if self.is_released(slot):
             return False
         if consumers > 1:
-            have = self.partial.setdefault((position, row), set())
+            have = self.partial.setdefault((slot, row), set())
             have.add(constructor)
             if len(have) < consumers:
                 return False
-            del self.partial[(position, row)]
-        self.popped.setdefault(position, set()).add(row)
+            del self.partial[(slot, row)]
+        self.popped.setdefault(slot, set()).add(row)
         return True
 
-    def release(self, position: int) -> None:
-        """Every servable row of ``position`` is popped: forget it (its buffer is dropped). Idempotent:
+    def release(self, slot: int) -> None:
+        """Every servable row of ``slot`` is popped: forget it (its buffer is dropped). Idempotent:
         a replica folds its own release records in again when it follows the journal."""
-        self.popped.pop(position, None)
-        if position < self.released_below:
+        self.popped.pop(slot, None)
+        if slot < self.released_below:
             return
-        self.released.add(position)
+        self.released.add(slot)
         while self.released_below in self.released:
             self.released.discard(self.released_below)
             self.released_below += 1
 
-    def is_released(self, position: int) -> bool:
-        return position < self.released_below or position in self.released
+    def is_released(self, slot: int) -> bool:
+        return slot < self.released_below or slot in self.released
 
     def state_dict(self) -> dict:
         return {"demanded": self.demanded,

@@ -15,7 +15,7 @@ from .. import wire
 from ..config import Config
 from ..errors import BackgroundFailure, Busy, WaitTimedOut
 from ..journal import write_json_atomic
-from ..waiting import wait_until
+from ..waiting import Waiters
 from ..core.mixing import shares
 from ..core.positions import TrainerPositions, checked_positions
 from ..core.starvation import TrainerWaits
@@ -46,6 +46,7 @@ class PlanService:
         self.planner = planner
         self.mesh = planner.mesh
         self.cond = threading.Condition()
+        self.waiters = Waiters()  # this server's blocking calls, bounded
         # on the same lock: what a request waiting for a plan wakes on (a plan published, a failure, the
         # stop), not every position report, each of which wakes the planning thread
         self._published = threading.Condition(self.cond)
@@ -181,8 +182,8 @@ class PlanService:
         """Until ``step`` is planned, and its views made (a constructor's ask then finds them), and every role
         registered (a restarted Planner re-derives journaled steps with the loaders' metadata)."""
         ready = lambda: self._published_step(step) and self.planner.registry.complete()  # noqa: E731
-        wait_until(self._published, lambda: self.failure is not None or self.stopping or ready(),
-                   timeout, f"the plan of step {step}")
+        self.waiters.wait_until(self._published, lambda: self.failure is not None or self.stopping or ready(),
+                                timeout, f"the plan of step {step}")
         if self.failure:
             raise BackgroundFailure(str(self.failure), self.failure.cause)
 
@@ -210,7 +211,8 @@ class PlanService:
     def constructor_of(self, rank: int) -> str:
         """(Held lock.) Where the rank's constructor is, once registered (a restarted Planner answers first)."""
         index, constructors = self.mesh.constructor_of(self.mesh.coord(rank).dp), self.planner.registry.constructors
-        wait_until(self.cond, lambda: index in constructors or self.stopping, WAIT_SECONDS, f"constructor {index}")
+        self.waiters.wait_until(self.cond, lambda: index in constructors or self.stopping, WAIT_SECONDS,
+                                f"constructor {index}")
         return constructors[index]
 
     def stream_starts(self) -> list[tuple[int, int, str]]:
@@ -295,8 +297,9 @@ class PlanService:
         if self._published_step(step) or not planning:
             return
         try:
-            wait_until(self._published, lambda: self.failure is not None or self.stopping or self._published_step(step),
-                       NEXT_VIEW_SECONDS, f"the plan of step {step}")
+            self.waiters.wait_until(self._published,
+                                    lambda: self.failure is not None or self.stopping or self._published_step(step),
+                                    NEXT_VIEW_SECONDS, f"the plan of step {step}")
         except (WaitTimedOut, Busy):
             pass  # planning takes longer than that (or the server is full of waiting calls): the answer goes without it
 
@@ -329,12 +332,12 @@ class PlanService:
         self._check_constructor(constructor, "resume_point")
         ranks = self.ranks_of(constructor)
         with self.cond:  # a stream rank's reported position may be ahead of what reached its trainer
-            wait_until(self.cond, lambda: self.positions.settled(ranks), WAIT_SECONDS,
-                            f"the stream ranks of constructor {constructor} to say where they resume")
+            self.waiters.wait_until(self.cond, lambda: self.positions.settled(ranks), WAIT_SECONDS,
+                                    f"the stream ranks of constructor {constructor} to say where they resume")
             if not self.resumed and not all(r in self.requested for r in ranks):
                 return min([self.requested.get(r, 0) for r in ranks])
-            wait_until(self.cond, lambda: all(r in self.requested for r in ranks), WAIT_SECONDS,
-                            f"the ranks of constructor {constructor} to say where they resume")
+            self.waiters.wait_until(self.cond, lambda: all(r in self.requested for r in ranks), WAIT_SECONDS,
+                                    f"the ranks of constructor {constructor} to say where they resume")
             return min(self.requested[r] for r in ranks)
 
     def _check_constructor(self, constructor: int, what: str) -> None:

@@ -2,8 +2,9 @@
 
 Tickets and action bodies are small JSON objects, so any stock Flight client can read
 them; the tickets for a rank's data carry the Planner's signature (``wire/security.py``), so
-nobody can forge or alter them, and who may send what is checked per role. Bad requests raise ``ValueError`` (the client sees ``ArrowInvalid``)
-or ``KeyError`` (``ArrowKeyError``) with a message naming what is wrong; the server
+nobody can forge or alter them, and who may send what is checked per role. Bad requests raise
+``ValueError`` (the client sees ``ArrowInvalid``) or ``KeyError`` (``ArrowKeyError``) with a message
+naming what is wrong; the server
 stays up because pyarrow turns handler exceptions into error statuses.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 from typing import Any
 
 import pyarrow.flight as fl
+
 
 def encode(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
@@ -29,7 +31,8 @@ def decode(raw: bytes, what: str) -> dict:
     except RecursionError:
         raise ValueError(f"malformed {what}: JSON nested too deep") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"malformed {what}: not a JSON object ({exc.msg if hasattr(exc, 'msg') else exc}): {raw[:80]!r}") from None
+        why = exc.msg if hasattr(exc, "msg") else exc
+        raise ValueError(f"malformed {what}: not a JSON object ({why}): {raw[:80]!r}") from None
     if not isinstance(obj, dict):
         raise ValueError(f"malformed {what}: expected a JSON object, got {type(obj).__name__}")
     return obj

@@ -195,7 +195,8 @@ class Security:
         if not cluster_secret or len(cluster_secret) < MIN_TOKEN_CHARS:
             raise SecurityError(f"the cluster secret needs at least {MIN_TOKEN_CHARS} characters")
         self._secret = cluster_secret.encode()
-        self._trainer = tuple((t.encode(), None) if isinstance(t, str) else (t[0].encode(), t[1]) for t in trainer_tokens)
+        self._trainer = tuple((t.encode(), None) if isinstance(t, str) else (t[0].encode(), t[1])
+                              for t in trainer_tokens)
         self._inspect = inspect_token.encode() if inspect_token else None
         self._ticket_key = hmac.new(self._secret, b"flight_overlord ticket v1", hashlib.sha256).digest()
         self.tls = tls
@@ -217,11 +218,14 @@ class Security:
             secret, _ = cluster_secret(cfg)
         trainer = (read_trainer_tokens(sec.trainer_tokens_file, cfg.mesh.world_size)
                    if sec.trainer_tokens_file else ())
-        inspect = read_tokens(sec.inspect_token_file, "security.inspect_token_file")[0] if sec.inspect_token_file else None
+        inspect = (read_tokens(sec.inspect_token_file, "security.inspect_token_file")[0]
+                   if sec.inspect_token_file else None)
         tls = None
         if sec.tls.on:
-            tls = TLSMaterial(read_secret_file(sec.tls.cert, "security.tls.cert"), read_secret_file(sec.tls.key, "security.tls.key"),
-                              read_secret_file(sec.tls.ca, "security.tls.ca") if sec.tls.ca else None, sec.tls.verify_client)
+            tls = TLSMaterial(read_secret_file(sec.tls.cert, "security.tls.cert"),
+                              read_secret_file(sec.tls.key, "security.tls.key"),
+                              read_secret_file(sec.tls.ca, "security.tls.ca") if sec.tls.ca else None,
+                              sec.tls.verify_client)
         return cls(secret, trainer_tokens=tuple(trainer), inspect_token=inspect, tls=tls,
                    ticket_ttl=sec.ticket_ttl_seconds)
 

@@ -101,7 +101,8 @@ class ActionServer(fl.FlightServerBase):
         self.security.authorize(context.get_middleware(MIDDLEWARE_KEY), needed, what, rank=rank)
 
     def _actions(self) -> list[tuple[str, Callable]]:
-        return [(name[len("action_"):], getattr(self, name)) for name in sorted(dir(self)) if name.startswith("action_")]
+        return [(name[len("action_"):], getattr(self, name)) for name in sorted(dir(self))
+                if name.startswith("action_")]
 
     def list_actions(self, context):
         self.authorize(context, INSPECT, "list_actions")
@@ -215,7 +216,7 @@ def serve(server: fl.FlightServerBase, location: str, ready_file: str | None, *,
         try:
             for one in (*reversed(hosted), server):
                 one.shutdown()
-        except BaseException as exc:  # raised below, in the main thread, as it was without the bound
+        except BaseException as exc:  # raised below, in the main thread, as an unbounded shutdown raises it
             failed.append(exc)
     stopping = threading.Thread(target=shut_down, name="shutdown", daemon=True)
     stopping.start()

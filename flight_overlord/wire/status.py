@@ -45,7 +45,8 @@ class PlannerStatus(_Status):
     trainer_waits: dict[str, dict] = field(default_factory=dict)  # rank -> reported ticket/fetch/starved seconds
     trainer_losses: dict[str, dict] = field(default_factory=dict)  # rank -> {"step", "loss"}: its last overall loss
     mixture: dict = field(default_factory=dict)  # {"weights": in force, "pending": [{"step", "weights"}], "skips"}
-    plan_answers: dict[str, int] = field(default_factory=dict)  # views in an answer -> plans-stream answers with so many
+    # plans in an answer -> plans-stream answers with so many
+    plan_answers: dict[str, int] = field(default_factory=dict)
 
     def to_wire(self) -> dict:
         out = asdict(self)

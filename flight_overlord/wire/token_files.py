@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..errors import ConfigError
 from ..core.ranks import RankSet
+from ..errors import ConfigError
 
 MIN_TOKEN_CHARS = 16
 

@@ -1,4 +1,4 @@
-"""Starvation attribution end to end: one source's loader slowed on purpose ($OVERLORD_SLOW_SOURCES);
+"""Starvation attribution end to end: one source's loader slowed on purpose (``faults.slow_sources``);
 the ranks' data waits are charged to that source's loader fetch in ``overlord status``. The
 attribution logic alone: tests/unit/test_starvation.py."""
 from __future__ import annotations
@@ -10,16 +10,16 @@ from flight_overlord import wire
 from flight_overlord.client import TrainerClient
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.deploy.status import cluster_status, render
-from flight_overlord.loader.server import SLOW_SOURCES_ENV
+from flight_overlord.faults import slow_sources_plugin
 
 from ..helpers import each_rank, write_config
 
 SLOW, STEPS = "captions", 6  # short samples: every step, every rank has some
 
 
-def test_a_slowed_source_is_named_as_the_cause_of_the_wait(corpus, tmp_path, monkeypatch):
-    monkeypatch.setenv(SLOW_SOURCES_ENV, f"{SLOW}=0.4")  # every roles' process inherits it; only loaders read it
-    path = write_config(tmp_path, corpus)
+def test_a_slowed_source_is_named_as_the_cause_of_the_wait(corpus, tmp_path):
+    slowed = slow_sources_plugin(tmp_path, tmp_path / "run", {SLOW: 0.4})  # every role's process imports it
+    path = write_config(tmp_path, corpus, plugins=[str(slowed)])
 
     def train(planner, rank):  # a fast training loop: it waits for data every step
         with TrainerClient(planner, rank, num_steps=STEPS, timeout=60) as client:

@@ -76,36 +76,36 @@ def test_one_segment_is_the_static_partition():
         ownership = Ownership(CATALOG, seed=3, source="web", segments=[[0, actors]])
         for a in range(actors):
             mine = owned_row_groups(CATALOG, a, actors)
-            view = ownership.view(a)
+            view = ownership.actor_slots(a)
             expected = [rg for e in range(3) for rg in epoch_order(mine, seed=3, source="web", epoch=e)]
-            got = [ownership.row_group(view.position(p)) for p in range(3 * len(mine))]
+            got = [ownership.row_group(view.global_slot(p)) for p in range(3 * len(mine))]
             assert got == expected
 
 
-def views_partition_the_order(ownership: Ownership, actors: int, positions: int) -> None:
-    views = [ownership.view(a) for a in range(actors)]
-    for g in range(positions):
+def views_partition_the_order(ownership: Ownership, actors: int, slots: int) -> None:
+    views = [ownership.actor_slots(a) for a in range(actors)]
+    for g in range(slots):
         owner = ownership.owner_at(g)
         for a, v in enumerate(views):
             local = v.local(g)
             assert (local is not None) == (a == owner)
             if local is not None:
-                assert v.position(local) == g
+                assert v.global_slot(local) == g
 
 
 @pytest.mark.parametrize("cursor, read_ahead", [(0, 2), (7, 2), (22, 1), (29, 3)])
 def test_a_reshard_starts_past_every_read_ahead_and_keeps_what_was_read(cursor, read_ahead):
     ownership = Ownership(CATALOG, seed=5, source="code", segments=[[0, 2]])
-    old = [ownership.view(a) for a in range(3)]
-    # what each actor may have read: its positions up to its demand (every position below the cursor
+    old = [ownership.actor_slots(a) for a in range(3)]
+    # what each actor may have read: its slots up to its demand (every slot below the cursor
     # the feed asked for) plus read_ahead more
-    read = {a: [v.position(p) for p in range(v.first_local_at(cursor) + read_ahead) if v.position(p) is not None]
+    read = {a: [v.global_slot(p) for p in range(v.first_local_at(cursor) + read_ahead) if v.global_slot(p) is not None]
             for a, v in enumerate(old)}
     boundary = ownership.boundary(cursor, read_ahead)
-    assert all(g < boundary for positions in read.values() for g in positions)
-    assert boundary - 1 in {g for positions in read.values() for g in positions} or boundary == cursor
+    assert all(g < boundary for slots in read.values() for g in slots)
+    assert boundary - 1 in {g for slots in read.values() for g in slots} or boundary == cursor
     ownership.extend(boundary, 3)
-    new = [ownership.view(a) for a in range(3)]
+    new = [ownership.actor_slots(a) for a in range(3)]
     for a in range(3):  # what was read keeps its owner and its local number
         for g in read[a]:
             assert new[a].local(g) == old[a].local(g)
@@ -113,15 +113,15 @@ def test_a_reshard_starts_past_every_read_ahead_and_keeps_what_was_read(cursor, 
     assert {ownership.owner_at(g) for g in range(boundary, boundary + R)} == {0, 1, 2}
 
 
-def test_scale_down_ends_the_reclaimed_actors_positions():
+def test_scale_down_ends_the_reclaimed_actors_slots():
     ownership = Ownership(CATALOG, seed=5, source="code", segments=[[0, 2]])
     boundary = ownership.boundary(18, 2)
     ownership.extend(boundary, 1)
     views_partition_the_order(ownership, 2, 5 * R)
-    reclaimed = ownership.view(1)
+    reclaimed = ownership.actor_slots(1)
     last = reclaimed.first_local_at(boundary)
-    assert reclaimed.position(last - 1) < boundary and reclaimed.position(last) is None
-    assert reclaimed.owned_per_epoch() == 0 and ownership.view(0).owned_per_epoch() == R
+    assert reclaimed.global_slot(last - 1) < boundary and reclaimed.global_slot(last) is None
+    assert reclaimed.owned_per_epoch() == 0 and ownership.actor_slots(0).owned_per_epoch() == R
 
 
 def test_up_then_down_then_up_again():
@@ -138,14 +138,15 @@ def test_an_actor_view_is_shared_by_threads():
     import threading
     catalog = [RowGroupRef("f.parquet", g, 1) for g in range(1500)]
     segments = [[0, 2], [2000, 3], [3500, 2]]
-    expected = Ownership(catalog, seed=2, source="s", segments=segments).view(1)
+    expected = Ownership(catalog, seed=2, source="s", segments=segments).actor_slots(1)
     wanted = list(range(0, 4500, 11))
-    truth = [expected.position(p) for p in wanted]
+    truth = [expected.global_slot(p) for p in wanted]
     for _ in range(3):
-        view = Ownership(catalog, seed=2, source="s", segments=segments).view(1)
+        view = Ownership(catalog, seed=2, source="s", segments=segments).actor_slots(1)
         results, threads = {}, []
         for t in range(6):
-            threads.append(threading.Thread(target=lambda t=t: results.__setitem__(t, [view.position(p) for p in wanted])))
+            threads.append(threading.Thread(
+                target=lambda t=t: results.__setitem__(t, [view.global_slot(p) for p in wanted])))
         for th in threads:
             th.start()
         for th in threads:
@@ -153,65 +154,14 @@ def test_an_actor_view_is_shared_by_threads():
         assert all(r == truth for r in results.values())
 
 
-def test_positions_follow_the_seeded_read_order():
+def test_slots_follow_the_seeded_read_order():
     ownership = Ownership(CATALOG, seed=9, source="web", segments=[[0, 1]])
     for epoch in range(3):
         order = epoch_order(CATALOG, seed=9, source="web", epoch=epoch)
         assert [ownership.row_group(epoch * R + i) for i in range(R)] == order
-        assert [ownership.position(epoch, rg.file, rg.row_group) for rg in order] == list(range(epoch * R, (epoch + 1) * R))
+        assert [ownership.slot(epoch, rg.file, rg.row_group) for rg in order] == list(range(epoch * R, (epoch + 1) * R))
     with pytest.raises(KeyError, match="not in source"):
-        ownership.position(0, "nope.parquet", 0)
-
-
-def test_a_loader_actor_takes_over_after_a_reshard_and_restores_it(tmp_path):
-    """Two actors of a real Parquet source, the second idle until a reshard: it serves what it owns
-    from the boundary on (and nothing else), journals the segments, and a restart of it restores them."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from flight_overlord.config.parse import parse_config
-    from flight_overlord.loader.actor import LoaderActor
-    from flight_overlord.loader.row_groups import SourceShare
-
-    pq.write_table(pa.table({"text": [f"row {i} " * (i % 7 + 1) for i in range(48)]}), tmp_path / "s.parquet",
-                   row_group_size=4)  # 12 row groups
-    cfg = parse_config({"sources": [{"name": "s", "paths": "s.parquet"}], "run_dir": str(tmp_path / "run"),
-                        "global_batch": {"context_length": 256, "microbatches": 1, "samples_per_step": 4},
-                        "loader": {"scaling": {"enabled": True}}}, base_dir=tmp_path)
-    source = cfg.source("s")
-
-    def actor(index: int) -> LoaderActor:
-        return LoaderActor(SourceShare(source, index, 256, provisioned=cfg.provisioned_actors(source)), seed=0,
-                           read_ahead=1, run_dir=cfg.run_dir)
-    first, added = actor(0), actor(1)
-    try:
-        ownership = Ownership(first.share.catalog, seed=0, source="s", segments=[[0, 1]])
-        for g in range(3):  # the feed asked for positions 0..2
-            rg = ownership.row_group(g)
-            assert first.metadata(0, rg.file, rg.row_group).num_rows == rg.num_rows
-        boundary = ownership.boundary(3, 1)
-        ownership.extend(boundary, 2)
-        segments = ownership.to_list()
-        rows = ownership.rows
-        mine = next(g for g in range(boundary, 3 * rows) if ownership.owner_at(g) == 1)
-        other = next(g for g in range(boundary, 3 * rows) if ownership.owner_at(g) == 0)
-        epoch, rg = mine // rows, ownership.row_group(mine)
-        assert added.metadata(epoch, rg.file, rg.row_group, segments).num_rows == rg.num_rows
-        served = added.samples(0, 0, [[epoch, rg.file, rg.row_group, 1, 1]])
-        assert served.column("key").to_pylist() == [f"s:s.parquet:{rg.row_group}:1"]
-        with pytest.raises(KeyError, match="not owned"):
-            added.position(other // rows, ownership.row_group(other).file, ownership.row_group(other).row_group)
-        with pytest.raises(ValueError, match="do not extend"):
-            added.reshard([[0, 2], [boundary, 2], [boundary + 5, 1]])
-    finally:
-        added.close()
-    again = actor(1)  # a restart folds the journaled segments in: no ticket needed to find its rows
-    try:
-        assert again.state.segments == segments
-        assert again.position(epoch, rg.file, rg.row_group) == 0
-    finally:
-        again.close()
-        first.close()
+        ownership.slot(0, "nope.parquet", 0)
 
 
 def test_a_source_scales_only_up_to_its_own_maximum():

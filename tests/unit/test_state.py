@@ -12,25 +12,12 @@ from flight_overlord.config import parse_config
 from flight_overlord.constructor.staging import Staging
 from flight_overlord.core.mixing import Mixer
 from flight_overlord.core.order import RowGroupRef
-from flight_overlord.loader.state import LoaderState
 from flight_overlord.planner.feed import SourceFeed
 from flight_overlord.planner.planner import Planner
 from flight_overlord.planner.registry import Registry
 from flight_overlord.planner.strategy import load_strategy
 
-
-def assert_round_trip(original, make_fresh, advance) -> None:
-    """``state_dict`` is JSON-able; a fresh object loaded with it has the same state, and stays equal
-    to the original through the same further steps."""
-    state = json.loads(json.dumps(original.state_dict()))
-    restored = make_fresh()
-    restored.load_state_dict(state)
-    assert json.loads(json.dumps(restored.state_dict())) == state
-    for _ in range(3):
-        advance(original)
-        advance(restored)
-        assert json.loads(json.dumps(restored.state_dict())) == json.loads(json.dumps(original.state_dict()))
-
+from ..helpers import assert_round_trip
 
 CATALOG = [RowGroupRef(f"f{f}.parquet", g, 7 + g) for f in range(2) for g in range(3)]
 FULL = {"num_tokens": np.arange(1, 101, dtype=np.int64)}
@@ -54,28 +41,6 @@ def test_source_feed():
     drawn = [feed.next() for _ in range(25)]
     feed.defer(drawn[-2:])
     assert_round_trip(feed, fresh, lambda f: f.next())
-
-
-def test_loader_state():
-    def advance(s):
-        s.apply({"demand": s.demanded + 1})
-        s.apply({"fetch": 0, "constructor": 1, "rows": [[s.released_below, 0, 2], [s.released_below + 1, 3, 1]]})
-        s.release(s.released_below)
-    state = LoaderState()
-    advance(state)
-    assert_round_trip(state, LoaderState, advance)
-
-
-def test_loader_state_folds_a_journal_idempotently():
-    records = [{"demand": 4}, {"fetch": 0, "constructor": 0, "rows": [[0, 1, 1], [0, 2, 2]]},
-               {"fetch": 0, "constructor": 1, "rows": [[0, 2, 2]]}, {"release": 1}]
-    once, twice = LoaderState(), LoaderState()
-    for r in records:
-        once.apply(r)
-    for r in records + records:  # a replica that folds its own records in again
-        twice.apply(r)
-    assert once.state_dict() == twice.state_dict()
-    assert once.popped == {0: {1, 2}} and once.partial == {}
 
 
 def test_staging():
@@ -200,10 +165,3 @@ def test_snapshots_are_pruned_but_every_step_keeps_one_not_far_before(tmp_path):
     for step in range(0, 2000, 7):  # a resume anywhere finds a snapshot at most one bucket back
         found, state = snapshots.latest(at_most=step)
         assert step - found < 100 + 10 and state == {"step": found}
-
-
-def test_a_release_folded_in_twice_is_forgotten_once():
-    state = LoaderState()
-    for record in [{"release": 0}, {"release": 1}, {"release": 0}, {"release": 1}]:
-        state.apply(record)
-    assert state.released_below == 2 and state.released == set()

@@ -35,8 +35,8 @@ from .problem import (
     lower_bound,
     partition_stats,
 )
-from .registry import Registry
 from .refine import _GOOD_ENOUGH, _Refiner
+from .registry import Registry
 
 __all__ = [
     "METHODS",

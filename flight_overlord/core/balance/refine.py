@@ -6,7 +6,7 @@ import functools
 
 import numpy as np
 
-from .problem import _INF, _Problem, _group, lower_bound
+from .problem import _INF, _group, _Problem, lower_bound
 
 # Refinement stops after this many improving steps per bin (plus a constant), or once it
 # has evaluated this many candidate exchanges per item (plus a constant): a search stuck

@@ -1,16 +1,12 @@
-"""A loader process's actors on the real demo corpus: one read-ahead pool for all of them (a few
-threads, not two per actor), and one table for a samples call that names several of them."""
+"""One table for the picks of several loader actors (``loader/samples_table.py``): what a loader
+process sends for a call naming several actors equals each actor's own answer, back to back."""
 from __future__ import annotations
-
-import threading
-import time
 
 import pyarrow as pa
 import pytest
 
 from flight_overlord.config import load_config
 from flight_overlord.loader.actor import LoaderActor
-from flight_overlord.loader.read_ahead import WORKERS, ReadAheadPool
 from flight_overlord.loader.row_groups import SourceShare
 from flight_overlord.loader.samples_table import samples_table
 
@@ -18,35 +14,9 @@ from ..corpora import write_pretokenized
 from ..helpers import IMAGE_BATCH, IMAGE_SOURCES, write_config
 
 
-def _wait_for(condition, seconds: float = 20.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and not condition():
-        time.sleep(0.05)
-    return condition()
-
-
 def _actors(cfg, run_dir, pool=None) -> list[LoaderActor]:
     return [LoaderActor(SourceShare(s, 0, cfg.global_batch.context_length, cfg.vision), seed=cfg.seed,
                         read_ahead=1, run_dir=run_dir, replicated=False, pool=pool) for s in cfg.sources]
-
-
-def test_the_actors_of_a_process_share_a_few_threads_and_each_reads_ahead(corpus, tmp_path):
-    cfg = load_config(write_config(tmp_path, corpus))
-    before = threading.active_count()
-    pool = ReadAheadPool()
-    actors = _actors(cfg, tmp_path / "run", pool)
-    try:
-        assert len(actors) == 6 and threading.active_count() - before == WORKERS + 1  # workers + the ticker
-        assert _wait_for(lambda: all(0 in a._buffer for a in actors))  # start-up: every actor's first row group
-        for actor in actors:  # the Planner asks for it: the actor reads on, each when its turn comes
-            rg = actor._at(0)
-            actor.metadata(0, rg.file, rg.row_group)
-        at_once = [a for a in actors if a.read_ahead_at(1) == 0]
-        assert at_once and _wait_for(lambda: all(1 in a._buffer for a in at_once))
-    finally:
-        for actor in actors:
-            actor.close()
-        pool.close()
 
 
 @pytest.mark.parametrize("sources", ["text", "image_text", "loss_mask"])
