@@ -198,8 +198,8 @@ class RankStream:
     def from_path(cls, parts: list, mesh) -> "RankStream":
         """The descriptor's parts, checked (``mesh.coord`` names a rank outside the mesh)."""
         if len(parts) not in (2, 3, 4) or parts[0] not in STREAM_KINDS:
-            raise ValueError(f"malformed descriptor {parts!r}: a rank stream is "
-                             f"('rank', RANK[, FIRST_STEP[, END_STEP]]) or ('encoder-rank', RANK[, FIRST_STEP[, END_STEP]])")
+            raise ValueError(f"malformed descriptor {parts!r}: a rank stream is ('rank', RANK[, FIRST_STEP[, "
+                             f"END_STEP]]) or ('encoder-rank', RANK[, FIRST_STEP[, END_STEP]])")
         try:
             rank, first, end = [int(p) for p in parts[1:]] + [None] * (4 - len(parts))
         except ValueError:
