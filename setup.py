@@ -1,7 +1,7 @@
 """Only the package list; everything else is in pyproject.toml.
 
 pyproject's ``packages`` is either a list or a find directive, not both: every package under
-flight_overlord/ is found (namespace packages too, as before), and the two repository folders that
+flight_overlord/ is found (namespace packages too), and the two repository folders that
 pyproject's ``package-dir`` maps into the package are added by name.
 """
 from setuptools import find_namespace_packages, setup

@@ -14,16 +14,13 @@ the whole buffer, rebuilt from every share, is the no-CP loss; the example fails
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny_lm import TinyLM, attend, loss_sum  # noqa: E402
+from flight_overlord import TrainerClient
 
-from flight_overlord import TrainerClient  # noqa: E402
+from tiny_lm import TinyLM, attend, loss_sum
 
 TOLERANCE = 1e-5  # relative: the two sums add the same terms in another order
 

@@ -21,17 +21,15 @@ import contextlib
 import hashlib
 import os
 import signal
-import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny_lm import TinyLM, loss_sum  # noqa: E402
+from flight_overlord import TrainerClient
 
-from flight_overlord import TrainerClient  # noqa: E402
+from tiny_lm import TinyLM, loss_sum
 
 CHECKPOINT = "checkpoint.pt"
 

@@ -10,7 +10,8 @@ optimizer, schedule, train state and every data-parallel rank's loader position 
 the same ``--checkpoint-dir`` loads the latest checkpoint and continues. The model is ``TinyLM`` (not
 TorchTitan's Llama, whose block-causal attention is FlexAttention): documents are kept apart from the
 positions the loader yields, as TorchTitan's ``get_attention_masks(positions=...)`` does. Each rank
-prints ``rank R step S loss HEX`` and, at the end, ``rank R weights SHA256``. Needs ``pip install -e '.[torchtitan]'``; nothing is downloaded.
+prints ``rank R step S loss HEX`` and, at the end, ``rank R weights SHA256``. Needs
+``pip install -e '.[torchtitan]'``; nothing is downloaded.
 """
 from __future__ import annotations
 

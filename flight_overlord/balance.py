@@ -3,7 +3,7 @@
 from .core import balance as _balance
 from .core.balance import CapacityError, PartitionStats, lower_bound, partition, partition_stats, register_balancer  # noqa: F401
 
-__all__ = ["METHODS", *(name for name in _balance.__all__ if name not in ("METHODS", "partition_each"))]
+__all__ = [name for name in _balance.__all__ if name != "partition_each"]
 
 
 def __getattr__(name: str):

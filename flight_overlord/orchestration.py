@@ -7,16 +7,15 @@ and every way to add a named piece (``core/registry.py``: a taken name or an unk
 error naming them): ``register_balancer``, ``register_cost_model``, ``register_transform``,
 ``register_cp_split``.
 """
-from .core.balance import register_balancer
+from .core.balance import partition, register_balancer
 from .core.context_parallel import CPSplit, register_cp_split
 from .core.cost import attention_cost, patches_cost, register_cost_model, tokens_cost
 from .core.registry import Registry, UnknownName
-from .transforms import register_transform
 from .core.run_shape import batch_ramp, batch_steps, context_stage
 from .core.schedules import FeedbackLog, Schedule, constant, cosine, dynamic, linear, loss_weighted, staged
 from .planner.program import PlanContext, fill_in_order
 from .planner.strategy import Strategy, load_strategy
-from .core.balance import partition
+from .transforms import register_transform
 
 __all__ = ["CPSplit", "FeedbackLog", "PlanContext", "Registry", "Schedule", "Strategy", "UnknownName",
            "attention_cost", "batch_ramp", "batch_steps", "constant", "context_stage", "cosine", "dynamic",

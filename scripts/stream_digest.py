@@ -11,11 +11,11 @@ Planner, the ticket redeemed where the endpoint says), and prints:
 
 Run it before and after a change and compare the outputs (``diff``): equal lines mean equal streams.
 
-    python scripts/stream_digest.py --data DIR [--steps 8] [--deployment single_node] [demo long_short_4d vlm long_context_hdp]
+    python scripts/stream_digest.py --data DIR [--steps 8] [--deployment single_node] [CONFIG ...]
 
-DIR holds the demo corpus (``overlord make-demo-data DIR``, which also writes the image sources)
-and, for ``long_context_hdp``, the long-tail source (``overlord make-demo-data DIR --long-tail
-262144``).
+CONFIG names shipped configs (default: demo long_short_4d vlm long_context_hdp). DIR holds the demo
+corpus (``overlord make-demo-data DIR``, which also writes the image sources) and, for
+``long_context_hdp``, the long-tail source (``overlord make-demo-data DIR --long-tail 262144``).
 """
 from __future__ import annotations
 
@@ -40,7 +40,9 @@ def copy_config(name: str, data: Path, workdir: Path, deployment: str | None = N
     """The shipped config ``name`` with data_root and run_dir made absolute (and ``deployment`` if
     given), beside a copy of the shipped strategies (which configs name by relative path)."""
     raw = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
-    raw.update(data_root=str(data.resolve()), run_dir=str(workdir / "run"), **({"deployment": deployment} if deployment else {}))
+    raw.update(data_root=str(data.resolve()), run_dir=str(workdir / "run"))
+    if deployment:
+        raw["deployment"] = deployment
     shutil.copytree(CONFIGS / "strategies", workdir / "strategies", dirs_exist_ok=True)
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))

@@ -10,7 +10,6 @@ import pytest
 
 from flight_overlord.demo.data import make_demo_data
 from flight_overlord.deploy.launch import LocalCluster
-
 from flight_overlord.source_catalog import CATALOG_DIR_ENV
 
 from .helpers import DEMO_SCALE, DEMO_SEED, write_config

@@ -154,7 +154,8 @@ def megatron_row(bin_path: pathlib.Path, chunk: int, row: int, dtype=np.uint16) 
 
 
 def write_webdataset(path: pathlib.Path, samples: list[dict[str, bytes]]) -> None:
-    """A WebDataset shard: per sample, ``KEY.EXT`` members back to back (``samples``: ``{"__key__": ..., ext: bytes}``)."""
+    """A WebDataset shard: per sample, ``KEY.EXT`` members back to back
+    (``samples``: ``{"__key__": ..., ext: bytes}``)."""
     import io
     import tarfile
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,8 @@ ceil_pow2(length / max_tokens_per_rank), at least min_cp), short samples are pac
 single ranks and pay no CP communication, and attention work (a*l + b*l^2, a g-th of it on each
 rank of a group of g under the THD split) is balanced over all DP x CP ranks, microbatch by
 microbatch; ``widen`` doubles the group of a sample whose work would exceed a rank's fair share of
-a microbatch (so one long sample does not idle the rest of the domain). Each rank gets its sequences with the group of each (schemas/hdp_microbatch.json).
+a microbatch (so one long sample does not idle the rest of the domain). Each rank gets its sequences
+with the group of each (schemas/hdp_microbatch.json).
 """
 
 

@@ -219,7 +219,7 @@ def single_node_advice(plan: PartitionPlan) -> str:
     """The deployment for ranks that share one machine with this budget (its cores and memory): one
     process for every role (``deployment: single_node``: the Planner, one loader host for every actor,
     one constructor for every data-parallel rank) when the planned loader buffers fit the memory with it.
-    The choice is measured (``scripts/bench_peers.py``, docs/results.md): at 6 and 96 sources, 2 and 8
+    The choice is measured (``benchmarks/memory/peers.py``, docs/results.md): at 6 and 96 sources, 2 and 8
     ranks, it is ahead of MosaicML Streaming on samples/s and on memory, and uses the least memory of
     our deployments; it uses about one core, so it suits a node of any core count from one on."""
     needed = sum(plan.host_bytes) + NODE_BASE_BYTES

@@ -76,7 +76,8 @@ _SOURCES: dict[str, _SourceSpec] = {
 
 def make_demo_data(out_dir: str | os.PathLike, *, seed: int = 0, scale: float = 1.0,
                    images: bool = True, tokenizer: bool = True) -> dict[str, list[Path]]:
-    """Write out_dir/<source>/part-00000.parquet ... ; return {source: [paths]}. Deterministic from seed (byte-identical files for the same seed+scale on the same machine).
+    """Write out_dir/<source>/part-00000.parquet ... ; return {source: [paths]}. Deterministic from seed
+    (byte-identical files for the same seed+scale on the same machine).
 
     The text sources (``SOURCE_NAMES``, in that order) have columns ``text`` (string) and
     ``doc_id`` (int64, unique within its source). With ``images`` the image-text sources of

@@ -74,7 +74,8 @@ def make_long_tail(out_dir: str | os.PathLike, name: str = "longtail", *, rows: 
     lengths = long_tail_lengths(rows, max_tokens, seed=seed, **shape)
     n_files = max(MIN_FILES, int(files))
     if rows < n_files * MIN_ROW_GROUPS * MIN_ROWS_PER_GROUP:
-        raise ValueError(f"rows must be >= {n_files * MIN_ROW_GROUPS * MIN_ROWS_PER_GROUP} for {n_files} files, got {rows}")
+        minimum = n_files * MIN_ROW_GROUPS * MIN_ROWS_PER_GROUP
+        raise ValueError(f"rows must be >= {minimum} for {n_files} files, got {rows}")
     chunks = np.array_split(np.arange(rows), 64)  # one letter generator per chunk: bounded memory
     text = pa.chunked_array([_synthetic_text(lengths[c], np.random.default_rng([int(seed), LONG_TAIL_SEED_OFFSET, i]))
                              for i, c in enumerate(chunks) if len(c)], pa.string())

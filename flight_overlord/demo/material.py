@@ -6,8 +6,8 @@ from __future__ import annotations
 import ast
 import functools
 import gzip
-import re
 import os
+import re
 import sysconfig
 import textwrap
 from dataclasses import dataclass, field

@@ -37,7 +37,7 @@ Images are small on disk: each is a valid 1-bit greyscale PNG of the drawn size,
 (~100..500 bytes whatever the size). Its header gives the planner the real size and patch grid, and
 it really decodes (a constructor decodes it as any PNG, at ~30 ms per megapixel here), but its
 pixels carry nothing. A benchmark that must not spend 2 cores on decoding models the decode
-instead (scripts/vlm_workload.py). Rows come from ``default_rng([seed, offset, source, row])``: the
+instead (benchmarks/training/vlm_workload.py). Rows come from ``default_rng([seed, offset, source, row])``: the
 files are byte-identical for the same arguments.
 """
 from __future__ import annotations
@@ -94,9 +94,11 @@ def navit_profiles(n_sources: int = NAVIT_SOURCES, *, seed: int = 0) -> list[Sou
     for i in range(n_sources):
         kind = KINDS[int(rng.choice(len(KINDS), p=KIND_SHARES))]
         if kind == "caption":
-            shape = (0.0, _log_uniform(rng, 160, 800), rng.uniform(0.3, 0.8), _log_uniform(rng, 8, 48), rng.uniform(0.5, 0.9))
+            shape = (0.0, _log_uniform(rng, 160, 800), rng.uniform(0.3, 0.8), _log_uniform(rng, 8, 48),
+                     rng.uniform(0.5, 0.9))
         elif kind == "interleaved":
-            shape = (rng.uniform(1, 5), _log_uniform(rng, 200, 900), rng.uniform(0.3, 0.8), _log_uniform(rng, 40, 400), 0.8)
+            shape = (rng.uniform(1, 5), _log_uniform(rng, 200, 900), rng.uniform(0.3, 0.8),
+                     _log_uniform(rng, 40, 400), 0.8)
         else:
             shape = (0.5, _log_uniform(rng, 800, 2400), rng.uniform(0.3, 0.6), _log_uniform(rng, 100, 1500), 0.7)
         out.append(SourceProfile(f"navit{i:0{width}d}", kind, *(float(x) for x in shape)))
@@ -165,7 +167,8 @@ def _table(layouts: list[list], rng: np.random.Generator) -> pa.Table:
                      "images": pa.array(images, pa.list_(pa.binary()))})
 
 
-def _write(out_dir: Path, profiles: list[SourceProfile], rows: int, files: int, seed: int, offset: int) -> dict[str, list[Path]]:
+def _write(out_dir: Path, profiles: list[SourceProfile], rows: int, files: int, seed: int,
+           offset: int) -> dict[str, list[Path]]:
     minimum = files * MIN_ROW_GROUPS * MIN_ROWS_PER_GROUP
     if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < minimum:
         raise ValueError(f"rows per source must be an integer >= {minimum} ({files} files x {MIN_ROW_GROUPS} "

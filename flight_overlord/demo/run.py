@@ -70,7 +70,8 @@ def ensure_demo_data(config_path: str | Path) -> None:
     unknown = missing - set(long_tail) - navit - coyo - set(SOURCE_NAMES) - set(IMAGE_SOURCE_NAMES)
     if unknown:
         raise SystemExit(f"error: {config_path}: no data for sources {sorted(unknown)} in {data_root}, and they are "
-                         f"not demo sources (overlord make-demo-data makes {', '.join(SOURCE_NAMES + IMAGE_SOURCE_NAMES)}, "
+                         f"not demo sources (overlord make-demo-data makes "
+                         f"{', '.join(SOURCE_NAMES + IMAGE_SOURCE_NAMES)}, "
                          f"longtail_<K>k with --long-tail K*1024, navit000.. with --navit N and coyo0..4 with --coyo)")
     if navit:  # navit000 .. navitNNN: the first N of the navit-like sources
         n = 1 + max(int(name[5:]) for name in navit)
@@ -78,7 +79,8 @@ def ensure_demo_data(config_path: str | Path) -> None:
               flush=True)
         make_navit(data_root, n, seed=0)
     if coyo:
-        print(f"making the coyo-like sources in {data_root} (overlord make-demo-data --coyo {data_root}) ...", flush=True)
+        print(f"making the coyo-like sources in {data_root} (overlord make-demo-data --coyo {data_root}) ...",
+              flush=True)
         make_coyo(data_root, seed=0)
     for name, max_tokens in sorted(long_tail.items()):
         print(f"making the long-tail source {name} in {data_root} "
@@ -153,9 +155,10 @@ def run_demo(config_path: str | Path, steps: int | None = None) -> dict:
               flush=True)
         ctx = mp.get_context("spawn")
         results = ctx.Queue()
-        trainers = [ctx.Process(target=trainer_process, args=(cluster.planner, r, steps, cfg.global_batch.tokens_per_step is not None,
-                                                         r in counting, strategy.image_graph is not None, results,
-                                                         cluster.credentials), daemon=True)
+        by_tokens, images = cfg.global_batch.tokens_per_step is not None, strategy.image_graph is not None
+        trainers = [ctx.Process(target=trainer_process, daemon=True,
+                                args=(cluster.planner, r, steps, by_tokens, r in counting, images, results,
+                                      cluster.credentials))
                     for r in range(ranks)]
         for t in trainers:
             t.start()
@@ -200,7 +203,8 @@ def _follow(cfg: Config, planner: str, steps: int, ranks: int, results: mp.Queue
         elapsed = max(w for *_, w in rows) - t0
         mix = " ".join(f"{s}={100 * step_tokens[s] / max(1, sum(step_tokens.values())):.0f}%" for s in step_weights)
         bar.write(f"step {step:3d} | {unit} {sum(step_tokens.values()):6d} | mix {mix} | backbone imbalance "
-                  f"{stats['imbalance']:.3f} (unbalanced {stats['imbalance_unbalanced']:.3f}){_encoder_line(stats['encoder'])} | "
+                  f"{stats['imbalance']:.3f} (unbalanced {stats['imbalance_unbalanced']:.3f})"
+                  f"{_encoder_line(stats['encoder'])} | "
                   f"{sum(totals.values()) / elapsed if elapsed > 0 else 0:,.0f} {unit}/s")
         bar.update(1)
         done += 1
@@ -229,7 +233,8 @@ def _summary(weights: dict, totals: Counter, stats: dict, elapsed: float, unit: 
     print(f"  {'source':<12} {'weight':>7} {'realized':>9}  (share of {unit})")
     for s in weights:
         print(f"  {s:<12} {weights[s]:7.3f} {realized[s]:9.3f}")
-    print(f"  backbone max/mean per-rank cost: balanced {sum(imb) / len(imb):.3f} vs unbalanced {sum(unb) / len(unb):.3f} "
+    print(f"  backbone max/mean per-rank cost: balanced {sum(imb) / len(imb):.3f} "
+          f"vs unbalanced {sum(unb) / len(unb):.3f} "
           f"(mean over {len(stats)} steps); slowest-rank speedup x{sum(speedup) / len(speedup):.2f}")
     encoder = [s["encoder"] for s in stats.values() if s["encoder"]["patches"]]
     if encoder:

@@ -9,6 +9,7 @@ import numpy as np
 
 from .material import Material, identifier_words
 
+
 def nbytes(text: str) -> int:
     return len(text.encode("utf-8"))
 

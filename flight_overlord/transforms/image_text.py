@@ -3,9 +3,10 @@
 A row is interleaved segments (the OBELICS layout): ``texts[i]`` or ``images[i]`` is set at each
 position. The sample transform tokenizes the text and replaces every image by a run of
 ``image_token_id`` placeholders, as many as the LLM tokens the encoder will produce for it
-(patches / merge_size^2), wrapped in ``vision_start_id`` ... ``vision_end_id``. Only the image *header* is read for that, so a loader stays light;
-decoding happens later, at the constructor by default (compressed bytes cross the network, the
-paper's transformation reordering), or at the loader when ``vision.decode_at: loader``.
+(patches / merge_size^2), wrapped in ``vision_start_id`` ... ``vision_end_id``. Only the image *header*
+is read for that, so a loader stays light; decoding happens later, at the constructor by default
+(compressed bytes cross the network, the paper's transformation reordering), or at the loader when
+``vision.decode_at: loader``.
 
 Truncation to ``max_tokens`` never splits an image's placeholder run: an image that does not fit
 whole is dropped with everything after it.
@@ -18,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..config import VisionConfig
-from . import Tokenize
 from ..core.vision import ImageError, decode_patches, image_size, num_patches, patch_grid, placeholder_tokens
+from . import Tokenize
 
 
 @dataclass

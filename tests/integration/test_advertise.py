@@ -108,7 +108,8 @@ def test_serve_node_stops_on_sigint_with_its_plans_streams_open(corpus, tmp_path
     try:
         assert ready.exists(), process.communicate(timeout=5)[0] if process.poll() is not None else "not ready"
         location = ready.read_text()
-        clients = [TrainerClient(location, rank, as_tensors=False) for rank in range(load_config(config).mesh.world_size)]
+        ranks = load_config(config).mesh.world_size
+        clients = [TrainerClient(location, rank, as_tensors=False) for rank in range(ranks)]
         with concurrent.futures.ThreadPoolExecutor(len(clients)) as pool:
             list(pool.map(next, clients))
         for client in clients:

@@ -1,7 +1,7 @@
 """Their corpus as it is: a pre-tokenized Parquet source with a loss mask, a Hugging Face ``datasets``
 folder (IPC stream files), a Feather file, JSON Lines (zstd) made Parquet by ``overlord convert`` and a
-Megatron indexed dataset, in one run through ``TrainerClient``. Every delivered sample holds its file's row (its tokens; for the
-pre-tokenized one, labels only where the mask trains), a kill -9 of two loaders changes no rank's
+Megatron indexed dataset, in one run through ``TrainerClient``. Every delivered sample holds its file's row
+(its tokens; for the pre-tokenized one, labels only where the mask trains), a kill -9 of two loaders changes no rank's
 stream (every column of every step), and ``overlord audit`` counts every sample once."""
 from __future__ import annotations
 
@@ -11,13 +11,19 @@ import sys
 
 import numpy as np
 import pytest
-import yaml
 
 from flight_overlord import harness
 from flight_overlord.config import load_config
 
-from ..corpora import (convert, row_of, write_feather, write_hf_datasets, write_jsonl_zst, write_megatron,
-                       write_pretokenized)
+from ..corpora import (
+    convert,
+    row_of,
+    write_feather,
+    write_hf_datasets,
+    write_jsonl_zst,
+    write_megatron,
+    write_pretokenized,
+)
 from ..helpers import write_config
 from .test_recovery import run_killing
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from flight_overlord import wire
-
 from flight_overlord.client import TrainerClient
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.harness import each_rank
@@ -104,7 +103,8 @@ def test_torchtitan_loader_then_megatron_iterator_per_stage(pp2, tmp_path):
         assert one["tokens"].dtype == torch.int64 and one["tokens"].shape == (1, ONE_RANK_BATCH["context_length"])
         assert one["labels"] is None and one["loss_mask"] is None                   # the first stage
         assert other["tokens"] is None and other["loss_mask"].dtype == torch.float32  # the last stage
-        assert other["labels"].dtype == torch.int64 and torch.equal(other["loss_mask"][0] > 0, other["labels"][0] != -100)
+        assert other["labels"].dtype == torch.int64
+        assert torch.equal(other["loss_mask"][0] > 0, other["labels"][0] != -100)
         assert one["cu_seqlens"].dtype == torch.int32 and one["cu_seqlens"].shape[0] == 1
         assert torch.equal(one["cu_seqlens"], other["cu_seqlens"]) and one["max_seqlen"].dtype == torch.int32
         params = megatron.packed_seq_params(one)

@@ -295,7 +295,8 @@ def _descriptor_parts(f: Fuzzed):
         st.lists(part, max_size=5),
         st.tuples(st.sampled_from(["batch", "encoder"]) | part, _number_texts([0, 1]),
                   _number_texts(list(range(f.world)))).map(list),
-        st.tuples(st.sampled_from(["source"]) | part, st.sampled_from([s.name for s in f.cfg.sources]) | part).map(list))
+        st.tuples(st.sampled_from(["source"]) | part,
+                  st.sampled_from([s.name for s in f.cfg.sources]) | part).map(list))
 
 
 def _waits(parts: list[str], f: Fuzzed) -> bool:
@@ -510,7 +511,8 @@ def test_servers_stay_up_and_the_run_is_unharmed(fuzzed):
 def test_print_the_inputs_tried(capsys):
     """One line per kind, for docs/methods/load-fuzz.md (printed even without -s)."""
     with capsys.disabled():
-        print("\nfuzz inputs tried (answered): " + ", ".join(f"{k} {v} ({ACCEPTED[k]})" for k, v in sorted(TRIED.items()))
+        print("\nfuzz inputs tried (answered): "
+              + ", ".join(f"{k} {v} ({ACCEPTED[k]})" for k, v in sorted(TRIED.items()))
               + f"; total {sum(TRIED.values())}")
         if SKIPPED:
             print("left out (known bugs, see the xfail tests): "
@@ -573,7 +575,8 @@ def test_loader_answers_each_samples_request_with_its_own_samples(fuzzed):
 
     def ask(samples):
         ticket = {"kind": "samples", "step": 3 * 10 ** 9, "constructor": 0, "samples": samples}
-        return client.do_get(fl.Ticket(json.dumps(ticket).encode()), fuzzed.insider).read_all().column("key").to_pylist()
+        table = client.do_get(fl.Ticket(json.dumps(ticket).encode()), fuzzed.insider).read_all()
+        return table.column("key").to_pylist()
     assert len(ask([first])) == 1
     assert len(ask([first, second])) == 2
 
@@ -805,7 +808,8 @@ def test_a_source_with_no_readable_row_group_stops_the_run_clearly(corpus, tmp_p
         planner = fl.connect(cluster.planner)
         deadline = time.monotonic() + 6  # an intact run plans step 0 in well under a second
         while True:
-            status = json.loads(list(planner.do_action(fl.Action("status", b"{}"), _options(cluster)))[0].body.to_pybytes())
+            answer = list(planner.do_action(fl.Action("status", b"{}"), _options(cluster)))[0]
+            status = json.loads(answer.body.to_pybytes())
             if status["planned"] >= 0 or status["error"] or time.monotonic() > deadline:
                 break
             time.sleep(0.5)

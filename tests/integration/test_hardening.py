@@ -65,7 +65,8 @@ def test_absurd_steps_are_refused_at_once(cluster):
     message = _error(lambda: planner.get_flight_info(fl.FlightDescriptor.for_path("batch", str(10 ** 12), "0")))
     assert "beyond the planning horizon" in message
     assert time.monotonic() - started < 5, "an absurd step held a server thread"
-    assert "step must be >= 0" in _error(lambda: planner.get_flight_info(fl.FlightDescriptor.for_path("batch", "-1", "0")))
+    assert "step must be >= 0" in _error(
+        lambda: planner.get_flight_info(fl.FlightDescriptor.for_path("batch", "-1", "0")))
     assert "beyond the planning horizon" in _error(
         lambda: list(planner.do_action(fl.Action("plan", json.dumps({"step": 10 ** 9, "constructor": 0}).encode()))))
 

@@ -1,6 +1,6 @@
 """Load: 64 concurrent trainer clients (a dp=64 mesh served by 4 constructors) for a bounded time.
 
-The same driver as ``scripts/bench_load.py`` (``run_load``): one fetching thread per rank, then every
+The same driver as ``benchmarks.control_plane.load`` (``run_load``): one fetching thread per rank, then every
 rank catches up to the furthest step and the delivered keys are compared with the journal's plans,
 step by step. No fetch may fail, every planned sample arrives exactly once, no role restarts, and
 the role processes' PSS after the warm-up and at the end stay close (the benchmark's goal is 10%;
@@ -8,29 +8,15 @@ a short run on a shared machine gets a generous bound).
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
+from benchmarks.control_plane import load as bench
 from flight_overlord.deploy.launch import LocalCluster
 
 from ..helpers import write_config
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_load.py"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_load", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_load", module)
-    spec.loader.exec_module(module)
-    return module
-
 
 def _load(corpus, tmp_path, *, seconds: float, warmup: float):
-    bench = _bench()
     config = write_config(tmp_path, corpus, **bench.CONFIG)
     with LocalCluster(config) as cluster:
         assert cluster.cfg.mesh.world_size == 64 and cluster.cfg.num_constructors == 4

@@ -14,11 +14,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from flight_overlord import allocator, wire
 from flight_overlord.client import StepFetcher
-from flight_overlord.wire.plan_channel import PLAN_AHEAD
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.deploy.node import previous_ports
 from flight_overlord.metrics import METRICS
+from flight_overlord.wire.plan_channel import PLAN_AHEAD
 from flight_overlord.wire.server import connect
 
 from ..helpers import delivered_keys, journal, write_config
@@ -83,7 +83,8 @@ def test_every_role_exposes_metrics_that_move_with_the_run(cluster):
         assert pick(page, "overlord_role_up", role=role.split()[0], address=address) == 1
         assert {n for n, _ in page if n.startswith("overlord_")} <= {n + s for n in METRICS for s in ("", "_total")}
         assert "process_resident_memory_bytes" in {n for n, _ in page}
-    assert all(v == 0 for (n, _), v in before["constructor 0"].items() if n == "overlord_constructor_samples_served_total")
+    assert all(v == 0 for (n, _), v in before["constructor 0"].items()
+               if n == "overlord_constructor_samples_served_total")
 
     fetchers = [StepFetcher(cluster.planner, r, timeout=60) for r in range(RANKS)]
     try:
@@ -103,7 +104,8 @@ def test_every_role_exposes_metrics_that_move_with_the_run(cluster):
         assert pick(page, "overlord_constructor_bytes_fetched_total", constructor=r) > 0
         assert pick(page, "overlord_role_errors", role="constructor") == 0
 
-    # The Planner plans prefetch (2) + PLAN_AHEAD steps past the trainers, then stops: wait for that, then read it settled
+    # The Planner plans prefetch (2) + PLAN_AHEAD steps past the trainers, then stops: wait for that, then read it
+    # settled
     deadline = time.monotonic() + 30
     while pick(scrape(urls["planner"]), "overlord_planner_steps_planned_total") < STEPS + 2 + PLAN_AHEAD:
         assert time.monotonic() < deadline, "the Planner did not plan prefetch steps ahead"
@@ -123,12 +125,14 @@ def test_every_role_exposes_metrics_that_move_with_the_run(cluster):
     assert {pick(planner, "overlord_planner_step_requested", rank=r) for r in range(RANKS)} == {STEPS - 1}
     assert pick(planner, "overlord_planner_registered_roles", role="loader") == len(load_config(path).sources)
     # every step a constructor assembled came in a plans-stream answer: asked for, or along with the one before
-    views = {dict(labels)["views"]: n for (name, labels), n in planner.items() if name == "overlord_planner_plan_answers_total"}
+    views = {dict(labels)["views"]: n for (name, labels), n in planner.items()
+             if name == "overlord_planner_plan_answers_total"}
     assert set(views) <= {"1", "2"} and sum(int(k) * n for k, n in views.items()) >= STEPS * RANKS
     assert views.get("2", 0) > 0  # the Planner plans ahead: the next step's view came along
 
     def loader_bytes(pages):
-        return sum(total(pages[role], "overlord_loader_bytes_served_total") for role in urls if role.startswith("loader"))
+        return sum(total(pages[role], "overlord_loader_bytes_served_total")
+                   for role in urls if role.startswith("loader"))
     assert loader_bytes(after) > loader_bytes(before)  # (the constructors prefetch: no exact figure while it runs)
     sources = {dict(labels)["source"] for role in urls if role.startswith("loader")
                for (n, labels) in after[role] if n == "overlord_loader_buffered_samples"}

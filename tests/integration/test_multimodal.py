@@ -18,8 +18,8 @@ from flight_overlord import wire
 from flight_overlord.client import StepFetcher, TrainerClient
 from flight_overlord.client.trainer import table_to_encoder_inputs, table_to_microbatches
 from flight_overlord.config import load_config
-from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.core.vision import VisionSpec, unpatchify
+from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.wire.schemas import ENCODER_BATCH, MICROBATCH, load_schema
 
 from ..helpers import IMAGE_BATCH, IMAGE_SOURCES, image_graph_config, qwen2_vl_convert_to_rgb, write_config
@@ -131,7 +131,8 @@ def _bad_image_source(directory, corpus):
     first = sorted((corpus / "imagecaps").glob("*.parquet"))[0]
     table = pq.read_table(first)
     images = table.column("images").to_pylist()
-    jpeg = max((i for i, row in enumerate(images) if i > 0 and row[0][:2] == b"\xff\xd8"), key=lambda i: len(images[i][0]))
+    jpeg = max((i for i, row in enumerate(images) if i > 0 and row[0][:2] == b"\xff\xd8"),
+               key=lambda i: len(images[i][0]))
     images[0] = [b"this is not an image", None]
     images[jpeg] = [images[jpeg][0][: len(images[jpeg][0]) // 2], None]
     out = directory / "bad" / "part-00000.parquet"

@@ -93,7 +93,6 @@ def test_every_sample_once_with_its_images_encoded_once(navit_run):
                 assert not image["pixel_values"].numpy().any()  # the corpus's blank PNGs, decoded
         assert encoded == images and len(images) > 4
         sources.update(k.split(":")[0] for k in delivered)
-        def per_source(keys):
-            return collections.Counter(k.split(":")[0] for k in keys)
-        assert per_source(planned) == per_source(delivered)
+        per_source = [collections.Counter(k.split(":")[0] for k in keys) for keys in (planned, delivered)]
+        assert per_source[0] == per_source[1]
     assert len(sources) >= 6  # a mixture over the sources, not one of them

@@ -123,8 +123,8 @@ def test_dynamic_mixing_moves_weights_and_replays_from_the_journal(corpus, tmp_p
     lines = journal_records(path)
     plans = {r["step"]: r for r in lines if "step" in r}
     assert plans[0]["weights"] == pytest.approx(WEIGHTS) and "feedback" not in plans[0]
-    later = plans[5]["weights"]
-    assert later["longdocs"] > 2 * later["captions"] * WEIGHTS["longdocs"] / WEIGHTS["captions"]
+    fed_back = plans[5]["weights"]
+    assert fed_back["longdocs"] > 2 * fed_back["captions"] * WEIGHTS["longdocs"] / WEIGHTS["captions"]
     # Replay: the journaled reports alone give every plan's weights again.
     log = FeedbackLog(expected=2)
     for r in lines:

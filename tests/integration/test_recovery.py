@@ -12,12 +12,11 @@ import pyarrow.flight as fl
 import pytest
 
 from flight_overlord import harness, wire
-from flight_overlord.client import TrainerClient
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.deploy.node import PORTS_FILE, previous_ports
-from flight_overlord.journal import archive_path
 from flight_overlord.harness import step_digest
+from flight_overlord.journal import archive_path
 from flight_overlord.planner.audit import offline_audit
 from flight_overlord.wire.server import ROLE_DOWN_ENV
 

@@ -29,7 +29,8 @@ def config(directory, corpus, *, enabled: bool, shadows: int = 0):
     directory.mkdir(parents=True, exist_ok=True)
     strategy = directory / "staged.py"
     strategy.write_text("from flight_overlord.orchestration import staged\n"
-                        f"def build(s):\n    return s.mix(staged([(0, {WEIGHTS!r}), (8, {HEAVY!r}), (26, {WEIGHTS!r})]))\n")
+                        f"def build(s):\n"
+                        f"    return s.mix(staged([(0, {WEIGHTS!r}), (8, {HEAVY!r}), (26, {WEIGHTS!r})]))\n")
     return write_config(directory, corpus, strategy=str(strategy), checkpoint={"every": 8},
                         loader={"hosts": 2, "shadows": shadows, "scaling": {"enabled": enabled, **SCALING}})
 

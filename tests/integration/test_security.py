@@ -24,8 +24,8 @@ from flight_overlord import wire
 from flight_overlord.config import ConfigError, load_config, parse_config
 from flight_overlord.deploy.certs import make_certs
 from flight_overlord.deploy.launch import LocalCluster
-from flight_overlord.deploy.topology import loader_hosts
 from flight_overlord.deploy.status import cluster_status
+from flight_overlord.deploy.topology import loader_hosts
 from flight_overlord.planner.server import PlannerServer
 from flight_overlord.wire.security import Credentials, Security
 from flight_overlord.wire.server import connect

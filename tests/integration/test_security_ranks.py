@@ -66,7 +66,8 @@ def test_bound_and_unbound_tokens_read_their_ranks_streams(bound):
             streams[(rank, token)] = list(c)
             c.report(STEPS - 1, {"qa": 1.0})
 
-    threads = [threading.Thread(target=train, args=(0, tokens[0])), threading.Thread(target=train, args=(1, tokens["any"]))]
+    threads = [threading.Thread(target=train, args=(0, tokens[0])),
+               threading.Thread(target=train, args=(1, tokens["any"]))]
     for t in threads:
         t.start()
     for t in threads:

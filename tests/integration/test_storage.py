@@ -14,6 +14,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
+from benchmarks.common.s3 import moto_s3
 from flight_overlord import wire
 from flight_overlord.client import StepFetcher
 from flight_overlord.config import ConfigError, load_config
@@ -24,7 +25,6 @@ from flight_overlord.planner.replay import PlanMismatch
 from flight_overlord.wire.server import connect
 
 from ..helpers import delivered_keys, fetch_run, journal, write_config
-from ..s3 import moto_s3
 
 BUCKET = "overlord-data"
 SOURCES = {"qa": 0.5, "captions": 0.5}

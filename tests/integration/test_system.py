@@ -94,7 +94,8 @@ def test_balancing_lowers_rank_imbalance(main_run):
 def test_same_seed_same_stream_whatever_the_loader_count(main_run, corpus, tmp_path):
     path, run = main_run
     again = fetch_run(write_config(tmp_path / "again", corpus, loaders={"captions": 2}), steps=6)
-    other_actors = fetch_run(write_config(tmp_path / "actors", corpus, loaders={"captions": 3, "code": 2, "qa": 2}), steps=6)
+    other_actors = fetch_run(write_config(tmp_path / "actors", corpus, loaders={"captions": 3, "code": 2, "qa": 2}),
+                             steps=6)
     for r in run:
         for step in range(6):
             expected = run[r][step].select(["sample_keys", "input_ids", "position_ids", "cu_seqlens"])
@@ -211,7 +212,8 @@ def test_bad_requests_get_clear_errors_and_servers_stay_up(corpus, tmp_path):
         with pytest.raises(fl.FlightServerError, match="invalid request: .*a rank stream is \\('rank', RANK"):
             planner.get_flight_info(fl.FlightDescriptor.for_path("rank"))
         with pytest.raises(fl.FlightUnauthorizedError, match="signature does not match"):
-            constructor.do_get(wire.ticket({"kind": "rank", "step": 0, "rank": 0, "exp": 2 ** 40, "sig": "f"})).read_all()
+            forged = wire.ticket({"kind": "rank", "step": 0, "rank": 0, "exp": 2 ** 40, "sig": "f"})
+            constructor.do_get(forged).read_all()
         with pytest.raises(fl.FlightServerError, match="not found: .*unknown action 'explode'"):
             wire.call(planner, "explode")
         with pytest.raises(fl.FlightServerError, match="invalid request: .*malformed body"):

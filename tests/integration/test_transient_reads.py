@@ -78,7 +78,8 @@ def test_a_read_that_failed_before_a_planner_kill_holds_for_no_journaled_step(co
                 while time.monotonic() < deadline and not (notes.exists() and json.loads(notes.read_text())):
                     time.sleep(0.01)
                 noted.extend(json.loads(notes.read_text()) if notes.exists() else [])
-                journaled_at_kill.append(sum('"digest"' in line for line in (cfg.run_dir / "plan-journal.jsonl").open()))
+                journal = cfg.run_dir / "plan-journal.jsonl"
+                journaled_at_kill.append(sum('"digest"' in line for line in journal.open()))
                 cluster.kill("planner")
             finally:
                 broken.write_bytes(intact)

@@ -47,12 +47,15 @@ def installed(tmp_path_factory) -> dict:
     venv.EnvBuilder(with_pip=False, symlinks=os.name != "nt").create(env_dir)
     bin_dir = env_dir / ("Scripts" if os.name == "nt" else "bin")
     python = bin_dir / "python"
-    site = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp).stdout.strip())
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(_run([python, "-c", purelib], cwd=tmp).stdout.strip())
     (site / "_project_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    _run([sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps", "--no-index", wheel], cwd=tmp)
+    _run([sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps", "--no-index", wheel],
+         cwd=tmp)
     work = tmp / "elsewhere"
     work.mkdir()
-    return {"src": src, "wheel": wheel, "env": env_dir, "python": python, "overlord": bin_dir / "overlord", "work": work}
+    return {"src": src, "wheel": wheel, "env": env_dir, "python": python, "overlord": bin_dir / "overlord",
+            "work": work}
 
 
 def test_the_wheel_ships_every_module_the_schemas_and_the_demo_config(installed):

@@ -1,10 +1,8 @@
-"""scripts/bench_training.py's pure parts: the simulated compute of a rank (whole sequences and
+"""benchmarks.training.end_to_end's pure parts: the simulated compute of a rank (whole sequences and
 context-parallel shares) and that every scenario's config is a valid run config."""
 from __future__ import annotations
 
-import sys
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,23 +12,18 @@ from flight_overlord.core.context_parallel import thd_token_ranges, token_ranges
 from flight_overlord.core.packing import pack
 from flight_overlord.demo.long_tail import long_tail_lengths, make_long_tail
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-
 
 @pytest.fixture(scope="module")
 def bt():
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import bench_training
-        yield bench_training
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    from benchmarks.training import end_to_end
+    return end_to_end
 
 
 @pytest.fixture(scope="module")
-def cost(bt):
-    """scripts/training_cost.py, the cost model bench_training imports."""
-    return sys.modules["training_cost"]
+def cost():
+    """The cost model benchmarks.training.end_to_end simulates a rank's compute with."""
+    from benchmarks.training import cost
+    return cost
 
 
 def _packs(seed: int, context: int = 32768, count: int = 12) -> list[list[int]]:
@@ -77,7 +70,7 @@ def test_every_scenario_config_is_valid(bt, tmp_path):
     make_long_tail(tmp_path / "data", "longtail_32k", rows=200, max_tokens=32768)
     args = types.SimpleNamespace(ranks=8, prefetch=2)
     for name, scenario in bt.SCENARIOS.items():
-        if scenario.corpus != "text":  # the VLM mix needs the image corpus (bench_vision's tests cover it)
+        if scenario.corpus != "text":  # the VLM mix needs the image corpus (the vision benchmark's tests cover it)
             continue
         cfg = load_config(bt.overlord_config(args, tmp_path, tmp_path / "data", name, scenario))
         cp = scenario.config.get("mesh", {}).get("cp", 1)

@@ -11,8 +11,8 @@ from flight_overlord.config import ConfigError, load_config, parse_config
 from flight_overlord.core.mesh import Mesh
 from flight_overlord.core.mixing import Mixer
 from flight_overlord.core.order import RowGroupRef, epoch_order, owned_row_groups
-from flight_overlord.planner.feed import SourceFeed
 from flight_overlord.core.packing import pack
+from flight_overlord.planner.feed import SourceFeed
 from flight_overlord.transforms import make_transform
 
 from ..helpers import write_config

@@ -29,7 +29,8 @@ def reports(steps: int, buckets: int = 4, seed: int = 0, stalls: float = 0.05):
                 lengths = rng.integers(16, 1024, size=6)
                 lengths = lengths[:max(1, int(np.searchsorted(np.cumsum(lengths), 1024)))]
                 y = (A * lengths.sum() + B * (lengths * lengths).sum()) * (1 + 0.03 * rng.standard_normal())
-                rows.append([int(lengths.sum()), int((lengths * lengths).sum()), y * (5 if rng.random() < stalls else 1)])
+                stalled = 5 if rng.random() < stalls else 1
+                rows.append([int(lengths.sum()), int((lengths * lengths).sum()), y * stalled])
             yield step, bucket, rows
 
 
@@ -153,7 +154,8 @@ def _train(planner, last: int) -> None:
             mbs = [A * sum(p.tokens for p in b) + B * sum(p.tokens ** 2 for p in b) for b in plan.bucket_bins(bucket)]
             planner.report_compute(plan.step, bucket, mbs)
             images = [p.image_sizes[i] for p, i in plan.encoder[bucket]]
-            planner.report_compute(plan.step, bucket, ENC_A * sum(images) + ENC_B * sum(x * x for x in images), "encoder")
+            seconds = ENC_A * sum(images) + ENC_B * sum(x * x for x in images)
+            planner.report_compute(plan.step, bucket, seconds, "encoder")
 
 
 def test_the_encoder_model_fits_too_and_a_resume_plans_as_an_undisturbed_run(tmp_path):

@@ -9,11 +9,12 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from flight_overlord.core.vision import decode_patches, image_size, patch_grid
 from flight_overlord.demo.data import SOURCE_NAMES, make_demo_data
 from flight_overlord.demo.images import IMAGE_SOURCE_NAMES, make_image_demo_data
-from flight_overlord.core.vision import decode_patches, image_size, patch_grid
 
 from ..helpers import DEMO_SCALE, DEMO_SEED
+
 
 @pytest.fixture(scope="module")
 def files(demo_corpus):
@@ -57,7 +58,8 @@ def test_sources_and_layout(files):
 
 
 def test_same_seed_is_byte_identical(files, tmp_path):
-    again = make_demo_data(tmp_path, seed=DEMO_SEED, scale=DEMO_SCALE, tokenizer=False)  # the Parquet files are compared
+    # the Parquet files are compared
+    again = make_demo_data(tmp_path, seed=DEMO_SEED, scale=DEMO_SCALE, tokenizer=False)
     assert tuple(again) == tuple(files)
     for name in files:
         assert [p.name for p in again[name]] == [p.name for p in files[name]]
@@ -182,5 +184,6 @@ def test_image_demo_data_alone_matches(files, tmp_path):
 
 
 def test_images_can_be_left_out(tmp_path):
-    assert tuple(make_demo_data(tmp_path, seed=DEMO_SEED, scale=DEMO_SCALE, images=False, tokenizer=False)) == SOURCE_NAMES
+    made = make_demo_data(tmp_path, seed=DEMO_SEED, scale=DEMO_SCALE, images=False, tokenizer=False)
+    assert tuple(made) == SOURCE_NAMES
     assert not (tmp_path / "imagecaps").exists()

@@ -74,7 +74,7 @@ def test_role_processes_use_the_system_allocator_in_arrows_own_code_unless_told_
     code = ("import os, sys, flight_overlord.deploy.cli as cli\n"
             "try:\n    cli.main(['serve', 'planner', '--help'])\nexcept SystemExit:\n    pass\n"
             "assert 'flight_overlord.planner.server' in sys.modules\n"
-            "import pyarrow as pa; "
+            "import pyarrow as pa\n"
             "print(pa.default_memory_pool().backend_name, os.environ.get('ARROW_DEFAULT_MEMORY_POOL'))")
     assert _run(code, env).splitlines()[-1] == f"{chosen or 'system'} {chosen or 'system'}"
 

@@ -20,8 +20,17 @@ from flight_overlord.loader.row_groups import SourceShare, read_catalog
 from flight_overlord.transforms import TRANSFORMS
 from flight_overlord.transforms.pretokenized import loss_masks, token_lists
 
-from ..corpora import (convert, megatron_row, row_of, write_feather, write_hf_datasets, write_jsonl_zst, write_megatron,
-                       write_pretokenized, write_webdataset)
+from ..corpora import (
+    convert,
+    megatron_row,
+    row_of,
+    write_feather,
+    write_hf_datasets,
+    write_jsonl_zst,
+    write_megatron,
+    write_pretokenized,
+    write_webdataset,
+)
 
 
 def config(tmp_path, sources, **top) -> str:
@@ -138,7 +147,8 @@ def test_the_check_before_start_names_source_file_and_column(tmp_path):
     for source, message in [
             ({"text_column": "input_ids"}, f"source 'sft': column 'input_ids' of file {file} is list<element: int32>, "
                                            f"expected string"),
-            ({"tokens_column": "ids"}, f"source 'sft': file {file} has no column 'ids' (columns: input_ids, loss_mask)"),
+            ({"tokens_column": "ids"},
+             f"source 'sft': file {file} has no column 'ids' (columns: input_ids, loss_mask)"),
             ({"tokens_column": "input_ids", "loss_mask_column": "mask"}, "has no column 'mask'")]:
         cfg = load_config(config(tmp_path, [{"name": "sft", "paths": "sft/*.parquet", **source}]))
         with pytest.raises(ConfigError) as info:
@@ -177,7 +187,8 @@ def test_plugins_register_once_and_unknown_names_list_the_registered(tmp_path):
     assert "unit_bytes_plus_one" in TRANSFORMS and cfg.plugins == (str(tmp_path / "plugins" / "mine.py"),)
     share = SourceShare(cfg.sources[0], 0, 64)
     read = share.read(read_catalog(cfg.sources[0])[0])
-    assert read.tokens[0].as_py() == [b + 1 for b in row_of(tmp_path, "f:f/a.feather:0:0", ["text"])["text"].encode()[:64]]
+    text = row_of(tmp_path, "f:f/a.feather:0:0", ["text"])["text"]
+    assert read.tokens[0].as_py() == [b + 1 for b in text.encode()[:64]]
     share.close()
     (tmp_path / "plugins" / "broken.py").write_text("raise RuntimeError('my bug')\n")
     for plugins, message in [(["plugins/missing.py"], r"plugins\[0\]: file not found: .*missing.py"),

@@ -3,8 +3,6 @@ a rank's error reaches the caller, digests see every value and nothing else, a p
 every step's plan."""
 from __future__ import annotations
 
-import json
-
 import pyarrow as pa
 import pytest
 
@@ -42,8 +40,10 @@ def test_digests_follow_the_values_not_the_chunking():
 
 
 def test_plan_hash_follows_what_a_plan_serves_and_needs_every_step(tmp_path):
-    first = harness.hash_plans([{"step": 0, "bins": [["a:0"]], "wall": 1.0}, {"step": 1, "bins": [["b:0"]], "state": 1}], 2)
-    again = harness.hash_plans([{"step": 0, "bins": [["a:0"]], "wall": 9.0}, {"step": 1, "bins": [["b:0"]], "state": 2}], 2)
+    first = harness.hash_plans([{"step": 0, "bins": [["a:0"]], "wall": 1.0},
+                                {"step": 1, "bins": [["b:0"]], "state": 1}], 2)
+    again = harness.hash_plans([{"step": 0, "bins": [["a:0"]], "wall": 9.0},
+                                {"step": 1, "bins": [["b:0"]], "state": 2}], 2)
     assert again == first  # wall-clock fields and the journal's state do not count
     assert harness.hash_plans([{"step": 0, "bins": [["a:0"]]}, {"step": 1, "bins": [["c:0"]]}], 2) != first
     with pytest.raises(ValueError, match=r"plans of steps \[0, 1\], not 0..2"):

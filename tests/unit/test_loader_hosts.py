@@ -13,7 +13,8 @@ ACTORS = [(s, a) for s in WEIGHTS for a in range(2 if s == "captions" else 1)]  
 
 
 def _cfg(tmp_path, corpus, **loader):
-    return load_config(write_config(tmp_path, corpus, loaders={"captions": 2}, **({"loader": loader} if loader else {})))
+    sections = {"loader": loader} if loader else {}
+    return load_config(write_config(tmp_path, corpus, loaders={"captions": 2}, **sections))
 
 
 def test_auto_is_the_default_and_deals_four_actors_a_process_at_most_one_per_cpu(corpus, tmp_path):
@@ -81,9 +82,11 @@ def test_single_node_is_one_process_where_the_backend_can_run_it_and_no_replica_
     one ``node`` role (``--resume`` passed on); a standby Planner or loader shadows keep their own processes
     (they stand in for a process that dies), as does a backend that runs each role apart (Ray)."""
     def cfg(name, **top):
-        return load_config(write_config(tmp_path / name, corpus, loaders={"captions": 2}, deployment="single_node", **top))
+        return load_config(write_config(tmp_path / name, corpus, loaders={"captions": 2}, deployment="single_node",
+                                        **top))
     node = cfg("node")
-    assert [(s.name, s.role, s.args) for s in roles(node, one_process=True, resume=True)] == [(NODE, NODE, ("--resume",))]
+    one_process = roles(node, one_process=True, resume=True)
+    assert [(s.name, s.role, s.args) for s in one_process] == [(NODE, NODE, ("--resume",))]
     assert [s.role for s in roles(node)] == ["planner", "loader", "constructor"]  # the roles the node hosts
     for replicas in ({"planner": {"standbys": 1}}, {"loader": {"shadows": 1}}):
         assert NODE not in [s.name for s in roles(cfg(next(iter(replicas)), **replicas), one_process=True)]

@@ -7,8 +7,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from flight_overlord.deploy.cli import main
 from flight_overlord.demo.long_tail import long_tail_lengths, long_tail_name, make_long_tail
+from flight_overlord.deploy.cli import main
 from flight_overlord.transforms import make_transform
 
 

@@ -9,8 +9,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from flight_overlord.core.vision import VisionSpec, decode_patches, image_size, num_patches, patch_grid
-from flight_overlord.demo.navit import (KIND_SHARES, KINDS, blank_png, coyo_profiles, make_coyo, make_navit,
-                                        navit_profiles, sample_layout, source_layouts)
+from flight_overlord.demo.navit import (
+    KIND_SHARES,
+    KINDS,
+    blank_png,
+    coyo_profiles,
+    make_coyo,
+    make_navit,
+    navit_profiles,
+    sample_layout,
+    source_layouts,
+)
 
 
 def _rows(paths):
@@ -27,7 +36,8 @@ def test_same_seed_same_bytes_other_seed_other_data(tmp_path):
     assert any([p.read_bytes() for p in a[n]] != [p.read_bytes() for p in c[n]] for n in a)
     coyo = make_coyo(tmp_path / "d", seed=3, rows_per_source=16)
     assert list(coyo) == [f"coyo{i}" for i in range(5)]
-    assert [p.read_bytes() for p in coyo["coyo2"]] == [p.read_bytes() for p in make_coyo(tmp_path / "e", seed=3, rows_per_source=16)["coyo2"]]
+    again = make_coyo(tmp_path / "e", seed=3, rows_per_source=16)
+    assert [p.read_bytes() for p in coyo["coyo2"]] == [p.read_bytes() for p in again["coyo2"]]
 
 
 def test_rows_are_the_layouts_written_out(tmp_path):
@@ -117,7 +127,7 @@ def test_the_command_writes_navit_and_coyo_and_names_bad_counts(tmp_path, capsys
     from flight_overlord.deploy.cli import main
     main(["make-demo-data", str(tmp_path), "--navit", "2", "--rows-per-source", "16"])
     main(["make-demo-data", str(tmp_path), "--coyo", "--rows-per-source", "16"])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["coyo0", "coyo1", "coyo2", "coyo3", "coyo4", "navit000", "navit001"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"coyo{i}" for i in range(5)] + ["navit000", "navit001"]
     assert "navit001: 2 files" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--navit: the number of navit sources must be a positive integer, got 0"):
         main(["make-demo-data", str(tmp_path), "--navit", "0"])

@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 
 from flight_overlord.config import ConfigError, load_config
+from flight_overlord.core import balance
 from flight_overlord.core.context_parallel import reassemble, token_ranges
 from flight_overlord.core.mesh import Coord, Mesh
-from flight_overlord.core.stages import ALL_FIELDS, StageContents
-from flight_overlord.core import balance
 from flight_overlord.core.mixing import Mixer
 from flight_overlord.core.order import RowGroupRef, row_permutation
-from flight_overlord.core.schedules import (FeedbackLog, cosine, dynamic, linear, loss_weighted, staged,
-                                            weights_at)
+from flight_overlord.core.schedules import FeedbackLog, cosine, dynamic, linear, loss_weighted, staged, weights_at
+from flight_overlord.core.stages import ALL_FIELDS, StageContents
 from flight_overlord.planner.feed import SourceFeed
 from flight_overlord.planner.program import plan_step, sample_meta
 from flight_overlord.planner.strategy import Strategy, load_strategy
@@ -208,7 +207,8 @@ def test_group_size_balances_within_groups_and_keep_global_batch(tmp_path, corpu
     with pytest.raises(ValueError, match="group size must divide"):
         _strategy(tmp_path, corpus, mesh={"dp": 8}).distribute("DP", group_size=3).plan()
     tight = _strategy(tmp_path, corpus, global_batch={"context_length": 1024, "microbatches": 1,
-                                                      "tokens_per_step": 2040}).balance("greedy", keep_global_batch=True)
+                                                      "tokens_per_step": 2040})
+    tight = tight.balance("greedy", keep_global_batch=True)
     with pytest.raises(ValueError, match="keep_global_batch forbids deferring"):
         for step in range(20):
             plan_step(step, _feeds({"longdocs": 1000}), Mixer(["longdocs"]), tight, {"longdocs": 1.0})

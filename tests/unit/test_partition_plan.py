@@ -7,8 +7,18 @@ import random
 
 import pytest
 
-from flight_overlord.core.partition_plan import (NODE_BASE_BYTES, GiB, MiB, Budget, PartitionPlan, SourceProfile,
-                                                 actor_bytes, plan_partition, render, single_node_advice)
+from flight_overlord.core.partition_plan import (
+    NODE_BASE_BYTES,
+    Budget,
+    GiB,
+    MiB,
+    PartitionPlan,
+    SourceProfile,
+    actor_bytes,
+    plan_partition,
+    render,
+    single_node_advice,
+)
 
 
 def _profile(name, *, weight=1.0, us=50.0, rg_mib=1.0, reader_mib=0.5, row_groups=12, files=3):

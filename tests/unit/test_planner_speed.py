@@ -1,6 +1,6 @@
 """The Planner's fast paths keep its contracts: the mixer's float loop makes the same choices as
 choose/charge, and a step planned over synthetic feeds is the same twice, with stats that match
-its bins. (Speed itself is measured by scripts/bench_planner.py, never asserted here.)"""
+its bins. (Speed itself is measured by benchmarks/control_plane/plan_time.py, never asserted here.)"""
 from __future__ import annotations
 
 import collections
@@ -8,12 +8,12 @@ import collections
 import numpy as np
 import pytest
 
+from flight_overlord.config import load_config
 from flight_overlord.core.mixing import Mixer, apportion
 from flight_overlord.core.order import RowGroupRef
 from flight_overlord.planner.feed import SourceFeed
 from flight_overlord.planner.program import plan_step
 from flight_overlord.planner.strategy import Strategy
-from flight_overlord.config import load_config
 
 from ..helpers import WEIGHTS, write_config
 
@@ -215,9 +215,9 @@ def test_a_constructor_view_from_columns_equals_the_view_from_picks(tmp_path, co
 
     import pyarrow as pa
 
+    from flight_overlord.planner.registry import Registry
     from flight_overlord.planner.views import constructor_view, step_views
     from flight_overlord.wire.plan import PlanView
-    from flight_overlord.planner.registry import Registry
     batch = {"context_length": 2048, "microbatches": 3, "samples_per_step": 12 * 6}
     cfg = load_config(write_config(tmp_path, corpus, global_batch=batch, mesh={"dp": 6},
                                    constructor={"dp_per_constructor": dp_per_constructor}))

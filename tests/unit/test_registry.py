@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from flight_overlord import orchestration as o
-from flight_overlord.core import balance, context_parallel, cost
 from flight_overlord import transforms
+from flight_overlord.core import balance, context_parallel, cost
 
 REGISTRIES = {  # register function, its registry, a known name, a new entry
     "balancer": (o.register_balancer, balance._BALANCERS, "greedy", lambda problem, items: None),

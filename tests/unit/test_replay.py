@@ -17,7 +17,8 @@ from flight_overlord.planner.strategy import load_strategy
 def _config_raw(tmp_path, *, dp: int = 2, run: str = "run", every: int = 5) -> dict:
     (tmp_path / "f.parquet").write_bytes(b"")  # the config only checks that the file exists
     return {"seed": 3, "run_dir": str(tmp_path / run), "data_root": str(tmp_path),
-            "sources": [{"name": "a", "paths": "f.parquet", "weight": 0.7}, {"name": "b", "paths": "f.parquet", "weight": 0.3}],
+            "sources": [{"name": "a", "paths": "f.parquet", "weight": 0.7},
+                        {"name": "b", "paths": "f.parquet", "weight": 0.3}],
             "mesh": {"dp": dp}, "checkpoint": {"every": every},
             "global_batch": {"context_length": 512, "microbatches": 2, "samples_per_step": 6 * dp}}
 
@@ -272,7 +273,10 @@ def test_an_unreadable_note_holds_from_the_failed_read_to_the_next_good_one(tmp_
     for good, size[0] in ((False, 100), (False, 150), (True, 200), (True, 250), (False, 300), (True, 300)):
         answers.append({"num_tokens": np.full(4, 1 if good else -1)})
         watched(0, rg)
-    read = lambda epoch, rg: {"num_tokens": np.ones(4, dtype=np.int64)}
+
+    def read(epoch, rg):
+        return {"num_tokens": np.ones(4, dtype=np.int64)}
+
     for notes in (Unreadable(path), Unreadable(path)):  # as the file holds it
         failed = [o for o in (0, 99, 100, 150, 199, 200, 250, 300, 400)
                   if notes.applied("a", read, o)(0, rg)["num_tokens"][0] < 0]
@@ -286,6 +290,7 @@ def test_the_config_history_takes_this_start_s_yaml_when_it_starts(tmp_path):
     """A step planned by this start is re-derived with this start's config, even when the YAML was
     edited (for the next resume) before the first replay; a step of an earlier start with its own."""
     import yaml
+
     from flight_overlord.config import load_config
     from flight_overlord.planner.run_inputs import ConfigHistory
     raw = _config_raw(tmp_path)
@@ -340,6 +345,7 @@ def test_an_unreadable_note_is_durable_at_an_offset_an_os_crash_keeps(tmp_path, 
 
 def test_a_start_s_config_is_noted_durably(tmp_path, monkeypatch):
     import yaml
+
     from flight_overlord.config import load_config
     from flight_overlord.planner.run_inputs import ConfigHistory
     path = tmp_path / "run.yaml"
@@ -353,6 +359,7 @@ def test_the_config_of_a_record_is_the_last_noted_at_or_before_it_whatever_the_o
     """After an OS crash a later start may note a smaller offset than an earlier start (the journal lost
     its unsynced tail): the config of a record is the last entry (by position) noted at or before it."""
     import yaml
+
     from flight_overlord.config import load_config
     from flight_overlord.planner.run_inputs import ConfigHistory
     raw = _config_raw(tmp_path)

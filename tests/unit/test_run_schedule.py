@@ -98,7 +98,8 @@ def test_a_batch_ramp_and_a_context_stage_shape_each_step(tmp_path):
     again.close()
     with pytest.raises(ValueError, match=r"schedule.context\[0\] \(from step 3\): context_length 1024 is over"):
         from flight_overlord.planner.strategy import load_strategy
-        cfg = parse_config({**raw, "schedule": {"context": [{"from_step": 3, "context_length": 1024}]}}, base_dir=tmp_path)
+        stage = {"from_step": 3, "context_length": 1024}
+        cfg = parse_config({**raw, "schedule": {"context": [stage]}}, base_dir=tmp_path)
         load_strategy(cfg)
 
 
@@ -125,9 +126,10 @@ def test_a_strategy_file_programs_the_same_schedules_as_the_config(tmp_path):
     assert plans["yaml"] == plans["file"]
 
 
-@pytest.mark.parametrize("change", [{"global_batch": {"context_length": 256, "microbatches": 2, "samples_per_step": 12}},
-                                    {"global_batch": {"context_length": 512, "microbatches": 4, "samples_per_step": 12}},
-                                    {"global_batch": {"context_length": 512, "microbatches": 2, "samples_per_step": 7}},
+@pytest.mark.parametrize("change", [
+    {"global_batch": {"context_length": 256, "microbatches": 2, "samples_per_step": 12}},
+    {"global_batch": {"context_length": 512, "microbatches": 4, "samples_per_step": 12}},
+    {"global_batch": {"context_length": 512, "microbatches": 2, "samples_per_step": 7}},
                                     {"mesh": {"dp": 2, "cp": 2}}])
 def test_a_rewind_onto_another_shape_delivers_nothing_twice_and_loses_nothing_planned(tmp_path, change):
     """Planned 10 steps, trainers resume at step 6 on another context length, microbatch count, global

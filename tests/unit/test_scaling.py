@@ -159,7 +159,8 @@ def test_slots_follow_the_seeded_read_order():
     for epoch in range(3):
         order = epoch_order(CATALOG, seed=9, source="web", epoch=epoch)
         assert [ownership.row_group(epoch * R + i) for i in range(R)] == order
-        assert [ownership.slot(epoch, rg.file, rg.row_group) for rg in order] == list(range(epoch * R, (epoch + 1) * R))
+        slots = [ownership.slot(epoch, rg.file, rg.row_group) for rg in order]
+        assert slots == list(range(epoch * R, (epoch + 1) * R))
     with pytest.raises(KeyError, match="not in source"):
         ownership.slot(0, "nope.parquet", 0)
 

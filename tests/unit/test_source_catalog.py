@@ -17,7 +17,7 @@ from flight_overlord import source_catalog
 from flight_overlord.config import ConfigError
 from flight_overlord.config.parse import parse_config
 from flight_overlord.core.order import RowGroupRef
-from flight_overlord.source_catalog import catalog_dir, cached_catalog, list_key, load_catalog
+from flight_overlord.source_catalog import cached_catalog, catalog_dir, list_key, load_catalog
 
 
 @pytest.fixture
@@ -34,7 +34,8 @@ def source(tmp_path, monkeypatch):
 
 
 def write(path, *, rows: int, row_group_size: int, column: str = "text") -> None:
-    pq.write_table(pa.table({column: [f"{path.name} row {i}" for i in range(rows)]}), path, row_group_size=row_group_size)
+    table = pa.table({column: [f"{path.name} row {i}" for i in range(rows)]})
+    pq.write_table(table, path, row_group_size=row_group_size)
 
 
 @pytest.fixture
@@ -130,6 +131,7 @@ def test_local_matches_are_what_glob_and_resolve_give(tmp_path):
     """The fast listing of a source's files gives glob's matches, the files each resolved and the
     folders (a datasets folder) as glob names them, whatever the pattern."""
     import glob
+
     from flight_overlord.source_files import local_matches
     data, other = tmp_path / "data", tmp_path / "other"
     (data / "sub").mkdir(parents=True)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flight_overlord.core.starvation import (StageTimeline, TrainerWaits, fetch_shares, summarize,
-                                             with_trainer_side)
+from flight_overlord.core.starvation import StageTimeline, TrainerWaits, fetch_shares, summarize, with_trainer_side
 
 
 def test_a_wait_is_charged_to_the_stages_it_overlapped():

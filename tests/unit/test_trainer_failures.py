@@ -88,5 +88,5 @@ def test_the_audit_shows_a_rewind_as_one_not_as_duplicates():
     report = compute_audit([0.0], [], [], [], rewinds)
     assert report["rewinds"] == [{"rank": 0, "to_step": 10, "served_through": 21, "steps_again": 12}]
     assert report["duplicates"] == 0
-    said = "rewind: rank 0 went back to step 10 after step 21 (12 step(s) served again, not duplicates)"
-    assert said in render(report)
+    rewind = "rewind: rank 0 went back to step 10 after step 21 (12 step(s) served again, not duplicates)"
+    assert rewind in render(report)

@@ -10,9 +10,19 @@ from PIL import Image, ImageDraw, ImageFile, features
 
 from flight_overlord.config import ConfigError, VisionConfig
 from flight_overlord.config.parse import _parse_vision
-from flight_overlord.core.vision import (ImageError, VisionSpec, check_image, decode_patches,
-                                    image_patch_counts, open_formats, image_size, patch_grid, placeholder_tokens, smart_resize,
-                                    unpatchify)
+from flight_overlord.core.vision import (
+    ImageError,
+    VisionSpec,
+    check_image,
+    decode_patches,
+    image_patch_counts,
+    image_size,
+    open_formats,
+    patch_grid,
+    placeholder_tokens,
+    smart_resize,
+    unpatchify,
+)
 from flight_overlord.demo.images import _gen_imagecaps
 
 from ..helpers import qwen2_vl_convert_to_rgb
@@ -131,7 +141,8 @@ def qwen2_vl_reference(height: int, width: int, factor: int, min_pixels: int, ma
     w = round(width / factor) * factor
     if h * w > max_pixels:
         beta = math.sqrt(height * width / max_pixels)
-        return max(factor, math.floor(height / beta / factor) * factor), max(factor, math.floor(width / beta / factor) * factor)
+        return (max(factor, math.floor(height / beta / factor) * factor),
+                max(factor, math.floor(width / beta / factor) * factor))
     if h * w < min_pixels:
         beta = math.sqrt(min_pixels / (height * width))
         return math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor

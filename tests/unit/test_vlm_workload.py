@@ -1,31 +1,22 @@
-"""scripts/vlm_workload.py (bench_training.py --workload): the samples it draws are the corpus
-generator's, cut as the loader cuts them; the Planner's hybrid placement reaches the floor no plan
+"""benchmarks.training.vlm_workload (``benchmarks.training.end_to_end --workload``): the samples it
+draws are the corpus generator's, cut as the loader cuts them; the Planner's hybrid placement reaches the floor no plan
 can beat and is never slower than Vanilla on the same draws."""
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from flight_overlord.core.vision import num_patches, patch_grid
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-
 
 @pytest.fixture(scope="module")
 def vw():
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import vlm_workload
-        yield vlm_workload
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    from benchmarks.training import vlm_workload
+    return vlm_workload
 
 
 def test_draws_are_deterministic_and_cut_like_the_loader(vw):
-    stream, again = vw.SampleStream("navit", 4096, seed=5, sources=20), vw.SampleStream("navit", 4096, seed=5, sources=20)
+    stream, again = (vw.SampleStream("navit", 4096, seed=5, sources=20) for _ in range(2))
     drawn = [stream.draw() for _ in range(400)]
     assert drawn == [again.draw() for _ in range(400)]
     assert drawn != [vw.SampleStream("navit", 4096, seed=6, sources=20).draw() for _ in range(400)]

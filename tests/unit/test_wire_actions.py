@@ -59,7 +59,8 @@ def test_a_plan_view_on_the_plans_stream_is_the_constructor_s_plan_field_by_fiel
     plan = ConstructorPlan(7, "DP", ["tp"], 64, ["a:f:0:1", "b:g:1:0", "a:f:0:4"], [10, 64, 3],
                            {2: [[1, 0], [2]], 3: [[], [0]]},
                            [FetchGroup("b", 0, ["grpc://h:1"], [1], [[0, "g", 1, 0, 2]]),
-                            FetchGroup("a", 1, ["grpc://h:2", "grpc://h:3"], [0, 2], [[1, "f", 0, 1, 1], [1, "f", 0, 4, 1]])],
+                            FetchGroup("a", 1, ["grpc://h:2", "grpc://h:3"], [0, 2],
+                                       [[1, "f", 0, 1, 1], [1, "f", 0, 4, 1]])],
                            "DP", {2: [[1, 0, 3, 1]]}, {"hdp": {"2": [[[1, 0]]]}})
     view = PlanView.of(plan)
     sink = pa.BufferOutputStream()
@@ -68,10 +69,12 @@ def test_a_plan_view_on_the_plans_stream_is_the_constructor_s_plan_field_by_fiel
     rows = pa.ipc.open_stream(sink.getvalue()).read_next_batch()
     assert PlanView(view.header, rows).plan() == plan
     assert view.to_wire() == plan.to_wire()
-    twice = ConstructorPlan(0, "DP", [], 8, ["k"], [1], {0: [[0]]}, [FetchGroup("a", 0, [], [0], [[0, "f", 0, 0, 1]])] * 2)
+    twice = ConstructorPlan(0, "DP", [], 8, ["k"], [1], {0: [[0]]},
+                            [FetchGroup("a", 0, [], [0], [[0, "f", 0, 0, 1]])] * 2)
     with pytest.raises(ValueError, match="does not fetch every sample exactly once"):
         PlanView.of(twice)
-    strays = rows.set_column(2, view_schema().field("group"), pa.array([0, 1, 2], pa.int32()))  # a row in a group the header lacks
+    # a row in a group the header lacks
+    strays = rows.set_column(2, view_schema().field("group"), pa.array([0, 1, 2], pa.int32()))
     with pytest.raises(ValueError, match="fetch groups outside 0..1"):
         PlanView(view.header, strays).plan()
 
@@ -86,7 +89,8 @@ def test_microbatches_numbered_in_row_order_travel_as_their_sizes():
     def plan_of(microbatches):
         keys = [f"a:f:0:{i}" for i in range(4)]
         return ConstructorPlan(3, "DP", [], 64, keys, [5, 6, 7, 8], microbatches,
-                               [FetchGroup("a", 0, ["grpc://h:1"], list(range(4)), [[0, "f", 0, i, 1] for i in range(4)])])
+                               [FetchGroup("a", 0, ["grpc://h:1"], list(range(4)),
+                                           [[0, "f", 0, i, 1] for i in range(4)])])
 
     in_order = plan_of({4: [[0, 1], []], 5: [[2], [3]]})
     view = PlanView.of(in_order)
@@ -115,7 +119,8 @@ def test_views_of_consecutive_steps_travel_as_one_answer():
     def plan_of(step, n):
         keys = [f"a:f:{step}:{i}" for i in range(n)]
         return ConstructorPlan(step, "DP", [], 64, keys, list(range(1, n + 1)), {0: [list(range(n))]},
-                               [FetchGroup("a", 0, ["grpc://h:1"], list(range(n)), [[0, "f", step, i, 1] for i in range(n)])])
+                               [FetchGroup("a", 0, ["grpc://h:1"], list(range(n)),
+                                           [[0, "f", step, i, 1] for i in range(n)])])
 
     plans = [plan_of(5, 3), plan_of(6, 0), plan_of(7, 2)]
     header, rows = views_message([PlanView.of(p) for p in plans])

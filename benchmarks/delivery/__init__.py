@@ -1,0 +1,1 @@
+"""What a trainer receives: throughput and memory per deployment, steps in flight."""

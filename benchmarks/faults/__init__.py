@@ -1,0 +1,1 @@
+"""Failures: kill -9 of each role and a full-cluster resume, a role that hangs (SIGSTOP)."""

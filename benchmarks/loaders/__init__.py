@@ -1,0 +1,1 @@
+"""Source loaders: mixture-driven scaling of loader actors, the shuffle window."""

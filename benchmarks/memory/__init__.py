@@ -1,0 +1,1 @@
+"""Memory: as sources and ranks grow, beside MosaicML Streaming, over a long soak run."""

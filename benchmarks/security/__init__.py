@@ -1,0 +1,1 @@
+"""What TLS, mutual TLS and the token middleware cost."""

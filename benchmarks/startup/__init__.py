@@ -1,0 +1,1 @@
+"""Start-up against the file count."""

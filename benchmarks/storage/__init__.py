@@ -1,0 +1,1 @@
+"""Sources on object storage (S3) vs local disk."""

@@ -1,0 +1,1 @@
+"""Training step time with simulated accelerators, text and VLM workloads."""

@@ -1,0 +1,1 @@
+"""Image-text samples: transform cost, decoding at the constructor vs the loader."""
