@@ -44,7 +44,8 @@ def table_to_microbatches(table: pa.Table) -> list[dict]:
     and ``loss_mask``: ``Strategy.pipeline_stages``). Under THD context parallelism ``cu_seqlens`` and
     ``cu_seqlens_padded`` may end with a padding-only sequence (zero real tokens: the buffer's tail
     padding), one more than ``sample_keys``, as TransformerEngine takes them. Image-text rows add
-    ``pixel_values`` uint8 [patches, 3*p*p] and ``image_grid_thw`` int32 [images, 3]. Under distribute('HDP'): :func:`hdp_microbatches`."""
+    ``pixel_values`` uint8 [patches, 3*p*p] and ``image_grid_thw`` int32 [images, 3]. Under
+    distribute('HDP'): :func:`hdp_microbatches`."""
     import torch
 
     if (table.schema.metadata or {}).get(b"name") == b"hdp_microbatch":
