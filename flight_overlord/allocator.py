@@ -92,15 +92,21 @@ def without_thread_caches() -> None:
 def trim_now_and_then() -> None:
     """Give freed heap pages back to the system, at most every ``TRIM_SECONDS`` (after a buffer release)."""
     global _last_trim
-    libc = _glibc()
     now = time.monotonic()
-    if not libc or now - _last_trim < TRIM_SECONDS:
+    if not _glibc() or now - _last_trim < TRIM_SECONDS:
         return
     with _lock:
         if now - _last_trim < TRIM_SECONDS:
             return
         _last_trim = now
-    libc.malloc_trim(0)
+    trim()
+
+
+def trim() -> None:
+    """Give freed heap pages back to the system now (after a one-off corpus-sized transient)."""
+    libc = _glibc()
+    if libc:
+        libc.malloc_trim(0)
 
 
 def system_pool_for_this_process_tree() -> None:

@@ -27,13 +27,16 @@ import pyarrow as pa
 
 from . import formats, source_files
 from .config import ConfigError, SourceConfig
-from .core.order import RowGroupRef
+from .core.order import RowGroups
 from .journal import write_bytes_atomic, write_text_atomic
 
 log = logging.getLogger(__name__)
 FOOTER_READS = 16  # footers read at once (object storage: ~16 requests in flight per process)
+FOOTERS_PER_TASK = 64  # a thread's task: a local footer is read in ~20 us, a task per file cost as much again
 CATALOG_DIR_ENV = "OVERLORD_CATALOG_DIR"
+VALIDATED_ENV = "OVERLORD_VALIDATED_CATALOGS"  # {list key: digest}: see validated_env
 FORMAT = 1  # of the cached file: another value is rebuilt
+_validated: dict[str, str] = {}  # list key -> digest of the catalog this process last found its files to match
 
 
 def catalog_dir() -> Path:
@@ -71,12 +74,9 @@ class SourceCatalog:
     def num_row_groups(self) -> int:
         return len(self.rows)
 
-    def row_groups(self) -> list[RowGroupRef]:
+    def row_groups(self) -> RowGroups:
         """Every row group, sorted (the order ``core.order`` works in: by file id, then row group)."""
-        ids, offsets, rows = self.file_ids, self.offsets.tolist(), self.rows.tolist()
-        in_order = all(a < b for a, b in zip(ids, ids[1:]))  # a config's files come sorted
-        files = range(len(ids)) if in_order else sorted(range(len(ids)), key=ids.__getitem__)
-        return [RowGroupRef(ids[f], g - offsets[f], rows[g]) for f in files for g in range(offsets[f], offsets[f + 1])]
+        return RowGroups.of_files(pa.array(self.file_ids, pa.string()), self.offsets, self.rows)
 
     def schemas_by_file(self) -> list[tuple[str, pa.Schema]]:
         """Each distinct schema with the first file that has it."""
@@ -132,18 +132,50 @@ def _blake(*parts: str) -> str:
 
 def list_key(source: SourceConfig) -> str:
     """The cache's name of a source's file list."""
-    return _blake(*map(source_files.display, source.files))
+    return _list_key([source_files.display(p) for p in source.files])
+
+
+def _list_key(files: list[str]) -> str:
+    return _blake(*files)
+
+
+def validated_env() -> dict[str, str]:
+    """The environment of a start's role processes: the catalogs as this process last validated them
+    (``overlord up`` validates every source's just before any role starts), which they take without a
+    ``stat`` per file again. A process started without it (``overlord serve``, Ray) validates for itself."""
+    return {VALIDATED_ENV: json.dumps(_validated)} if _validated else {}
+
+
+def _validated_for_this_start(source: SourceConfig, key: str, files: list[str]) -> SourceCatalog | None:
+    """The catalog the process that started this one validated for file list ``key``, if it named one."""
+    digest = json.loads(os.environ.get(VALIDATED_ENV) or "{}").get(key)
+    catalog = cached_catalog(digest) if digest else None
+    if catalog is None or catalog.files != files or catalog.file_ids != list(source.file_ids):
+        return None
+    return catalog
 
 
 def load_catalog(source: SourceConfig) -> SourceCatalog:
     """The source's catalog: the cached one where its files' sizes and times still hold, the footers of
-    the others read now (and the cache updated)."""
+    the others read now (and the cache updated); the one this start validated already where its
+    ``overlord up`` says so (``validated_env``)."""
+    files = [source_files.display(p) for p in source.files]
+    key = _list_key(files)
+    catalog = _validated_for_this_start(source, key, files)
+    if catalog is None:
+        catalog = _validated_now(source, files, key)
+        _validated[key] = catalog.digest()
+    catalog.file_ids = list(source.file_ids)  # the config's strings (equal): one copy per process
+    return catalog
+
+
+def _validated_now(source: SourceConfig, files: list[str], key: str) -> SourceCatalog:
+    """``load_catalog`` with a ``stat`` of every file (a listing per folder on object storage)."""
     try:
         states = source_files.file_states(list(source.files))
     except source_files.StorageError as exc:
         raise ConfigError(f"sources.{source.name}: {exc}") from None
-    files = [source_files.display(p) for p in source.files]
-    cached = _cached(source, files)
+    cached = _cached(source, files, key)
     known = {}
     if cached is not None:
         known = {f: i for i, f in enumerate(cached.files)}
@@ -151,7 +183,6 @@ def load_catalog(source: SourceConfig) -> SourceCatalog:
     stale = [i for i, f in enumerate(files)
              if f not in known or (int(cached.sizes[known[f]]), int(cached.mtimes[known[f]])) != states[i]]
     if not stale and cached is not None:
-        cached.file_ids = list(source.file_ids)  # the config's strings (equal): one copy per process
         return cached
     for i, footer in zip(stale, read_footers(source, [source.files[i] for i in stale])):
         footers[i] = footer
@@ -174,8 +205,9 @@ def read_footers(source: SourceConfig, paths: list[str]) -> list[FileFooter]:
             raise ConfigError(f"sources.{source.name}: {exc}") from None
     if len(paths) == 1:
         return [read(paths[0])]
-    with ThreadPoolExecutor(min(FOOTER_READS, len(paths)), thread_name_prefix="footers") as pool:
-        return list(pool.map(read, paths))
+    batches = [paths[i:i + FOOTERS_PER_TASK] for i in range(0, len(paths), FOOTERS_PER_TASK)]
+    with ThreadPoolExecutor(min(FOOTER_READS, len(batches)), thread_name_prefix="footers") as pool:
+        return [footer for batch in pool.map(lambda batch: [read(p) for p in batch], batches) for footer in batch]
 
 
 def _assemble(source: SourceConfig, files: list[str], states: list[tuple[int, int]], footers: dict[int, FileFooter],
@@ -213,20 +245,40 @@ def _assemble(source: SourceConfig, files: list[str], states: list[tuple[int, in
 def cached_catalog(digest: str) -> SourceCatalog | None:
     """The cached catalog of digest ``digest`` (a run's journaled reference), None when it is not there
     or cannot be read."""
+    return _read_cached(digest, SourceCatalog.from_table)
+
+
+def cached_row_groups(digest: str) -> RowGroups | None:
+    """The row groups of the cached catalog ``digest`` (what a Planner needs of it), read as columns: no
+    Python object per file or row group."""
+    def row_groups(table: pa.Table) -> RowGroups:
+        rows = _one_chunk(table.column("rows"))
+        return RowGroups.of_files(_one_chunk(table.column("file_id")), rows.offsets.to_numpy(), rows.values.to_numpy())
+    return _read_cached(digest, row_groups)
+
+
+def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array: its chunk where it has one, a view into the memory-mapped file (``RowGroups``
+    copies what it keeps: a view kept would keep every page of the file mapped and counted)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+def _read_cached(digest: str, read):
+    """``read(table)`` of the cached catalog ``digest``; None when it is not there or cannot be read."""
     path = catalog_dir() / f"{digest}.arrow"
     if not path.exists():
         return None
     try:
         with pa.memory_map(str(path)) as source:
-            return SourceCatalog.from_table(pa.ipc.open_file(source).read_all())
+            return read(pa.ipc.open_file(source).read_all())
     except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
         log.warning("catalog %s cannot be read (%s): ignored", path, exc)
         return None
 
 
-def _cached(source: SourceConfig, files: list[str]) -> SourceCatalog | None:
+def _cached(source: SourceConfig, files: list[str], key: str) -> SourceCatalog | None:
     """The latest cached catalog of the source's file list (None: none yet, or unreadable: rebuilt)."""
-    pointer = catalog_dir() / f"{list_key(source)}.json"
+    pointer = catalog_dir() / f"{key}.json"
     try:
         digest = json.loads(pointer.read_text())["digest"]
     except FileNotFoundError:

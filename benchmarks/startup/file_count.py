@@ -27,7 +27,13 @@ by side. Such an interpreter, for the code of ``main`` (an editable install's fi
     .venv/bin/python -c "import site; print('/tmp/base'); print(site.getsitepackages()[0])" \
         > "$(/tmp/basevenv/bin/python -c 'import site; print(site.getsitepackages()[0])')/base.pth"
 
+``--profile ROLE`` prints, instead of the table, where one fresh start and its resume of the first
+``--files`` corpus spend their time in one role's process to the first step (cProfile, cumulative):
+``up`` (the checks ``overlord up`` makes before any role starts), ``planner``, ``loader`` or
+``constructor``.
+
     .venv/bin/python -m benchmarks.startup.file_count --files 1000,10000 --row-groups 1,10
+    .venv/bin/python -m benchmarks.startup.file_count --files 100000 --row-groups 1 --profile loader
     .venv/bin/python -m benchmarks.startup.file_count --files 1000,10000,100000 --baseline /tmp/basevenv/bin/python \
         --plot docs/startup.png
 """
@@ -87,17 +93,49 @@ def written_bytes(run_dir: Path, since: float) -> int:
     return sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file() and p.stat().st_mtime >= since)
 
 
-def measure(config: Path, mode: str, step: int) -> dict:
-    """One start of ``config`` (in this process, with the code on ``sys.path``) to every rank's ``step``."""
+# A role process profiles itself from its start when its command line names BENCH_PROFILE_ROLE (python
+# imports sitecustomize from PYTHONPATH first thing), and writes cProfile's top functions on SIGUSR1.
+PROFILER = """import os, sys
+if os.environ.get("BENCH_PROFILE_ROLE") in sys.argv:
+    import cProfile, pstats, signal
+    profile = cProfile.Profile()
+    profile.enable()
+    def dump(*_):
+        profile.disable()
+        with open(os.environ["BENCH_PROFILE_OUT"], "w") as out:
+            pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(PROFILE_LINES)
+    signal.signal(signal.SIGUSR1, dump)
+"""
+PROFILE_LINES = 40
+
+
+def measure(config: Path, mode: str, step: int, profile: str | None = None) -> dict:
+    """One start of ``config`` (in this process, with the code on ``sys.path``) to every rank's ``step``;
+    ``profile``: a role (``up``: this process's part, the checks before the roles start) whose cProfile
+    top functions the result carries."""
+    import cProfile
+    import io
+    import pstats
+
     import psutil
 
     from flight_overlord.config import load_config
     from flight_overlord.deploy.launch import LocalCluster
     from flight_overlord.harness import fetch_steps
     cfg = load_config(config)
+    if profile not in (None, "up"):
+        profiler_dir = Path(tempfile.mkdtemp(prefix="bench-profile-"))
+        (profiler_dir / "sitecustomize.py").write_text(PROFILER.replace("PROFILE_LINES", str(PROFILE_LINES)))
+        os.environ.update(PYTHONPATH=os.pathsep.join(filter(None, [str(profiler_dir), os.environ.get("PYTHONPATH")])),
+                          BENCH_PROFILE_ROLE=profile, BENCH_PROFILE_OUT=str(profiler_dir / "profile.txt"))
+    up = cProfile.Profile() if profile == "up" else None
     since = time.time() - 1.0  # mtimes have a coarse clock on some file systems
     started = time.perf_counter()
+    if up is not None:
+        up.enable()
     with LocalCluster(config, mode=mode) as cluster:
+        if up is not None:
+            up.disable()
         fetch_steps(cluster.planner, cfg.mesh.world_size, step, step + 1, keep=False, timeout=600)
         seconds = time.perf_counter() - started
         memory: dict[str, list[int]] = {}
@@ -107,13 +145,33 @@ def measure(config: Path, mode: str, step: int) -> dict:
             memory.setdefault(role, [0, 0])
             memory[role][0] += info.pss
             memory[role][1] += info.rss
-    return {"seconds": seconds, "memory": memory, "run_dir_bytes": written_bytes(cfg.run_dir, since)}
+        text = role_profile(cluster, profile) if profile not in (None, "up") else None
+    if up is not None:
+        out = io.StringIO()
+        pstats.Stats(up, stream=out).sort_stats("cumulative").print_stats(PROFILE_LINES)
+        text = out.getvalue()
+    result = {"seconds": seconds, "memory": memory, "run_dir_bytes": written_bytes(cfg.run_dir, since)}
+    return {**result, "profile": text} if profile else result
 
 
-def start_in_process(python: str, config: Path, mode: str, step: int, env: dict) -> dict:
+def role_profile(cluster, role: str) -> str:
+    """The profile the first process of ``role`` wrote when asked (SIGUSR1), from its start to now."""
+    import signal
+    child = next(c for c in cluster.children if benchlib.role_label(c.name) == role)
+    out = Path(os.environ["BENCH_PROFILE_OUT"])
+    os.kill(child.process.pid, signal.SIGUSR1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (out.exists() and out.stat().st_size):
+        time.sleep(0.2)
+    time.sleep(0.5)  # the file is written in one go; let it finish
+    return out.read_text()
+
+
+def start_in_process(python: str, config: Path, mode: str, step: int, env: dict, profile: str | None = None) -> dict:
     """``measure`` in a fresh process of interpreter ``python`` (its ``flight_overlord`` is the code measured)."""
     command = benchlib.module_command(__spec__.name, python)  # a measuring child imports its own flight_overlord
-    out = subprocess.run([*command, "--measure", str(config), "--mode", mode, "--step", str(step)],
+    out = subprocess.run([*command, "--measure", str(config), "--mode", mode, "--step", str(step),
+                          *(["--profile", profile] if profile else [])],
                          env={**os.environ, **env}, cwd=config.parent, capture_output=True, text=True, timeout=1800)
     if out.returncode:
         raise RuntimeError(f"start ({mode}, {python}) failed:\n{out.stderr[-3000:]}")
@@ -172,12 +230,16 @@ def main() -> None:
     p.add_argument("--json", type=Path, help="write every row here too")
     p.add_argument("--plot", type=Path, help="write a plot here (needs matplotlib: the bench extra)")
     p.add_argument("--replot", type=Path, help="only plot (--plot) the table of a saved output of this script")
+    p.add_argument("--profile", choices=("up", "planner", "loader", "constructor"),
+                   help="instead of the table: one fresh start and its resume of the first --files corpus (on "
+                        "disk), each with cProfile's top functions by cumulative time in this role's process "
+                        "(up: the checks overlord up makes before any role starts), to the first step")
     p.add_argument("--measure", type=Path, help=argparse_hidden())
     p.add_argument("--mode", default="new", help=argparse_hidden())
     p.add_argument("--step", type=int, default=0, help=argparse_hidden())
     args = p.parse_args()
     if args.measure:  # one start, in a child process (see start_in_process)
-        print(json.dumps(measure(args.measure, args.mode, args.step)))
+        print(json.dumps(measure(args.measure, args.mode, args.step, args.profile)))
         return
     if args.replot:
         plot(args.plot, parse_rows(args.replot.read_text()))
@@ -188,6 +250,13 @@ def main() -> None:
     catalogs = work / "catalogs"  # the new code's catalog cache: this bench's own, removed with it
     env = {**CREDENTIALS, "OVERLORD_CATALOG_DIR": str(catalogs)}
     os.environ.update(CREDENTIALS)
+    if args.profile:
+        try:
+            profile_starts(args, work, env)
+        finally:
+            if args.workdir is None:
+                shutil.rmtree(work, ignore_errors=True)
+        return
     rows: list[dict] = []
     print(f"\n4 sources, dp 2, {ROWS_PER_GROUP} rows per row group; first step s; PSS and RSS MiB; run_dir KB "
           f"written by the start")
@@ -237,6 +306,22 @@ def main() -> None:
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def profile_starts(args, work: Path, env: dict) -> None:
+    """``--profile``: a fresh start of the first corpus and its resume, each role profile printed."""
+    files, row_groups = int(args.files.split(",")[0]), int(args.row_groups.split(",")[0])
+    data = make_corpus(work, files, row_groups)
+    run = work / f"run-profile-{files}-{row_groups}"
+    shutil.rmtree(run, ignore_errors=True)
+    run.mkdir(parents=True)
+    config = write_config(run, data, lambda n: f"{n}/*.parquet")
+    shutil.rmtree(work / "catalogs", ignore_errors=True)  # the fresh start builds the catalogs
+    for mode, step in (("new", 0), ("resume", 1)):
+        result = start_in_process(sys.executable, config, mode, step, env, args.profile)
+        print(f"\n{files} files x {row_groups}, {'fresh' if mode == 'new' else mode}: first step in "
+              f"{result['seconds']:.2f} s; {args.profile}'s profile to then:\n{result['profile']}", flush=True)
+    shutil.rmtree(run, ignore_errors=True)
 
 
 def parse_rows(text: str) -> list[dict]:

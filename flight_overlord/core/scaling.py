@@ -22,11 +22,12 @@ from __future__ import annotations
 import bisect
 import threading
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
 from ..stateful import Stateful
-from .order import RowGroupRef, stable_hash
+from .order import RowGroupRef, RowGroups
 
 
 @dataclass(frozen=True)
@@ -105,12 +106,11 @@ class Scaler(Stateful):
 class Ownership:
     """Which actor of a source owns each slot of its read order (see the module doc)."""
 
-    def __init__(self, catalog: list[RowGroupRef], *, seed: int, source: str, segments: list):
-        if not catalog:
+    def __init__(self, catalog: Iterable[RowGroupRef], *, seed: int, source: str, segments: list):
+        self.catalog = RowGroups.of(catalog)  # sorted, as columns: a loader host holds one per actor
+        if not len(self.catalog):
             raise ValueError(f"source {source!r}: ownership of an empty catalog")
-        self.catalog = sorted(catalog)
         self.seed, self.source = seed, source
-        self._index: dict[tuple[str, int], int] | None = None  # (file, row group) -> catalog index, when asked
         self.segments: list[tuple[int, int]] = []
         for first, actors in segments:
             self.extend(int(first), int(actors))
@@ -131,19 +131,16 @@ class Ownership:
         key), as indices, so owning a slot needs no lookup by name."""
         order = self._orders.get(epoch)
         if order is None:  # (several threads may ask: the result is returned, never re-read)
-            c, seed, source = self.catalog, self.seed, self.source
-            order = self._orders[epoch] = np.array(sorted(
-                range(len(c)), key=lambda i: (stable_hash(seed, source, epoch, c[i].file, c[i].row_group), c[i])),
-                dtype=np.int32)
+            hashes = self.catalog.hashes(self.seed, self.source, epoch)  # ties: the catalog's order (stable)
+            order = self._orders[epoch] = np.argsort(hashes, kind="stable").astype(np.int32)
             _trim(self._orders, keep=2)
         return order
 
     def slot(self, epoch: int, file: str, row_group: int) -> int:
-        if self._index is None:
-            self._index = {(rg.file, rg.row_group): i for i, rg in enumerate(self.catalog)}
-        index = self._index.get((file, row_group))
-        if index is None:
-            raise KeyError(f"row group {file}:{row_group} is not in source {self.source!r}")
+        try:
+            index = self.catalog.index(file, row_group)
+        except KeyError:
+            raise KeyError(f"row group {file}:{row_group} is not in source {self.source!r}") from None
         inverse = self._inverse.get(epoch)
         if inverse is None:
             inverse = np.empty(self.rows, dtype=np.int32)

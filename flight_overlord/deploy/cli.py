@@ -367,10 +367,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     _add_credential_args(p)
     p.set_defaults(func=_audit)
-    p = sub.add_parser("convert", help="JSON Lines (.jsonl, .gz, .bz2, .zst) and WebDataset tar shards into Parquet "
-                       "with row groups sized for the loader (a source's files)")
-    p.add_argument("inputs", nargs="+", help="JSON Lines files or WebDataset shards (.tar, .tar.gz), converted in "
-                   "the order given")
+    p = sub.add_parser("convert", help="JSON Lines (.jsonl, .gz, .bz2, .zst), WebDataset tar shards and MDS datasets "
+                       "into Parquet with row groups sized for the loader (a source's files)")
+    p.add_argument("inputs", nargs="+", help="JSON Lines files, WebDataset shards (.tar, .tar.gz) or MDS folders "
+                   "(index.json and its shards), converted in the order given")
     p.add_argument("--out", required=True, help="an empty folder for part-NNNNN.parquet")
     p.add_argument("--columns", help="keep only these fields (comma-separated)")
     p.add_argument("--row-group-bytes", type=int, default=1 << 20, help="Arrow bytes per row group (default 1 MiB)")

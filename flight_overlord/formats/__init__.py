@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import source_files
-from .base import ChunkFile
 from .arrow_ipc import ArrowIpcFile, ArrowStreamFile, is_ipc_file
+from .base import ChunkFile
 from .megatron import MegatronIndexed
 from .parquet import ParquetChunks
 

@@ -1,6 +1,6 @@
-"""``overlord convert``: JSON Lines (``.jsonl``, ``.json``, compressed ``.gz``, ``.bz2``, ``.zst``) and
-WebDataset tar shards (``.tar``, ``.tar.gz``, ``.tgz``) into Parquet files with row groups sized for the
-loader.
+"""``overlord convert``: JSON Lines (``.jsonl``, ``.json``, compressed ``.gz``, ``.bz2``, ``.zst``),
+WebDataset tar shards (``.tar``, ``.tar.gz``, ``.tgz``) and MosaicML MDS datasets (a folder with
+``index.json``: ``mds.py``) into Parquet files with row groups sized for the loader.
 
 pyarrow does the work: ``pa.input_stream(..., compression="detect")`` decompresses by the file's
 suffix (zstd, gzip, bz2, lz4 are pyarrow's own codecs: no other package), ``pyarrow.json.read_json``
@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from ..errors import ConfigError
+from . import mds
 
 ROW_GROUP_BYTES = 1 << 20
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
@@ -129,8 +130,14 @@ def _selected(table: pa.Table, columns: list[str] | None, path: str) -> pa.Table
 
 
 def read_input(path: str, columns: list[str] | None) -> pa.Table:
-    """An input file by its name: a WebDataset shard, else JSON Lines."""
+    """An input by its name: an MDS dataset (a folder with ``index.json``), a WebDataset shard, else JSON Lines."""
+    if mds.is_mds(path):
+        return _selected(mds.read_mds(path, None), columns, path)
     return read_webdataset(path, columns) if path.lower().endswith(TAR_SUFFIXES) else read_jsonl(path, columns)
+
+
+def input_bytes(path: str) -> int:
+    return mds.dataset_bytes(path) if mds.is_mds(path) else os.path.getsize(path)
 
 
 def convert_files(inputs: list[str], out_dir: str | os.PathLike, *, columns: list[str] | None = None,
@@ -140,8 +147,9 @@ def convert_files(inputs: list[str], out_dir: str | os.PathLike, *, columns: lis
     if not inputs:
         raise ConfigError("convert: no input files")
     for path in inputs:
-        if not os.path.isfile(path):
-            raise ConfigError(f"convert: input file not found: {path}")
+        if not os.path.isfile(path) and not mds.is_mds(path):
+            raise ConfigError(f"convert: input file not found: {path}" + (
+                f" (a folder is read as an MDS dataset when it holds {mds.INDEX})" if os.path.isdir(path) else ""))
     if row_group_bytes < 1 or row_groups_per_file < 1:
         raise ConfigError("convert: --row-group-bytes and --row-groups-per-file must be positive")
     out = Path(out_dir)
@@ -149,9 +157,9 @@ def convert_files(inputs: list[str], out_dir: str | os.PathLike, *, columns: lis
     if any(out.glob("part-*.parquet")):
         raise ConfigError(f"convert: {out} already holds part-*.parquet files: convert into an empty folder")
     converter = Converter(out, row_group_bytes, row_groups_per_file)
-    with tqdm(total=sum(os.path.getsize(p) for p in inputs), unit="B", unit_scale=True, desc="convert",
+    with tqdm(total=sum(map(input_bytes, inputs)), unit="B", unit_scale=True, desc="convert",
               disable=not progress) as bar:
         for path in inputs:
             converter.add(read_input(path, columns), path)
-            bar.update(os.path.getsize(path))
+            bar.update(input_bytes(path))
     return converter.close()

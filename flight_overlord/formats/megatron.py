@@ -75,8 +75,8 @@ def read_index(path: str) -> tuple[np.ndarray, np.ndarray, type]:
         head = f.read(9 + 8 + 1 + 8 + 8)
         if len(head) < 34 or head[:9] != MAGIC:
             raise ValueError(f"{path}: not a Megatron index (no {MAGIC!r} header)")
-        version, code, sequences, _documents = (int.from_bytes(head[9:17], "little"), head[17],
-                                                int.from_bytes(head[18:26], "little"), int.from_bytes(head[26:34], "little"))
+        version, code = int.from_bytes(head[9:17], "little"), head[17]
+        sequences = int.from_bytes(head[18:26], "little")
         if version != 1:
             raise ValueError(f"{path}: index version {version}, only 1 is known")
         if code not in DTYPES:

@@ -1,14 +1,13 @@
 """Who is where: the loader actors (each with its shadows), their row groups, and the constructors."""
 from __future__ import annotations
 
-from bisect import bisect_left
 from typing import Callable
 
 from ..config import Config
-from ..core.order import RowGroupRef, owned_row_groups
+from ..core.order import RowGroupRef, RowGroups
 from ..core.scaling import Ownership
 
-CatalogOf = Callable[[str, str], list[RowGroupRef]]  # (source, catalog digest) -> its row groups, sorted
+CatalogOf = Callable[[str, str], RowGroups]  # (source, catalog digest) -> its row groups
 
 
 REGISTRY_FILE = "planner/registry.json"  # in run_dir: the registrations, rewritten at each (a recovery reads them)
@@ -21,11 +20,11 @@ class Registry:
         self.num_constructors = num_constructors
         self.catalog_of = catalog_of
         self.loaders: dict[tuple[str, int], dict[int, str]] = {}  # (source, actor) -> replica -> location
-        self.row_groups: dict[tuple[str, int], list[RowGroupRef]] = {}
+        self.listed: dict[tuple[str, int], RowGroups] = {}  # (source, actor) -> row groups it registered with
         self.catalogs: dict[str, str] = {}  # source -> the digest of the catalog its loaders registered with
-        self._catalog: dict[str, list[RowGroupRef]] = {}  # source -> that catalog (sorted): owners by position
+        self._catalog: dict[str, RowGroups] = {}  # source -> that catalog: owners by position, no share kept
         self.constructors: dict[int, str] = {}
-        self._owner: dict[tuple[str, str, int], tuple[str, int]] = {}
+        self._owner: dict[tuple[str, str, int], tuple[str, int]] = {}  # listed row groups only
         self.ownership: dict[str, Ownership] = {}  # per source, once planning starts: who owns each position
 
     def register_loader(self, source: str, actor: int, replica: int, location: str, row_groups: list | str) -> None:
@@ -38,33 +37,35 @@ class Registry:
         if not 0 <= replica <= self.cfg.loader.shadows:
             raise ValueError(f"register: replica {replica} out of range (loader.shadows: {self.cfg.loader.shadows})")
         if isinstance(row_groups, str):
-            refs = self._share(source, actor, row_groups)
+            self._use_catalog(source, actor, row_groups)
         else:
-            refs = [RowGroupRef(str(f), int(g), int(n)) for f, g, n in row_groups]
-        known = self.row_groups.get((source, actor))
+            self._list(source, actor, row_groups)
+        self.loaders.setdefault((source, actor), {})[replica] = location
+
+    def _list(self, source: str, actor: int, row_groups: list) -> None:
+        """An actor registered with its row groups listed: each one's owner noted."""
+        refs = RowGroups.of(RowGroupRef(str(f), int(g), int(n)) for f, g, n in row_groups)
+        known = self.listed.get((source, actor))
         if known is not None and known != refs:
             raise ValueError(f"register: loader {source}[{actor}] announced different row groups than its peers")
-        self.loaders.setdefault((source, actor), {})[replica] = location
-        self.row_groups[(source, actor)] = refs
-        if source not in self._catalog:  # listed row groups: owners noted one by one
-            for rg in refs:
-                self._owner[(source, rg.file, rg.row_group)] = (source, actor)
+        self.listed[(source, actor)] = refs
+        for file, group in zip(refs.file_names(), refs.row_group.tolist()):
+            self._owner[(source, file, group)] = (source, actor)
 
-    def _share(self, source: str, actor: int, digest: str) -> list[RowGroupRef]:
+    def _use_catalog(self, source: str, actor: int, digest: str) -> None:
         known = self.catalogs.get(source)
         if known is not None and known != digest:
             raise ValueError(f"register: loader {source}[{actor}] registered with catalog {digest}, its peers with "
                              f"{known}: the source's files differ between its loaders")
         if self.catalog_of is None:
             raise ValueError("register: this Planner takes row groups, not a catalog digest")
-        loaders = self.cfg.source(source).loaders
-        catalog = self.catalog_of(source, digest)
-        self.catalogs[source], self._catalog[source] = digest, catalog
-        return owned_row_groups(catalog, actor, loaders) if actor < loaders else []
+        if known is None:
+            self.catalogs[source], self._catalog[source] = digest, self.catalog_of(source, digest)
 
     def register_constructor(self, index: int, location: str) -> None:
         if not 0 <= index < self.num_constructors:
-            raise ValueError(f"register: constructor index {index} out of range (this mesh has {self.num_constructors})")
+            raise ValueError(f"register: constructor index {index} out of range "
+                             f"(this mesh has {self.num_constructors})")
         self.constructors[index] = location
 
     def complete(self) -> bool:
@@ -73,10 +74,17 @@ class Registry:
         return (sum(len(r) for r in self.loaders.values()) == actors * replicas
                 and len(self.constructors) == self.num_constructors)
 
-    def source_row_groups(self, source: str) -> list[RowGroupRef]:
+    def source_row_groups(self, source: str) -> RowGroups:
         if source in self._catalog:
             return self._catalog[source]
-        return sorted(rg for (src, _), refs in self.row_groups.items() if src == source for rg in refs)
+        return RowGroups.of(rg for (src, _), refs in self.listed.items() if src == source for rg in refs)
+
+    def share_size(self, source: str, actor: int) -> int:
+        """How many row groups an actor owns by the static split (actor i of n: every n-th of the catalog)."""
+        if source not in self._catalog:
+            return len(self.listed[(source, actor)])
+        loaders = self.cfg.source(source).loaders
+        return len(range(actor, len(self._catalog[source]), loaders)) if actor < loaders else 0
 
     def owner(self, source: str, file: str, row_group: int, epoch: int = 0) -> tuple[str, int]:
         """The actor owning a row group in ``epoch``: the static split, or, once the Planner has set the
@@ -84,11 +92,10 @@ class Registry:
         if source in self.ownership:
             return source, self.ownership[source].owner(epoch, file, row_group)
         if source in self._catalog:  # actor i of n owns every n-th row group of the sorted catalog
-            catalog = self._catalog[source]
-            i = bisect_left(catalog, (file, row_group), key=_file_and_group)
-            if i == len(catalog) or _file_and_group(catalog[i]) != (file, row_group):
-                raise KeyError((source, file, row_group))
-            return source, i % self.cfg.source(source).loaders
+            try:
+                return source, self._catalog[source].index(file, row_group) % self.cfg.source(source).loaders
+            except KeyError:
+                raise KeyError((source, file, row_group)) from None
         return self._owner[(source, file, row_group)]
 
     def locations(self, actor: tuple[str, int]) -> list[str]:
@@ -101,15 +108,17 @@ class Registry:
         def share(source: str, actor: int):
             if source in self.catalogs:
                 return self.catalogs[source]
-            return [[rg.file, rg.row_group, rg.num_rows] for rg in self.row_groups[(source, actor)]]
+            return [[rg.file, rg.row_group, rg.num_rows] for rg in self.listed[(source, actor)]]
         return {"loaders": [[s, a, r, loc, share(s, a)]
-                            for (s, a), replicas in sorted(self.loaders.items()) for r, loc in sorted(replicas.items())],
+                            for (s, a), replicas in sorted(self.loaders.items())
+                            for r, loc in sorted(replicas.items())],
                 "constructors": {str(i): loc for i, loc in sorted(self.constructors.items())}}
 
     def status(self) -> dict:
         """Who is where, each loader with its number of row groups (the ``status`` answer's ``loaders``)."""
-        return {"loaders": [[s, a, r, loc, len(self.row_groups[(s, a)])]
-                            for (s, a), replicas in sorted(self.loaders.items()) for r, loc in sorted(replicas.items())],
+        return {"loaders": [[s, a, r, loc, self.share_size(s, a)]
+                            for (s, a), replicas in sorted(self.loaders.items())
+                            for r, loc in sorted(replicas.items())],
                 "constructors": {str(i): loc for i, loc in sorted(self.constructors.items())}}
 
     def load_state_dict(self, state: dict) -> None:
@@ -117,7 +126,3 @@ class Registry:
             self.register_loader(source, actor, replica, location, row_groups)
         for index, location in state["constructors"].items():
             self.register_constructor(int(index), location)
-
-
-def _file_and_group(rg: RowGroupRef) -> tuple[str, int]:
-    return rg.file, rg.row_group

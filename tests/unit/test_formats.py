@@ -278,3 +278,40 @@ def test_convert_turns_webdataset_shards_into_rows_per_sample(tmp_path):
     convert([tmp_path / "a.tar"], tmp_path / "all")
     whole = pq.read_table(sorted((tmp_path / "all").glob("part-*.parquet")))
     assert whole.column("json").to_pylist() == [('{"w": 3}' if i % 2 else None) for i in range(20)]
+
+
+def test_convert_reads_mds_datasets_as_streamings_own_writer_wrote_them(tmp_path):
+    """``tests/fixtures/mds``: 40 samples written by MosaicML Streaming's ``MDSWriter`` (its ``make.py``
+    says how), in shards of 2 KiB, raw and zstd-compressed; ``expected.json`` is what was written."""
+    import json
+    from pathlib import Path
+
+    from flight_overlord.formats.convert import convert_files
+    from flight_overlord.formats.mds import read_mds
+    fixtures = Path(__file__).parents[1] / "fixtures" / "mds"
+    expected = json.loads((fixtures / "expected.json").read_text())
+    for compression in ("plain", "zstd"):
+        table = read_mds(str(fixtures / compression), None)
+        assert table.schema.field("input_ids").type == pa.list_(pa.int32())
+        assert [{**row, "meta": json.loads(row["meta"]), "raw": row["raw"].hex()} for row in table.to_pylist()] \
+            == expected
+    convert([fixtures / "zstd"], tmp_path / "out", "--columns", "text,input_ids", "--row-group-bytes", "1024")
+    files = sorted((tmp_path / "out").glob("part-*.parquet"))
+    assert sum(pq.read_metadata(f).num_row_groups for f in files) > 1
+    table = pq.read_table(files)
+    assert table.column("input_ids").to_pylist() == [row["input_ids"] for row in expected]
+    assert table.column("text").to_pylist() == [row["text"] for row in expected]
+    (tmp_path / "not-mds").mkdir()
+    with pytest.raises(ConfigError, match="a folder is read as an MDS dataset when it holds index.json"):
+        convert_files([str(tmp_path / "not-mds")], tmp_path / "out2", progress=False)
+
+
+def test_an_mds_ndarray_names_its_dtype_and_shape_in_the_encoding_or_in_each_value():
+    from flight_overlord.formats.mds import _ndarray
+    values = np.array([5, 70000, 3], np.int64)
+    dynamic = bytes([65, 1 << 2 | 0, 3]) + values.tobytes()  # int64, 1 dimension of uint8 sizes: 3
+    assert _ndarray(dynamic, "", "ids").tolist() == [5, 70000, 3]
+    assert _ndarray(dynamic[1:], "int64", "ids").tolist() == [5, 70000, 3]
+    assert _ndarray(values.tobytes(), "int64:3", "ids").tolist() == [5, 70000, 3]
+    with pytest.raises(ValueError, match="column 'img': an ndarray of 2 dimensions"):
+        _ndarray(bytes([8, 2 << 2 | 0, 2, 2]) + bytes(4), "", "img")

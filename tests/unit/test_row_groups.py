@@ -25,7 +25,8 @@ def _share(tmp_path) -> SourceShare:
 
 def test_a_share_keeps_its_newest_files_open_and_reads_the_same_tokens_after_reopening(tmp_path, monkeypatch):
     share = _share(tmp_path)
-    order = share.row_groups[::2] + share.row_groups[1::2] + share.row_groups  # files come up again and again
+    owned = list(share.row_groups)
+    order = owned[::2] + owned[1::2] + owned  # files come up again and again
     try:
         monkeypatch.setattr(row_groups, "OPEN_FILES_KEPT", len(share.source.files))
         kept_open = {rg: share.read(rg).tokens for rg in share.row_groups}  # every file open: the reference

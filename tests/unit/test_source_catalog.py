@@ -185,7 +185,8 @@ def test_a_loader_registered_by_catalog_digest_owns_what_its_listed_row_groups_s
     assert {loader[4] for loader in by_digest.state_dict()["loaders"]} == {digest}
     restored = Registry(cfg, 1, catalog_of)
     restored.load_state_dict(by_digest.state_dict())
-    assert restored.row_groups == by_digest.row_groups
+    assert restored.source_row_groups("s") == by_digest.source_row_groups("s")
+    assert [restored.share_size("s", a) for a in range(3)] == [listed.share_size("s", a) for a in range(3)]
     with pytest.raises(KeyError):
         by_digest.owner("s", "no-such-file.parquet", 0)
     with pytest.raises(ValueError, match="its peers with"):
@@ -202,7 +203,8 @@ def test_a_read_orders_epoch_is_epoch_order():
                for f in rng.choice(10_000, 400, replace=False) for g in range(int(rng.integers(1, 4)))]
     order = ReadOrder("web", reversed(catalog), seed=11)
     for epoch in range(3):
-        assert order.epoch(epoch) == epoch_order(catalog, seed=11, source="web", epoch=epoch)
+        assert [order.row_groups[i] for i in order.epoch(epoch)] == \
+            epoch_order(catalog, seed=11, source="web", epoch=epoch)
 
 
 def test_a_config_loaded_without_expanding_lists_no_folder_until_asked(source, tmp_path, monkeypatch):
@@ -225,3 +227,23 @@ def test_a_config_loaded_without_expanding_lists_no_folder_until_asked(source, t
     assert lazy.source("s").paths == source.paths
     with pytest.raises(ConfigError, match=r"sources\[1\]\.paths: no file matches the glob"):
         lazy.source("none").files
+
+
+def test_the_roles_of_a_start_take_the_catalogs_it_validated_without_a_stat_per_file(source, monkeypatch):
+    """``overlord up`` validates each source's catalog (a stat per file) and hands the digests to the roles
+    it starts (``validated_env``); a process started without them validates for itself."""
+    from flight_overlord import source_files
+    validated = load_catalog(source)
+    env = source_catalog.validated_env()
+    assert json.loads(env[source_catalog.VALIDATED_ENV])[list_key(source)] == validated.digest()
+    stats = []
+    monkeypatch.setattr(source_files, "file_states", lambda paths: stats.append(len(paths)) or
+                        [(os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in paths])
+    monkeypatch.setenv(source_catalog.VALIDATED_ENV, env[source_catalog.VALIDATED_ENV])
+    taken = load_catalog(source)
+    assert stats == [] and taken.digest() == validated.digest() and taken.row_groups() == validated.row_groups()
+    monkeypatch.setenv(source_catalog.VALIDATED_ENV, json.dumps({list_key(source): "0" * 32}))  # not in the cache
+    assert load_catalog(source).digest() == validated.digest() and stats == [len(source.files)]
+    monkeypatch.delenv(source_catalog.VALIDATED_ENV)
+    load_catalog(source)
+    assert stats == [len(source.files)] * 2
