@@ -16,13 +16,13 @@ so ``overlord serve loader|node`` runs itself again with it set (``exec``: the s
 Not under ``--backend ray``: its loader actors start in Ray's workers, so set the variable in the Ray
 cluster's environment there.
 
-Every role process and the trainer's client also move Arrow's default memory pool from mimalloc (or
-jemalloc) to the system allocator: those keep freed pages per thread, at 96 sources and 8 ranks
-~4 MiB per trainer, ~10 MiB in a constructor and ~5 MiB in the Planner (measured,
-docs/methods/memory-peers.md), for no speed that shows at these sizes. Arrow reads the choice once, as pyarrow loads:
-the ``overlord`` command sets it for its process tree, the client when it is the first to load
-pyarrow (``system_pool_if_first_to_load_pyarrow``), else only the Python-level pool moves
-(``use_system_pool``).
+Every role process also moves Arrow's default memory pool from mimalloc (or jemalloc) to the system
+allocator: those keep freed pages per thread, at 96 sources and 8 ranks ~4 MiB per trainer, ~10 MiB
+in a constructor and ~5 MiB in the Planner (measured, docs/methods/memory-peers.md), for no speed that
+shows at these sizes. Arrow reads the choice once, as pyarrow loads: the ``overlord`` command sets it
+for its process tree. A trainer is the user's process, so its pool moves only when the user asks:
+``system_pool_if_first_to_load_pyarrow`` first thing in the training script, or
+``TrainerClient(system_allocator=True)`` (``use_system_pool``: the Python-level pool only).
 """
 from __future__ import annotations
 
@@ -119,9 +119,10 @@ def system_pool_for_this_process_tree() -> None:
 
 def system_pool_if_first_to_load_pyarrow() -> bool:
     """Load pyarrow with Arrow's default pool on the system allocator, its C++ parts (Flight's reads)
-    included, when pyarrow is not loaded yet and ``$ARROW_DEFAULT_MEMORY_POOL`` names no pool: what the
-    trainer's client does at import (a training script imports torch and the client; torch does not
-    load pyarrow). mimalloc keeps ~4 MiB of freed pages per trainer (docs/methods/memory-peers.md).
+    included, when pyarrow is not loaded yet and ``$ARROW_DEFAULT_MEMORY_POOL`` names no pool: what a
+    training script calls first thing to have its trainer's Flight reads there (torch does not load
+    pyarrow; the client does, and leaves the pool alone). mimalloc keeps ~4 MiB of freed pages per
+    trainer (docs/methods/memory-peers.md).
     The variable is set only while pyarrow loads (Arrow reads it then, once), so the trainer's own
     child processes are left as they were. False where pyarrow was loaded before (its C++ pool is
     fixed: set the variable in the trainer's environment to choose it) or the variable is set."""

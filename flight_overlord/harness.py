@@ -5,8 +5,8 @@ benchmarks and ``scripts/stream_digest.py`` do it.
   error of any rank is raised in the caller.
 - :func:`train`: every rank through a :class:`~flight_overlord.client.TrainerClient` over steps
   ``[start, end)``, what ``on_table`` makes of each table kept per rank.
-- :func:`fetch_steps`: every rank through a :class:`~flight_overlord.client.StepFetcher`, steps in
-  lock-step; :func:`stock_fetch`: one ``(step, rank)`` as a stock ``pyarrow.flight`` client reads it.
+- :func:`fetch_steps`: :func:`train` keeping each table; :func:`stock_fetch`: one ``(step, rank)`` as a
+  stock ``pyarrow.flight`` client reads it (the per-step descriptor, a contract).
 - Digests: :func:`step_digest` (a step's sample keys and token ids), :func:`table_digest` (every
   column), :func:`plan_hash` (the journaled plans as the journal serves them again: what each serves).
 """
@@ -126,22 +126,11 @@ def train(planner: str, ranks: int, start: int, end: int, *, on_table: Callable 
 
 def fetch_steps(planner: str, ranks: int, start: int, end: int, *, timeout: float = 120,
                 keep: bool = True, credentials=None) -> dict[int, list[pa.Table]]:
-    """Steps ``[start, end)`` of every rank through StepFetchers, the ranks in lock-step as trainers go;
-    ``keep=False`` keeps no table (a drive to a step)."""
-    from .client import StepFetcher
+    """Steps ``[start, end)`` of every rank as :func:`train` reads them, the tables kept (``keep=False``
+    keeps none: a drive to a step)."""
     options = {"credentials": credentials} if credentials is not None else {}
-    fetchers = [StepFetcher(planner, r, timeout=timeout, **options) for r in range(ranks)]
-    out: dict[int, list[pa.Table]] = {r: [] for r in range(ranks)}
-    try:
-        for step in range(start, end):
-            for r, f in enumerate(fetchers):
-                table = f.fetch(step)
-                if keep:
-                    out[r].append(table)
-    finally:
-        for f in fetchers:
-            f.close()
-    return out
+    return train(planner, ranks, start, end, on_table=lambda rank, client, table: table if keep else None,
+                 timeout=timeout, **options)
 
 
 def stock_fetch(client_of: Callable[[str], fl.FlightClient], planner: str, step: int, rank: int) -> pa.Table:

@@ -111,7 +111,7 @@ STEPS = 12
 
 
 def fetch_run(config_path, steps: int = STEPS) -> dict[int, list[pa.Table]]:
-    """Bring a deployment up, read ``steps`` steps for every rank (in lock-step, as trainers go), tear it down."""
+    """Bring a deployment up, read ``steps`` steps for every rank (as trainers read them), tear it down."""
     with LocalCluster(config_path) as cluster:
         return harness.fetch_steps(cluster.planner, load_config(config_path).mesh.world_size, 0, steps, timeout=60)
 

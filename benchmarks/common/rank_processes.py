@@ -16,17 +16,18 @@ TRAINER_SIDE = "flight_overlord"  # run_ranks' side name for flight_overlord's t
 
 
 def load_the_client_first_in_trainers() -> None:
-    """In a flight_overlord trainer process, load the client before the harness loads pyarrow.
+    """In a flight_overlord trainer process, pick Arrow's allocator before the harness loads pyarrow.
 
     A spawned rank process imports the driver's module again, and with it the harness (pyarrow),
-    before its target runs; a training script imports torch and the client, and torch does not load
-    pyarrow, so there the client loads it and picks Arrow's allocator for Flight's reads
-    (``allocator.system_pool_if_first_to_load_pyarrow``). This keeps that order in the benchmarks'
-    trainer processes; the other sides' rank processes (process names of other sides) and the driver
-    are left as they are. Runs when this module is imported, which the benchmarks that spawn trainer ranks
-    do before anything loads pyarrow."""
+    before its target runs; a training script that wants the system allocator for Flight's reads calls
+    ``allocator.system_pool_if_first_to_load_pyarrow`` first thing, before torch and the client (the
+    client leaves the process's pool alone). This does it in the benchmarks' trainer processes; the
+    other sides' rank processes (process names of other sides) and the driver are left as they are.
+    Runs when this module is imported, which the benchmarks that spawn trainer ranks do before
+    anything loads pyarrow."""
     if mp.current_process().name.startswith(f"{TRAINER_SIDE}-rank"):
-        import flight_overlord.client  # noqa: F401
+        from flight_overlord import allocator
+        allocator.system_pool_if_first_to_load_pyarrow()
 
 
 load_the_client_first_in_trainers()

@@ -1,7 +1,3 @@
-from .. import allocator
-
-allocator.system_pool_if_first_to_load_pyarrow()  # before anything of ours loads pyarrow
-
 from .compute_timer import ComputeTimer
 from .fetcher import StepFetcher
 from .microbatches import MicrobatchView

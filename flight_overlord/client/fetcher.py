@@ -1,6 +1,7 @@
-"""One rank's raw Arrow tables, step by step (``StepFetcher``): a ticket from the Planner, then the
-constructor's ``do_get``, or the rank stream (one ``do_exchange`` with credits, ``wire/credits.py``,
-or a stock ``do_get``). While it retries it says what it waits for, where and since when
+"""One rank's raw Arrow tables, step by step (``StepFetcher``): a rank stream ticket from the Planner,
+then one long-lived stream at the constructor (a ``do_exchange`` with credits, ``wire/credits.py``, or a
+stock ``do_get``); one step alone is the stream's one-step slice. While it retries it says what it
+waits for, where and since when
 (``WaitLog``); a server's refusal arrives as one line (``wire.server.refusal``).
 """
 from __future__ import annotations
@@ -16,11 +17,13 @@ import pyarrow.flight as fl
 from ..wire.credits import credit_message
 from ..wire.security import Credentials
 from ..wire.server import RETRY_SECONDS, ClientPool, ask_again, refusal
+from ..wire.tickets import STREAM_KINDS
 
 log = logging.getLogger("flight_overlord.client")
 LOG_EVERY_SECONDS = 5.0  # a waiting client logs what it waits for at most this often
 ADDRESS = re.compile(r"^grpc(\+tls|\+tcp)?://[^/:\s]+:\d+/?$")
 REFUSALS = (fl.FlightServerError, fl.FlightUnauthenticatedError, fl.FlightUnauthorizedError)
+STREAM_OF = {carries: kind for kind, carries in STREAM_KINDS.items()}  # "batch" -> "rank", "encoder" -> "encoder-rank"
 _BROKEN = (fl.FlightUnavailableError, fl.FlightInternalError, fl.FlightCancelledError, fl.FlightTimedOutError)
 
 
@@ -70,7 +73,8 @@ def _batches(reader: fl.FlightStreamReader) -> Iterator[pa.RecordBatch]:
 
 
 class StepFetcher:
-    """Fetches one rank's raw Arrow tables step by step: Planner ticket, then the constructor's do_get.
+    """Fetches one rank's raw Arrow tables step by step over its rank stream (``stream``; ``fetch``: one
+    step alone, the stream's one-step slice).
 
     ``token``: a trainer token (default ``$OVERLORD_TRAINER_TOKEN``), needed when the run's config
     names trainer tokens; ``credentials`` (``wire.security.Credentials``): token and TLS material at
@@ -96,7 +100,6 @@ class StepFetcher:
         self._upto: int | None = None  # the credit given: steps before it may be sent
         self._log = WaitLog(rank)
         self.stream_location: str | None = None  # the constructor the rank stream reads from, once known
-        self.last_ticket_seconds = 0.0  # the Planner call of the last fetch (starvation attribution)
 
     @property
     def planner(self) -> fl.FlightClient:
@@ -104,20 +107,11 @@ class StepFetcher:
         return self._pool.get(self.planner_location)
 
     def fetch(self, step: int, kind: str = "batch") -> pa.Table:
-        """``kind`` "batch": the rank's microbatches; "encoder": the images its vision encoder
-        processes (only when the strategy has an image graph)."""
-        descriptor = fl.FlightDescriptor.for_path(kind, str(step), str(self.rank))
-        asked = time.monotonic()
-        info = self.retry(lambda client: client.get_flight_info(descriptor), self.planner_location,
-                          f"ticket of step {step}", "the planner")
-        self.last_ticket_seconds = time.monotonic() - asked
-        tables = []
-        for endpoint in info.endpoints:
-            # pyarrow does not follow endpoint locations: redeem the ticket where the Planner says.
-            location = endpoint.locations[0].uri.decode() if endpoint.locations else self.planner_location
-            tables.append(self.retry(lambda client: client.do_get(endpoint.ticket).read_all(), location,
-                                     f"data of step {step}", "the constructor"))
-        return pa.concat_tables(tables)
+        """Step ``step`` alone: the rank stream's one-step slice (``kind`` "batch": the rank's
+        microbatches; "encoder": the images its vision encoder processes, under an image graph)."""
+        if kind not in STREAM_OF:
+            raise ValueError(f"kind {kind!r}: a rank's step is fetched as 'batch' or 'encoder'")
+        return [table for _, table in self.stream(step, step + 1, STREAM_OF[kind])][0]
 
     def stream(self, step: int, end: int | None = None, kind: str = "rank") -> Iterator[tuple[int, pa.Table]]:
         """(step, table) from ``step`` on (up to ``end``) over the rank stream (``kind`` "rank": its

@@ -3,8 +3,12 @@ and their optional placement (pinned memory, a device)."""
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _rows(table: pa.Table, name: str) -> list["torch.Tensor"]:
@@ -39,8 +43,9 @@ def table_to_microbatches(table: pa.Table) -> list[dict]:
     (by default the first stage gets ``input_ids``, ``position_ids`` and pixels, the last ``labels``
     and ``loss_mask``: ``Strategy.pipeline_stages``). Under THD context parallelism ``cu_seqlens`` and
     ``cu_seqlens_padded`` may end with a padding-only sequence (zero real tokens: the buffer's tail
-    padding), one more than ``sample_keys``, as TransformerEngine takes them. Image-text rows add ``pixel_values`` uint8 [patches, 3*p*p]
-    and ``image_grid_thw`` int32 [images, 3]. Under distribute('HDP'): :func:`hdp_microbatches`."""
+    padding), one more than ``sample_keys``, as TransformerEngine takes them. Image-text rows add
+    ``pixel_values`` uint8 [patches, 3*p*p] and ``image_grid_thw`` int32 [images, 3]. Under
+    distribute('HDP'): :func:`hdp_microbatches`."""
     import torch
 
     if (table.schema.metadata or {}).get(b"name") == b"hdp_microbatch":
@@ -49,8 +54,8 @@ def table_to_microbatches(table: pa.Table) -> list[dict]:
     tensors = {name: _rows(table, name) for name in ("input_ids", "position_ids", "labels", "loss_mask",
                                                      "pixel_values", "image_grid_thw")}
     lists = {name: table.column(name).to_pylist()
-             for name in ("step", "bucket", "token_ranges", "sequence_length", "cu_seqlens", "cu_seqlens_padded", "sample_keys",
-                          "num_tokens")}
+             for name in ("step", "bucket", "token_ranges", "sequence_length", "cu_seqlens", "cu_seqlens_padded",
+                          "sample_keys", "num_tokens")}
     out = []
     for i in range(table.num_rows):
         ranges = lists["token_ranges"][i]

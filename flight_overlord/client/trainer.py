@@ -14,18 +14,20 @@ import os
 import queue
 import threading
 import time
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import pyarrow as pa
 
 from .. import allocator, wire
+from ..wire.actions import PositionRequest, Report
 from ..wire.credits import HEARTBEAT_SECONDS, credit_after
 from ..wire.security import Credentials
-from ..wire.actions import PositionRequest, Report
 from .fetcher import StepFetcher
 from .launcher import PLANNER_ENV, launcher_rank
 from .tensors import TensorPlacement, table_to_encoder_inputs, table_to_microbatches
 
+if TYPE_CHECKING:
+    import torch
 
 
 def in_step(rank: int, batches: Iterator[tuple[int, pa.Table]],
@@ -59,7 +61,7 @@ class TrainerClient:
                  prefetch: int = 2, timeout: float = 300.0, as_tensors: bool = True, encoder: bool = False,
                  token: str | None = None, credentials: Credentials | None = None,
                  device: "str | torch.device | None" = None, pin_memory: bool = False,
-                 system_allocator: bool = True):
+                 system_allocator: bool = False):
         """``num_steps``: how many steps to yield in all, counted from the step of the first
         iteration (None: no end). ``encoder=True`` (strategies with an image graph): each step yields
         ``(microbatches, encoder_inputs)``, the second being the images this rank's vision encoder
@@ -67,11 +69,13 @@ class TrainerClient:
         ``pin_memory``: tensors are copied to page-locked memory (needs an accelerator), so that
         ``device`` (say ``"cuda:0"``) receives them asynchronously; ``device``: where the tensors
         are placed (default: left on the CPU as zero-copy views of the Arrow buffers).
-        ``system_allocator``: this process's default Arrow memory pool becomes the system allocator
-        (mimalloc keeps ~4 MiB of freed pages per trainer; ``$ARROW_DEFAULT_MEMORY_POOL``, where
-        set, wins; False leaves the pool alone). Flight's own reads use the pool chosen as pyarrow
-        loaded: the system allocator when the client loaded it (importing ``flight_overlord.client``
-        before anything else loads pyarrow), unless the variable says otherwise."""
+        ``system_allocator=True``: the host process's default Arrow memory pool, which every pyarrow
+        call of the process allocates from, becomes the system allocator (mimalloc keeps ~4 MiB of freed
+        pages per trainer; ``$ARROW_DEFAULT_MEMORY_POOL``, where set, wins). That is process-wide state,
+        so the client changes it only when asked: by default it leaves the pool as the process chose it.
+        Flight's own reads use the pool Arrow picked as pyarrow loaded: to have them on the system
+        allocator too, call ``flight_overlord.allocator.system_pool_if_first_to_load_pyarrow()`` first
+        thing in the training script (before anything loads pyarrow), or set the variable."""
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch!r}")
         if system_allocator:

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from ..errors import OverlordError
 from ..config import Config
 from ..core.context_parallel import take_ranges, thd_token_ranges, token_ranges
 from ..core.mesh import Delivery, Mesh
 from ..core.packing import PackedSequence, mask_labels, pack, shifted_labels
 from ..core.vision import ImageError, decode_sample_images, patches_from_bytes
+from ..errors import OverlordError
 from ..wire.schemas import ENCODER_BATCH, MICROBATCH, list_array, load_schema
 
 log = logging.getLogger(__name__)

@@ -1,14 +1,13 @@
-"""The Data Constructor's logic, without Flight: from a step's plan and the samples its loaders
-returned to one staged table per distinct delivery of its ranks, and handing them out.
+"""The Data Constructor's logic, without Flight: its assembly loop (``run``, ``loop.py``: plans and
+samples from two small protocols), one staged table per distinct delivery of its ranks, and handing
+them out.
 
-- ``fetch_groups(plan)``: the plan's fetch groups by loader process (one call each);
-- ``decoded(plan, group, table)``: a loader's rows as samples, through the decode stage, cut to the
-  planned length;
 - ``assemble(step, plan, samples)``: each bucket's microbatches built once, then one table per
   distinct delivery (full sequences, a context-parallel share, or metadata only);
-- ``stage`` / ``take``: staged tables until every stream reading from here has them;
-- ``rank_stream``: one rank's batches step after step (a rank stream), and ``paced`` / ``positions``:
-  where those streams are, so assembly asks for a plan only when a stream nears its step.
+- ``stage``: staged tables until every stream reading from here has them;
+- ``rank_stream``: one rank's tables step after step, the one way they are handed out (``take``, a
+  per-step ticket, is its one-step slice), and ``paced`` / ``positions``: where those streams are, so
+  assembly asks for a plan only when a stream nears its step.
 
 State (``state_dict``) is plain numbers: the next step to assemble, what each stream was served,
 and the counters its status reports. One lock (``cond``) guards it.
@@ -23,33 +22,33 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..config import Config
-from ..errors import BackgroundFailure
 from ..core.mesh import Delivery
 from ..core.starvation import StageTimeline
+from ..errors import BackgroundFailure
 from ..planner.strategy import Strategy
 from ..waiting import Waiters
-from ..wire.plan import ConstructorPlan, FetchGroup
+from ..wire.plan import ConstructorPlan
 from ..wire.status import ConstructorStatus
-from .assembly import (Sample, build_microbatch, decode_or_error, drop_bad, encoder_table, rank_table,
-                       sample_loss_masks, shipped_images, truncate)
+from .assembly import build_microbatch, drop_bad, encoder_table, rank_table
 from .hdp import hdp_rank_table
+from .loop import AssemblyLoop, PlanSource, SampleSource
 from .rebuilt import RebuiltSteps
 from .staging import Staging
 
-WAIT_SECONDS = 30.0  # a trainer's do_get waits this long server-side for its step, then asks again
+WAIT_SECONDS = 30.0  # a stream waits this long server-side for its first step, then its client asks again
 
 
 class Constructor:
-    def __init__(self, cfg: Config, index: int, strategy: Strategy,
+    def __init__(self, cfg: Config, index: int, strategy: Strategy, *, plans: PlanSource | None = None,
+                 samples: SampleSource | None = None,
                  on_served: Callable[[int, int, int, list[str]], None] | None = None,
-                 rebuild: Callable[[int], dict] | None = None,
                  on_rewind: Callable[[int, int, int], None] | None = None):
         """Constructor ``index`` of the mesh; ``strategy``: for its ``constructor_do_plan`` hook;
-        ``on_served(step, rank, bucket, keys)``: told of every batch handed to a rank (the server
-        records it for ``overlord audit``); ``rebuild(step)``: a released step's tables assembled
-        again (its plan from the journal, its samples from the loaders), for a rank that went back to
-        it; ``on_rewind(rank, first, served)``: a rank's stream starts at ``first``, at or before
-        ``served``, the last step it was served (recorded for the audit)."""
+        ``plans`` / ``samples``: where its loop (``run``) gets plans and samples; without them steps are
+        assembled and staged by the caller, and a released step cannot be built again.
+        ``on_served(step, rank, bucket, keys)``: told of every batch handed to a rank (the server records
+        it for ``overlord audit``); ``on_rewind(rank, first, served)``: a rank's stream starts at
+        ``first``, at or before ``served``, the last step it was served (recorded for the audit)."""
         self.cfg = cfg
         self.index = index
         self.mesh = strategy.mesh
@@ -72,63 +71,22 @@ class Constructor:
         self.failure: BackgroundFailure | None = None  # assembly failed: every waiting take gets it
         self.stopping = False
         self._on_served = on_served
-        # a trainer restarted from a checkpoint asks for steps released here: each built again once
-        self._rebuilt = RebuiltSteps(rebuild, keep=2 + cfg.prefetch) if rebuild is not None else None
         self._on_rewind = on_rewind
+        self._loop = AssemblyLoop(self, plans, samples) if plans is not None and samples is not None else None
+        # a trainer restarted from a checkpoint asks for steps released here: each built again once
+        self._rebuilt = RebuiltSteps(self._loop.assemble_again, keep=2 + cfg.prefetch) if self._loop else None
 
-    # -- fetching ----------------------------------------------------------------------
-    @staticmethod
-    def fetch_groups(plan: ConstructorPlan) -> list[list[FetchGroup]]:
-        """The plan's fetch groups by the loader process hosting them (same locations): each list is
-        one samples call (a Flight call costs both sides CPU)."""
-        by_location: dict[tuple[str, ...], list[FetchGroup]] = {}
-        for group in plan.fetch:
-            by_location.setdefault(tuple(group.locations), []).append(group)
-        return list(by_location.values())
+    # -- the loop ------------------------------------------------------------------------
+    def run(self) -> None:
+        """The assembly loop (``loop.py``), until its sources stop; a failure reaches every take."""
+        if self._loop is None:
+            raise RuntimeError(f"constructor {self.index} has no plan and sample sources to assemble from")
+        self._loop.run()
 
-    def received(self, step: int, plan: ConstructorPlan, groups: list[FetchGroup], table: pa.Table) -> list[dict]:
-        """One loader process's answer for ``groups`` (their rows back to back): per group, item
-        index -> sample (or the failure of its decode)."""
-        asked = sum(len(g.samples) for g in groups)
-        if table.num_rows != asked:
-            raise RuntimeError(f"the loader at {groups[0].locations[0]} returned {table.num_rows} samples for "
-                               f"{asked} asked (step {step})")
+    def fetched(self, nbytes: int) -> None:
+        """Arrow bytes received from a loader (status, metrics)."""
         with self.cond:
-            self.bytes_fetched += table.nbytes
-        out, start = [], 0
-        for group in groups:
-            out.append(self.decoded(plan, group, table.slice(start, len(group.samples))))
-            start += len(group.samples)
-        return out
-
-    @staticmethod
-    def in_plan_order(plan: ConstructorPlan, calls: list[list[FetchGroup]], answers: list[list[dict]]) -> dict:
-        """The samples of every call's answer, item index -> sample, in plan order."""
-        decoded = {id(g): part for groups, parts in zip(calls, answers) for g, part in zip(groups, parts)}
-        samples: dict = {}
-        for group in plan.fetch:  # in plan order, as before the calls were merged
-            samples.update(decoded[id(group)])
-        return samples
-
-    def decoded(self, plan: ConstructorPlan, group: FetchGroup, table: pa.Table) -> dict:
-        """A loader's rows of ``group`` as samples: item -> Sample cut to its planned length (the plan
-        may truncate a sample to the capacity), or the failure of its decode."""
-        tokens = table.column("tokens").combine_chunks()
-        offsets, values = tokens.offsets.to_numpy(), tokens.values.to_numpy()
-        if not any(len(chunk.values) for chunk in table.column("images").chunks):  # text only: no decode stage
-            masks = sample_loss_masks(table.column("loss_mask").combine_chunks(), offsets)
-            return {item: truncate(Sample(plan.keys[item], values[offsets[j]:offsets[j + 1]], loss_mask=masks(j)),
-                                   plan.lengths[item], self.cfg)
-                    for j, item in enumerate(group.items)}
-        images, grids = table.column("images").to_pylist(), table.column("image_grids").to_pylist()
-        ships = shipped_images(plan.encoder)  # image graph: decode only the images encoded here
-        out = {}
-        for j, item in enumerate(group.items):
-            ids = values[offsets[j]:offsets[j + 1]]
-            sample = decode_or_error(plan.keys[item], ids, images[j], grids[j], self.cfg,
-                                     None if ships is None else ships.get(item, set()))
-            out[item] = truncate(sample, plan.lengths[item], self.cfg) if isinstance(sample, Sample) else sample
-        return out
+            self.bytes_fetched += nbytes
 
     # -- assembly ----------------------------------------------------------------------
     def assemble(self, step: int, plan: ConstructorPlan, samples: dict) -> dict:
@@ -203,15 +161,10 @@ class Constructor:
                            f"(it serves the ranks of data-parallel groups {list(self.dp_ranks)})")
 
     def take(self, kind: str, step: int, rank: int) -> pa.Table:
-        """Rank ``rank``'s ``kind`` ("batch" or "encoder") table of ``step``, once assembled (waits at
-        most ``WAIT_SECONDS``); a step stays staged until every stream is ``keep`` steps past it."""
-        self.check_rank(rank)
-        with self.cond:
-            self._wait_staged(kind, step, rank)
-            if self.failure:
-                raise BackgroundFailure(str(self.failure), self.failure.cause)
-            table = self._served_table(kind, step, rank)
-        return table if table is not None else self._served_again(kind, step, rank)
+        """Rank ``rank``'s ``kind`` ("batch" or "encoder") table of ``step``: its stream of ``[step, step + 1)``
+        (what a per-step ticket redeems), read whole."""
+        schema, steps = self.rank_stream(rank, step, step + 1, kind)
+        return pa.Table.from_batches(list(steps), schema)
 
     def _key(self, kind: str, step: int, rank: int) -> tuple:
         """(lock held) The staging key of a rank's ``kind`` table of ``step``."""
@@ -249,13 +202,14 @@ class Constructor:
             self._count_served(rank, step, table)
         return table
 
-    def _wait_staged(self, kind: str, step: int, rank: int, stream: bool = False) -> None:
-        """Wait (lock held) for the step to be assembled; a rank's wait for its batch is attributed. A
-        stream waits as long as it takes (its trainer is the slowest, or planning waits), or until stop."""
-        # a stream's wait is not its trainer's (gRPC buffers ahead of it): not attributed
-        since = time.monotonic() if kind == "batch" and not stream and not self.staging.assembled(step) else None
+    def _wait_staged(self, kind: str, step: int, rank: int, later: bool) -> None:
+        """Wait (lock held) for the step to be assembled; a stream's first step waits at most
+        ``WAIT_SECONDS``, and that wait is its rank's (attributed); a later step waits as long as it takes
+        (its trainer is the slowest, or planning waits), or until stop."""
+        # a later step's wait is not its trainer's (the transport buffers ahead of it): not attributed
+        since = time.monotonic() if kind == "batch" and not later and not self.staging.assembled(step) else None
         try:
-            if stream:
+            if later:
                 self.cond.wait_for(lambda: self.failure is not None or self.stopping or self.staging.assembled(step))
             else:
                 self.waiters.wait_until(self.cond, lambda: self.failure is not None or self.staging.assembled(step),
@@ -268,12 +222,19 @@ class Constructor:
     def rank_stream(self, rank: int, first: int, end: int | None,
                     kind: str = "batch") -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         """Rank ``rank``'s ``kind`` ("batch", or "encoder": the images its vision encoder processes)
-        tables from ``first`` on, one per step, each counted (and journaled) as served when it is handed
-        out; it ends at ``end`` or when this constructor stops. A batch stream's position paces planning."""
+        tables from ``first`` on, one record batch per step, each counted (and journaled) as served when
+        it is handed out; it ends at ``end`` or when this constructor stops. The first step waits at most
+        ``WAIT_SECONDS`` (the client asks again), later ones as long as it takes.
+
+        A batch stream that goes on past its first step is a trainer's: it reports where it is (its
+        position paces assembly), and starting at or before the step last served is a rewind. A one-step
+        slice (a per-step ticket, an inspection) continues nowhere, so it does neither: a stock client
+        reading an old step neither holds assembly back nor rewinds the rank."""
         self.check_rank(rank)
-        if kind == "batch":
+        goes_on = kind == "batch" and (end is None or end > first + 1)
+        if goes_on:
             self._note_rewind(rank, first)
-        table = self._stream_take(kind, rank, first, stream=False)  # the schema comes with the first step
+        table = self._stream_take(kind, rank, first, goes_on, later=False)  # the schema comes with the first step
         if table is None:
             raise RuntimeError(f"constructor {self.index} is stopping: ask the Planner for rank {rank}'s stream again")
 
@@ -282,17 +243,19 @@ class Constructor:
             while current is not None:
                 yield current
                 step += 1
-                current = self._stream_take(kind, rank, step, stream=True) if end is None or step < end else None
+                current = (self._stream_take(kind, rank, step, goes_on, later=True) if end is None or step < end
+                           else None)
         return table.schema, steps()
 
-    def _stream_take(self, kind: str, rank: int, step: int, stream: bool) -> pa.RecordBatch | None:
+    def _stream_take(self, kind: str, rank: int, step: int, paces: bool, later: bool) -> pa.RecordBatch | None:
         """The rank's ``kind`` table of ``step`` as one record batch once assembled; None once this
-        constructor stops (a stream then ends and its trainer asks the Planner again)."""
+        constructor stops (a stream then ends and its trainer asks the Planner again). ``paces``: the
+        step is the rank's position while it waits; ``later``: a step after the stream's first."""
         with self.cond:
-            if kind == "batch":
+            if paces:
                 self._positions[rank] = step
                 self.cond.notify_all()
-            self._wait_staged(kind, step, rank, stream)
+            self._wait_staged(kind, step, rank, later)
             if self.failure:
                 raise BackgroundFailure(str(self.failure), self.failure.cause)
             if self.stopping:
@@ -341,8 +304,9 @@ class Constructor:
     def status(self) -> ConstructorStatus:
         """Assembly progress, staged steps, and what each rank was served."""
         with self.cond:
-            return ConstructorStatus(self.index, list(self.dp_ranks), self.staging.next_step - 1, self.staging.steps(),
-                                     str(self.failure) if self.failure else None, list(self._bad_samples), self.bytes_fetched,
+            return ConstructorStatus(self.index, list(self.dp_ranks), self.staging.next_step - 1,
+                                     self.staging.steps(), str(self.failure) if self.failure else None,
+                                     list(self._bad_samples), self.bytes_fetched,
                                      {str(r): dict(s) for r, s in sorted(self._served.items())},
                                      waits={str(r): w for r, w in sorted(self.timeline.totals().items())})
 
@@ -363,3 +327,5 @@ class Constructor:
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
+        if self._loop is not None:
+            self._loop.close()

@@ -1,11 +1,10 @@
 """Where each trainer rank is, as the Planner knows it: pure bookkeeping, no I/O (the server locks it).
 
-A rank on per-step tickets says where it is with every ``("batch", step, rank)`` it asks for. A rank
-on a rank stream says it once, when it asks for the stream (``("rank", rank, first)``: its own word,
-which may be behind what an earlier stream sent), and from then on its constructor reports the next
-step the stream sends with each plan request. When that constructor restarts, those reports died
-with it: the rank is *stale* until it asks for its stream again, and the restarted constructor waits
-for that before it picks the step to resume at (a report may be ahead of what reached the trainer).
+A rank says where it is when it asks for data (``asked``: its own word, which may be behind what an
+earlier stream sent); while its stream runs, its constructor reports the next step the stream sends
+(``reported``: positions only move forward). Reports die with their constructor: when it restarts, the
+ranks it reported are *stale* until they ask again, and the restarted constructor waits for that before
+it picks the step to resume at (a report may be ahead of what reached the trainer).
 """
 from __future__ import annotations
 
@@ -13,17 +12,13 @@ from __future__ import annotations
 class TrainerPositions:
     def __init__(self):
         self.requested: dict[int, int] = {}  # rank -> the step it waits for (asked or reported)
-        self.streaming: set[int] = set()     # ranks on a rank stream
-        self.stale: set[int] = set()         # stream ranks of a restarted constructor, until they ask again
+        self.reported_ranks: set[int] = set()  # ranks whose position a constructor reported
+        self.stale: set[int] = set()         # reported ranks of a restarted constructor, until they ask again
 
-    def asked_step(self, rank: int, step: int) -> None:
-        """A per-step ticket of ``step``: positions only move forward."""
-        self.requested[rank] = max(step, self.requested.get(rank, -1))
-
-    def asked_stream(self, rank: int, first: int) -> None:
-        """A rank stream from ``first``: the trainer's own word, even if behind a report."""
-        self.requested[rank] = first
-        self.streaming.add(rank)
+    def asked(self, rank: int, step: int) -> None:
+        """Rank ``rank`` asks for data from ``step`` (its stream, or that step alone): the trainer's own
+        word, even if behind a report."""
+        self.requested[rank] = step
         self.stale.discard(rank)
 
     def reported(self, positions: dict[int, int]) -> bool:
@@ -36,11 +31,11 @@ class TrainerPositions:
             if rank not in self.stale and step > self.requested.get(rank, -1):
                 new = new or rank not in self.requested
                 self.requested[rank] = step
-                self.streaming.add(rank)
+                self.reported_ranks.add(rank)
         return new or self.slowest() != slowest
 
     def constructor_restarted(self, ranks: list[int]) -> None:
-        self.stale |= self.streaming.intersection(ranks)
+        self.stale |= self.reported_ranks.intersection(ranks)
 
     def settled(self, ranks: list[int]) -> bool:
         """No rank of ``ranks`` is stale: a restarted constructor may pick its resume step."""

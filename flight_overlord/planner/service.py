@@ -180,7 +180,7 @@ class PlanService:
         with self.cond:
             if step < self.requested.get(rank, 0) and not self.rewind_pending:
                 self.planner.check_rewind(rank, step)
-            self._trainer_at(step, lambda: self.positions.asked_step(rank, step))
+            self._trainer_at(step, lambda: self.positions.asked(rank, step))
             self._wait_for_plan(step, WAIT_SECONDS)
             return self._constructor_of(rank)
 
@@ -192,7 +192,7 @@ class PlanService:
             first = self.requested.get(rank, 0) if first is None else first
             if not self.rewind_pending:
                 self.planner.check_rewind(rank, first)
-            self._trainer_at(first, lambda: self.positions.asked_stream(rank, first))
+            self._trainer_at(first, lambda: self.positions.asked(rank, first))
             return first, self._constructor_of(rank)
 
     def constructor_location(self, rank: int) -> str:

@@ -13,7 +13,8 @@ the field that is wrong). Both ends use them, so a ticket is built and read in o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field as dataclass_field
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 
 from . import field, optional_field
 
@@ -134,9 +135,9 @@ STREAM_KINDS = {"rank": "batch", "encoder-rank": "encoder"}  # a stream ticket's
 
 @dataclass(frozen=True)
 class BatchTicket:
-    """A rank's ``batch`` or ``encoder`` table of one step, or (``rank``) its stream of batches from
-    ``step`` on, up to ``end`` (exclusive; None: no end); ``raw`` keeps the signed fields (``exp``,
-    ``sig``) the constructor verifies (``wire.security``)."""
+    """A rank's ``batch`` or ``encoder`` table of one step (its stream's one-step slice), or (``rank``,
+    ``encoder-rank``) its stream from ``step`` on, up to ``end`` (exclusive; None: no end); ``raw``
+    keeps the signed fields (``exp``, ``sig``) the constructor verifies (``wire.security``)."""
     kind: str
     step: int
     rank: int
@@ -144,6 +145,16 @@ class BatchTicket:
     end: int | None = None
 
     KINDS = ("batch", "encoder", "rank", "encoder-rank")
+
+    @property
+    def streams(self) -> str:
+        """What the ticket's stream carries: "batch" (the rank's microbatches) or "encoder" (its images)."""
+        return STREAM_KINDS.get(self.kind, self.kind)
+
+    @property
+    def end_step(self) -> int | None:
+        """Where its stream ends (exclusive; None: no end): a one-step ticket is the one-step slice."""
+        return self.end if self.kind in STREAM_KINDS else self.step + 1
 
     def to_wire(self) -> dict:
         return {**self.raw, "kind": self.kind, "step": self.step, "rank": self.rank,
@@ -187,8 +198,8 @@ class RankStream:
     def from_path(cls, parts: list, mesh) -> "RankStream":
         """The descriptor's parts, checked (``mesh.coord`` names a rank outside the mesh)."""
         if len(parts) not in (2, 3, 4) or parts[0] not in STREAM_KINDS:
-            raise ValueError(f"malformed descriptor {parts!r}: a rank stream is ('rank', RANK[, FIRST_STEP[, END_STEP]]) "
-                             f"or ('encoder-rank', RANK[, FIRST_STEP[, END_STEP]])")
+            raise ValueError(f"malformed descriptor {parts!r}: a rank stream is ('rank', RANK[, FIRST_STEP[, "
+                             f"END_STEP]]) or ('encoder-rank', RANK[, FIRST_STEP[, END_STEP]])")
         try:
             rank, first, end = [int(p) for p in parts[1:]] + [None] * (4 - len(parts))
         except ValueError:
@@ -229,7 +240,8 @@ class Registration:
         location = field(raw, "location", str, "register")
         if role == "loader":
             catalog = optional_field(raw, "catalog", str, "register", None)
-            row_groups = () if catalog is not None else tuple(tuple(rg) for rg in field(raw, "row_groups", list, "register"))
+            row_groups = (() if catalog is not None
+                          else tuple(tuple(rg) for rg in field(raw, "row_groups", list, "register")))
             return cls(role, location, field(raw, "source", str, "register"), field(raw, "actor", int, "register"),
                        optional_field(raw, "replica", int, "register", 0), row_groups, catalog=catalog)
         if role == "constructor":

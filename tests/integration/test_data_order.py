@@ -9,10 +9,10 @@ import json
 from collections import Counter
 
 import numpy as np
-import pyarrow.flight as fl
 import pytest
 import yaml
 
+from flight_overlord.client import StepFetcher
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.deploy import cli
 from flight_overlord.deploy.launch import LocalCluster
@@ -24,22 +24,20 @@ from ..helpers import WEIGHTS, write_config
 RANKS = 2
 
 
-def stock_read(planner: str, steps: range, ranks: int = RANKS) -> dict[int, list[tuple[str, int]]]:
-    """Per step, every rank's (key, tokens) with the stock pyarrow.flight API only."""
-    client = fl.connect(planner)
+def read_steps(planner: str, steps: range, ranks: int = RANKS) -> dict[int, list[tuple[str, int]]]:
+    """Per step, every rank's (key, tokens), the ranks in lock-step, each step a rank stream's one-step slice."""
+    fetchers = [StepFetcher(planner, rank, timeout=120) for rank in range(ranks)]
     out = {}
     try:
         for step in steps:
             out[step] = []
-            for rank in range(ranks):
-                info = client.get_flight_info(fl.FlightDescriptor.for_path("batch", str(step), str(rank)))
-                for endpoint in info.endpoints:
-                    table = fl.connect(endpoint.locations[0].uri.decode()).do_get(endpoint.ticket).read_all()
-                    columns = table.column("sample_keys").to_pylist(), table.column("cu_seqlens").to_pylist()
-                    for keys, cu in zip(*columns):
-                        out[step].extend(zip(keys, np.diff(cu).tolist()))
+            for fetcher in fetchers:
+                table = fetcher.fetch(step)
+                for keys, cu in zip(table.column("sample_keys").to_pylist(), table.column("cu_seqlens").to_pylist()):
+                    out[step].extend(zip(keys, np.diff(cu).tolist()))
     finally:
-        client.close()
+        for fetcher in fetchers:
+            fetcher.close()
     return out
 
 
@@ -88,12 +86,12 @@ def test_resume_on_an_edited_config_drops_adds_reweights_and_readds(corpus, tmp_
     path = sources_config(tmp_path, corpus, first)
     cut, seen = 9, 11
     with LocalCluster(path) as cluster:
-        before = stock_read(cluster.planner, range(seen))  # the trainers got past their checkpoint at `cut`
+        before = read_steps(cluster.planner, range(seen))  # the trainers got past their checkpoint at `cut`
         kill_all(cluster)
     edited = {"captions": 0.1, "longdocs": 0.4, "code": 0.2, "docstrings": 0.1, "qa": 0.2}  # manuals dropped
     sources_config(tmp_path, corpus, edited)
     with LocalCluster(path, mode="resume") as cluster:
-        after = stock_read(cluster.planner, range(cut, cut + 14))
+        after = read_steps(cluster.planner, range(cut, cut + 14))
         live = audit(cluster.planner, capsys)
         kill_all(cluster)
     kept = {s: before[s] for s in range(cut)}
@@ -117,7 +115,7 @@ def test_resume_on_an_edited_config_drops_adds_reweights_and_readds(corpus, tmp_
     sources_config(tmp_path, corpus, {**edited, "manuals": 0.2})
     resume_at = cut + 14
     with LocalCluster(path, mode="resume") as cluster:
-        again = stock_read(cluster.planner, range(resume_at, resume_at + 8))
+        again = read_steps(cluster.planner, range(resume_at, resume_at + 8))
     manuals_before = [k for step in kept.values() for k, _ in step if k.startswith("manuals:")]
     manuals_again = [k for step in again.values() for k, _ in step if k.startswith("manuals:")]
     assert manuals_again and not set(manuals_again) & set(manuals_before)
@@ -135,7 +133,7 @@ def test_live_mix_then_kill_and_resume(corpus, tmp_path, capsys):
     at, cut = 8, 12  # at: past what the Planner plans after the stock reads of steps 0-2 (2 + prefetch + PLAN_AHEAD)
     new = {"captions": 0.1, "longdocs": 0.5, "code": 0.3, "qa": 0.1}
     with LocalCluster(path) as cluster:
-        before = stock_read(cluster.planner, range(3))
+        before = read_steps(cluster.planner, range(3))
         # sources not named keep their weight; --dry-run shows the weights that would be in force, changes nothing
         cli.main(["mix", cluster.planner, "--config", str(path), "--at", str(at), "--set", "code=0.5", "--dry-run"])
         shown = capsys.readouterr().out.splitlines()
@@ -158,10 +156,10 @@ def test_live_mix_then_kill_and_resume(corpus, tmp_path, capsys):
             cli.main(["mix", cluster.planner, "--config", str(path), "--set", "web=1"])
         with pytest.raises(SystemExit, match="Unauthenticated|unauthenticated|secret"):
             cli.main(["mix", cluster.planner, "--set", "qa=1"])  # no cluster secret: refused
-        before.update(stock_read(cluster.planner, range(3, cut + 2)))
+        before.update(read_steps(cluster.planner, range(3, cut + 2)))
         kill_all(cluster)
     with LocalCluster(path, mode="resume") as cluster:
-        after = stock_read(cluster.planner, range(cut, cut + 14))
+        after = read_steps(cluster.planner, range(cut, cut + 14))
     delivered = {**{s: before[s] for s in range(cut)}, **after}
     keys = [k for step in delivered.values() for k, _ in step]
     assert len(keys) == len(set(keys))
@@ -184,7 +182,7 @@ def test_resume_refuses_a_source_whose_files_changed(corpus, tmp_path):
         shutil.copytree(corpus / source, data / source)
     path = sources_config(tmp_path, data, {"code": 0.5, "qa": 0.5})
     with LocalCluster(path) as cluster:
-        stock_read(cluster.planner, range(2))
+        read_steps(cluster.planner, range(2))
     sources_config(tmp_path, data, {"code": 0.5, "qa": 0.5}, window=3)  # the cursors count windows of 2
     with pytest.raises(ConfigError, match=r"sources.code.shuffle_window: 2 when the run started, 3 now"):
         LocalCluster(path, mode="resume").start()
@@ -201,13 +199,13 @@ def test_shuffle_window_streams_are_identical_across_loader_counts_and_a_kill(co
     steps, cut = 16, 8
     path = sources_config(tmp_path / "a", corpus, WEIGHTS, window=4)
     with LocalCluster(path) as cluster:
-        reference = stock_read(cluster.planner, range(steps))
+        reference = read_steps(cluster.planner, range(steps))
     path = sources_config(tmp_path / "b", corpus, WEIGHTS, window=4, loaders={"captions": 2, "code": 3})
     with LocalCluster(path) as cluster:
-        first = stock_read(cluster.planner, range(cut + 2))
+        first = read_steps(cluster.planner, range(cut + 2))
         kill_all(cluster)
     with LocalCluster(path, mode="resume") as cluster:
-        rest = stock_read(cluster.planner, range(cut, steps))
+        rest = read_steps(cluster.planner, range(cut, steps))
     assert {**{s: first[s] for s in range(cut)}, **rest} == reference
     captions = [k for step in reference.values() for k, _ in step if k.startswith("captions:")]
     groups = {tuple(k.split(":")[1:3]) for k in captions[:40]}

@@ -11,6 +11,7 @@ import pyarrow.flight as fl
 import pyarrow.parquet as pq
 import pytest
 
+from flight_overlord import harness
 from flight_overlord.client import TrainerClient
 from flight_overlord.config import load_config
 from flight_overlord.core import hdp
@@ -46,13 +47,8 @@ def hdp_run(tmp_path_factory):
         client = fl.FlightClient(cluster.planner)  # a stock client: descriptor -> endpoint -> do_get
         schema = client.get_schema(fl.FlightDescriptor.for_path("batch", "0", "0")).schema
         assert schema.metadata[b"name"] == b"hdp_microbatch" and "seq_cp_first" in schema.names
-        run = {}
-        for step in range(STEPS):
-            for rank in range(cfg.mesh.world_size):
-                info = client.get_flight_info(fl.FlightDescriptor.for_path("batch", str(step), str(rank)))
-                endpoint = info.endpoints[0]
-                reader = fl.FlightClient(endpoint.locations[0]).do_get(endpoint.ticket)
-                run[(step, rank)] = reader.read_all()
+        tables = harness.fetch_steps(cluster.planner, cfg.mesh.world_size, 0, STEPS)
+        run = {(step, rank): tables[rank][step] for step in range(STEPS) for rank in range(cfg.mesh.world_size)}
         with TrainerClient(cluster.planner, rank=0, start_step=STEPS, num_steps=1) as trainer:
             tensors = next(iter(trainer))
     return cfg, path, run, tensors
@@ -123,7 +119,7 @@ def test_trainer_client_rows_under_hdp(hdp_run):
 
 
 def test_pipeline_stages_under_hdp_get_their_fields(hdp_run, tmp_path):
-    """pp=2 x cp=2 under HDP, read with a stock Flight client: the first stage gets tokens and positions,
+    """pp=2 x cp=2 under HDP, read as trainers read: the first stage gets tokens and positions,
     the last labels and loss mask of the same shares (the next tokens of samples held whole), both the
     same keys, boundaries and token ranges."""
     (tmp_path / "hdp_pp.py").write_text('def build(s):\n    return s.cost("attention").distribute("HDP", '
@@ -131,8 +127,8 @@ def test_pipeline_stages_under_hdp_get_their_fields(hdp_run, tmp_path):
     path = hdp_config(tmp_path, hdp_run[1].parent / "data", tmp_path / "hdp_pp.py", mesh={"dp": 1, "cp": 2, "pp": 2})
     mesh = load_config(path).mesh
     with LocalCluster(path) as cluster:
-        client = fl.FlightClient(cluster.planner)
-        rows = {(step, rank): stock_rows(client, step, rank) for step in range(2) for rank in range(mesh.world_size)}
+        tables = harness.fetch_steps(cluster.planner, mesh.world_size, 0, 2)
+        rows = {(step, rank): tables[rank][step] for step in range(2) for rank in range(mesh.world_size)}
     tokens_seen = 0
     for (step, rank), table in rows.items():
         if mesh.coord(rank).pp == 1:
@@ -155,12 +151,6 @@ def test_pipeline_stages_under_hdp_get_their_fields(hdp_run, tmp_path):
                     assert np.array_equal(labels[cu[j]:cu[j] + n - 1], ids[cu[j] + 1:cu[j] + n])
                     tokens_seen += n
     assert tokens_seen > 0
-
-
-def stock_rows(client: fl.FlightClient, step: int, rank: int):
-    info = client.get_flight_info(fl.FlightDescriptor.for_path("batch", str(step), str(rank)))
-    endpoint = info.endpoints[0]
-    return fl.FlightClient(endpoint.locations[0]).do_get(endpoint.ticket).read_all()
 
 
 

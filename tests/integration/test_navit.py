@@ -8,11 +8,12 @@ import collections
 import pathlib
 
 import numpy as np
-import pyarrow.flight as fl
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from flight_overlord.client import StepFetcher
 from flight_overlord.client.trainer import table_to_encoder_inputs, table_to_microbatches
 from flight_overlord.config import load_config
 from flight_overlord.core.vision import image_size, patch_grid
@@ -25,10 +26,15 @@ STEPS = 3
 CONFIG = pathlib.Path(__file__).resolve().parents[2] / "configs" / "vlm_navit.yaml"
 
 
-def stock_read(client: fl.FlightClient, kind: str, step: int, rank: int):
-    info = client.get_flight_info(fl.FlightDescriptor.for_path(kind, str(step), str(rank)))
-    endpoint = info.endpoints[0]
-    return fl.FlightClient(endpoint.locations[0]).do_get(endpoint.ticket).read_all()
+def read_run(planner: str, steps: int, ranks: int) -> dict[tuple[str, int, int], pa.Table]:
+    """(kind, step, rank) -> the table, for the batches and the encoder inputs of every rank."""
+    fetchers = [StepFetcher(planner, rank, timeout=120) for rank in range(ranks)]
+    try:
+        return {(kind, step, rank): fetchers[rank].fetch(step, kind)
+                for step in range(steps) for rank in range(ranks) for kind in ("batch", "encoder")}
+    finally:
+        for fetcher in fetchers:
+            fetcher.close()
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +50,7 @@ def navit_run(tmp_path_factory):
     path.write_text(yaml.safe_dump(raw))
     cfg = load_config(path)
     with LocalCluster(path) as cluster:
-        client = fl.FlightClient(cluster.planner)
-        run = {(kind, step, rank): stock_read(client, kind, step, rank)
-               for step in range(STEPS) for rank in range(cfg.mesh.world_size) for kind in ("batch", "encoder")}
+        run = read_run(cluster.planner, STEPS, cfg.mesh.world_size)
     return cfg, path, root / "data", run
 
 

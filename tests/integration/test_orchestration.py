@@ -15,9 +15,8 @@ from flight_overlord.core.context_parallel import reassemble
 from flight_overlord.core.mesh import Coord, Mesh
 from flight_overlord.core.schedules import FeedbackLog, weights_at
 from flight_overlord.deploy.launch import LocalCluster
-from flight_overlord.harness import stock_fetch
+from flight_overlord.harness import fetch_steps
 from flight_overlord.planner.strategy import load_strategy
-from flight_overlord.wire.server import ClientPool
 
 from ..helpers import WEIGHTS, delivered_keys, each_rank, journal, journal_records, write_config
 
@@ -41,10 +40,8 @@ def test_4d_mesh_end_to_end(corpus, tmp_path):
     path = write_config(tmp_path, corpus, strategy="s4d.py", mesh={"pp": 2, "dp": 2, "cp": 2, "tp": 2},
                         global_batch={"context_length": 1024, "microbatches": 2, "tokens_per_step": 3600})
     cfg, mesh, steps = load_config(path), Mesh(2, 2, 2, 2), 8
-    clients = ClientPool()  # plain pyarrow.flight clients, one per location
-    with LocalCluster(path) as cluster:  # read as a stock Flight client does
-        run = {r: [stock_fetch(clients.get, cluster.planner, step, r) for step in range(steps)] for r in range(16)}
-    clients.close()
+    with LocalCluster(path) as cluster:
+        run = fetch_steps(cluster.planner, 16, 0, steps)
     L = cfg.global_batch.context_length
     for step in range(steps):
         for dp in range(2):

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import json
 
-import pyarrow.flight as fl
 import pytest
 
-from flight_overlord import harness
+from flight_overlord.client import StepFetcher
 from flight_overlord.config import ConfigError, load_config
 from flight_overlord.deploy import cli
 from flight_overlord.deploy.launch import LocalCluster
 
 from ..helpers import journal_records, train, write_config
-from .test_data_order import kill_all, stock_read
+from .test_data_order import kill_all, read_steps
 
 
 def audit(path, capsys) -> dict:
@@ -28,19 +27,19 @@ def test_skip_steps_10_to_14_live_then_kill_and_resume_with_more_skipped_in_the_
     steps, cut = 20, 12
     undisturbed = write_config(tmp_path / "undisturbed", corpus, checkpoint={"every": 4}, skip=["10:14", "15:16"])
     with LocalCluster(undisturbed) as cluster:
-        reference = stock_read(cluster.planner, range(steps))
+        reference = read_steps(cluster.planner, range(steps))
     path = write_config(tmp_path / "live", corpus, checkpoint={"every": 4})
     with LocalCluster(path) as cluster:
-        before = stock_read(cluster.planner, range(2))
+        before = read_steps(cluster.planner, range(2))
         cli.main(["skip", cluster.planner, "--config", str(path), "--steps", "10:14"])
         assert capsys.readouterr().out.startswith("steps 10-14 (set): the samples they would have had are dropped")
         cli.main(["status", cluster.planner, "--once"])
         assert "skipped steps (their samples dropped): 10-14" in capsys.readouterr().out
-        before.update(stock_read(cluster.planner, range(2, cut + 2)))
+        before.update(read_steps(cluster.planner, range(2, cut + 2)))
         kill_all(cluster)
     write_config(tmp_path / "live", corpus, checkpoint={"every": 4}, skip=["10:14", "15:16"])
     with LocalCluster(path, mode="resume") as cluster:
-        after = stock_read(cluster.planner, range(cut, steps))
+        after = read_steps(cluster.planner, range(cut, steps))
     assert {**{s: before[s] for s in range(cut)}, **after} == reference
     assert [r["rewind"] for r in journal_records(path) if "rewind" in r] == [cut]  # 15-16 were planned before
     report = audit(path, capsys)
@@ -60,8 +59,12 @@ SHAPE = {"batch": {"ramp": {"from": 8, "to": 32, "start": 0, "end": 40}},
 
 
 def rows_of(planner: str, step: int) -> int:
-    """Rank 0's microbatches of ``step``, read with a stock client."""
-    return harness.stock_fetch(fl.connect, planner, step, 0).num_rows
+    """Rank 0's microbatches of ``step``."""
+    fetcher = StepFetcher(planner, 0, timeout=120)
+    try:
+        return fetcher.fetch(step).num_rows
+    finally:
+        fetcher.close()
 
 
 def shape_config(directory, corpus):
@@ -75,15 +78,15 @@ def test_a_batch_ramp_and_a_context_stage_killed_mid_ramp_and_resumed_across_the
     past step 20), resumed: every rank's stream equals the undisturbed run's."""
     steps, cut = 42, 18
     with LocalCluster(shape_config(tmp_path / "undisturbed", corpus)) as cluster:
-        reference = stock_read(cluster.planner, range(steps))
+        reference = read_steps(cluster.planner, range(steps))
         rows = {steps: rows_of(cluster.planner, steps)}  # planned ahead, not read yet
     path = shape_config(tmp_path / "killed", corpus)
     with LocalCluster(path) as cluster:
-        before = stock_read(cluster.planner, range(cut))
+        before = read_steps(cluster.planner, range(cut))
         rows.update({step: rows_of(cluster.planner, step) for step in (cut, cut + 1)})  # read past the cut
         kill_all(cluster)
     with LocalCluster(path, mode="resume") as cluster:
-        after = stock_read(cluster.planner, range(cut, steps))
+        after = read_steps(cluster.planner, range(cut, steps))
     assert rows == {cut: 4, cut + 1: 4, steps: 2}  # microbatches of rank 0: its stage's
     assert {**{s: before[s] for s in range(cut)}, **after} == reference
     drawn = {r["step"]: r["stats"]["deferred"] + sum(r["stats"]["samples"].values()) for r in journal_records(path)

@@ -73,7 +73,7 @@ def test_steps_in_flight_to_a_rank_stay_within_prefetch_plus_one(reference):
 
 def _train(planner: str, rank: int, first: int, last: int, *, prefetch: int = PREFETCH) -> list:
     with TrainerClient(planner, rank, num_steps=last - first, prefetch=prefetch, as_tensors=False,
-                       timeout=120, system_allocator=False) as client:
+                       timeout=120) as client:
         client.load_state_dict({"rank": rank, "next_step": first})
         return [(t.column("step")[0].as_py(), step_digest(t)) for t in client]
 
@@ -112,8 +112,7 @@ KILL_AT = 12  # the rank without a checkpoint is killed once it yielded this ste
 _TRAINER = """
 import sys, time
 from flight_overlord.client import TrainerClient
-with TrainerClient(sys.argv[1], int(sys.argv[2]), prefetch=int(sys.argv[3]), as_tensors=False, timeout=120,
-                   system_allocator=False) as client:
+with TrainerClient(sys.argv[1], int(sys.argv[2]), prefetch=int(sys.argv[3]), as_tensors=False, timeout=120) as client:
     for table in client:
         step = table.column("step")[0].as_py()
         print(step, flush=True)
@@ -146,8 +145,7 @@ def test_a_rank_restarted_without_state_rejoins_where_the_planner_says(reference
             got[1] = _train(cluster.planner, 1, 0, STEPS)
             return
         rejoined["killed_after"] = _killed_after(cluster.planner, 0, KILL_AT)
-        with TrainerClient(cluster.planner, 0, prefetch=PREFETCH, as_tensors=False, timeout=120,
-                           system_allocator=False) as client:
+        with TrainerClient(cluster.planner, 0, prefetch=PREFETCH, as_tensors=False, timeout=120) as client:
             rejoined["step"] = first = client.rejoin()  # no checkpoint: the Planner says where
             client.num_steps = STEPS - first
             got[0] = [(t.column("step")[0].as_py(), step_digest(t)) for t in client]
@@ -176,8 +174,7 @@ def _refuse_before_the_oldest_snapshot(cluster) -> None:
     first = sorted(planner_dir.glob("planner-*.json"))[0]
     shutil.move(first, first.with_suffix(".aside"))
     try:
-        with TrainerClient(cluster.planner, 0, num_steps=1, as_tensors=False, timeout=30,
-                           system_allocator=False) as client:
+        with TrainerClient(cluster.planner, 0, num_steps=1, as_tensors=False, timeout=30) as client:
             next(client)
     finally:
         shutil.move(first.with_suffix(".aside"), first)

@@ -52,15 +52,16 @@ def test_the_trainer_client_does_not_load_the_config_parser_or_its_readers():
     assert loaded == "", f"a trainer process loads {loaded}"
 
 
-def test_the_trainer_client_moves_pyarrows_pool_to_the_system_allocator_unless_told_otherwise():
-    """pyarrow loaded first (by the script): the client moves the Python-level pool from the build's
-    default to the system allocator; not with ``system_allocator=False``, nor where the variable chooses."""
+def test_the_trainer_client_moves_pyarrows_pool_to_the_system_allocator_only_when_asked():
+    """A library leaves its host process's pool alone: the client moves the Python-level pool from the
+    build's default to the system allocator only with ``system_allocator=True``, and not even then where
+    the variable chooses."""
     default, chosen = _default_other_than_system(), _pool_other_than_system()
     code = ("import pyarrow as pa; from flight_overlord import TrainerClient; "
             "c = TrainerClient('grpc://127.0.0.1:1', 0, {}); print(pa.default_memory_pool().backend_name); c.close()")
-    assert _run(code.format("")) == "system"
-    assert _run(code.format("system_allocator=False")) == default
-    assert _run(code.format(""), {"ARROW_DEFAULT_MEMORY_POOL": chosen}) == chosen
+    assert _run(code.format("")) == default
+    assert _run(code.format("system_allocator=True")) == "system"
+    assert _run(code.format("system_allocator=True"), {"ARROW_DEFAULT_MEMORY_POOL": chosen}) == chosen
 
 
 @pytest.mark.parametrize("chosen", [None, CHOSEN])
@@ -85,14 +86,23 @@ def test_importing_the_command_leaves_the_environment_alone():
     assert _run(code) == "None"
 
 
+def test_importing_the_client_leaves_arrows_pool_and_the_environment_alone():
+    """The client loads pyarrow as the process left it: Arrow's own pool is the build's default."""
+    default = _default_other_than_system()
+    code = ("import os, flight_overlord.client, pyarrow as pa; "
+            "print(pa.default_memory_pool().backend_name, os.environ.get('ARROW_DEFAULT_MEMORY_POOL'))")
+    assert _run(code) == f"{default} None"
+
+
 @pytest.mark.parametrize("chosen", [None, CHOSEN])
-def test_the_client_loads_pyarrow_with_the_system_allocator_for_flights_reads_and_leaves_the_environment(chosen):
-    """A training script imports torch and the client; the client is the first to load pyarrow, so Arrow's
-    C++ pool (what Flight's reads allocate from) is the system allocator, unless the variable chooses;
-    the variable is not left behind for the trainer's own child processes."""
+def test_a_training_script_that_asks_first_gets_the_system_allocator_for_flights_reads(chosen):
+    """A training script that calls ``system_pool_if_first_to_load_pyarrow`` before anything loads pyarrow
+    has Arrow's C++ pool (what Flight's reads allocate from) on the system allocator, unless the variable
+    chooses; the variable is not left behind for the trainer's own child processes."""
     chosen = _chosen(chosen)
     env = {"ARROW_DEFAULT_MEMORY_POOL": chosen} if chosen else {}
-    code = ("import os, flight_overlord.client, pyarrow as pa; "
+    code = ("import os; from flight_overlord import allocator; allocator.system_pool_if_first_to_load_pyarrow(); "
+            "import flight_overlord.client, pyarrow as pa; "
             "print(pa.default_memory_pool().backend_name, os.environ.get('ARROW_DEFAULT_MEMORY_POOL'))")
     assert _run(code, env) == f"{chosen or 'system'} {chosen}"
 

@@ -1,34 +1,27 @@
-"""TrainerPositions: where the Planner believes each rank is, across per-step tickets, rank streams
-and constructor restarts, and where a replica group that lost its state rejoins."""
+"""TrainerPositions: where the Planner believes each rank is, from the ranks' asks, their constructors'
+reports and constructor restarts, and where a replica group that lost its state rejoins."""
 from flight_overlord.core.mesh import Mesh
 from flight_overlord.core.positions import TrainerPositions
 
 
-def test_per_step_asks_only_move_forward():
+def test_an_ask_is_the_trainers_word_even_behind_a_report():
     p = TrainerPositions()
-    p.asked_step(0, 5)
-    p.asked_step(0, 3)
-    assert p.requested == {0: 5} and p.slowest() == 5
-
-
-def test_a_stream_ask_is_the_trainers_word_even_behind_a_report():
-    p = TrainerPositions()
-    p.asked_stream(0, 0)
+    p.asked(0, 0)
     assert p.reported({0: 7}) and p.requested[0] == 7
     assert not p.reported({0: 6})  # reports never move a rank back
-    p.asked_stream(0, 5)  # the stream broke; steps 5, 6 never reached the trainer
-    assert p.requested[0] == 5
+    p.asked(0, 5)  # the stream broke; steps 5, 6 never reached the trainer
+    assert p.requested[0] == 5 and p.slowest() == 5
 
 
-def test_a_restarted_constructors_stream_ranks_are_stale_until_they_ask_again():
+def test_a_restarted_constructors_reported_ranks_are_stale_until_they_ask_again():
     p = TrainerPositions()
-    p.asked_stream(0, 0)
-    p.asked_step(1, 4)  # per-step ranks say where they are with every ask: never stale
+    p.asked(0, 0)
+    p.asked(1, 4)  # asked, never reported (one step at a time): its word stands, never stale
     p.reported({0: 9})
     p.constructor_restarted([0, 1])
     assert not p.settled([0, 1]) and p.settled([1])
     assert not p.reported({0: 12}) and p.requested[0] == 9  # no report moves a stale rank
-    p.asked_stream(0, 8)
+    p.asked(0, 8)
     assert p.settled([0, 1]) and p.requested == {0: 8, 1: 4} and p.slowest() == 4
 
 
@@ -48,7 +41,7 @@ def test_no_rank_yet():
 def test_a_replica_group_rejoins_at_its_earliest_rank_counting_what_its_constructor_served():
     p = TrainerPositions()
     for rank in range(4):
-        p.asked_stream(rank, 0)
+        p.asked(rank, 0)
     p.reported({0: 6, 1: 6, 2: 9, 3: 9})
     assert p.rejoin_step((0, 1), {}) == 6
     # the constructor sent further than it reported (reports ride on plan requests, which run ahead)
@@ -59,8 +52,8 @@ def test_a_replica_group_rejoins_at_its_earliest_rank_counting_what_its_construc
 def test_a_group_never_heard_of_rejoins_where_the_slowest_rank_is():
     p = TrainerPositions()
     assert p.rejoin_step((0,), {}) == 0  # a fresh run
-    p.asked_stream(1, 4)
-    p.asked_stream(2, 7)
+    p.asked(1, 4)
+    p.asked(2, 7)
     assert p.rejoin_step((0,), {}) == 4
 
 

@@ -1,94 +1,22 @@
-"""The pieces of the trainer's side of failures, without servers: rank-stream credits, steps built
-again once for every rank that went back, the client's address check, wait log and one-line
-refusals, the Planner's address kept for a resume, a re-fetch of a released row group, and rewinds
-in the audit."""
+"""The pieces of the trainer's side of failures, without servers (credits: test_credits.py; steps
+built again: test_rebuilt.py): the client's address check, wait log and one-line refusals, the
+Planner's address kept for a resume, a re-fetch of a released row group, and rewinds in the audit."""
 from __future__ import annotations
 
 import logging
 import socket
-import threading
 import time
 from types import SimpleNamespace
 
-import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
 from flight_overlord.client.fetcher import WaitLog, checked_address
-from flight_overlord.constructor.rebuilt import RebuiltSteps
 from flight_overlord.deploy import planner_address
 from flight_overlord.errors import ConfigError
 from flight_overlord.loader.state import LoaderState
 from flight_overlord.planner.audit import compute_audit, render
-from flight_overlord.wire.credits import CreditReader, credit_after, credit_message
 from flight_overlord.wire.server import refusal
-
-
-class _Chunks:
-    """A do_exchange reader's side as the constructor sees it: the client's messages, in order."""
-
-    def __init__(self, messages):
-        self._messages = list(messages)
-
-    def read_chunk(self):
-        if not self._messages:
-            raise StopIteration
-        return SimpleNamespace(data=None, app_metadata=pa.py_buffer(self._messages.pop(0)))
-
-
-def test_credit_after_leaves_prefetch_plus_one_steps_in_flight():
-    prefetch = 2
-    for queued in range(prefetch + 1):  # after step 9 is queued with `queued` steps in the queue
-        upto = credit_after(9, prefetch, queued)
-        assert queued + (upto - 10) == prefetch + 1  # in the queue, plus what may still be sent
-    assert credit_after(-1, prefetch, 0) == prefetch + 1  # the start: steps 0..prefetch
-
-
-def test_the_constructor_sends_a_step_only_within_the_credit():
-    reader = CreditReader(_Chunks([credit_message(3), credit_message(2), credit_message(6)]), first=0)
-    assert reader.allows(0, lambda: False)  # the first step always goes (it carries the schema)
-    assert reader.allows(2, lambda: False) and reader.upto == 3
-    assert reader.allows(5, lambda: False) and reader.upto == 6  # a smaller credit never takes one back
-    assert not reader.allows(6, lambda: False)  # the client ended the stream
-    assert not CreditReader(_Chunks([credit_message(9)]), first=0).allows(3, lambda: True)  # the server stops
-    with pytest.raises(ValueError, match="malformed credit"):
-        CreditReader(_Chunks([b'{"upto": "x"}']), first=0).allows(1, lambda: False)
-
-
-def test_a_step_built_again_is_built_once_for_every_rank_that_asks_and_few_are_kept():
-    built, gate = [], threading.Event()
-
-    def build(step):
-        built.append(step)
-        gate.wait(5)
-        return {"step": step}
-    steps = RebuiltSteps(build, keep=2)
-    got = []
-    ranks = [threading.Thread(target=lambda: got.append(steps.tables(4))) for _ in range(3)]
-    for t in ranks:
-        t.start()
-    while not built:
-        time.sleep(0.01)
-    gate.set()
-    for t in ranks:
-        t.join(5)
-    assert built == [4] and got == [{"step": 4}] * 3
-    steps.tables(5), steps.tables(6)
-    assert steps.steps() == [5, 6]
-
-
-def test_a_failed_build_is_raised_and_built_again_on_the_next_ask():
-    answers = iter([RuntimeError("loader down"), {"ok": True}])
-
-    def build(step):
-        answer = next(answers)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-    steps = RebuiltSteps(build, keep=2)
-    with pytest.raises(RuntimeError, match="loader down"):
-        steps.tables(1)
-    assert steps.tables(1) == {"ok": True}
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1:8815", "http://h:1", "grpc://h", "grpc://h:port", "", None])

@@ -51,7 +51,7 @@ def _read(ends: dict[str, int], steps: int) -> tuple[list[int], BaseException]:
     got = []
     try:
         with TrainerClient(f"grpc://127.0.0.1:{server.port}", 3, num_steps=steps, encoder=True, as_tensors=False,
-                           timeout=1.0, system_allocator=False) as client:
+                           timeout=1.0) as client:
             with pytest.raises((RuntimeError, TimeoutError)) as raised:
                 for table, encoder in client:
                     assert table.column("step").to_pylist() == encoder.column("step").to_pylist()
