@@ -21,7 +21,7 @@ SERVED_SECONDS = 10.0  # how long a rejoining rank's question waits for its cons
 
 
 class PlannerCalls:
-    """The Flight side of the Planner's ports (``ports.py``): ``Metadata``, ``Liveness``, ``Reshards``."""
+    """The Flight side of the Planner's ports: its ``fetch_meta`` (``meta_fetcher``), ``ports.RoleCalls``."""
 
     def __init__(self, credentials: Credentials, routes: LoaderRoutes, *, fetch_seconds: float = 300.0):
         """``fetch_seconds``: the deadline of one metadata fetch (``liveness.fetch_seconds``)."""

@@ -1,16 +1,11 @@
-"""What the Planner's logic asks of other roles, as small protocols: its Flight implementation is
-``calls.PlannerCalls``; a unit test gives in-memory fakes (``tests/unit/test_plan_service.py``)."""
+"""What ``PlanService`` asks of other roles, as small protocols: their Flight implementation is
+``calls.PlannerCalls``; a unit test gives in-memory fakes (``tests/unit/test_plan_service.py``). The
+Planner's own port is its ``fetch_meta`` (a source's row-group metadata: ``PlannerCalls.meta_fetcher``)."""
 from __future__ import annotations
 
 from typing import Protocol
 
 from ..wire.tickets import Reshard
-from .feed import FetchMeta
-
-
-class Metadata(Protocol):
-    def meta_fetcher(self, source: str) -> FetchMeta:
-        """A source's row-group metadata, as its loaders send it."""
 
 
 class Liveness(Protocol):
