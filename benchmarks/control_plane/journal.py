@@ -56,7 +56,7 @@ def measure(dp: int, steps: int, workdir: Path, row_groups: int) -> dict:
         p = Planner(cfg, strategy, lambda source: feeds[source].fetch_meta)
         p.open(resume=resume)
         for name, feed in feeds.items():
-            p.registry.register_loader(name, 0, 0, "grpc://127.0.0.1:1",
+            p.roster.register_loader(name, 0, 0, "grpc://127.0.0.1:1",
                                        [[rg.file, rg.row_group, rg.num_rows] for rg in feed.row_groups])
         p.start_feeds()
         return p
@@ -87,7 +87,7 @@ def measure(dp: int, steps: int, workdir: Path, row_groups: int) -> dict:
         if per_step:  # the bench's stand-in for the replay of before (the live reader swapped)
             restarted.replayer._live = ReadOrderPerStep(cfg, restarted.replayer.unreadable,
                                                         lambda source: feeds[source].fetch_meta,
-                                                        restarted.registry.source_row_groups)
+                                                        restarted.roster.source_row_groups)
         t = time.process_time()
         for step in range(steps):
             restarted.journaled(step)

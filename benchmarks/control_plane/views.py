@@ -29,27 +29,30 @@ def one_run(dp: int, steps: int) -> None:
     from benchmarks.control_plane.plan_time import synthetic_planner
     from flight_overlord.planner import views
     from flight_overlord.planner.program import plan_step
-    from flight_overlord.planner.registry import Registry
     from flight_overlord.planner.step_plan import StepPlan
+    try:
+        from flight_overlord.planner.roster import Roster
+    except ImportError:  # a tree from before the roster's name
+        from flight_overlord.planner.registry import Registry as Roster
 
     feeds, mixer, strategy, weights = synthetic_planner(dp)
     mesh = strategy.mesh
-    registry = Registry(strategy.cfg, mesh.num_constructors)
+    roster = Roster(strategy.cfg, mesh.num_constructors)
     for source, feed in feeds.items():
-        registry.register_loader(source, 0, 0, "grpc://127.0.0.1:9",
+        roster.register_loader(source, 0, 0, "grpc://127.0.0.1:9",
                                  [[rg.file, rg.row_group, rg.num_rows] for rg in feed.row_groups])
 
     def one_view(plan, c):
         if hasattr(views, "wire_view"):  # a tree with two builders
-            return views.wire_view(plan, c, mesh, registry, frozenset())
-        return views.step_views(plan, mesh, registry, frozenset(), [c])[0]
+            return views.wire_view(plan, c, mesh, roster, frozenset())
+        return views.step_views(plan, mesh, roster, frozenset(), [c])[0]
 
     digest, every, alone = hashlib.sha256(), 0.0, 0.0
     for step in range(steps + 1):
         plan = plan_step(step, feeds, mixer, strategy, weights)
         journaled = StepPlan.from_record(plan.to_record())
         start = time.thread_time()
-        made = views.step_views(plan, mesh, registry, frozenset())
+        made = views.step_views(plan, mesh, roster, frozenset())
         middle = time.thread_time()
         again = one_view(journaled, mesh.num_constructors // 2)
         end = time.thread_time()

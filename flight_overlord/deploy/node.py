@@ -19,7 +19,7 @@ from .. import allocator, wire
 from ..config import Config, load_config
 from ..journal import write_json_atomic
 from ..planner.catalogs import CatalogCache
-from ..planner.registry import REGISTRY_FILE, Registry
+from ..planner.roster import ROSTER_FILE, Roster
 from ..role_process import advertised_host, role_parser
 from ..wire.server import serve
 from .topology import hosts_every_role, roles
@@ -93,18 +93,18 @@ def previous_ports(cfg: Config) -> dict[str, int]:
         return _checked(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError, AttributeError) as exc:  # unreadable, not JSON, not port numbers
         log.warning("%s is unreadable (%s); the roles take the ports the Planner registered them at (%s)",
-                    path, exc, REGISTRY_FILE)
+                    path, exc, ROSTER_FILE)
         return registered_ports(cfg, why=f"{path} is unreadable ({exc})")
 
 
 def registered_ports(cfg: Config, *, why: str) -> dict[str, int]:
     """The port of every hosted role, from the Planner's registrations in ``run_dir`` (``why``: why they are asked)."""
-    path = Path(cfg.run_dir) / REGISTRY_FILE
-    registry = Registry(cfg, cfg.num_constructors, CatalogCache(cfg))
+    path = Path(cfg.run_dir) / ROSTER_FILE
+    roster = Roster(cfg, cfg.num_constructors, CatalogCache(cfg))
     try:
-        registry.load_state_dict(wire.decode(path.read_bytes(), str(path)))  # as the Planner reads it
-        return _checked({spec.name: (registry.locations(spec.actors[0])[spec.replica] if spec.role == "loader"
-                                     else registry.constructors[spec.index]).rsplit(":", 1)[1]
+        roster.load_state_dict(wire.decode(path.read_bytes(), str(path)))  # as the Planner reads it
+        return _checked({spec.name: (roster.locations(spec.actors[0])[spec.replica] if spec.role == "loader"
+                                     else roster.constructors[spec.index]).rsplit(":", 1)[1]
                          for spec in roles(cfg)[1:]})
     except (OSError, ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
         raise SystemExit(f"error: overlord serve node --recover: {why}, and the roles' ports are not in {path} "

@@ -1,5 +1,5 @@
 """The Planner role's parts, built in one place, each given what it uses: the routes to the loaders
-(registry and live resharding, ``LoaderRoutes``), the calls to other roles over Flight
+(roster and live resharding, ``LoaderRoutes``), the calls to other roles over Flight
 (``PlannerCalls``), the planning logic (``Planner``) and the service around it (``PlanService``)."""
 from __future__ import annotations
 

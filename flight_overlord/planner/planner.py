@@ -40,12 +40,12 @@ class Planner(LiveEdits):
     def __init__(self, cfg: Config, strategy: Strategy, fetch_meta: Callable[[str], FetchMeta] | None,
                  routes: LoaderRoutes | None = None):
         """``fetch_meta``: a source's metadata from its loaders; None offline (an audit): from its files.
-        ``routes``: the registry and live resharding, shared with what addresses the loaders (default: its own)."""
+        ``routes``: the roster and live resharding, shared with what addresses the loaders (default: its own)."""
         self.cfg = cfg
         self.strategy = strategy
         self.mesh: Mesh = strategy.mesh
         self.routes = routes or LoaderRoutes.of(cfg, self.mesh.num_constructors)
-        self.registry = self.routes.registry
+        self.roster = self.routes.roster
         self.feedback = FeedbackLog(expected=cfg.mesh.dp)  # one report per data-parallel group
         self.next_step = 0
         self.feeds: dict[str, SourceFeed] = {}   # built once every loader has registered (start_feeds)
@@ -66,7 +66,7 @@ class Planner(LiveEdits):
         self._snapshots = Snapshots(self._dir, "planner", bucket=10 * cfg.checkpoint.every)
         self._journal: Journal | None = None
         self.replayer = Replayer(cfg, strategy, self._journal_path, self._snapshots, fetch_meta,
-                                 self.registry.source_row_groups)  # journaled steps, served again
+                                 self.roster.source_row_groups)  # journaled steps, served again
         self.journal_layout: dict | None = None  # the layout of the run restored from, if any
         self.scaling = self.routes.scaling  # live resharding, or None
         self.scaled: list[dict] = []  # the scaling events of the step planned last
@@ -94,15 +94,15 @@ class Planner(LiveEdits):
         source in the restored state but not in the config (dropped) keeps its cursor in the state; a
         source in the config but not in the state (added) starts at epoch 0."""
         watched = self.replayer.unreadable.watched  # notes where a row group's reads start or stop failing
-        self.feeds = {s.name: SourceFeed(s.name, self.registry.source_row_groups(s.name), self.cfg.seed,
+        self.feeds = {s.name: SourceFeed(s.name, self.roster.source_row_groups(s.name), self.cfg.seed,
                                          watched(s.name, self._fetch_meta(s.name), self._journal.synced_size),
                                          s.shuffle_window) for s in self.cfg.sources}
         for name, feed_state in self._feed_states.items():
             if name in self.feeds:
                 self.feeds[name].load_state_dict(feed_state)
-        self.replayer.configs.note_catalogs(dict(self.registry.catalogs))
+        self.replayer.configs.note_catalogs(dict(self.roster.catalogs))
         if self.scaling is not None:
-            self.scaling.start(self.registry)
+            self.scaling.start(self.roster)
 
     # -- planning ----------------------------------------------------------------------
     def feedback_ready(self, step: int) -> bool:

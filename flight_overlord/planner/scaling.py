@@ -6,7 +6,7 @@ segment of the source, starting past everything its current actors may have read
 group changes hands), and is journaled with the step's plan (``"scaling"``) and in the planning state
 after it (``"scaling"``: the scaler's counters, every source's segments, the latest events). The
 metadata tickets of a resharded source carry its segments: its actors journal them, so their shadows
-and restarts follow, and constructors find every sample at its owner (``Registry.owner``).
+and restarts follow, and constructors find every sample at its owner (``Roster.owner``).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dataclasses import replace
 from ..config import Config
 from ..core.scaling import Ownership, Scaler
 from .feed import SourceFeed
-from .registry import Registry
+from .roster import Roster
 
 KEEP_EVENTS = 32  # events kept in the journaled state and shown by status
 
@@ -30,19 +30,19 @@ class SourceScaling:
                              max_actors={s.name: cfg.provisioned_actors(s) for s in cfg.sources})
         self.segments = {s.name: [[0, s.loaders]] for s in cfg.sources}
         self.events: list[dict] = []
-        self._registry: Registry | None = None
+        self._roster: Roster | None = None
 
-    def start(self, registry: Registry) -> None:
+    def start(self, roster: Roster) -> None:
         """Every loader registered: own the sources' row groups by segments from now on."""
-        self._registry = registry
-        registry.ownership = {name: Ownership(registry.source_row_groups(name), seed=self.cfg.seed, source=name,
+        self._roster = roster
+        roster.ownership = {name: Ownership(roster.source_row_groups(name), seed=self.cfg.seed, source=name,
                                               segments=segments) for name, segments in self.segments.items()}
 
     def decide(self, step: int, weights: dict[str, float], feeds: dict[str, SourceFeed]) -> list[dict]:
         """The scaling events taking effect at step ``step`` (before its plan asks for any metadata)."""
         events = []
         for event in self.scaler.observe(step, weights):
-            ownership = self._registry.ownership[event.source]
+            ownership = self._roster.ownership[event.source]
             boundary = ownership.boundary(feeds[event.source].frontier(), self.cfg.loader.read_ahead_row_groups)
             ownership.extend(boundary, event.actors)
             self.segments[event.source] = ownership.to_list()
@@ -63,8 +63,8 @@ class SourceScaling:
         self.segments = {name: [list(s) for s in state["segments"].get(name, segments)]
                          for name, segments in self.segments.items()}
         self.events = list(state["events"])
-        if self._registry is not None:
-            self.start(self._registry)
+        if self._roster is not None:
+            self.start(self._roster)
 
     def status(self) -> dict:
         return {"actors": dict(self.scaler.actors), "segments": dict(self.segments), "events": list(self.events)}

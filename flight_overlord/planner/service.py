@@ -27,8 +27,8 @@ from .counters import PlanCounters
 from .planner import Planner
 from .ports import RoleCalls
 from .published import PublishedViews
-from .registry import REGISTRY_FILE
 from .reports import checked_report
+from .roster import ROSTER_FILE
 from .views import step_views
 
 log = logging.getLogger(__name__)
@@ -53,11 +53,11 @@ class PlanService:
         # stop), not every position report, each of which wakes the planning thread
         self._published = threading.Condition(self.cond)
         self._roles = roles
-        self._registry_file = cfg.run_dir / REGISTRY_FILE
+        self._roster_file = cfg.run_dir / ROSTER_FILE
         self.resumed = resumed or recover
-        if recover and self._registry_file.exists():
-            registered = wire.decode(self._registry_file.read_bytes(), str(self._registry_file))
-            self.planner.registry.load_state_dict(registered)
+        if recover and self._roster_file.exists():
+            registered = wire.decode(self._roster_file.read_bytes(), str(self._roster_file))
+            self.planner.roster.load_state_dict(registered)
         self.rewind_pending = planner.replan_needed  # re-plan from the step the trainers resume at
         self.views = PublishedViews(self.mesh.num_constructors)
         self.positions = TrainerPositions()  # where each rank is (asked, or reported by its constructor)
@@ -67,7 +67,7 @@ class PlanService:
         self._started = False
 
     def start_if_complete(self) -> None:
-        if self.planner.registry.complete():
+        if self.planner.roster.complete():
             self._start_planning()
 
     # -- registration ------------------------------------------------------------------
@@ -87,28 +87,28 @@ class PlanService:
                 self.counters.reregistrations[role] += 1
             if current is not None and current != location:
                 log.warning("%s moved from %s (not answering) to %s", name, current, location)
-            registry = self.planner.registry
-            write_json_atomic(self._registry_file, registry.state_dict())
+            roster = self.planner.roster
+            write_json_atomic(self._roster_file, roster.state_dict())
             self.cond.notify_all()  # trainers waiting for their constructor's location,
             self._published.notify_all()  # and requests for journaled steps, for every loader
-            if registry.complete():
+            if roster.complete():
                 self._start_planning()
 
     def register_loader(self, source: str, actor: int, replica: int, location: str, row_groups: list) -> None:
         source = self.cfg.source(source).name
-        registry = self.planner.registry
+        roster = self.planner.roster
         with self.cond:
-            current = registry.loaders.get((source, actor), {}).get(replica)
+            current = roster.loaders.get((source, actor), {}).get(replica)
         self.register("loader", location, f"loader {source}[{actor}] replica {replica}", current,
-                      lambda: registry.register_loader(source, actor, replica, location, row_groups))
+                      lambda: roster.register_loader(source, actor, replica, location, row_groups))
 
     def register_constructor(self, index: int, location: str) -> None:
-        registry = self.planner.registry
+        roster = self.planner.roster
         with self.cond:
-            current = registry.constructors.get(index)
+            current = roster.constructors.get(index)
 
         def add() -> None:
-            registry.register_constructor(index, location)
+            roster.register_constructor(index, location)
             if current is not None:  # its streams' positions died with it: wait for the trainers to say
                 self.positions.constructor_restarted(self.ranks_of(index))
         self.register("constructor", location, f"constructor {index}", current, add)
@@ -135,7 +135,7 @@ class PlanService:
                 plan = self.planner.plan_next()
                 if self.planner.scaled:
                     self._roles.announce(self.planner.routes.reshards(self.planner.scaled))
-                views = step_views(plan, self.mesh, self.planner.registry, self.planner.strategy.broadcast)
+                views = step_views(plan, self.mesh, self.planner.roster, self.planner.strategy.broadcast)
                 with self.cond:
                     self.views.publish(plan.step, views, registrations)
                     self.counters.step_planned(plan)
@@ -166,7 +166,7 @@ class PlanService:
     def _wait_for_plan(self, step: int, timeout: float) -> None:
         """Until ``step`` is planned, and its views made (a constructor's ask then finds them), and every role
         registered (a restarted Planner re-derives journaled steps with the loaders' metadata)."""
-        ready = lambda: self._published_step(step) and self.planner.registry.complete()  # noqa: E731
+        ready = lambda: self._published_step(step) and self.planner.roster.complete()  # noqa: E731
         self.waiters.wait_until(self._published, lambda: self.failure is not None or self.stopping or ready(),
                                 timeout, f"the plan of step {step}")
         if self.failure:
@@ -207,15 +207,15 @@ class PlanService:
 
     def source_loaders(self, source: str) -> tuple[int, list[tuple[tuple[str, int], list[str]]]]:
         """A source's rows (its registered row groups') and (actor, locations) of each of its loader actors."""
-        registry = self.planner.registry
+        roster = self.planner.roster
         with self.cond:
-            rows = sum(rg.num_rows for rg in registry.source_row_groups(source))
-            actors = [actor for actor in sorted(registry.loaders) if actor[0] == source]
-            return rows, [(actor, registry.locations(actor)) for actor in actors]
+            rows = sum(rg.num_rows for rg in roster.source_row_groups(source))
+            actors = [actor for actor in sorted(roster.loaders) if actor[0] == source]
+            return rows, [(actor, roster.locations(actor)) for actor in actors]
 
     def _constructor_of(self, rank: int) -> str:
         """(Held lock.) Where the rank's constructor is, once registered (a restarted Planner answers first)."""
-        index, constructors = self.mesh.constructor_of(self.mesh.coord(rank).dp), self.planner.registry.constructors
+        index, constructors = self.mesh.constructor_of(self.mesh.coord(rank).dp), self.planner.roster.constructors
         self.waiters.wait_until(self.cond, lambda: index in constructors or self.stopping, WAIT_SECONDS,
                                 f"constructor {index}")
         return constructors[index]
@@ -224,7 +224,7 @@ class PlanService:
         """(rank, the step it waits for, its constructor's location) of every rank whose constructor is
         registered: where a rank stream listed for inspection starts. Records nothing."""
         with self.cond:
-            constructors = self.planner.registry.constructors
+            constructors = self.planner.roster.constructors
             located = ((r, constructors.get(self.mesh.constructor_of(self.mesh.coord(r).dp)))
                        for r in range(self.mesh.world_size))
             return [(r, self.requested.get(r, 0), where) for r, where in located if where is not None]
@@ -298,7 +298,7 @@ class PlanService:
             plan = self.planner.journaled(step)  # fetched by everyone before, or planned by an earlier Planner process
             if plan is None:
                 raise KeyError(f"plan of step {step} is in no journal of this run")
-            first = step_views(plan, self.mesh, self.planner.registry, self.planner.strategy.broadcast,
+            first = step_views(plan, self.mesh, self.planner.roster, self.planner.strategy.broadcast,
                                [constructor])[0]
         return [first, *following]
 
@@ -356,13 +356,13 @@ class PlanService:
     def status(self) -> PlannerStatus:
         """Registration, planning progress, trainer positions, and where every role is."""
         with self.cond:
-            registry = self.planner.registry
+            roster = self.planner.roster
             unit = "tokens" if self.cfg.global_batch.tokens_per_step else "samples"
             return PlannerStatus(
-                ready=registry.complete(), planned=self.planner.next_step - 1, world_size=self.mesh.world_size,
+                ready=roster.complete(), planned=self.planner.next_step - 1, world_size=self.mesh.world_size,
                 requested={str(r): s for r, s in sorted(self.requested.items())},
                 error=str(self.failure) if self.failure else None,
-                recovered=self.resumed, **self.counters.status(unit), **registry.status(),
+                recovered=self.resumed, **self.counters.status(unit), **roster.status(),
                 scaling=self.planner.scaling.status() if self.planner.scaling is not None else None,
                 cost=self.planner.cost_status(),
                 mixture={"weights": self.planner.last_weights, "skips": self.planner.skips.state_dict(),

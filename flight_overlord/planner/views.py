@@ -23,7 +23,7 @@ from ..core.mesh import Mesh
 from ..wire import encode
 from ..wire.plan import EncodedPlan, view_header, view_rows
 from .picks import PickTable
-from .registry import Registry
+from .roster import Roster
 from .step_plan import StepPlan
 
 
@@ -53,7 +53,7 @@ class StepSamples:
         return cls(table, bins, encoder, _key_ids(table))
 
 
-def step_views(plan: StepPlan, mesh: Mesh, registry: Registry, broadcast: frozenset[str],
+def step_views(plan: StepPlan, mesh: Mesh, roster: Roster, broadcast: frozenset[str],
                constructors: list[int] | None = None) -> list[EncodedPlan]:
     """The views of ``constructors`` (default: every constructor, in order), as the plans stream carries them."""
     samples = StepSamples.of(plan)
@@ -64,7 +64,7 @@ def step_views(plan: StepPlan, mesh: Mesh, registry: Registry, broadcast: frozen
     met = _Meetings.of(samples, buckets, encoder_buckets, plan.microbatches)
     numbering = _Numbering(met.view, samples.key[met.rows], len(constructors))
     items_per_view = np.bincount(met.view[numbering.first], minlength=len(constructors))
-    rows, fetch = _rows_and_fetch(samples, met.rows[numbering.first], items_per_view, registry,
+    rows, fetch = _rows_and_fetch(samples, met.rows[numbering.first], items_per_view, roster,
                                   _consumers(samples, plan, mesh))
     starts = np.concatenate([[0], np.cumsum(items_per_view)]).tolist()
     headers, in_order = _Headers(plan, samples, broadcast), numbering.in_order(met)
@@ -164,13 +164,13 @@ class _Numbering:
         return (np.bincount(self._view[misplaced], minlength=self._views) == 0).tolist()
 
 
-def _rows_and_fetch(samples: StepSamples, item_rows: np.ndarray, items_per_view: np.ndarray, registry: Registry,
+def _rows_and_fetch(samples: StepSamples, item_rows: np.ndarray, items_per_view: np.ndarray, roster: Roster,
                     consumers: np.ndarray):
     """The ``plan_view`` rows of every view's items, back to back, and each view's fetch groups:
     ``[source, actor, locations]`` in order of their first item."""
     t, views = samples.table, items_per_view.size
     view_of = np.repeat(np.arange(views), items_per_view)
-    actor_of, actors = _actors(t, item_rows, registry)
+    actor_of, actors = _actors(t, item_rows, roster)
     # the (view, actor) pairs in order of first appearance: the views' items are consecutive, so by view,
     # then by first item
     _, first, which = np.unique(view_of * max(len(actors), 1) + actor_of, return_index=True, return_inverse=True)
@@ -180,7 +180,7 @@ def _rows_and_fetch(samples: StepSamples, item_rows: np.ndarray, items_per_view:
     groups_before = np.concatenate([[0], np.cumsum(np.bincount(view_of[first], minlength=views))])
     group = number[which.reshape(-1)] - groups_before[view_of]
     fetch: list[list] = [[] for _ in range(views)]
-    located = [[*actor, registry.locations(actor)] for actor in actors]
+    located = [[*actor, roster.locations(actor)] for actor in actors]
     for view, actor in zip(view_of[first[by_first]].tolist(), actor_of[first[by_first]].tolist()):
         fetch[view].append(located[actor])
     all_keys = t.keys()
@@ -266,8 +266,8 @@ def _key_ids(t: PickTable) -> np.ndarray:
     return np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)[1].reshape(-1)
 
 
-def _actors(t: PickTable, rows: np.ndarray, registry: Registry) -> tuple[np.ndarray, list[tuple[str, int]]]:
-    """Per row, the index of its owning loader actor in the returned list; the registry is asked once
+def _actors(t: PickTable, rows: np.ndarray, roster: Roster) -> tuple[np.ndarray, list[tuple[str, int]]]:
+    """Per row, the index of its owning loader actor in the returned list; the roster is asked once
     per distinct (source, file, row group, epoch)."""
     if not rows.size:
         return rows, []
@@ -275,7 +275,7 @@ def _actors(t: PickTable, rows: np.ndarray, registry: Registry) -> tuple[np.ndar
     # one int64 per row group: file codes, row groups and epochs are small non-negative ints
     code = ((source * (int(file.max()) + 1) + file) * (int(group.max()) + 1) + group) * (int(epoch.max()) + 1) + epoch
     distinct, first, which = np.unique(code, return_index=True, return_inverse=True)
-    owners = [registry.owner(t.sources[s], t.files[f], g, e) for s, f, g, e in
+    owners = [roster.owner(t.sources[s], t.files[f], g, e) for s, f, g, e in
               zip(source[first].tolist(), file[first].tolist(), group[first].tolist(), epoch[first].tolist())]
     actors = list(dict.fromkeys(owners))
     index = {a: i for i, a in enumerate(actors)}

@@ -154,7 +154,7 @@ def test_the_planner_budgets_each_sample_padded_to_its_slot(tmp_path):
     lengths = rng.integers(1, 120, size=40)
     planner = Planner(cfg, load_strategy(cfg), lambda source: lambda epoch, rg: {"num_tokens": lengths})
     planner.open(resume=False)
-    planner.registry.register_loader("s", 0, 0, "grpc://127.0.0.1:1", [["f.parquet", g, 40] for g in range(3)])
+    planner.roster.register_loader("s", 0, 0, "grpc://127.0.0.1:1", [["f.parquet", g, 40] for g in range(3)])
     planner.start_feeds()
     assert planner.strategy.seq_multiple == 8
     for _ in range(10):

@@ -140,7 +140,7 @@ def _vision_planner(tmp_path, run: str, *, resume: bool):
                 "image_patches": np.array([sum(s) for s in sizes], dtype=np.int64), "image_sizes": sizes}
     planner = Planner(cfg, load_strategy(cfg), lambda source: meta)
     planner.open(resume=resume)
-    planner.registry.register_loader("s", 0, 0, "grpc://127.0.0.1:1", [["f.parquet", g, 9] for g in range(40)])
+    planner.roster.register_loader("s", 0, 0, "grpc://127.0.0.1:1", [["f.parquet", g, 9] for g in range(40)])
     planner.start_feeds()
     return planner
 

@@ -39,7 +39,7 @@ def _planner(cfg, *, resume: bool, shift: int = 0) -> Planner:
     planner = Planner(cfg, load_strategy(cfg), lambda source: _lengths(shift))
     planner.open(resume=resume)
     for source in ("a", "b"):
-        planner.registry.register_loader(source, 0, 0, "grpc://127.0.0.1:1", [["f.parquet", g, 50] for g in range(64)])
+        planner.roster.register_loader(source, 0, 0, "grpc://127.0.0.1:1", [["f.parquet", g, 50] for g in range(64)])
     planner.start_feeds()
     return planner
 
@@ -203,7 +203,7 @@ def _flaky_planner(cfg, loader: FlakyLoader, *, resume: bool) -> Planner:
     planner = Planner(cfg, load_strategy(cfg), loader.fetch)
     planner.open(resume=resume)
     for source in ("a", "b"):
-        planner.registry.register_loader(source, 0, 0, "grpc://127.0.0.1:1", [["f.parquet", g, 50] for g in range(64)])
+        planner.roster.register_loader(source, 0, 0, "grpc://127.0.0.1:1", [["f.parquet", g, 50] for g in range(64)])
     planner.start_feeds()
     return planner
 

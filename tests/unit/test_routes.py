@@ -21,10 +21,10 @@ def _routes(tmp_path, scaling: bool) -> LoaderRoutes:
     if scaling:
         routes.scaling = SourceScaling(cfg)
     groups = [["f.parquet", g, 10] for g in range(4)]
-    routes.registry.register_loader("a", 0, 0, "grpc://h:1", groups[:2])
-    routes.registry.register_loader("a", 0, 1, "grpc://h:2", groups[:2])  # a shadow of actor 0
-    routes.registry.register_loader("a", 1, 0, "grpc://h:1", groups[2:])  # one process, two actors
-    routes.registry.register_loader("b", 0, 0, "grpc://h:3", groups)
+    routes.roster.register_loader("a", 0, 0, "grpc://h:1", groups[:2])
+    routes.roster.register_loader("a", 0, 1, "grpc://h:2", groups[:2])  # a shadow of actor 0
+    routes.roster.register_loader("a", 1, 0, "grpc://h:1", groups[2:])  # one process, two actors
+    routes.roster.register_loader("b", 0, 0, "grpc://h:3", groups)
     return routes
 
 

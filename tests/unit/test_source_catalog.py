@@ -158,7 +158,7 @@ def test_a_loader_registered_by_catalog_digest_owns_what_its_listed_row_groups_s
     import dataclasses
 
     from flight_overlord.core.order import owned_row_groups
-    from flight_overlord.planner.registry import Registry
+    from flight_overlord.planner.roster import Roster
     spec = dataclasses.replace(source, loaders=3)
     cfg = parse_config({"sources": [{"name": "s", "paths": "part-*.parquet", "loaders": 3}],
                         "run_dir": str(tmp_path / "run"),
@@ -171,7 +171,7 @@ def test_a_loader_registered_by_catalog_digest_owns_what_its_listed_row_groups_s
     def catalog_of(name, d):
         asked.append((name, d))
         return catalog.row_groups()
-    by_digest, listed = Registry(cfg, 1, catalog_of), Registry(cfg, 1)
+    by_digest, listed = Roster(cfg, 1, catalog_of), Roster(cfg, 1)
     for actor in range(3):
         by_digest.register_loader("s", actor, 0, f"grpc://127.0.0.1:{actor + 1}", digest)
         share = owned_row_groups(catalog.row_groups(), actor, 3)
@@ -183,7 +183,7 @@ def test_a_loader_registered_by_catalog_digest_owns_what_its_listed_row_groups_s
         [listed.owner("s", rg.file, rg.row_group) for rg in rgs]
     assert set(asked) == {("s", digest)}
     assert {loader[4] for loader in by_digest.state_dict()["loaders"]} == {digest}
-    restored = Registry(cfg, 1, catalog_of)
+    restored = Roster(cfg, 1, catalog_of)
     restored.load_state_dict(by_digest.state_dict())
     assert restored.source_row_groups("s") == by_digest.source_row_groups("s")
     assert [restored.share_size("s", a) for a in range(3)] == [listed.share_size("s", a) for a in range(3)]

@@ -14,7 +14,7 @@ from flight_overlord.core.mixing import Mixer
 from flight_overlord.core.order import RowGroupRef
 from flight_overlord.planner.feed import SourceFeed
 from flight_overlord.planner.planner import Planner
-from flight_overlord.planner.registry import Registry
+from flight_overlord.planner.roster import Roster
 from flight_overlord.planner.strategy import load_strategy
 
 from ..helpers import assert_round_trip
@@ -65,17 +65,17 @@ def _planner(cfg, *, resume: bool) -> Planner:
     planner = Planner(cfg, load_strategy(cfg), lambda source: lambda epoch, rg: {
         "num_tokens": np.full(rg.num_rows, 10, dtype=np.int64)})
     planner.open(resume=resume)
-    planner.registry.register_loader("s", 0, 0, "grpc://127.0.0.1:1", [["f.parquet", g, 9] for g in range(4)])
+    planner.roster.register_loader("s", 0, 0, "grpc://127.0.0.1:1", [["f.parquet", g, 9] for g in range(4)])
     planner.start_feeds()
     return planner
 
 
 def test_registry(tmp_path):
     cfg = _config(tmp_path)
-    registry = Registry(cfg, 2)
+    registry = Roster(cfg, 2)
     registry.register_loader("s", 0, 0, "grpc://127.0.0.1:1", [["f.parquet", 0, 7]])
     registry.register_constructor(1, "grpc://127.0.0.1:2")
-    restored = Registry(cfg, 2)
+    restored = Roster(cfg, 2)
     restored.load_state_dict(json.loads(json.dumps(registry.state_dict())))
     assert restored.state_dict() == registry.state_dict()
     assert restored.locations(("s", 0)) == ["grpc://127.0.0.1:1"]

@@ -28,7 +28,7 @@ ROLE_STATE = [
     ("flight_overlord.core.skips", "StepSkips"),
     ("flight_overlord.planner.planner", "Planner"),
     ("flight_overlord.planner.feed", "SourceFeed"),
-    ("flight_overlord.planner.registry", "Registry"),
+    ("flight_overlord.planner.roster", "Roster"),
     ("flight_overlord.planner.scaling", "SourceScaling"),
     ("flight_overlord.planner.costing", "PlannedCost"),
     ("flight_overlord.planner.edits", "MixOverrides"),

@@ -14,7 +14,7 @@ from flight_overlord.core.order import RowGroupRef
 from flight_overlord.planner.feed import SourceFeed
 from flight_overlord.planner.hdp import hdp_groups
 from flight_overlord.planner.program import plan_step
-from flight_overlord.planner.registry import Registry
+from flight_overlord.planner.roster import Roster
 from flight_overlord.planner.step_plan import StepPlan
 from flight_overlord.planner.strategy import Strategy
 from flight_overlord.planner.views import step_views
@@ -24,7 +24,7 @@ from ..helpers import WEIGHTS, write_config
 from .test_planner_speed import _image_feeds
 
 
-def _view_by_picks(plan: StepPlan, constructor: int, mesh, registry, broadcast) -> ConstructorPlan:
+def _view_by_picks(plan: StepPlan, constructor: int, mesh, roster, broadcast) -> ConstructorPlan:
     consumers: dict[str, set[int]] = {}
     for k, bin_ in enumerate(plan.bins):
         for p in bin_:
@@ -41,8 +41,8 @@ def _view_by_picks(plan: StepPlan, constructor: int, mesh, registry, broadcast) 
         ref = pick.ref
         if ref.key not in index:
             index[ref.key] = len(keys)
-            actor = registry.owner(ref.source, ref.file, ref.row_group, ref.epoch)
-            group = fetch.setdefault(actor, FetchGroup(*actor, registry.locations(actor), [], []))
+            actor = roster.owner(ref.source, ref.file, ref.row_group, ref.epoch)
+            group = fetch.setdefault(actor, FetchGroup(*actor, roster.locations(actor), [], []))
             group.items.append(len(keys))
             group.samples.append([ref.epoch, ref.file, ref.row_group, ref.row, len(consumers[ref.key])])
             keys.append(ref.key)
@@ -61,32 +61,32 @@ def _view_by_picks(plan: StepPlan, constructor: int, mesh, registry, broadcast) 
                            list(fetch.values()), plan.encoder_axis, encoder, extra)
 
 
-def _registry(cfg, strategy, feeds) -> Registry:
-    registry = Registry(cfg, strategy.mesh.num_constructors)
+def _roster(cfg, strategy, feeds) -> Roster:
+    roster = Roster(cfg, strategy.mesh.num_constructors)
     for source, feed in feeds.items():
-        registry.register_loader(source, 0, 0, f"grpc://127.0.0.1:{1000 + len(source)}",
+        roster.register_loader(source, 0, 0, f"grpc://127.0.0.1:{1000 + len(source)}",
                                  [[rg.file, rg.row_group, rg.num_rows] for rg in feed.row_groups])
-    return registry
+    return roster
 
 
-def _assert_views_match(plan: StepPlan, strategy, registry, broadcast=frozenset()) -> list[EncodedPlan]:
+def _assert_views_match(plan: StepPlan, strategy, roster, broadcast=frozenset()) -> list[EncodedPlan]:
     """The step's views, and the journaled step's (a restarted Planner's: Picks, no columns), all at once and
     one constructor's alone, equal ``_view_by_picks``'s, byte for byte."""
     mesh = strategy.mesh
     journaled = StepPlan.from_record(plan.to_record())
     for step in (plan, journaled):
-        views = step_views(step, mesh, registry, broadcast)
+        views = step_views(step, mesh, roster, broadcast)
         assert len(views) == mesh.num_constructors
         for c, view in enumerate(views):
-            want = EncodedPlan.of(_view_by_picks(step, c, mesh, registry, broadcast))
+            want = EncodedPlan.of(_view_by_picks(step, c, mesh, roster, broadcast))
             assert view.header == want.header
             assert view.rows.equals(want.rows)
-            alone = step_views(step, mesh, registry, broadcast, [c])[0]
+            alone = step_views(step, mesh, roster, broadcast, [c])[0]
             assert alone.header == want.header and alone.rows.equals(want.rows)
             # through IPC, as the plans stream ships it
             shipped = EncodedPlan(view.header, pa.ipc.read_record_batch(view.rows.serialize(), view.rows.schema))
             assert shipped.plan().to_wire() == want.plan().to_wire()
-    return step_views(plan, mesh, registry, broadcast)
+    return step_views(plan, mesh, roster, broadcast)
 
 
 @pytest.mark.parametrize("dp_per_constructor", [1, 3])
@@ -95,9 +95,9 @@ def test_text_steps_view_as_by_picks(tmp_path, corpus, dp_per_constructor):
     cfg = load_config(write_config(tmp_path, corpus, global_batch=batch, mesh={"dp": 6},
                                    constructor={"dp_per_constructor": dp_per_constructor}))
     strategy, feeds = Strategy(cfg), _image_feeds()
-    registry, mixer = _registry(cfg, strategy, feeds), Mixer(list(WEIGHTS))
+    roster, mixer = _roster(cfg, strategy, feeds), Mixer(list(WEIGHTS))
     for step in range(3):
-        views = _assert_views_match(plan_step(step, feeds, mixer, strategy, dict(WEIGHTS)), strategy, registry,
+        views = _assert_views_match(plan_step(step, feeds, mixer, strategy, dict(WEIGHTS)), strategy, roster,
                                     frozenset({"tp"}))
         assert all(v.rows.num_rows for v in views)
         assert all(c == 1 for v in views for c in v.rows.column("consumers").to_pylist())
@@ -113,12 +113,12 @@ def test_image_graph_steps_view_as_by_picks(tmp_path, corpus):
     strategy.images().cost("patches").distribute("WORLD").balance("karmarkar_karp")
     strategy.plan()
     feeds = _image_feeds()
-    registry, mixer = _registry(cfg, strategy, feeds), Mixer(list(WEIGHTS))
+    roster, mixer = _roster(cfg, strategy, feeds), Mixer(list(WEIGHTS))
     weights = {**WEIGHTS, "captions": 3.0, "manuals": 3.0}  # the sources with images
     for step in range(2):
         plan = plan_step(step, feeds, mixer, strategy, weights)
         assert plan.encoder is not None
-        views = _assert_views_match(plan, strategy, registry)
+        views = _assert_views_match(plan, strategy, roster)
         assert any(c > 1 for v in views for c in v.rows.column("consumers").to_pylist())
 
 
@@ -135,10 +135,10 @@ def test_hdp_steps_view_as_by_picks(tmp_path, corpus):
     cfg = load_config(write_config(tmp_path, corpus, mesh={"dp": 2, "cp": 2}, global_batch=batch))
     strategy = Strategy(cfg).distribute("HDP", max_tokens_per_rank=2048).plan()
     feeds = _long_feeds(3000, 8192)
-    registry, mixer = _registry(cfg, strategy, feeds), Mixer(["longdocs"])
+    roster, mixer = _roster(cfg, strategy, feeds), Mixer(["longdocs"])
     for step in range(2):
         plan = plan_step(step, feeds, mixer, strategy, {"longdocs": 1.0})
-        views = _assert_views_match(plan, strategy, registry)
+        views = _assert_views_match(plan, strategy, roster)
         assert any(len(v.plan().keys) < sum(len(mb) for mbs in v.plan().microbatches.values() for mb in mbs)
                    for v in views)  # some sample met twice in a view
 
@@ -148,8 +148,8 @@ def test_a_sample_twice_in_a_step_is_numbered_once(tmp_path, corpus):
     batch = {"context_length": 2048, "microbatches": 2, "samples_per_step": 40}
     cfg = load_config(write_config(tmp_path, corpus, mesh={"dp": 2}, global_batch=batch))
     strategy, feeds = Strategy(cfg), _long_feeds(6, 500)
-    registry, mixer = _registry(cfg, strategy, feeds), Mixer(["longdocs"])
+    roster, mixer = _roster(cfg, strategy, feeds), Mixer(["longdocs"])
     plan = plan_step(0, feeds, mixer, strategy, {"longdocs": 1.0})
     keys = plan.table.keys()
     assert len(set(keys)) < len(keys)
-    _assert_views_match(plan, strategy, registry)
+    _assert_views_match(plan, strategy, roster)

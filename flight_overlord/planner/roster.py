@@ -10,10 +10,10 @@ from ..core.scaling import Ownership
 CatalogOf = Callable[[str, str], RowGroups]  # (source, catalog digest) -> its row groups
 
 
-REGISTRY_FILE = "planner/registry.json"  # in run_dir: the registrations, rewritten at each (a recovery reads them)
+ROSTER_FILE = "planner/registry.json"  # in run_dir: the registrations, rewritten at each (a recovery reads them)
 
 
-class Registry:
+class Roster:
     def __init__(self, cfg: Config, num_constructors: int, catalog_of: CatalogOf | None = None):
         """``catalog_of``: the row groups of a catalog a loader registers with (its digest)."""
         self.cfg = cfg
