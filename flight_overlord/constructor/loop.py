@@ -18,17 +18,16 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import Callable, Protocol
 
 import pyarrow as pa
 
+from ..config import Config
 from ..core.starvation import fetch_shares
 from ..wire.plan import ConstructorPlan, FetchGroup
 from .assembly import Sample
 from .fetched import fetch_groups, in_plan_order, received
-
-if TYPE_CHECKING:
-    from .constructor import Constructor
+from .staging import Staging
 
 log = logging.getLogger(__name__)
 Positions = Callable[[], dict[str, int]]  # the rank streams' positions, read afresh for each message
@@ -59,8 +58,23 @@ class SampleSource(Protocol):
         spent on them per source."""
 
 
+class Assembler(Protocol):
+    """What the loop drives: the :class:`~.constructor.Constructor` (its staging, pacing and assembly)."""
+    index: int
+    cfg: Config
+    staging: Staging
+
+    def begin_at(self, step: int) -> None: ...
+    def paced(self, step: int, timeout: float | None = None) -> bool | None: ...
+    def positions(self) -> dict[str, int]: ...
+    def fetched(self, nbytes: int) -> None: ...
+    def assemble(self, step: int, plan: ConstructorPlan, samples: dict) -> dict: ...
+    def stage(self, step: int, tables: dict, stages: list[tuple] = ()) -> None: ...
+    def fail(self, exc: BaseException) -> None: ...
+
+
 class AssemblyLoop:
-    def __init__(self, constructor: "Constructor", plans: PlanSource, samples: SampleSource):
+    def __init__(self, constructor: Assembler, plans: PlanSource, samples: SampleSource):
         self.constructor = constructor
         self.plans = plans
         self.samples = samples

@@ -1,15 +1,25 @@
 """``transformers.Trainer`` reading a rank's stream (imported by ``hf.OverlordTrainer`` on first use)."""
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Iterator, Protocol
+
 from transformers import Trainer, TrainerCallback
 
-from .hf import HFMicrobatches
+
+class Positioned(Protocol):
+    """What the Trainer needs of its loader (``hf.HFMicrobatches``): batches, and its position saved
+    into and restored from a checkpoint directory."""
+
+    def __iter__(self) -> Iterator[dict]: ...
+    def save(self, directory: str | Path) -> Path: ...
+    def restore(self, directory: str | Path) -> None: ...
 
 
 class _SaveLoaderState(TrainerCallback):
     """Writes every rank's loader position into each checkpoint directory, beside the model's."""
 
-    def __init__(self, loader: HFMicrobatches):
+    def __init__(self, loader: Positioned):
         self.loader = loader
 
     def on_save(self, args, state, control, **kwargs):
@@ -22,7 +32,7 @@ class OverlordTrainer(Trainer):
     per step (one optimizer step = one of our steps) and ``ignore_data_skip=True``; ``train(
     resume_from_checkpoint=DIR)`` restores the loader's position from DIR first."""
 
-    def __init__(self, *args, overlord: HFMicrobatches, **kwargs):
+    def __init__(self, *args, overlord: Positioned, **kwargs):
         super().__init__(*args, **kwargs)
         if not self.args.ignore_data_skip:
             raise ValueError("OverlordTrainer needs TrainingArguments(ignore_data_skip=True): the loader resumes "

@@ -189,8 +189,9 @@ class PlanService:
         where it (re)starts; after that its constructor reports its position, and the Planner is off
         its per-step path. Returns (first step, the location of the rank's constructor)."""
         with self.cond:
-            first = self.requested.get(rank, 0) if first is None else first
-            if not self.rewind_pending:
+            known = self.requested.get(rank)
+            first = (known or 0) if first is None else first
+            if not self.rewind_pending and (known is None or first < known):  # a rank going on needs no check
                 self.planner.check_rewind(rank, first)
             self._trainer_at(first, lambda: self.positions.asked(rank, first))
             return first, self._constructor_of(rank)
@@ -209,7 +210,7 @@ class PlanService:
         """A source's rows (its registered row groups') and (actor, locations) of each of its loader actors."""
         roster = self.planner.roster
         with self.cond:
-            rows = sum(rg.num_rows for rg in roster.source_row_groups(source))
+            rows = roster.source_row_groups(source).total_rows
             actors = [actor for actor in sorted(roster.loaders) if actor[0] == source]
             return rows, [(actor, roster.locations(actor)) for actor in actors]
 
