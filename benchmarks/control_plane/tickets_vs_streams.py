@@ -4,8 +4,8 @@ The load config of ``benchmarks/control_plane/load.py`` (dp 64, 4 constructors o
 256-token microbatch per rank and step, prefetch 2), run twice in this process, each on a fresh
 cluster and run_dir, with one trainer thread per rank:
 
-- ``per-step``: the path before rank streams, ``StepFetcher.fetch(step)`` step after step: a Planner
-  ticket (``get_flight_info`` of ``("batch", step, rank)``), then the constructor's ``do_get``.
+- ``per-step``: ``StepFetcher.fetch(step)`` step after step: a Planner ticket for each step (the
+  one-step slice ``("rank", rank, step, step + 1)`` of the rank stream), then the constructor's ``do_get``.
 - ``stream``: ``TrainerClient`` (one ``("rank", rank, first)`` ticket, one long-lived ``do_get``).
 
 Over the timed phase: the Planner process's CPU seconds (user + system, psutil) divided by the
