@@ -29,8 +29,10 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "overlord_planner_mixture_realized": ("gauge", "each source's share of what was planned so far, in "
                                           "the unit the mixer weighs (tokens with tokens_per_step, else samples)",
                                           ("source",)),
-    "overlord_planner_plan_answers": ("counter", "constructors' plan requests answered, by the steps' views an "
-                                      "answer carried (2: the next step's came along, no request for it)", ("views",)),
+    # the label "views" counts constructor plans: its name is what dashboards already query
+    "overlord_planner_plan_answers": ("counter", "constructors' plan requests answered, by the steps' constructor "
+                                      "plans an answer carried (2: the next step's came along, no request for it)",
+                                      ("views",)),
     "overlord_planner_registered_roles": ("gauge", "loader replicas and constructors registered", ("role",)),
     "overlord_planner_reregistrations": ("counter", "registrations of a role already registered: restarts "
                                          "and recoveries of loaders and constructors", ("role",)),
@@ -81,8 +83,8 @@ def planner_samples(raw: dict) -> Iterable[Sample]:
     yield Sample("overlord_planner_registered_roles", {"role": "constructor"}, len(status.constructors))
     for role, n in status.reregistrations.items():
         yield Sample("overlord_planner_reregistrations", {"role": role}, n)
-    for views, n in status.plan_answers.items():
-        yield Sample("overlord_planner_plan_answers", {"views": views}, n)
+    for plans, n in status.plan_answers.items():
+        yield Sample("overlord_planner_plan_answers", {"views": plans}, n)
     for source, n in (status.scaling or {}).get("actors", {}).items():
         yield Sample("overlord_planner_active_loader_actors", {"source": source}, n)
     cost = status.cost or {}

@@ -92,7 +92,7 @@ def _thread_cpu() -> list[str]:
 TIMED = ["flight_overlord.planner.planner:Planner._plan_next", "flight_overlord.planner.calls:call_any",
          "flight_overlord.journal:Journal.append", "flight_overlord.planner.planner:Planner._snapshot",
          "flight_overlord.planner.server:PlannerServer.action_plan",
-         "flight_overlord.planner.service:step_views",
+         "flight_overlord.planner.service:constructor_plans",
          "flight_overlord.wire.plan:ConstructorPlan.to_wire", "flight_overlord.planner.planner:plan_step",
          "flight_overlord.wire.server:encode", "flight_overlord.wire.server:decode",
          "flight_overlord.planner.step_plan:StepPlan.to_record",
@@ -100,7 +100,7 @@ TIMED = ["flight_overlord.planner.planner:Planner._plan_next", "flight_overlord.
          "flight_overlord.planner.program:_draw", "flight_overlord.planner.program:place",
          "flight_overlord.planner.program:_stats", "flight_overlord.core.mixing:MixerRun.fill",
          "flight_overlord.planner.program:drawn_table", "flight_overlord.planner.planner:step_record",
-         "flight_overlord.planner.planner:Planner._planning_state", "flight_overlord.planner.views:step_views",
+         "flight_overlord.planner.planner:Planner._planning_state", "flight_overlord.planner.constructor_plans:constructor_plans",
          "flight_overlord.wire.plan_channel:_message", "flight_overlord.wire.plan_channel:encode",
          "flight_overlord.planner.service:PlanService.constructor_plan",
          "flight_overlord.planner.service:PlanService.constructor_positions"]

@@ -41,7 +41,7 @@ class FlightPlanSource:
         answer = self._call("resume_point", lambda: ResumePointRequest(self.index).to_wire())
         return None if answer is None else answer["step"]
 
-    def views(self, step: int, positions: Positions) -> list[ConstructorPlan] | None:
+    def plans_from(self, step: int, positions: Positions) -> list[ConstructorPlan] | None:
         return self._call(None, lambda: PlanRequest(step, self.index, positions(), POSITIONS_SECONDS).to_wire())
 
     def report(self, positions: Positions) -> bool:

@@ -1,12 +1,12 @@
 """The constructor's assembly loop, without Flight: where to start, then step after step, paced on
-its rank streams' positions, this constructor's view of the step, every loader's samples for it
+its rank streams' positions, this constructor's plan of the step, every loader's samples for it
 (concurrently, one call per loader process), the step's tables assembled and staged.
 
 Its I/O is behind two small protocols, so the loop runs against in-memory fakes in a unit test:
 
-- :class:`PlanSource`, the Planner: the step to resume at, a step's view (with the views of the
-  steps after it that came in the same answer), positions reports while assembly waits, and a
-  released step's view again (from the Planner's journal);
+- :class:`PlanSource`, the Planner: the step to resume at, a step's constructor plan (with the plans
+  of the steps after it that came in the same answer), positions reports while assembly waits, and a
+  released step's plan again (from the Planner's journal);
 - :class:`SampleSource`, the loaders: one call for a list of fetch groups of one loader process.
 
 Their Flight implementations are in ``flight_io.py``. A source that stops (its server shuts down)
@@ -41,15 +41,15 @@ class PlanSource(Protocol):
         """The first step to assemble (0 on a fresh run, the trainers' position after a restart); None
         once stopping."""
 
-    def views(self, step: int, positions: Positions) -> list[ConstructorPlan] | None:
-        """This constructor's view of ``step``, then those of the steps after it planned already; the
+    def plans_from(self, step: int, positions: Positions) -> list[ConstructorPlan] | None:
+        """This constructor's plan of ``step``, then those of the steps after it planned already; the
         positions go with the ask (planning may wait for them). None once stopping."""
 
     def report(self, positions: Positions) -> bool:
         """The positions, reported while assembly waits for the streams; False once stopping."""
 
     def plan_again(self, step: int) -> ConstructorPlan | None:
-        """A released step's view as the Planner serves it again (from its journal); None once stopping."""
+        """A released step's constructor plan as the Planner serves it again (from its journal); None once stopping."""
 
 
 class SampleSource(Protocol):
@@ -78,7 +78,7 @@ class AssemblyLoop:
         self.constructor = constructor
         self.plans = plans
         self.samples = samples
-        self._ahead: dict[int, ConstructorPlan] = {}  # views of later steps that came with an answer
+        self._ahead: dict[int, ConstructorPlan] = {}  # constructor plans of later steps that came with an answer
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=FETCH_WORKERS, thread_name_prefix="fetch")
 
     def run(self) -> None:
@@ -135,17 +135,17 @@ class AssemblyLoop:
                 return False
 
     def _plan_of(self, step: int) -> ConstructorPlan | None:
-        """This constructor's view of ``step``: taken ahead with an earlier step's answer (a plan's samples
+        """This constructor's plan of ``step``: taken ahead with an earlier step's answer (a plan's samples
         never change once made; a loader that moved meanwhile is looked up again by the fetch, as for any
-        view), or asked for, together with the next steps' views already planned; None once stopping."""
+        plan), or asked for, together with the next steps' plans already planned; None once stopping."""
         self._ahead = {s: p for s, p in self._ahead.items() if s >= step}  # none behind is asked for again
         if step in self._ahead:
             return self._ahead.pop(step)
-        views = self.plans.views(step, self.constructor.positions)
-        if views is None:
+        plans = self.plans.plans_from(step, self.constructor.positions)
+        if plans is None:
             return None
-        self._ahead.update((p.step, p) for p in views[1:])
-        return views[0]
+        self._ahead.update((p.step, p) for p in plans[1:])
+        return plans[0]
 
     def _fetch(self, step: int, plan: ConstructorPlan) -> tuple[dict[int, Sample], dict[str, float]]:
         """Every loader's samples for this step, concurrently (one call per loader process), through the

@@ -149,7 +149,7 @@ class SampleRef:
     row_group: int
     row: int
 
-    @cached_property  # asked for several times per sample and step (plan record, constructor views)
+    @cached_property  # asked for several times per sample and step (plan record, constructor plans)
     def key(self) -> str:
         return sample_key(self.source, self.file, self.row_group, self.row)
 

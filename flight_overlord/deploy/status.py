@@ -71,7 +71,7 @@ def cluster_status(planner_address: str, *, timeout: float = 10.0, pool: ClientP
 
 
 def _starvation(planner: dict, constructors: list[dict]) -> dict:
-    """Every rank's data waits by stage (its constructor's view plus what its trainer reported), the
+    """Every rank's data waits by stage (what its constructor measured plus what its trainer reported), the
     main cause of each, and the causes with the ranks they starve (``core/starvation.py``)."""
     sides = {int(rank): stages for c in constructors for rank, stages in c["counters"].get("waits", {}).items()}
     trainers = planner.get("trainer_waits") if isinstance(planner.get("trainer_waits"), dict) else {}

@@ -293,7 +293,7 @@ class LoaderActor:
 
     # -- requests ----------------------------------------------------------------------
     def metadata(self, epoch: int, file: str, row_group: int, segments: list | None = None) -> pa.Table:
-        """Every row's metadata of one row group (the Planner's view); moves the read-ahead on.
+        """Every row's metadata of one row group (what the Planner plans with); moves the read-ahead on.
         ``segments``: the source's ownership after a live reshard (the Planner sends them along)."""
         if segments:
             self.reshard(segments)

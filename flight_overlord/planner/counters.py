@@ -1,6 +1,6 @@
 """What the Planner's status and metrics count beside its plans: per-step plan statistics (the last
 ``STATS_KEPT`` steps), samples and tokens planned per source by this process, restarts of registered
-roles, views per plans-stream answer, and what trainers reported waiting and their last loss. None of
+roles, constructor plans per plans-stream answer, and what trainers reported waiting and their last loss. None of
 it is journaled or read by planning.
 
 No lock of its own: ``PlanService`` holds its lock around every call."""
@@ -18,7 +18,7 @@ class PlanCounters:
         self.stats: dict[int, dict] = {}
         self.planned = {"samples": {}, "tokens": {}}  # per source
         self.reregistrations = {"loader": 0, "constructor": 0}
-        self.plan_answers: dict[str, int] = {}  # views per plans-stream answer -> answers
+        self.plan_answers: dict[str, int] = {}  # constructor plans per plans-stream answer -> answers
         self.trainer_waits = TrainerWaits()
         self.trainer_losses: dict[str, dict] = {}  # rank -> its last overall loss
 
@@ -29,8 +29,8 @@ class PlanCounters:
             for source, n in plan.stats.get(key, {}).items():
                 self.planned[key][source] = self.planned[key].get(source, 0) + n
 
-    def answered(self, views: int) -> None:
-        self.plan_answers[str(views)] = self.plan_answers.get(str(views), 0) + 1
+    def answered(self, plans: int) -> None:
+        self.plan_answers[str(plans)] = self.plan_answers.get(str(plans), 0) + 1
 
     def trainer_reported(self, rank: int, step: int, waits: dict | None, overall: float | None) -> None:
         if waits is not None:

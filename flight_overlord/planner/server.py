@@ -27,7 +27,7 @@ from ..fence import Fence
 from ..fence import claim as claim_fence
 from ..role_process import advertised_host, role_parser, start_metrics
 from ..wire import actions
-from ..wire.plan_channel import VIEWS_PER_ANSWER, action_answer, check_descriptor, serve_plans
+from ..wire.plan_channel import PLANS_PER_ANSWER, action_answer, check_descriptor, serve_plans
 from ..wire.schemas import SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, TRAINER, Security, requires
 from ..wire.server import ActionServer, location_of, serve
@@ -139,20 +139,21 @@ class PlannerServer(ActionServer):
     @requires(CLUSTER)
     def action_plan(self, body):
         """One message of a constructor's plans stream as a call: {"step", "constructor", "positions": {rank:
-        step}, "wait": s} gets the step's view as one JSON object; {"constructor", "positions"}, {"ok": true}."""
+        step}, "wait": s} gets the step's constructor plan as one JSON object; {"constructor", "positions"},
+        {"ok": true}."""
         return action_answer(self._plans_answer(body, 1))
 
     def do_exchange(self, context, descriptor, reader, writer):
         """A constructor's plans stream (``wire/plan_channel.py``)."""
         self.authorize(context, CLUSTER, "do_exchange")
         check_descriptor(descriptor)
-        serve_plans(reader, writer, lambda body: self._plans_answer(body, VIEWS_PER_ANSWER),
+        serve_plans(reader, writer, lambda body: self._plans_answer(body, PLANS_PER_ANSWER),
                     lambda: self.service.stopping)
 
-    def _plans_answer(self, body: dict, views: int):
+    def _plans_answer(self, body: dict, steps: int):
         if self.fence is not None:  # the stream outlives the call's own check: each message is one
             self.fence.enforce()
-        return self.service.answer(actions.plans_message(body), views)
+        return self.service.answer(actions.plans_message(body), steps)
 
     @requires(CLUSTER)
     def action_resume_point(self, body):

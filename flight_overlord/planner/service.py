@@ -1,8 +1,8 @@
 """What the Planner role does between its Flight adapter and the planning logic (``Planner``),
 without Flight: who registered where (and the rule for moving), the planning loop ahead of the
-slowest trainer, trainer positions, a rewind on a new layout, and each constructor's share of a
-plan. Its state is in a few objects with one job each: ``TrainerPositions`` (where each rank is),
-``PublishedViews`` (views until taken), ``PlanCounters`` (what status counts); what it asks of other
+slowest trainer, trainer positions, a rewind on a new layout, and each constructor's plan of a
+step. Its state is in a few objects with one job each: ``TrainerPositions`` (where each rank is),
+``PublishedPlans`` (constructor plans until taken), ``PlanCounters`` (what status counts); what it asks of other
 roles goes through ``ports.RoleCalls``.
 
 One lock (``cond``) guards it; a blocking call waits on it server-side for at most ``WAIT_SECONDS``.
@@ -23,20 +23,20 @@ from ..wire.actions import PlanRequest, PositionsReport
 from ..wire.plan import EncodedPlan
 from ..wire.plan_channel import PLAN_AHEAD
 from ..wire.status import PlannerStatus
+from .constructor_plans import constructor_plans
 from .counters import PlanCounters
 from .planner import Planner
 from .ports import RoleCalls
-from .published import PublishedViews
+from .published import PublishedPlans
 from .reports import checked_report
 from .roster import ROSTER_FILE
-from .views import step_views
 
 log = logging.getLogger(__name__)
 WAIT_SECONDS = 30.0  # a blocking call waits this long server-side, then the client may ask again
 STEPS_AHEAD = 16    # beyond prefetch: how far past the planned steps a trainer may ask before it is an error
-# How long an answer waits for the next step's view when that step is being planned right now (about
+# How long an answer waits for the next step's constructor plan when that step is being planned right now (about
 # a planning's time at dp 64; past it, at thousands of ranks, the answer goes without it)
-NEXT_VIEW_SECONDS = 0.05
+NEXT_PLAN_SECONDS = 0.05
 
 
 class PlanService:
@@ -59,7 +59,7 @@ class PlanService:
             registered = wire.decode(self._roster_file.read_bytes(), str(self._roster_file))
             self.planner.roster.load_state_dict(registered)
         self.rewind_pending = planner.replan_needed  # re-plan from the step the trainers resume at
-        self.views = PublishedViews(self.mesh.num_constructors)
+        self.published_plans = PublishedPlans(self.mesh.num_constructors)
         self.positions = TrainerPositions()  # where each rank is (asked, or reported by its constructor)
         self.counters = PlanCounters()
         self.failure: BackgroundFailure | None = None  # planning failed: every waiting call gets it
@@ -81,8 +81,8 @@ class PlanService:
                              f"moves only when its address no longer answers (restart it on the same address)")
         with self.cond:
             add()
-            if current != location:  # a new or moved role: its steps' views are served from the journal (a
-                self.views.moved()  # restart on its own address, the recovery path, keeps them)
+            if current != location:  # a new or moved role: its steps' plans are served from the journal (a
+                self.published_plans.moved()  # restart on its own address, the recovery path, keeps them)
             if current is not None:
                 self.counters.reregistrations[role] += 1
             if current is not None and current != location:
@@ -130,14 +130,14 @@ class PlanService:
                     self.cond.wait_for(lambda: self.stopping or self._may_plan(self.planner.next_step))
                     if self.stopping:
                         return
-                    self.views.publishing = self.planner.next_step
-                    registrations = self.views.registrations
+                    self.published_plans.publishing = self.planner.next_step
+                    registrations = self.published_plans.registrations
                 plan = self.planner.plan_next()
                 if self.planner.scaled:
                     self._roles.announce(self.planner.routes.reshards(self.planner.scaled))
-                views = step_views(plan, self.mesh, self.planner.roster, self.planner.strategy.broadcast)
+                plans = constructor_plans(plan, self.mesh, self.planner.roster, self.planner.strategy.broadcast)
                 with self.cond:
-                    self.views.publish(plan.step, views, registrations)
+                    self.published_plans.publish(plan.step, plans, registrations)
                     self.counters.step_planned(plan)
                     self._published.notify_all()
         except Exception as exc:  # surface to every waiting client instead of hanging them
@@ -164,8 +164,8 @@ class PlanService:
                              f"{self.planner.next_step - 1}, trainers may ask at most {horizon}")
 
     def _wait_for_plan(self, step: int, timeout: float) -> None:
-        """Until ``step`` is planned, and its views made (a constructor's ask then finds them), and every role
-        registered (a restarted Planner re-derives journaled steps with the loaders' metadata)."""
+        """Until ``step`` is planned, and its constructor plans made (a constructor's ask then finds them), and
+        every role registered (a restarted Planner re-derives journaled steps with the loaders' metadata)."""
         ready = lambda: self._published_step(step) and self.planner.roster.complete()  # noqa: E731
         self.waiters.wait_until(self._published, lambda: self.failure is not None or self.stopping or ready(),
                                 timeout, f"the plan of step {step}")
@@ -262,21 +262,21 @@ class PlanService:
                 self.cond.notify_all()
 
     # -- constructors ------------------------------------------------------------------
-    def answer(self, message: PlanRequest | PositionsReport, views: int) -> list[EncodedPlan] | dict:
+    def answer(self, message: PlanRequest | PositionsReport, steps: int) -> list[EncodedPlan] | dict:
         """One message of a constructor's plans stream, or the ``plan`` action's body: a plan request gets
-        the views of its step and of the steps after it already planned, up to ``views``
+        the constructor's plans of its step and of the steps after it already planned, up to ``steps``
         (``constructor_plan``); a positions report ``{"ok": true}``."""
         if isinstance(message, PositionsReport):
             self.constructor_positions(message.constructor, message.positions)
             return {"ok": True}
-        return self.constructor_plan(message.step, message.constructor, message.positions, message.wait, views)
+        return self.constructor_plan(message.step, message.constructor, message.positions, message.wait, steps)
 
     def constructor_plan(self, step: int, constructor: int, positions: dict | None = None,
-                         wait: float | None = None, views: int = 1) -> list[EncodedPlan]:
-        """Constructor ``constructor``'s share of step ``step``'s plan, as the plans stream carries it, and
-        of the steps after it already planned, up to ``views`` steps in all (one being planned right now is
-        waited for, briefly: ``_await_in_planning``). A step's views are held until every constructor took
-        its own (``PublishedViews``); later asks are served from the journal. ``positions``: {rank: step},
+                         wait: float | None = None, steps: int = 1) -> list[EncodedPlan]:
+        """Constructor ``constructor``'s plan of step ``step``, as the plans stream carries it, and of the
+        steps after it already planned, up to ``steps`` steps in all (one being planned right now is
+        waited for, briefly: ``_await_in_planning``). A step's constructor plans are held until every constructor took
+        its own (``PublishedPlans``); later asks are served from the journal. ``positions``: {rank: step},
         the next step each of its rank streams sends (how the Planner paces itself without a per-step call
         from those trainers). ``wait``: how long to hold the request at most (then ``WaitTimedOut``): the
         positions it brought may be what planning waits for once its streams moved on, so the constructor
@@ -285,41 +285,41 @@ class PlanService:
         with self.cond:
             self._check_horizon(step)
             self._wait_for_plan(step, min(WAIT_SECONDS, wait or WAIT_SECONDS))
-            first = self.views.take(step, constructor)
+            first = self.published_plans.take(step, constructor)
             following = []
-            for later in range(step + 1, step + views):
+            for later in range(step + 1, step + steps):
                 self._await_in_planning(later)
-                view = self.views.take(later, constructor) if self._published_step(later) else None
-                if view is None:
+                plan = self.published_plans.take(later, constructor) if self._published_step(later) else None
+                if plan is None:
                     break
-                following.append(view)
-            if views > 1:
+                following.append(plan)
+            if steps > 1:
                 self.counters.answered(1 + len(following))
         if first is None:
             plan = self.planner.journaled(step)  # fetched by everyone before, or planned by an earlier Planner process
             if plan is None:
                 raise KeyError(f"plan of step {step} is in no journal of this run")
-            first = step_views(plan, self.mesh, self.planner.roster, self.planner.strategy.broadcast,
-                               [constructor])[0]
+            first = constructor_plans(plan, self.mesh, self.planner.roster, self.planner.strategy.broadcast,
+                                      [constructor])[0]
         return [first, *following]
 
     def _await_in_planning(self, step: int) -> None:
         """(Held lock.) When ``step`` is the one being planned now, or the next and plannable (the positions
-        just reported may be what let it), wait for it, at most ``NEXT_VIEW_SECONDS``: its view then comes
+        just reported may be what let it), wait for it, at most ``NEXT_PLAN_SECONDS``: its constructor plan then comes
         along, and the constructor does not ask for it."""
-        planning = step == self.views.publishing or (step == self.planner.next_step and self._may_plan(step))
+        planning = step == self.published_plans.publishing or (step == self.planner.next_step and self._may_plan(step))
         if self._published_step(step) or not planning:
             return
         try:
             self.waiters.wait_until(self._published,
                                     lambda: self.failure is not None or self.stopping or self._published_step(step),
-                                    NEXT_VIEW_SECONDS, f"the plan of step {step}")
+                                    NEXT_PLAN_SECONDS, f"the plan of step {step}")
         except (WaitTimedOut, Busy):
             pass  # planning takes longer than that (or the server is full of waiting calls): the answer goes without it
 
     def _published_step(self, step: int) -> bool:
-        """(Held lock.) Planned, with its views made."""
-        return step < self.planner.next_step and step != self.views.publishing
+        """(Held lock.) Planned, with its constructor plans made."""
+        return step < self.planner.next_step and step != self.published_plans.publishing
 
     def constructor_positions(self, constructor: int, positions) -> None:
         """{rank: step}: the next step each rank stream of ``constructor`` sends (with a plan request, or

@@ -1,7 +1,7 @@
 """One planned step: which samples go into which microbatch of which bucket, and its journal record.
 
 Planning fills a plan from columns (``PickTable`` and one index array per bin); the ``Pick`` lists
-of ``bins`` are made only when a caller asks for them (a constructor's view, an image graph, a
+of ``bins`` are made only when a caller asks for them (a constructor plan, an image graph, a
 test), so a step of 10^5 samples costs no object per sample until then.
 """
 from __future__ import annotations

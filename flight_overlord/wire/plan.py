@@ -6,7 +6,7 @@ one first, then its shadows, any of which can serve it) and, per sample, ``[epoc
 row_group, row, consumers]`` (``consumers``: how many constructors fetch it in all).
 
 On the plans stream a constructor plan travels as an ``EncodedPlan``: its samples as one Arrow record batch (schema
-``plan_view``) and the rest as a small JSON header, its app_metadata. The Planner makes the columns of
+``encoded_plan``) and the rest as a small JSON header, its app_metadata. The Planner makes the columns of
 a step's constructor plans from the step plan's own arrays, with no Python object per sample and no JSON per sample.
 The ``plan`` action answers the same constructor plan as one JSON object (``ConstructorPlan.to_wire``).
 """
@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import decode, encode
-from .schemas import PLAN_VIEW, load_schema
+from .schemas import ENCODED_PLAN, load_schema
 
 
 @dataclass
@@ -66,7 +66,7 @@ class ConstructorPlan:
 
 @dataclass
 class EncodedPlan:
-    """A ``ConstructorPlan`` on the plans stream: ``rows``, a ``plan_view`` batch with a row per sample
+    """A ``ConstructorPlan`` on the plans stream: ``rows``, an ``encoded_plan`` batch with a row per sample
     (in ``keys`` order; a fetch group's items are its rows in order), and ``header``, the encoded JSON
     object of the other fields (``fetch``: ``[source, actor, locations]`` per group)."""
     header: bytes
@@ -81,35 +81,35 @@ class EncodedPlan:
             for item, sample in zip(fetch.items, fetch.samples):
                 samples[item] = sample
         if (group < 0).any() or sum(len(f.items) for f in plan.fetch) != len(plan.keys):
-            raise ValueError(f"the view of step {plan.step} does not fetch every sample exactly once")
+            raise ValueError(f"the constructor plan of step {plan.step} does not fetch every sample exactly once")
         epoch, file, row_group, row, consumers = (list(c) for c in zip(*samples)) if samples else ([],) * 5
         return cls.from_columns(plan_header(plan), [plan.keys, plan.lengths, group, epoch, file, row_group, row,
                                                     consumers])
 
     @classmethod
     def from_columns(cls, header: dict, columns: list) -> "EncodedPlan":
-        """``header`` (``plan_header``) and the ``plan_view`` columns, in schema order."""
-        return cls(encode(header), view_rows(columns))
+        """``header`` (``plan_header``) and the ``encoded_plan`` columns, in schema order."""
+        return cls(encode(header), plan_rows(columns))
 
     def plan(self) -> ConstructorPlan:
-        return _plan_of(decode(self.header, "the header of a plan view"), self.rows)
+        return _plan_of(decode(self.header, "the header of a constructor plan"), self.rows)
 
     def to_wire(self) -> dict:
-        """The ``plan`` action's answer: the same view as one JSON object."""
+        """The ``plan`` action's answer: the same constructor plan as one JSON object."""
         return self.plan().to_wire()
 
 
 def _plan_of(header: dict, rows: pa.RecordBatch) -> ConstructorPlan:
-    """The ``ConstructorPlan`` a view's decoded header and rows make."""
-    if rows.schema != view_schema():
-        raise ValueError(f"a plan view's rows must have the schema {PLAN_VIEW!r}, got {rows.schema}")
+    """The ``ConstructorPlan`` an encoded plan's decoded header and rows make."""
+    if rows.schema != encoded_plan_schema():
+        raise ValueError(f"a constructor plan's rows must have the schema {ENCODED_PLAN!r}, got {rows.schema}")
     keys, lengths, group, epoch, file, row_group, row, consumers = (c.to_pylist() for c in rows.columns)
     group = np.asarray(group, dtype=np.int64)
     # each group's rows, in order: one stable sort, not a scan of every row per group
     order = np.argsort(group, kind="stable")
     bounds = np.searchsorted(group[order], np.arange(len(header["fetch"]) + 1)).tolist()
     if group.size and (group.min() < 0 or bounds[-1] != group.size):
-        raise ValueError(f"a plan view's rows name fetch groups outside 0..{len(header['fetch']) - 1}")
+        raise ValueError(f"a constructor plan's rows name fetch groups outside 0..{len(header['fetch']) - 1}")
     fetch = []
     for g, (source, actor, locations) in enumerate(header["fetch"]):
         items = order[bounds[g]:bounds[g + 1]].tolist()
@@ -122,27 +122,28 @@ def _plan_of(header: dict, rows: pa.RecordBatch) -> ConstructorPlan:
                            header["extra"])
 
 
-def views_message(views: list[EncodedPlan]) -> tuple[bytes, pa.RecordBatch]:
-    """Views of consecutive steps as one plans-stream answer: their rows back to back in one batch, and
-    the header ``{"views": [each view's header], "rows": [each view's row count]}`` (the views' headers
-    are encoded JSON objects already: joined as bytes, not decoded and encoded again)."""
-    header = b'{"views":[' + b",".join(v.header for v in views) + b'],"rows":[' + \
-        ",".join(str(v.rows.num_rows) for v in views).encode() + b"]}"
-    if len(views) == 1:
-        return header, views[0].rows
+def answer_message(plans: list[EncodedPlan]) -> tuple[bytes, pa.RecordBatch]:
+    """Constructor plans of consecutive steps as one plans-stream answer: their rows back to back in one
+    batch, and the header ``{"views": [each plan's header], "rows": [each plan's row count]}`` (``views``,
+    the wire's name for them, is what Planners and constructors of other builds read too; the plans'
+    headers are encoded JSON objects already: joined as bytes, not decoded and encoded again)."""
+    header = b'{"views":[' + b",".join(p.header for p in plans) + b'],"rows":[' + \
+        ",".join(str(p.rows.num_rows) for p in plans).encode() + b"]}"
+    if len(plans) == 1:
+        return header, plans[0].rows
     # one batch of them all (pyarrow 19+ has concat_batches)
-    joined = pa.Table.from_batches([v.rows for v in views]).combine_chunks().to_batches()
-    return header, joined[0] if joined else views[0].rows
+    joined = pa.Table.from_batches([p.rows for p in plans]).combine_chunks().to_batches()
+    return header, joined[0] if joined else plans[0].rows
 
 
-def read_views(header: bytes, rows: pa.RecordBatch) -> list[ConstructorPlan]:
-    """``views_message``'s plans, in order."""
+def read_answer_message(header: bytes, rows: pa.RecordBatch) -> list[ConstructorPlan]:
+    """``answer_message``'s constructor plans, in order."""
     outer = decode(header, "the header of a plans answer")
-    heads, counts = outer.get("views"), outer.get("rows")
+    heads, counts = outer.get("views"), outer.get("rows")  # "views": the wire's name (``answer_message``)
     if (not isinstance(heads, list) or not heads or not all(isinstance(h, dict) for h in heads)
             or not isinstance(counts, list) or len(counts) != len(heads) or not all(_count(n) for n in counts)
             or sum(counts) != rows.num_rows):
-        raise ValueError(f"a plans answer's header must list each view's header (an object) and row count, "
+        raise ValueError(f"a plans answer's header must list each plan's header (an object) and row count, "
                          f"covering its {rows.num_rows} rows")
     plans, offset = [], 0
     for head, n in zip(heads, counts):
@@ -152,20 +153,21 @@ def read_views(header: bytes, rows: pa.RecordBatch) -> list[ConstructorPlan]:
 
 
 def plan_header(plan: ConstructorPlan) -> dict:
-    """A view's fields other than its samples' columns (``fetch``: the groups as ``[source, actor,
-    locations]``). Microbatches that number the samples in row order, one after another (every view
-    made from a plan's columns), travel as their sizes (``bins``)."""
+    """A constructor plan's fields other than its samples' columns (``fetch``: the groups as ``[source,
+    actor, locations]``). Microbatches that number the samples in row order, one after another (every
+    constructor plan made from a step plan's columns), travel as their sizes (``bins``)."""
     sizes = _consecutive_sizes(plan.microbatches)
-    header = view_header(plan.step, plan.axis, plan.broadcast, plan.capacity,
-                         [[g.source, g.actor, g.locations] for g in plan.fetch], plan.encoder_axis, plan.extra,
-                         sizes, None if plan.encoder is None else {str(b): v for b, v in plan.encoder.items()})
+    header = plan_header_fields(plan.step, plan.axis, plan.broadcast, plan.capacity,
+                                [[g.source, g.actor, g.locations] for g in plan.fetch], plan.encoder_axis, plan.extra,
+                                sizes, None if plan.encoder is None else {str(b): v for b, v in plan.encoder.items()})
     if sizes is None:
         header["microbatches"] = {str(b): v for b, v in plan.microbatches.items()}
     return header
 
 
-def view_header(step: int, axis: str, broadcast: list[str], capacity: int, fetch: list, encoder_axis: str | None,
-                extra: dict, bins: list[list] | None = None, encoder: dict | None = None) -> dict:
+def plan_header_fields(step: int, axis: str, broadcast: list[str], capacity: int, fetch: list,
+                       encoder_axis: str | None, extra: dict, bins: list[list] | None = None,
+                       encoder: dict | None = None) -> dict:
     """``plan_header``'s fields; ``bins``: ``[bucket, [samples in each of its microbatches]]`` per bucket,
     in order, the samples numbered in row order (the microbatches then go as ``bins``, not as index
     lists; a list, so that no re-encoding of the JSON object reorders them)."""
@@ -197,15 +199,15 @@ def _microbatches(header: dict, samples: int) -> dict[int, list[list[int]]]:
     for entry in header["bins"]:
         if (not isinstance(entry, list) or len(entry) != 2 or not _count(entry[0]) or not isinstance(entry[1], list)
                 or not all(_count(n) for n in entry[1])):
-            raise ValueError(f"a plan view's bins must be [bucket, [samples per microbatch]] pairs of non-negative "
-                             f"integers, got {entry!r}"[:300])
+            raise ValueError(f"a constructor plan's bins must be [bucket, [samples per microbatch]] pairs of "
+                             f"non-negative integers, got {entry!r}"[:300])
         bucket, sizes = entry
         microbatches[bucket] = []
         for n in sizes:
             microbatches[bucket].append(list(range(start, start + n)))
             start += n
     if start > samples:
-        raise ValueError(f"a plan view's bins hold {start} samples, its rows only {samples}")
+        raise ValueError(f"a constructor plan's bins hold {start} samples, its rows only {samples}")
     return microbatches
 
 
@@ -213,11 +215,11 @@ def _count(n) -> bool:
     return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 
-def view_schema() -> pa.Schema:
-    return load_schema(PLAN_VIEW)
+def encoded_plan_schema() -> pa.Schema:
+    return load_schema(ENCODED_PLAN)
 
 
-def view_rows(columns: list) -> pa.RecordBatch:
-    """The ``plan_view`` batch of its columns, in schema order, each made as its field's type."""
-    return pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(columns, view_schema())],
-                                      schema=view_schema())
+def plan_rows(columns: list) -> pa.RecordBatch:
+    """The ``encoded_plan`` batch of its columns, in schema order, each made as its field's type."""
+    return pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(columns, encoded_plan_schema())],
+                                      schema=encoded_plan_schema())

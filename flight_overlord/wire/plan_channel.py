@@ -7,10 +7,10 @@ a fraction of that. The protocol is lock-step, app_metadata only (JSON objects),
 
 - constructor -> Planner: a plan request (``PlanRequest``, action ``plan``'s body), or a positions
   report ``{"constructor", "positions"}`` (no ``step``);
-- Planner -> constructor, one answer each: the constructor's view of the step and of the steps after
-  it that are planned already (at most ``VIEWS_PER_ANSWER``), as one message (``views_message``: the
-  views' ``plan_view`` rows back to back in one record batch, their headers as app_metadata; the
-  stream's schema is ``plan_view``); the constructor then asks again only for the step after those,
+- Planner -> constructor, one answer each: the constructor's plan of the step and of the steps after
+  it that are planned already (at most ``PLANS_PER_ANSWER``), as one message (``answer_message``: the
+  plans' ``encoded_plan`` rows back to back in one record batch, their headers as app_metadata; the
+  stream's schema is ``encoded_plan``); the constructor then asks again only for the step after those,
   ``{"again": true}`` when it is not planned within the request's ``wait`` (ask again with fresh
   positions), ``{"ok": true}`` to a report, or ``{"error": MESSAGE}`` (a bad request: the stream
   stays open); these three as app_metadata only.
@@ -21,8 +21,8 @@ handlers: so a constructor that waits for its trainers reports its positions at 
 stops.
 
 The ``plan`` action is the same exchange as one call, for stock clients and inspection: its body is one
-message, answered by the same function as on the stream with one view at most (``action_answer``: the
-view as one JSON object, ``ConstructorPlan.to_wire``, or ``{"ok": true}``; "again" is the call's time-out).
+message, answered by the same function as on the stream with one constructor plan at most (``action_answer``:
+the plan as one JSON object, ``ConstructorPlan.to_wire``, or ``{"ok": true}``; "again" is the call's time-out).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ import pyarrow.flight as fl
 
 from ..errors import WaitTimedOut
 from . import decode, encode
-from .plan import ConstructorPlan, EncodedPlan, read_views, view_schema, views_message
+from .plan import ConstructorPlan, EncodedPlan, answer_message, encoded_plan_schema, read_answer_message
 from .server import client_error, decode_body
 
 PLANS = "plans"
@@ -44,10 +44,10 @@ PLANS = "plans"
 # ones. It also bounds how long the Planner's shutdown waits for a plans stream's handler.
 POSITIONS_SECONDS = 0.5
 AGAIN = encode({"again": True})
-# Views in one answer: the asked step's and the next one's when it is planned, so that a constructor asks
+# Constructor plans in one answer: the asked step's and the next one's when it is planned, so that a constructor asks
 # (and the Planner answers) about once every other step: the plans stream's messages were most of the
 # Planner's CPU per step after planning itself.
-VIEWS_PER_ANSWER = 2
+PLANS_PER_ANSWER = 2
 # Steps the Planner plans past the trainers' prefetch, so that an ask finds the next step planned too: a
 # constructor that asks every other step reports its positions every other step, up to two steps old.
 PLAN_AHEAD = 2
@@ -65,9 +65,9 @@ def check_descriptor(descriptor: fl.FlightDescriptor) -> None:
 def serve_plans(reader, writer, answer: Callable[[dict], "dict | list[EncodedPlan]"],
                 stopping: Callable[[], bool]) -> None:
     """The Planner's side: one answer per message until the constructor closes the stream or the Planner
-    stops. ``answer(body)``: views of consecutive steps, or a JSON object; its ``WaitTimedOut`` is
+    stops. ``answer(body)``: constructor plans of consecutive steps, or a JSON object; its ``WaitTimedOut`` is
     ``{"again": true}``, any other error ``{"error": ...}`` (said as a handler's error would be)."""
-    writer.begin(view_schema())
+    writer.begin(encoded_plan_schema())
     while not stopping():
         try:
             chunk = reader.read_chunk()
@@ -75,14 +75,14 @@ def serve_plans(reader, writer, answer: Callable[[dict], "dict | list[EncodedPla
             return
         try:
             reply = answer(_message(chunk))
-            reply = views_message(reply) if isinstance(reply, list) else encode(reply)
+            reply = answer_message(reply) if isinstance(reply, list) else encode(reply)
         except WaitTimedOut:
             reply = AGAIN
         except Exception as exc:  # noqa: BLE001 - a bad request is answered; the stream stays up
             if stopping():  # failed because the Planner stops: the constructor asks again (it, or its successor)
                 return
             reply = encode({"error": str(client_error(exc, "the plans stream"))})
-        if isinstance(reply, tuple):  # views: (header, rows)
+        if isinstance(reply, tuple):  # constructor plans: (header, rows)
             header, rows = reply
             writer.write_with_metadata(rows, header)
         else:
@@ -90,7 +90,7 @@ def serve_plans(reader, writer, answer: Callable[[dict], "dict | list[EncodedPla
 
 
 def action_answer(reply: "dict | list[EncodedPlan]") -> dict:
-    """An answer of the plans stream as the ``plan`` action's: the asked step's view as one JSON object."""
+    """An answer of the plans stream as the ``plan`` action's: the asked step's constructor plan as one JSON object."""
     return reply[0].to_wire() if isinstance(reply, list) else reply
 
 
@@ -113,7 +113,7 @@ class PlanChannel:
 
     def ask(self, client: fl.FlightClient, body: dict) -> "dict | list[ConstructorPlan]":
         """Send ``body`` on ``client``'s plans stream (opened on first use) and return the answer, decoded
-        (views: their ``ConstructorPlan``s, the asked step's first). Raises ``FlightTimedOutError`` for
+        (constructor plans: their ``ConstructorPlan``s, the asked step's first). Raises ``FlightTimedOutError`` for
         "again" (``ask_again`` asks again), ``FlightServerError`` for an error answer, and
         ``FlightUnavailableError`` when the stream broke (``call_any`` reconnects)."""
         with self._lock:
@@ -137,7 +137,7 @@ class PlanChannel:
             self.close()
             raise fl.FlightUnavailableError("the Planner's answer on the plans stream had no header (app_metadata)")
         if chunk.data is not None:
-            return read_views(chunk.app_metadata.to_pybytes(), chunk.data)
+            return read_answer_message(chunk.app_metadata.to_pybytes(), chunk.data)
         reply = decode(chunk.app_metadata.to_pybytes(), "the Planner's answer on the plans stream")
         if reply.get("again") is True:
             raise fl.FlightTimedOutError("not planned yet: ask again with fresh positions")

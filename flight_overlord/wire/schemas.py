@@ -38,7 +38,9 @@ SAMPLES = "samples"
 MICROBATCH = "microbatch"
 ENCODER_BATCH = "encoder_batch"
 HDP_MICROBATCH = "hdp_microbatch"
-PLAN_VIEW = "plan_view"
+# encoded_plan.json: its "name", the schema's metadata on the wire, is "plan_view", what Planners and constructors
+# of other builds expect
+ENCODED_PLAN = "encoded_plan"
 
 
 def list_array(rows, value_type: pa.DataType = pa.int32()) -> pa.ListArray:

@@ -96,10 +96,10 @@ def test_the_plans_stream_answers_bad_messages_and_stays_open(cluster):
                            ({"step": 10 ** 9, "constructor": 0}, "beyond the planning horizon")):
         assert expected in _error(lambda: channel.ask(planner, body)), body
     assert channel.ask(planner, {"constructor": 0, "positions": {}}) == {"ok": True}
-    views = channel.ask(planner, {"step": 0, "constructor": 0})  # the same stream still serves, a record batch
-    view = views[0]  # (and the next step's view, when it is planned: taken here, so asked for no more)
-    assert view.step == 0 and view.keys and [v.step for v in views] == list(range(len(views))) and len(views) <= 2
-    assert view == ConstructorPlan.from_wire(json.loads(list(planner.do_action(fl.Action("plan", json.dumps(
+    plans = channel.ask(planner, {"step": 0, "constructor": 0})  # the same stream still serves, a record batch
+    first = plans[0]  # (and the next step's plan, when it is planned: taken here, so asked for no more)
+    assert first.step == 0 and first.keys and [p.step for p in plans] == list(range(len(plans))) and len(plans) <= 2
+    assert first == ConstructorPlan.from_wire(json.loads(list(planner.do_action(fl.Action("plan", json.dumps(
         {"step": 0, "constructor": 0}).encode())))[0].body.to_pybytes()))  # as the plan action answers, in JSON
     channel.close()
     writer.close()

@@ -125,10 +125,10 @@ def test_every_role_exposes_metrics_that_move_with_the_run(cluster):
     assert {pick(planner, "overlord_planner_step_requested", rank=r) for r in range(RANKS)} == {STEPS - 1}
     assert pick(planner, "overlord_planner_registered_roles", role="loader") == len(load_config(path).sources)
     # every step a constructor assembled came in a plans-stream answer: asked for, or along with the one before
-    views = {dict(labels)["views"]: n for (name, labels), n in planner.items()
-             if name == "overlord_planner_plan_answers_total"}
-    assert set(views) <= {"1", "2"} and sum(int(k) * n for k, n in views.items()) >= STEPS * RANKS
-    assert views.get("2", 0) > 0  # the Planner plans ahead: the next step's view came along
+    answers = {dict(labels)["views"]: n for (name, labels), n in planner.items()  # by constructor plans carried
+               if name == "overlord_planner_plan_answers_total"}
+    assert set(answers) <= {"1", "2"} and sum(int(k) * n for k, n in answers.items()) >= STEPS * RANKS
+    assert answers.get("2", 0) > 0  # the Planner plans ahead: the next step's constructor plan came along
 
     def loader_bytes(pages):
         return sum(total(pages[role], "overlord_loader_bytes_served_total")

@@ -20,13 +20,13 @@ WAIT = 10.0  # bound on every wait of these tests (the loop's steps take millise
 
 
 class FakePlans:
-    """The Planner: step ``s``'s view is ``plan(s)``, handed out with the next step's (as the Planner
+    """The Planner: step ``s``'s constructor plan is ``plan(s)``, handed out with the next step's (as the Planner
     answers); it stops at ``last``."""
     report_seconds = 0.01
 
     def __init__(self, start: int = 0, last: int = 100):
         self.start, self.last = start, last
-        self.asked: list[int] = []       # steps asked for with views
+        self.asked: list[int] = []       # steps asked for with plans_from
         self.reports: list[dict] = []    # positions reported while assembly waited
         self.again: list[int] = []       # steps asked for again (released, rebuilt)
         self.lock = threading.Lock()
@@ -34,7 +34,7 @@ class FakePlans:
     def resume_point(self):
         return self.start
 
-    def views(self, step, positions):
+    def plans_from(self, step, positions):
         with self.lock:
             self.asked.append(step)
             positions()
@@ -93,7 +93,7 @@ def test_it_assembles_step_after_step_from_the_resume_point(cfg):
     try:
         got = [batch.column("step")[0].as_py() for batch in stream_of(constructor, 3, 6)]
         assert got == [3, 4, 5]
-        assert plans.asked[:2] == [3, 5]  # step 4's view came with step 3's answer
+        assert plans.asked[:2] == [3, 5]  # step 4's plan came with step 3's answer
         assert sorted(set(samples.calls)) == [3, 4, 5] and samples.calls.count(3) == 2  # one call per loader process
         eventually(lambda: plans.asked[-1] >= plans.last, "the loop asks on until its plan source stops")
         assert constructor.status().bytes_fetched > 0

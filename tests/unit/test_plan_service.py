@@ -1,6 +1,6 @@
 """``planner/service.py``: ``PlanService`` over a real ``Planner`` whose loaders and other roles are
 in-memory fakes of its ports (``planner/ports.py``): no process, no Flight. Registration starts
-planning, trainer positions pace it, constructors get their views (several per answer, the same again
+planning, trainer positions pace it, constructors get their constructor plans (several per answer, the same again
 from the journal), a restarted constructor resumes where its ranks are, and a planning failure reaches
 every waiting call."""
 from __future__ import annotations
@@ -90,9 +90,9 @@ def test_registration_completes_and_planning_starts(built):
     with pytest.raises(WaitTimedOut, match="the plan of step 0"):
         service.constructor_plan(0, 0, wait=0.2)
     _register_all(service)
-    views = service.constructor_plan(0, 0)
-    assert service.status().ready and [v.plan().step for v in views] == [0]
-    assert views[0].plan().keys
+    plans = service.constructor_plan(0, 0)
+    assert service.status().ready and [p.plan().step for p in plans] == [0]
+    assert plans[0].plan().keys
 
 
 def test_positions_pace_planning(built):
@@ -112,15 +112,15 @@ def test_positions_pace_planning(built):
     assert service.status().requested == {"0": 5, "1": 4}
 
 
-def test_views_per_answer_and_the_same_view_again_from_the_journal(built):
+def test_plans_per_answer_and_the_same_plan_again_from_the_journal(built):
     service, _, _ = built
     _register_all(service)
     _planned_through(service, 1)
     both = service.answer(PlanRequest(0, 0), 2)
-    assert [v.plan().step for v in both] == [0, 1]
+    assert [p.plan().step for p in both] == [0, 1]
     assert service.status().plan_answers == {"2": 1}
-    other = service.answer(PlanRequest(0, 1), 1)  # every constructor took step 0: its views are let go
-    assert [v.plan().step for v in other] == [0]
+    other = service.answer(PlanRequest(0, 1), 1)  # every constructor took step 0: its plans are let go
+    assert [p.plan().step for p in other] == [0]
     assert set(other[0].plan().keys).isdisjoint(both[0].plan().keys)
     again = service.constructor_plan(0, 0)[0]  # served again, re-derived from the journal
     assert again.header == both[0].header and again.rows.equals(both[0].rows)
@@ -153,9 +153,9 @@ def test_a_role_moves_only_when_its_old_address_is_gone(built):
     with pytest.raises(ValueError, match="still answers"):
         service.register_constructor(1, "grpc://127.0.0.1:9")
     roles.alive.clear()
-    registrations = service.views.registrations
+    registrations = service.published_plans.registrations
     service.register_constructor(1, "grpc://127.0.0.1:9")
-    assert service.views.registrations == registrations + 1  # held views named the old address
+    assert service.published_plans.registrations == registrations + 1  # held plans named the old address
     assert service.constructor_location(1) == "grpc://127.0.0.1:9"
     assert service.constructor_plan(0, 1)[0].plan().step == 0  # from the journal
 

@@ -1,23 +1,23 @@
-"""``planner/published.py``: a step's views are held until every constructor took its own, and a
-registration at a new address drops every held view (they name the old one)."""
+"""``planner/published.py``: a step's constructor plans are held until every constructor took its own, and
+a registration at a new address drops every held plan (they name the old one)."""
 from __future__ import annotations
 
-from flight_overlord.planner.published import PublishedViews
+from flight_overlord.planner.published import PublishedPlans
 
 
-def test_views_are_held_until_every_constructor_took_its_own():
-    held = PublishedViews(2)
+def test_plans_are_held_until_every_constructor_took_its_own():
+    held = PublishedPlans(2)
     held.publishing = 4
-    held.publish(4, ["view of 0", "view of 1"], registrations=0)
+    held.publish(4, ["plan of 0", "plan of 1"], registrations=0)
     assert held.publishing is None
-    assert held.take(4, 1) == "view of 1"
-    assert held.take(4, 1) == "view of 1"  # asked again (a reconnect): still held for constructor 0
-    assert held.take(4, 0) == "view of 0"
+    assert held.take(4, 1) == "plan of 1"
+    assert held.take(4, 1) == "plan of 1"  # asked again (a reconnect): still held for constructor 0
+    assert held.take(4, 0) == "plan of 0"
     assert held.take(4, 0) is None and held.take(5, 0) is None  # let go: served from the journal
 
 
-def test_a_move_drops_held_views_and_those_made_before_it():
-    held = PublishedViews(2)
+def test_a_move_drops_held_plans_and_those_made_before_it():
+    held = PublishedPlans(2)
     held.publish(1, ["a", "b"], registrations=0)
     made_with = held.registrations
     held.moved()

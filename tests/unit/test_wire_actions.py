@@ -58,7 +58,7 @@ def test_a_plans_message_is_a_plan_request_when_it_names_a_step_and_the_action_a
     with pytest.raises(ValueError, match="malformed positions report: missing field 'constructor'"):
         plans_message({"positions": {}})
     plans = [ConstructorPlan(s, "DP", [], 8, [], [], {0: [[]]}, []) for s in (4, 5)]
-    assert action_answer([EncodedPlan.of(p) for p in plans]) == plans[0].to_wire()  # the asked step's view
+    assert action_answer([EncodedPlan.of(p) for p in plans]) == plans[0].to_wire()  # the asked step's constructor plan
     assert action_answer({"ok": True}) == {"ok": True}
 
 
@@ -70,39 +70,39 @@ def test_the_plans_stream_has_one_descriptor_and_names_what_is_wrong():
             check_descriptor(bad)
 
 
-def test_a_plan_view_on_the_plans_stream_is_the_constructor_s_plan_field_by_field():
-    """A view as the plans stream carries it (a plan_view record batch and a JSON header, through IPC as
-    on the wire) is the ConstructorPlan it was made from, also with encoder rows, HDP extras and a
-    sample fetched by two constructors; a view that fetches a sample twice is refused."""
+def test_an_encoded_plan_on_the_plans_stream_is_the_constructor_plan_field_by_field():
+    """A constructor plan as the plans stream carries it (an encoded_plan record batch and a JSON header,
+    through IPC as on the wire) is the ConstructorPlan it was made from, also with encoder rows, HDP extras
+    and a sample fetched by two constructors; a plan that fetches a sample twice is refused."""
     import pyarrow as pa
 
-    from flight_overlord.wire.plan import ConstructorPlan, EncodedPlan, FetchGroup, view_schema
+    from flight_overlord.wire.plan import ConstructorPlan, EncodedPlan, FetchGroup, encoded_plan_schema
     plan = ConstructorPlan(7, "DP", ["tp"], 64, ["a:f:0:1", "b:g:1:0", "a:f:0:4"], [10, 64, 3],
                            {2: [[1, 0], [2]], 3: [[], [0]]},
                            [FetchGroup("b", 0, ["grpc://h:1"], [1], [[0, "g", 1, 0, 2]]),
                             FetchGroup("a", 1, ["grpc://h:2", "grpc://h:3"], [0, 2],
                                        [[1, "f", 0, 1, 1], [1, "f", 0, 4, 1]])],
                            "DP", {2: [[1, 0, 3, 1]]}, {"hdp": {"2": [[[1, 0]]]}})
-    view = EncodedPlan.of(plan)
+    encoded = EncodedPlan.of(plan)
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, view_schema()) as writer:
-        writer.write_batch(view.rows)
+    with pa.ipc.new_stream(sink, encoded_plan_schema()) as writer:
+        writer.write_batch(encoded.rows)
     rows = pa.ipc.open_stream(sink.getvalue()).read_next_batch()
-    assert EncodedPlan(view.header, rows).plan() == plan
-    assert view.to_wire() == plan.to_wire()
+    assert EncodedPlan(encoded.header, rows).plan() == plan
+    assert encoded.to_wire() == plan.to_wire()
     twice = ConstructorPlan(0, "DP", [], 8, ["k"], [1], {0: [[0]]},
                             [FetchGroup("a", 0, [], [0], [[0, "f", 0, 0, 1]])] * 2)
     with pytest.raises(ValueError, match="does not fetch every sample exactly once"):
         EncodedPlan.of(twice)
     # a row in a group the header lacks
-    strays = rows.set_column(2, view_schema().field("group"), pa.array([0, 1, 2], pa.int32()))
+    strays = rows.set_column(2, encoded_plan_schema().field("group"), pa.array([0, 1, 2], pa.int32()))
     with pytest.raises(ValueError, match="fetch groups outside 0..1"):
-        EncodedPlan(view.header, strays).plan()
+        EncodedPlan(encoded.header, strays).plan()
 
 
 def test_microbatches_numbered_in_row_order_travel_as_their_sizes():
-    """A view whose microbatches list its samples 0, 1, 2, ... in order (every view made from a plan's
-    columns) carries their sizes in its header, not index lists, and reads back the same plan; one in
+    """A constructor plan whose microbatches list its samples 0, 1, 2, ... in order (every one made from a
+    step plan's columns) carries their sizes in its header, not index lists, and reads back the same plan; one in
     another order keeps its lists; sizes that name more samples than the rows hold are refused."""
     from flight_overlord.wire import decode, encode
     from flight_overlord.wire.plan import ConstructorPlan, EncodedPlan, FetchGroup
@@ -114,22 +114,22 @@ def test_microbatches_numbered_in_row_order_travel_as_their_sizes():
                                            [[0, "f", 0, i, 1] for i in range(4)])])
 
     in_order = plan_of({4: [[0, 1], []], 5: [[2], [3]]})
-    view = EncodedPlan.of(in_order)
-    header = decode(view.header, "header")
+    encoded = EncodedPlan.of(in_order)
+    header = decode(encoded.header, "header")
     assert header["bins"] == [[4, [2, 0]], [5, [1, 1]]] and "microbatches" not in header
-    assert view.plan() == in_order and view.to_wire() == in_order.to_wire()
+    assert encoded.plan() == in_order and encoded.to_wire() == in_order.to_wire()
     shuffled = plan_of({4: [[1, 0], []], 5: [[2], [3]]})
     assert "bins" not in decode(EncodedPlan.of(shuffled).header, "header")
     assert EncodedPlan.of(shuffled).plan() == shuffled
     with pytest.raises(ValueError, match="bins hold 5 samples, its rows only 4"):
-        EncodedPlan(encode({**header, "bins": [[4, [2, 3]]]}), view.rows).plan()
+        EncodedPlan(encode({**header, "bins": [[4, [2, 3]]]}), encoded.rows).plan()
     for bad in ([[4, [2, -1]]], [[4, [True]]], [{"4": [2]}], [[4, 2]]):
         with pytest.raises(ValueError, match="bins must be"):
-            EncodedPlan(encode({**header, "bins": bad}), view.rows).plan()
+            EncodedPlan(encode({**header, "bins": bad}), encoded.rows).plan()
 
 
-def test_views_of_consecutive_steps_travel_as_one_answer():
-    """The plans stream's answer: views of consecutive steps, rows back to back in one batch (through IPC
+def test_constructor_plans_of_consecutive_steps_travel_as_one_answer():
+    """The plans stream's answer: constructor plans of consecutive steps, rows back to back in one batch (through IPC
     as on the wire), read back as the same plans in order; a header whose row counts do not cover the
     rows is refused, naming it."""
     import pyarrow as pa
@@ -139,9 +139,9 @@ def test_views_of_consecutive_steps_travel_as_one_answer():
         ConstructorPlan,
         EncodedPlan,
         FetchGroup,
-        read_views,
-        view_schema,
-        views_message,
+        answer_message,
+        encoded_plan_schema,
+        read_answer_message,
     )
 
     def plan_of(step, n):
@@ -151,13 +151,13 @@ def test_views_of_consecutive_steps_travel_as_one_answer():
                                            [[0, "f", step, i, 1] for i in range(n)])])
 
     plans = [plan_of(5, 3), plan_of(6, 0), plan_of(7, 2)]
-    header, rows = views_message([EncodedPlan.of(p) for p in plans])
+    header, rows = answer_message([EncodedPlan.of(p) for p in plans])
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, view_schema()) as writer:
+    with pa.ipc.new_stream(sink, encoded_plan_schema()) as writer:
         writer.write_batch(rows)
     rows = pa.ipc.open_stream(sink.getvalue()).read_next_batch()
-    assert rows.num_rows == 5 and read_views(header, rows) == plans
-    assert read_views(*views_message([EncodedPlan.of(plans[0])])) == plans[:1]
+    assert rows.num_rows == 5 and read_answer_message(header, rows) == plans
+    assert read_answer_message(*answer_message([EncodedPlan.of(plans[0])])) == plans[:1]
     for bad in ({"rows": [3, 0, 1]}, {"rows": [3, True, 1]}, {"views": [1, 2, 3]}):
         with pytest.raises(ValueError, match="covering its 5 rows"):
-            read_views(encode({**decode(header, "header"), **bad}), rows)
+            read_answer_message(encode({**decode(header, "header"), **bad}), rows)

@@ -1,16 +1,16 @@
 """What each Data Constructor gets of a planned step: its constructor plan (``ConstructorPlan``; on the plans
-stream an ``EncodedPlan``, here called its view), made from the step plan's columns for every constructor in one
-pass.
+stream an ``EncodedPlan``), made from the step plan's columns for every constructor in one pass.
 
-A view numbers its samples in the order it meets them: its buckets' microbatches in order, then (image
-graph) the images its ranks encode. A sample met twice is numbered once, where it is first met: HDP
-lists a sample in the bin of every rank of its group, and a small source can wrap into its next epoch
-within a step (the same row twice). A view's fetch groups are the loader actors in order of their first
-sample; a sample's ``consumers`` counts the constructors that fetch it in the whole step (its loader
-keeps it until every one has).
+A constructor plan numbers its samples in the order it meets them: its buckets' microbatches in order,
+then (image graph) the images its ranks encode. A sample met twice is numbered once, where it is first
+met: HDP lists a sample in the bin of every rank of its group, and a small source can wrap into its next
+epoch within a step (the same row twice). A constructor plan's fetch groups are the loader actors in
+order of their first sample; a sample's ``consumers`` counts the constructors that fetch it in the whole
+step (its loader keeps it until every one has).
 
-The samples' columns are made for the whole step with a few numpy calls, then sliced per view: at
-thousands of ranks a view's fixed costs, paid per constructor, would be most of the Planner's CPU per step.
+The samples' columns are made for the whole step with a few numpy calls, then sliced per constructor
+plan: at thousands of ranks a plan's fixed costs, paid per constructor, would be most of the Planner's
+CPU per step.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import numpy as np
 from ..core import hdp
 from ..core.mesh import Mesh
 from ..wire import encode
-from ..wire.plan import EncodedPlan, view_header, view_rows
+from ..wire.plan import EncodedPlan, plan_header_fields, plan_rows
 from .picks import PickTable
 from .roster import Roster
 from .step_plan import StepPlan
@@ -53,33 +53,34 @@ class StepSamples:
         return cls(table, bins, encoder, _key_ids(table))
 
 
-def step_views(plan: StepPlan, mesh: Mesh, roster: Roster, broadcast: frozenset[str],
-               constructors: list[int] | None = None) -> list[EncodedPlan]:
-    """The views of ``constructors`` (default: every constructor, in order), as the plans stream carries them."""
+def constructor_plans(plan: StepPlan, mesh: Mesh, roster: Roster, broadcast: frozenset[str],
+                      constructors: list[int] | None = None) -> list[EncodedPlan]:
+    """The constructor plans of ``constructors`` (default: every constructor, in order), as the plans stream
+    carries them."""
     samples = StepSamples.of(plan)
     constructors = list(range(mesh.num_constructors)) if constructors is None else list(constructors)
     buckets = [mesh.buckets_of_constructor(c, plan.axis) for c in constructors]
     encoder_buckets = ([mesh.buckets_of_constructor(c, plan.encoder_axis) for c in constructors]
                        if samples.encoder is not None else [() for _ in constructors])
     met = _Meetings.of(samples, buckets, encoder_buckets, plan.microbatches)
-    numbering = _Numbering(met.view, samples.key[met.rows], len(constructors))
-    items_per_view = np.bincount(met.view[numbering.first], minlength=len(constructors))
-    rows, fetch = _rows_and_fetch(samples, met.rows[numbering.first], items_per_view, roster,
+    numbering = _Numbering(met.which_plan, samples.key[met.rows], len(constructors))
+    items_per_plan = np.bincount(met.which_plan[numbering.first], minlength=len(constructors))
+    rows, fetch = _rows_and_fetch(samples, met.rows[numbering.first], items_per_plan, roster,
                                   _consumers(samples, plan, mesh))
-    starts = np.concatenate([[0], np.cumsum(items_per_view)]).tolist()
+    starts = np.concatenate([[0], np.cumsum(items_per_plan)]).tolist()
     headers, in_order = _Headers(plan, samples, broadcast), numbering.in_order(met)
-    return [EncodedPlan(encode(headers.of(own, encoder_buckets[j], met.of_view(j, numbering.item), fetch[j],
+    return [EncodedPlan(encode(headers.of(own, encoder_buckets[j], met.of_plan(j, numbering.item), fetch[j],
                                           in_order[j])),
                         rows.slice(starts[j], starts[j + 1] - starts[j])) for j, own in enumerate(buckets)]
 
 
 @dataclass
 class _Meetings:
-    """The rows every view meets, view after view: its bins' rows in order, then its encoder rows.
-    ``rows`` and ``view`` per meeting; per view, where its meetings start, how many are in its bins,
-    and the sizes of its bins and of its encoder buckets."""
+    """The rows every constructor plan meets, plan after plan: its bins' rows in order, then its encoder
+    rows. ``rows`` and ``which_plan`` (an index into the plans) per meeting; per plan, where its meetings
+    start, how many are in its bins, and the sizes of its bins and of its encoder buckets."""
     rows: np.ndarray
-    view: np.ndarray
+    which_plan: np.ndarray
     starts: list[int]
     in_bins: list[int]
     bin_sizes: list[list[int]]
@@ -88,27 +89,28 @@ class _Meetings:
     @classmethod
     def of(cls, samples: StepSamples, buckets: list[tuple[int, ...]], encoder_buckets: list[tuple[int, ...]],
            microbatches: int) -> "_Meetings":
-        views = len(buckets)
+        num_plans = len(buckets)
         bins = [[samples.bins[b * microbatches + i] for b in own for i in range(microbatches)] for own in buckets]
         encoded = [[samples.encoder[b][0] for b in own] for own in encoder_buckets]
-        bin_sizes = [[len(x) for x in view_bins] for view_bins in bins]
-        encoded_sizes = [[len(x) for x in view_rows] for view_rows in encoded]
+        bin_sizes = [[len(x) for x in own_bins] for own_bins in bins]
+        encoded_sizes = [[len(x) for x in own_rows] for own_rows in encoded]
         in_bins, in_encoder = [sum(n) for n in bin_sizes], [sum(n) for n in encoded_sizes]
-        parts = [rows for view in range(views) for rows in (*bins[view], *encoded[view])]
+        parts = [rows for j in range(num_plans) for rows in (*bins[j], *encoded[j])]
         met = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-        per_view = np.add(in_bins, in_encoder, dtype=np.int64)
-        return cls(met, np.repeat(np.arange(views), per_view), np.concatenate([[0], np.cumsum(per_view)]).tolist(),
-                   in_bins, bin_sizes, encoded_sizes)
+        per_plan = np.add(in_bins, in_encoder, dtype=np.int64)
+        return cls(met, np.repeat(np.arange(num_plans), per_plan),
+                   np.concatenate([[0], np.cumsum(per_plan)]).tolist(), in_bins, bin_sizes, encoded_sizes)
 
-    def of_view(self, j: int, item: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int], list[int]]:
-        """View ``j``'s items met in its bins, its items and rows met in its encoder rows, and its sizes."""
+    def of_plan(self, j: int, item: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int], list[int]]:
+        """Plan ``j``'s items met in its bins, its items and rows met in its encoder rows, and its sizes."""
         first, bins_end, end = self.starts[j], self.starts[j] + self.in_bins[j], self.starts[j + 1]
         return item[first:bins_end], item[bins_end:end], self.rows[bins_end:end], self.bin_sizes[j], \
             self.encoded_sizes[j]
 
 
 class _Headers:
-    """A view's header (``view_header``): what is the same for every view of the step is made once."""
+    """A constructor plan's header (``plan_header_fields``): what is the same for every plan of the step
+    is made once."""
 
     def __init__(self, plan: StepPlan, samples: StepSamples, broadcast: frozenset[str]):
         self.plan, self.samples = plan, samples
@@ -118,7 +120,8 @@ class _Headers:
 
     def of(self, buckets: tuple[int, ...], encoder_buckets: tuple[int, ...], met, fetch: list,
            consecutive: bool) -> dict:
-        """``consecutive``: the view's bins number their samples 0, 1, 2, ... (its microbatches go as sizes)."""
+        """``consecutive``: the constructor plan's bins number their samples 0, 1, 2, ... (its microbatches go
+        as sizes)."""
         plan, m = self.plan, self.plan.microbatches
         in_bins, in_encoder, encoder_rows, bin_sizes, encoded_sizes = met
         encoder = None
@@ -129,62 +132,63 @@ class _Headers:
         if self.groups is not None:
             extra = {"hdp": {str(b): [[list(g) for g in self.groups[b * m + i]] for i in range(m)] for b in buckets}}
         sizes = [[bucket, bin_sizes[i * m:(i + 1) * m]] for i, bucket in enumerate(buckets)]
-        header = view_header(plan.step, plan.axis, self.dimensions, plan.capacity, fetch, plan.encoder_axis, extra,
-                             sizes if consecutive else None, encoder)
+        header = plan_header_fields(plan.step, plan.axis, self.dimensions, plan.capacity, fetch, plan.encoder_axis,
+                                    extra, sizes if consecutive else None, encoder)
         if not consecutive:
             header["microbatches"] = _microbatch_lists(buckets, in_bins.tolist(), bin_sizes, m)
         return header
 
 
 class _Numbering:
-    """Per view, its samples numbered where first met: ``first``, the positions (into the meetings) of
-    each view's first meetings, in order; ``item``, per meeting, its sample's number within its view."""
+    """Per constructor plan, its samples numbered where first met: ``first``, the positions (into the
+    meetings) of each plan's first meetings, in order; ``item``, per meeting, its sample's number within
+    its plan."""
 
-    def __init__(self, view: np.ndarray, key: np.ndarray, views: int):
-        starts = np.concatenate([[0], np.cumsum(np.bincount(view, minlength=views))])
-        self._view, self._views = view, views
-        self._position = np.arange(view.size) - starts[view]
+    def __init__(self, which_plan: np.ndarray, key: np.ndarray, num_plans: int):
+        starts = np.concatenate([[0], np.cumsum(np.bincount(which_plan, minlength=num_plans))])
+        self._which_plan, self._num_plans = which_plan, num_plans
+        self._position = np.arange(which_plan.size) - starts[which_plan]
         self.once = not key.size or np.bincount(key).max() <= 1
         if self.once:  # every sample met once in the step: numbered in the order met
-            self.first, self.item = np.arange(view.size), self._position
+            self.first, self.item = np.arange(which_plan.size), self._position
             return
-        _, first, which = np.unique(view * (int(key.max()) + 1) + key, return_index=True, return_inverse=True)
+        _, first, which = np.unique(which_plan * (int(key.max()) + 1) + key, return_index=True, return_inverse=True)
         self.first = np.sort(first)
         number = np.empty(first.size, dtype=np.int64)
         number[np.argsort(first, kind="stable")] = np.arange(first.size)
-        items_before = np.concatenate([[0], np.cumsum(np.bincount(view[self.first], minlength=views))])
-        self.item = number[which.reshape(-1)] - items_before[view]
+        items_before = np.concatenate([[0], np.cumsum(np.bincount(which_plan[self.first], minlength=num_plans))])
+        self.item = number[which.reshape(-1)] - items_before[which_plan]
 
     def in_order(self, met: "_Meetings") -> list[bool]:
-        """Per view, whether the samples met in its bins are numbered 0, 1, 2, ... in the order met."""
+        """Per constructor plan, whether the samples met in its bins are numbered 0, 1, 2, ... in the order met."""
         if self.once:
-            return [True] * self._views
-        in_bins = self._position < np.asarray(met.in_bins, dtype=np.int64)[self._view]
+            return [True] * self._num_plans
+        in_bins = self._position < np.asarray(met.in_bins, dtype=np.int64)[self._which_plan]
         misplaced = in_bins & (self.item != self._position)
-        return (np.bincount(self._view[misplaced], minlength=self._views) == 0).tolist()
+        return (np.bincount(self._which_plan[misplaced], minlength=self._num_plans) == 0).tolist()
 
 
-def _rows_and_fetch(samples: StepSamples, item_rows: np.ndarray, items_per_view: np.ndarray, roster: Roster,
+def _rows_and_fetch(samples: StepSamples, item_rows: np.ndarray, items_per_plan: np.ndarray, roster: Roster,
                     consumers: np.ndarray):
-    """The ``plan_view`` rows of every view's items, back to back, and each view's fetch groups:
-    ``[source, actor, locations]`` in order of their first item."""
-    t, views = samples.table, items_per_view.size
-    view_of = np.repeat(np.arange(views), items_per_view)
+    """The ``EncodedPlan`` rows of every constructor plan's items, back to back, and each plan's fetch
+    groups: ``[source, actor, locations]`` in order of their first item."""
+    t, num_plans = samples.table, items_per_plan.size
+    plan_of = np.repeat(np.arange(num_plans), items_per_plan)
     actor_of, actors = _actors(t, item_rows, roster)
-    # the (view, actor) pairs in order of first appearance: the views' items are consecutive, so by view,
+    # the (plan, actor) pairs in order of first appearance: the plans' items are consecutive, so by plan,
     # then by first item
-    _, first, which = np.unique(view_of * max(len(actors), 1) + actor_of, return_index=True, return_inverse=True)
+    _, first, which = np.unique(plan_of * max(len(actors), 1) + actor_of, return_index=True, return_inverse=True)
     by_first = np.argsort(first, kind="stable")
     number = np.empty_like(by_first)
     number[by_first] = np.arange(by_first.size)
-    groups_before = np.concatenate([[0], np.cumsum(np.bincount(view_of[first], minlength=views))])
-    group = number[which.reshape(-1)] - groups_before[view_of]
-    fetch: list[list] = [[] for _ in range(views)]
+    groups_before = np.concatenate([[0], np.cumsum(np.bincount(plan_of[first], minlength=num_plans))])
+    group = number[which.reshape(-1)] - groups_before[plan_of]
+    fetch: list[list] = [[] for _ in range(num_plans)]
     located = [[*actor, roster.locations(actor)] for actor in actors]
-    for view, actor in zip(view_of[first[by_first]].tolist(), actor_of[first[by_first]].tolist()):
-        fetch[view].append(located[actor])
+    for j, actor in zip(plan_of[first[by_first]].tolist(), actor_of[first[by_first]].tolist()):
+        fetch[j].append(located[actor])
     all_keys = t.keys()
-    rows = view_rows([[all_keys[i] for i in item_rows.tolist()], t.tokens[item_rows], group, t.epoch[item_rows],
+    rows = plan_rows([[all_keys[i] for i in item_rows.tolist()], t.tokens[item_rows], group, t.epoch[item_rows],
                       np.array(t.files + [""], dtype=object)[t.file[item_rows]], t.row_group[item_rows],
                       t.row[item_rows], consumers[samples.key[item_rows]]])
     return rows, fetch
@@ -219,7 +223,8 @@ def _owners(samples: StepSamples) -> np.ndarray:
 
 def _encoder_rows(samples: StepSamples, buckets: tuple[int, ...], items: np.ndarray, met: np.ndarray,
                   sizes: list[int], owners: np.ndarray, microbatches: int) -> dict[str, list[list[int]]]:
-    """A view's encoder rows: per encoder bucket, ``[item, image, owner bucket, owner microbatch]`` per image."""
+    """A constructor plan's encoder rows: per encoder bucket, ``[item, image, owner bucket, owner
+    microbatch]`` per image."""
     owner = owners[samples.key[met]]
     if (owner < 0).any():
         raise ValueError("an encoded image's sample is in no bin of its step")
@@ -232,7 +237,8 @@ def _encoder_rows(samples: StepSamples, buckets: tuple[int, ...], items: np.ndar
 
 def _microbatch_lists(buckets: tuple[int, ...], items: list[int], sizes: list[int],
                       microbatches: int) -> dict[str, list[list[int]]]:
-    """A view's microbatches as item lists, per bucket (when its items are not numbered in bin order)."""
+    """A constructor plan's microbatches as item lists, per bucket (when its items are not numbered in bin
+    order)."""
     starts = np.cumsum([0, *sizes]).tolist()
     return {str(b): [items[starts[i * microbatches + k]:starts[i * microbatches + k + 1]] for k in range(microbatches)]
             for i, b in enumerate(buckets)}

@@ -1,7 +1,8 @@
-"""``planner/views.py``: every constructor's view of a step, from the plan's columns, byte for byte the view
-an independent builder makes from the plan's ``Pick`` objects (``_view_by_picks`` below, the definition:
-samples numbered where first met, fetch groups by first sample, consumers over the whole step), for
-plain text steps, an image graph, HDP, a sample twice in a step, and each of them served from the journal."""
+"""``planner/constructor_plans.py``: every constructor's plan of a step, from the step plan's columns, byte for
+byte the constructor plan an independent builder makes from the step plan's ``Pick`` objects
+(``_plan_by_picks`` below, the definition: samples numbered where first met, fetch groups by first sample,
+consumers over the whole step), for plain text steps, an image graph, HDP, a sample twice in a step, and each
+of them served from the journal."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,20 +12,20 @@ import pytest
 from flight_overlord.config import load_config
 from flight_overlord.core.mixing import Mixer
 from flight_overlord.core.order import RowGroupRef
+from flight_overlord.planner.constructor_plans import constructor_plans
 from flight_overlord.planner.feed import SourceFeed
 from flight_overlord.planner.hdp import hdp_groups
 from flight_overlord.planner.program import plan_step
 from flight_overlord.planner.roster import Roster
 from flight_overlord.planner.step_plan import StepPlan
 from flight_overlord.planner.strategy import Strategy
-from flight_overlord.planner.views import step_views
 from flight_overlord.wire.plan import ConstructorPlan, EncodedPlan, FetchGroup
 
 from ..helpers import WEIGHTS, write_config
 from .test_planner_speed import _image_feeds
 
 
-def _view_by_picks(plan: StepPlan, constructor: int, mesh, roster, broadcast) -> ConstructorPlan:
+def _plan_by_picks(plan: StepPlan, constructor: int, mesh, roster, broadcast) -> ConstructorPlan:
     consumers: dict[str, set[int]] = {}
     for k, bin_ in enumerate(plan.bins):
         for p in bin_:
@@ -69,43 +70,43 @@ def _roster(cfg, strategy, feeds) -> Roster:
     return roster
 
 
-def _assert_views_match(plan: StepPlan, strategy, roster, broadcast=frozenset()) -> list[EncodedPlan]:
-    """The step's views, and the journaled step's (a restarted Planner's: Picks, no columns), all at once and
-    one constructor's alone, equal ``_view_by_picks``'s, byte for byte."""
+def _assert_plans_match(plan: StepPlan, strategy, roster, broadcast=frozenset()) -> list[EncodedPlan]:
+    """The step's constructor plans, and the journaled step's (a restarted Planner's: Picks, no columns), all
+    at once and one constructor's alone, equal ``_plan_by_picks``'s, byte for byte."""
     mesh = strategy.mesh
     journaled = StepPlan.from_record(plan.to_record())
     for step in (plan, journaled):
-        views = step_views(step, mesh, roster, broadcast)
-        assert len(views) == mesh.num_constructors
-        for c, view in enumerate(views):
-            want = EncodedPlan.of(_view_by_picks(step, c, mesh, roster, broadcast))
-            assert view.header == want.header
-            assert view.rows.equals(want.rows)
-            alone = step_views(step, mesh, roster, broadcast, [c])[0]
+        plans = constructor_plans(step, mesh, roster, broadcast)
+        assert len(plans) == mesh.num_constructors
+        for c, made in enumerate(plans):
+            want = EncodedPlan.of(_plan_by_picks(step, c, mesh, roster, broadcast))
+            assert made.header == want.header
+            assert made.rows.equals(want.rows)
+            alone = constructor_plans(step, mesh, roster, broadcast, [c])[0]
             assert alone.header == want.header and alone.rows.equals(want.rows)
             # through IPC, as the plans stream ships it
-            shipped = EncodedPlan(view.header, pa.ipc.read_record_batch(view.rows.serialize(), view.rows.schema))
+            shipped = EncodedPlan(made.header, pa.ipc.read_record_batch(made.rows.serialize(), made.rows.schema))
             assert shipped.plan().to_wire() == want.plan().to_wire()
-    return step_views(plan, mesh, roster, broadcast)
+    return constructor_plans(plan, mesh, roster, broadcast)
 
 
 @pytest.mark.parametrize("dp_per_constructor", [1, 3])
-def test_text_steps_view_as_by_picks(tmp_path, corpus, dp_per_constructor):
+def test_text_steps_plan_as_by_picks(tmp_path, corpus, dp_per_constructor):
     batch = {"context_length": 2048, "microbatches": 3, "samples_per_step": 12 * 6}
     cfg = load_config(write_config(tmp_path, corpus, global_batch=batch, mesh={"dp": 6},
                                    constructor={"dp_per_constructor": dp_per_constructor}))
     strategy, feeds = Strategy(cfg), _image_feeds()
     roster, mixer = _roster(cfg, strategy, feeds), Mixer(list(WEIGHTS))
     for step in range(3):
-        views = _assert_views_match(plan_step(step, feeds, mixer, strategy, dict(WEIGHTS)), strategy, roster,
+        plans = _assert_plans_match(plan_step(step, feeds, mixer, strategy, dict(WEIGHTS)), strategy, roster,
                                     frozenset({"tp"}))
-        assert all(v.rows.num_rows for v in views)
-        assert all(c == 1 for v in views for c in v.rows.column("consumers").to_pylist())
+        assert all(p.rows.num_rows for p in plans)
+        assert all(c == 1 for p in plans for c in p.rows.column("consumers").to_pylist())
 
 
-def test_image_graph_steps_view_as_by_picks(tmp_path, corpus):
+def test_image_graph_steps_plan_as_by_picks(tmp_path, corpus):
     """Images encoded on ranks of another constructor than their sequence's: fetched by both (consumers 2),
-    numbered after the view's microbatch samples."""
+    numbered after the constructor plan's microbatch samples."""
     batch = {"context_length": 2048, "microbatches": 2, "tokens_per_step": 60000}
     cfg = load_config(write_config(tmp_path, corpus, global_batch=batch, mesh={"dp": 4, "tp": 2},
                                    constructor={"dp_per_constructor": 1}))
@@ -118,8 +119,8 @@ def test_image_graph_steps_view_as_by_picks(tmp_path, corpus):
     for step in range(2):
         plan = plan_step(step, feeds, mixer, strategy, weights)
         assert plan.encoder is not None
-        views = _assert_views_match(plan, strategy, roster)
-        assert any(c > 1 for v in views for c in v.rows.column("consumers").to_pylist())
+        plans = _assert_plans_match(plan, strategy, roster)
+        assert any(c > 1 for p in plans for c in p.rows.column("consumers").to_pylist())
 
 
 def _long_feeds(rows: int, longest: int) -> dict[str, SourceFeed]:
@@ -129,8 +130,8 @@ def _long_feeds(rows: int, longest: int) -> dict[str, SourceFeed]:
     return {"longdocs": SourceFeed("longdocs", [RowGroupRef("longdocs.parquet", g, rows) for g in range(2)], 0, fetch)}
 
 
-def test_hdp_steps_view_as_by_picks(tmp_path, corpus):
-    """A sample on a CP group of several ranks sits in each of their bins: numbered once per view."""
+def test_hdp_steps_plan_as_by_picks(tmp_path, corpus):
+    """A sample on a CP group of several ranks sits in each of their bins: numbered once per constructor plan."""
     batch = {"context_length": 8192, "microbatches": 2, "tokens_per_step": 24000}
     cfg = load_config(write_config(tmp_path, corpus, mesh={"dp": 2, "cp": 2}, global_batch=batch))
     strategy = Strategy(cfg).distribute("HDP", max_tokens_per_rank=2048).plan()
@@ -138,9 +139,9 @@ def test_hdp_steps_view_as_by_picks(tmp_path, corpus):
     roster, mixer = _roster(cfg, strategy, feeds), Mixer(["longdocs"])
     for step in range(2):
         plan = plan_step(step, feeds, mixer, strategy, {"longdocs": 1.0})
-        views = _assert_views_match(plan, strategy, roster)
-        assert any(len(v.plan().keys) < sum(len(mb) for mbs in v.plan().microbatches.values() for mb in mbs)
-                   for v in views)  # some sample met twice in a view
+        plans = _assert_plans_match(plan, strategy, roster)
+        assert any(len(p.plan().keys) < sum(len(mb) for mbs in p.plan().microbatches.values() for mb in mbs)
+                   for p in plans)  # some sample met twice in a constructor plan
 
 
 def test_a_sample_twice_in_a_step_is_numbered_once(tmp_path, corpus):
@@ -152,4 +153,4 @@ def test_a_sample_twice_in_a_step_is_numbered_once(tmp_path, corpus):
     plan = plan_step(0, feeds, mixer, strategy, {"longdocs": 1.0})
     keys = plan.table.keys()
     assert len(set(keys)) < len(keys)
-    _assert_views_match(plan, strategy, roster)
+    _assert_plans_match(plan, strategy, roster)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The Planner's views of a planned step (``planner/views.py``): what every constructor receives, as dp grows.
+"""The Planner's views of a planned step (``planner/constructor_plans.py``): what every constructor receives, as dp grows.
 
 Over ``bench_planner.synthetic_planner``'s steps (72 samples per rank, six sources), after one untimed
 step, the mean CPU time of this thread (steadier than wall time on a shared machine) of: every
@@ -8,9 +8,9 @@ constructor's view of the same step read back from its journal record (a restart
 it again). With ``--compare-with DIR`` the same in the ``flight_overlord`` package under DIR, in
 alternating processes, with a digest of the views' bytes (equal: the same views).
 
-    .venv/bin/python -m benchmarks.control_plane.views                          # this tree, dp 64 .. 4096
+    .venv/bin/python -m benchmarks.control_plane.constructor_plans                          # this tree, dp 64 .. 4096
     git archive 16b2e8e flight_overlord | tar -x -C /tmp/before
-    .venv/bin/python -m benchmarks.control_plane.views --compare-with /tmp/before
+    .venv/bin/python -m benchmarks.control_plane.constructor_plans --compare-with /tmp/before
 """
 from __future__ import annotations
 
@@ -45,14 +45,14 @@ def one_run(dp: int, steps: int) -> None:
     def one_view(plan, c):
         if hasattr(views, "wire_view"):  # a tree with two builders
             return views.wire_view(plan, c, mesh, roster, frozenset())
-        return views.step_views(plan, mesh, roster, frozenset(), [c])[0]
+        return views.constructor_plans(plan, mesh, roster, frozenset(), [c])[0]
 
     digest, every, alone = hashlib.sha256(), 0.0, 0.0
     for step in range(steps + 1):
         plan = plan_step(step, feeds, mixer, strategy, weights)
         journaled = StepPlan.from_record(plan.to_record())
         start = time.thread_time()
-        made = views.step_views(plan, mesh, roster, frozenset())
+        made = views.constructor_plans(plan, mesh, roster, frozenset())
         middle = time.thread_time()
         again = one_view(journaled, mesh.num_constructors // 2)
         end = time.thread_time()
