@@ -11,7 +11,7 @@ cluster and run_dir, with one trainer thread per rank:
 Over the timed phase: the Planner process's CPU seconds (user + system, psutil) divided by the
 rank-steps delivered (tickets + planning + journal: everything the Planner does), the journal's
 bytes per planned step, rank-steps per second, and the share of the constructors' plan requests whose
-answer brought the next step's view too (so that no request was made for it). ``measure()`` is the
+answer brought the next step's constructor plan too (so that no request was made for it). ``measure()`` is the
 function other benchmarks call (for instance a scale harness).
 
     .venv/bin/python -m benchmarks.control_plane.tickets_vs_streams               # 2 x (10 s warm-up + 30 s timed)
@@ -56,7 +56,7 @@ class ControlPlane:
     journal_bytes: int      # plan journal growth in the timed phase
     planned_steps: int      # steps the Planner planned in the timed phase
     errors: list[str]
-    answers: dict[str, int]  # plans-stream answers in the timed phase, by the views they carried
+    answers: dict[str, int]  # plans-stream answers in the timed phase, by the constructor plans they carried
 
     @property
     def us_per_rank_step(self) -> float:
@@ -67,18 +67,18 @@ class ControlPlane:
         return self.journal_bytes / max(self.planned_steps, 1)
 
     @property
-    def two_view_share(self) -> float:
-        """The share of plan requests whose answer brought the next step's view too."""
+    def two_plan_share(self) -> float:
+        """The share of plan requests whose answer brought the next step's constructor plan too."""
         return self.answers.get("2", 0) / max(sum(self.answers.values()), 1)
 
     def line(self) -> str:
         return (f"| {self.path} | {self.ranks} | {self.us_per_rank_step:,.0f} | {self.journal_bytes_per_step:,.0f} | "
                 f"{self.rank_steps / self.seconds:,.0f} | {self.planner_cpu / self.seconds:.2f} | "
-                f"{self.two_view_share:.0%} | {len(self.errors)} |")
+                f"{self.two_plan_share:.0%} | {len(self.errors)} |")
 
 
 HEADER = ("| path | ranks | Planner CPU per rank-step (us) | journal bytes per step | rank-steps/s "
-          "| Planner cores | answers with the next step's view | errors |\n|---|---|---|---|---|---|---|---|")
+          "| Planner cores | answers with the next step's plan | errors |\n|---|---|---|---|---|---|---|---|")
 
 
 def _planner_cpu(cluster: LocalCluster) -> float:

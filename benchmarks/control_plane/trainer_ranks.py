@@ -26,7 +26,8 @@ Two parts, each printed with what was measured and what is modelled:
 Model beyond the live runs: Planner CPU per step = fixed + per-rank x N, fitted (least squares) on
 the live runs; with it, the CPU per step and the sustainable steps/s at 4,096 (when not run) and
 16,384 ranks, and for the paper's step shape the measured planning of part 2 plus the per-rank
-per-rank cost (rank streams, views). Figures are wall/CPU time on a shared 2-core machine (the header gives the load).
+per-rank cost (rank streams, constructor plans). Figures are wall/CPU time on a shared 2-core machine
+(the header gives the load).
 
     .venv/bin/python -m benchmarks.control_plane.trainer_ranks  # N = 64 .. 1024, ~5 min
     .venv/bin/python -m benchmarks.control_plane.trainer_ranks --ranks 64 256 1024 4096 --steps 4
@@ -245,7 +246,7 @@ def report(live: list[dict], planning: list[dict]) -> tuple[float, float]:
               "| Planner steps/s (modelled) |")
         print("|---:|---:|---:|---:|---:|---:|---:|")
         for r in planning:
-            tickets = b * r["ranks"]  # the fitted per-rank Planner cost of the live runs (views, streams)
+            tickets = b * r["ranks"]  # the fitted per-rank Planner cost of the live runs (constructor plans, streams)
             cpu = r["plan_cpu"] + r["record_cpu"] + tickets
             print(f"| {r['ranks']} | {r['samples']:,} | {1e3 * r['plan_cpu']:.0f} ms | {1e3 * r['record_cpu']:.0f} ms "
                   f"| {r['record_bytes'] / MiB:.1f} MiB | {1e3 * tickets:.0f} ms | {1 / cpu:.2f} |")

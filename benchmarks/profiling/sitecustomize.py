@@ -100,7 +100,8 @@ TIMED = ["flight_overlord.planner.planner:Planner._plan_next", "flight_overlord.
          "flight_overlord.planner.program:_draw", "flight_overlord.planner.program:place",
          "flight_overlord.planner.program:_stats", "flight_overlord.core.mixing:MixerRun.fill",
          "flight_overlord.planner.program:drawn_table", "flight_overlord.planner.planner:step_record",
-         "flight_overlord.planner.planner:Planner._planning_state", "flight_overlord.planner.constructor_plans:constructor_plans",
+         "flight_overlord.planner.planner:Planner._planning_state",
+         "flight_overlord.planner.constructor_plans:constructor_plans",
          "flight_overlord.wire.plan_channel:_message", "flight_overlord.wire.plan_channel:encode",
          "flight_overlord.planner.service:PlanService.constructor_plan",
          "flight_overlord.planner.service:PlanService.constructor_positions"]
