@@ -25,7 +25,7 @@ Two parts, each printed with what was measured and what is modelled:
 
 Model beyond the live runs: Planner CPU per step = fixed + per-rank x N, fitted (least squares) on
 the live runs; with it, the CPU per step and the sustainable steps/s at 4,096 (when not run) and
-16,384 ranks, and for the paper's step shape the measured planning of part 2 plus the per-rank
+16,384 ranks, and for the paper's step shape the measured planning of part 2 plus the
 per-rank cost (rank streams, constructor plans). Figures are wall/CPU time on a shared 2-core machine
 (the header gives the load).
 
