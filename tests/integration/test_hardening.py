@@ -90,7 +90,7 @@ def test_the_plans_stream_answers_bad_messages_and_stays_open(cluster):
     writer.write_metadata(b"[1, 2")
     assert "malformed plans message" in json.loads(reader.read_chunk().app_metadata.to_pybytes())["error"]
     channel = PlanChannel()
-    for body, expected in (({"constructor": 0}, "'positions' must be an object"),
+    for body, expected in (({"constructor": 0}, "missing field 'positions'"),
                            ({"constructor": 0, "positions": {"999": 1}}, "does not serve"),
                            ({"constructor": 99, "positions": {}}, "constructor 99 out of range"),
                            ({"step": 10 ** 9, "constructor": 0}, "beyond the planning horizon")):
