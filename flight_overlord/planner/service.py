@@ -2,8 +2,8 @@
 without Flight: who registered where (and the rule for moving), the planning loop ahead of the
 slowest trainer, trainer positions, a rewind on a new layout, and each constructor's plan of a
 step. Its state is in a few objects with one job each: ``TrainerPositions`` (where each rank is),
-``PublishedPlans`` (constructor plans until taken), ``PlanCounters`` (what status counts); what it asks of other
-roles goes through ``ports.RoleCalls``.
+``PublishedPlans`` (constructor plans until taken), ``PlanCounters`` (what status counts); what it
+asks of other roles goes through ``ports.RoleCalls``.
 
 One lock (``cond``) guards it; a blocking call waits on it server-side for at most ``WAIT_SECONDS``.
 """
@@ -34,8 +34,8 @@ from .roster import ROSTER_FILE
 log = logging.getLogger(__name__)
 WAIT_SECONDS = 30.0  # a blocking call waits this long server-side, then the client may ask again
 STEPS_AHEAD = 16    # beyond prefetch: how far past the planned steps a trainer may ask before it is an error
-# How long an answer waits for the next step's constructor plan when that step is being planned right now (about
-# a planning's time at dp 64; past it, at thousands of ranks, the answer goes without it)
+# How long an answer waits for the next step's constructor plan when that step is being planned right now
+# (about a planning's time at dp 64; past it, at thousands of ranks, the answer goes without it)
 NEXT_PLAN_SECONDS = 0.05
 
 
@@ -275,12 +275,12 @@ class PlanService:
                          wait: float | None = None, steps: int = 1) -> list[EncodedPlan]:
         """Constructor ``constructor``'s plan of step ``step``, as the plans stream carries it, and of the
         steps after it already planned, up to ``steps`` steps in all (one being planned right now is
-        waited for, briefly: ``_await_in_planning``). A step's constructor plans are held until every constructor took
-        its own (``PublishedPlans``); later asks are served from the journal. ``positions``: {rank: step},
-        the next step each of its rank streams sends (how the Planner paces itself without a per-step call
-        from those trainers). ``wait``: how long to hold the request at most (then ``WaitTimedOut``): the
-        positions it brought may be what planning waits for once its streams moved on, so the constructor
-        asks again with fresh ones."""
+        waited for, briefly: ``_await_in_planning``). A step's constructor plans are held until every
+        constructor took its own (``PublishedPlans``); later asks are served from the journal.
+        ``positions``: {rank: step}, the next step each of its rank streams sends (how the Planner paces
+        itself without a per-step call from those trainers). ``wait``: how long to hold the request at most
+        (then ``WaitTimedOut``): the positions it brought may be what planning waits for once its streams
+        moved on, so the constructor asks again with fresh ones."""
         self.constructor_positions(constructor, positions or {})
         with self.cond:
             self._check_horizon(step)
@@ -289,10 +289,10 @@ class PlanService:
             following = []
             for later in range(step + 1, step + steps):
                 self._await_in_planning(later)
-                plan = self.published_plans.take(later, constructor) if self._published_step(later) else None
-                if plan is None:
+                held = self.published_plans.take(later, constructor) if self._published_step(later) else None
+                if held is None:
                     break
-                following.append(plan)
+                following.append(held)
             if steps > 1:
                 self.counters.answered(1 + len(following))
         if first is None:
