@@ -23,10 +23,12 @@ plan is never late, for a given step time and planning time.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import heapq
 import json
 import math
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,7 +71,9 @@ def synthetic_planner(dp: int, *, per_rank: int = PER_RANK, context: int = CONTE
     mean_len = float(sample_lengths(np.random.default_rng(0), 100_000, context).mean())
     if microbatches is None:  # enough slots for the step's tokens with ~30% room
         microbatches = max(1, math.ceil(1.3 * per_rank * mean_len / context))
-    workdir = Path(workdir or tempfile.mkdtemp(prefix="bench_planner-"))
+    if workdir is None:  # a config's files for this process only: removed when it exits
+        workdir = Path(tempfile.mkdtemp(prefix="bench_planner-"))
+        atexit.register(shutil.rmtree, workdir, ignore_errors=True)
     for source in sources:  # the config wants files to exist; the feeds below never read them
         (workdir / source).mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.table({"text": ["x"]}), workdir / source / "part-0.parquet")
