@@ -299,14 +299,55 @@ def _cached(source: SourceConfig, files: list[str], key: str) -> SourceCatalog |
 def _store(source: SourceConfig, catalog: SourceCatalog) -> None:
     """Cache ``catalog`` (best effort: a cache that cannot be written only costs the next start its footers)."""
     folder = catalog_dir()
-    digest = catalog.digest()
     try:
-        sink = pa.BufferOutputStream()
-        table = catalog.to_table()
-        with pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-        write_bytes_atomic(folder / f"{digest}.arrow", sink.getvalue().to_pybytes())
-        write_text_atomic(folder / f"{list_key(source)}.json", json.dumps({"source": source.name, "digest": digest}))
+        _write(catalog)
+        write_text_atomic(folder / f"{list_key(source)}.json",
+                          json.dumps({"source": source.name, "digest": catalog.digest()}))
     except OSError as exc:
         log.warning("source %s: cannot cache its catalog in %s (%s): the next start reads its footers again",
                     source.name, folder, exc)
+
+
+def _write(catalog: SourceCatalog) -> None:
+    """``catalog`` into the cache as ``<digest>.arrow``."""
+    sink = pa.BufferOutputStream()
+    table = catalog.to_table()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    write_bytes_atomic(catalog_dir() / f"{catalog.digest()}.arrow", sink.getvalue().to_pybytes())
+
+
+# -- a catalog sent between hosts: a loader's to a Planner that has neither the cache nor the files ------------
+
+def catalog_table(source: SourceConfig, digest: str) -> pa.Table:
+    """The table of ``source``'s catalog ``digest`` (what a loader sends its Planner): the cached file, else
+    the source's catalog as its files give it now, which must be that one (KeyError otherwise)."""
+    table = _read_cached(digest, lambda table: table)
+    if table is not None:
+        return table
+    catalog = load_catalog(source)  # the cache could not be written here, or was emptied since
+    if catalog.digest() != digest:
+        raise KeyError(f"catalog {digest} of source {source.name!r} is neither in this host's catalog cache nor "
+                       f"what its files give now ({catalog.digest()})")
+    return catalog.to_table()
+
+
+def received_catalog(table: pa.Table, digest: str) -> SourceCatalog:
+    """A catalog another process sent (``catalog_table``), its digest derived again from its contents (not
+    taken from the sender's word): ValueError when it is not ``digest``."""
+    catalog = SourceCatalog.from_table(table)
+    catalog.known_fingerprint = None
+    if catalog.digest() != digest:
+        raise ValueError(f"what was sent has digest {catalog.digest()}, not {digest}")
+    return catalog
+
+
+def keep_received(catalog: SourceCatalog) -> None:
+    """Cache a received catalog by its digest, so that a resume, a standby or an audit on this host finds
+    it (best effort: without it they ask a loader again). No pointer by file list: this host may not
+    see the files."""
+    try:
+        _write(catalog)
+    except OSError as exc:
+        log.warning("cannot cache catalog %s in %s (%s): a resume asks a loader for it again", catalog.digest(),
+                    catalog_dir(), exc)

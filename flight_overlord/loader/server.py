@@ -13,8 +13,11 @@ hosts one actor). Three kinds of ``do_get`` ticket:
   same for several actors of this process in one call, their tables back to back in ``parts`` order.
 - ``{"kind": "buffer"}`` (inspection): the metadata of every buffered, not yet popped sample (with
   ``"source", "actor"``, as the Planner's source endpoints carry: that hosted actor's only).
+- ``{"kind": "catalog", "source", "digest"}`` (from the Planner, while this process registers): the
+  catalog its actors of that source registered with, as the catalog cache stores it
+  (``source_catalog.catalog_table``), for a Planner that has neither that cache nor the files.
 
-``metadata`` and ``samples`` are internal calls: they need the run's cluster secret. A ``samples``
+``metadata``, ``samples`` and ``catalog`` are internal calls: they need the run's cluster secret. A ``samples``
 answer's schema metadata ``serve_seconds`` says how long this process spent on each source's share
 (starvation attribution, ``core/starvation.py``; ``faults.slow_sources`` slows a source on purpose).
 """
@@ -36,7 +39,8 @@ from ..wire.schemas import SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, Security, requires
 from ..wire.server import ActionServer, location_of, register, serve
 from ..wire.status import LoaderStatus
-from ..wire.tickets import BufferTicket, MetadataTicket, Registration, Reshard, SamplesTicket
+from ..source_catalog import catalog_table
+from ..wire.tickets import BufferTicket, CatalogTicket, MetadataTicket, Registration, Reshard, SamplesTicket
 from .actor import LoaderActor
 from .read_ahead import ReadAheadPool
 from .row_groups import SourceShare
@@ -45,7 +49,8 @@ from .samples_table import samples_table
 log = logging.getLogger(__name__)
 
 
-TICKET_ROLES = {"metadata": CLUSTER, "samples": CLUSTER, "buffer": INSPECT}
+TICKET_ROLES = {"metadata": CLUSTER, "samples": CLUSTER, "buffer": INSPECT, "catalog": CLUSTER}
+CATALOG_ROWS_PER_BATCH = 16384  # files per streamed batch: a 100,000-file catalog goes as a few ~2 MB messages
 
 
 class LoaderServer(ActionServer):
@@ -85,7 +90,20 @@ class LoaderServer(ActionServer):
             actors = ([self._actor(buffer.source, buffer.actor)] if buffer.source is not None
                       else list(self.actors.values()))
             return fl.RecordBatchStream(pa.concat_tables([a.buffer_metadata() for a in actors]))
-        raise ValueError(f"malformed ticket: unknown kind {kind!r} (loader tickets: 'metadata', 'samples', 'buffer')")
+        if kind == "catalog":
+            return fl.RecordBatchStream(self._catalog(CatalogTicket.from_wire(request)))
+        raise ValueError(f"malformed ticket: unknown kind {kind!r} (loader tickets: 'metadata', 'samples', 'buffer', "
+                         f"'catalog')")
+
+    def _catalog(self, ticket: CatalogTicket) -> pa.Table:
+        """The catalog a hosted actor of the ticket's source registered with, in batches of a bounded size."""
+        shares = [a.share for (source, _), a in sorted(self.actors.items()) if source == ticket.source]
+        share = next((s for s in shares if s.catalog_digest == ticket.digest), None)
+        if share is None:
+            held = ", ".join(sorted({s.catalog_digest for s in shares})) or "none: no actor of it is hosted here"
+            raise KeyError(f"catalog {ticket.digest} of source {ticket.source!r} is not this loader's (it has {held})")
+        table = catalog_table(share.source, ticket.digest)
+        return pa.Table.from_batches(table.to_batches(max_chunksize=CATALOG_ROWS_PER_BATCH), table.schema)
 
     def _samples(self, step: int, constructor: int, parts) -> pa.Table:
         """The parts' samples back to back, with the seconds spent per source in the schema metadata:

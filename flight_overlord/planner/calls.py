@@ -1,18 +1,19 @@
 """The Planner's calls to other roles, over Flight: a loader's row-group metadata, a reshard
-announced to a source's loaders, the steps a constructor served, and whether a registered address
-still answers. Where each call goes is the logic's (``routes.LoaderRoutes``); this is the I/O."""
+announced to a source's loaders, the steps a constructor served, whether a registered address
+still answers, and the catalog a loader registered with (``CatalogCalls``). Where each call goes is the logic's (``routes.LoaderRoutes``); this is the I/O."""
 from __future__ import annotations
 
 import logging
 import threading
 
 import numpy as np
+import pyarrow as pa
 
 from .. import wire
 from ..core.order import RowGroupRef
 from ..wire.security import Credentials
 from ..wire.server import ANSWERED, ClientPool, call_any, connect, probe, within
-from ..wire.tickets import Reshard
+from ..wire.tickets import CatalogTicket, Reshard
 from .feed import FetchMeta, row_group_metadata
 from .routes import LoaderRoutes
 
@@ -82,3 +83,22 @@ class PlannerCalls:
                              what=f"loader {source}[{actor[1]}]", stop=self._stopping.is_set)
             return row_group_metadata(table, rg.num_rows)
         return fetch
+
+
+class CatalogCalls:
+    """A catalog from the loader that registered with it (``catalogs.CatalogFetch``), on a connection of its
+    own: it is asked once per source, while that loader waits for its ``register`` call to be answered."""
+
+    def __init__(self, credentials: Credentials, seconds: float):
+        """``seconds``: the deadline of one fetch. The loader's ``register`` call waits ``liveness.call_seconds``
+        for its answer, which this fetch is part of: half of that leaves room to fall back to the files."""
+        self.credentials = credentials
+        self.seconds = seconds
+
+    def __call__(self, location: str, source: str, digest: str) -> pa.Table:
+        ticket = wire.ticket(CatalogTicket(source, digest).to_wire())
+        client = connect(location, self.credentials)
+        try:
+            return within(self.seconds, lambda options: client.do_get(ticket, options).read_all())
+        finally:
+            client.close()

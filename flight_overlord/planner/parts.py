@@ -9,7 +9,7 @@ from typing import Callable
 from ..config import Config
 from ..wire.security import Credentials
 from .audit import mark_run_start
-from .calls import PlannerCalls
+from .calls import CatalogCalls, PlannerCalls
 from .planner import Planner
 from .routes import LoaderRoutes
 from .service import PlanService
@@ -27,7 +27,8 @@ class PlannerParts:
               guard: Callable[[], None] | None = None) -> "PlannerParts":
         """``resume``: continue the run in ``run_dir`` from its journal; ``recover``: also take the
         registrations of the roles still running; ``guard``: checked before every journal record."""
-        routes = LoaderRoutes.of(cfg, strategy.mesh.num_constructors)
+        routes = LoaderRoutes.of(cfg, strategy.mesh.num_constructors,
+                                 CatalogCalls(credentials, seconds=cfg.liveness.call_seconds / 2))
         calls = PlannerCalls(credentials, routes, fetch_seconds=cfg.liveness.fetch_seconds)
         planner = Planner(cfg, strategy, calls.meta_fetcher, routes)
         planner.open(resume=resume or recover, guard=guard)

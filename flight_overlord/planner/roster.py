@@ -1,13 +1,13 @@
 """Who is where: the loader actors (each with its shadows), their row groups, and the constructors."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..config import Config
 from ..core.order import RowGroupRef, RowGroups
 from ..core.scaling import Ownership
 
-CatalogOf = Callable[[str, str], RowGroups]  # (source, catalog digest) -> its row groups
+CatalogOf = Callable[[str, str, Sequence[str]], RowGroups]  # (source, catalog digest, loaders to ask) -> row groups
 
 
 ROSTER_FILE = "planner/registry.json"  # in run_dir: the registrations, rewritten at each (a recovery reads them)
@@ -37,7 +37,7 @@ class Roster:
         if not 0 <= replica <= self.cfg.loader.shadows:
             raise ValueError(f"register: replica {replica} out of range (loader.shadows: {self.cfg.loader.shadows})")
         if isinstance(row_groups, str):
-            self._use_catalog(source, actor, row_groups)
+            self._use_catalog(source, actor, row_groups, self.catalog_locations(source, location))
         else:
             self._list(source, actor, row_groups)
         self.loaders.setdefault((source, actor), {})[replica] = location
@@ -52,7 +52,14 @@ class Roster:
         for file, group in zip(refs.file_names(), refs.row_group.tolist()):
             self._owner[(source, file, group)] = (source, actor)
 
-    def _use_catalog(self, source: str, actor: int, digest: str) -> None:
+    def catalog_locations(self, source: str, location: str) -> list[str]:
+        """The loaders a catalog of ``source`` can be asked for: the one at ``location`` (registering now),
+        then the source's other registered ones."""
+        others = (loc for (name, _), replicas in sorted(self.loaders.items()) if name == source
+                  for loc in replicas.values())
+        return list(dict.fromkeys([location, *others]))
+
+    def _use_catalog(self, source: str, actor: int, digest: str, locations: list[str]) -> None:
         known = self.catalogs.get(source)
         if known is not None and known != digest:
             raise ValueError(f"register: loader {source}[{actor}] registered with catalog {digest}, its peers with "
@@ -60,7 +67,7 @@ class Roster:
         if self.catalog_of is None:
             raise ValueError("register: this Planner takes row groups, not a catalog digest")
         if known is None:
-            self.catalogs[source], self._catalog[source] = digest, self.catalog_of(source, digest)
+            self.catalogs[source], self._catalog[source] = digest, self.catalog_of(source, digest, locations)
 
     def register_constructor(self, index: int, location: str) -> None:
         if not 0 <= index < self.num_constructors:

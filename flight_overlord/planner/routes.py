@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..config import Config
 from ..core.order import RowGroupRef
 from ..wire.tickets import MetadataTicket, Reshard
-from .catalogs import CatalogCache
+from .catalogs import CatalogCache, CatalogFetch
 from .roster import Roster
 from .scaling import SourceScaling
 
@@ -20,8 +20,9 @@ class LoaderRoutes:
     scaling: SourceScaling | None  # None: no live resharding (``loader.scaling`` off)
 
     @classmethod
-    def of(cls, cfg: Config, num_constructors: int) -> "LoaderRoutes":
-        return cls(Roster(cfg, num_constructors, CatalogCache(cfg)),
+    def of(cls, cfg: Config, num_constructors: int, fetch_catalog: CatalogFetch | None = None) -> "LoaderRoutes":
+        """``fetch_catalog``: a catalog the Planner lacks, from a loader that registered with it."""
+        return cls(Roster(cfg, num_constructors, CatalogCache(cfg, fetch_catalog)),
                    SourceScaling(cfg) if cfg.loader.scaling.enabled else None)
 
     def metadata_request(self, source: str, epoch: int, rg: RowGroupRef) -> tuple[MetadataTicket, tuple[str, int]]:

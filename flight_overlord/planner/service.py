@@ -94,11 +94,16 @@ class PlanService:
             if roster.complete():
                 self._start_planning()
 
-    def register_loader(self, source: str, actor: int, replica: int, location: str, row_groups: list) -> None:
+    def register_loader(self, source: str, actor: int, replica: int, location: str, row_groups: list | str) -> None:
+        """``row_groups``: the actor's, or the digest of its source's catalog, which the roster finds first
+        here, outside the service's lock: it may ask the registering loader for it over the network."""
         source = self.cfg.source(source).name
         roster = self.planner.roster
         with self.cond:
             current = roster.loaders.get((source, actor), {}).get(replica)
+            locations = roster.catalog_locations(source, location)
+        if isinstance(row_groups, str) and roster.catalog_of is not None:
+            roster.catalog_of(source, row_groups, locations)  # kept by the catalog cache for the roster's add
         self.register("loader", location, f"loader {source}[{actor}] replica {replica}", current,
                       lambda: roster.register_loader(source, actor, replica, location, row_groups))
 

@@ -5,6 +5,7 @@ the field that is wrong). Both ends use them, so a ticket is built and read in o
 - ``MetadataTicket`` Planner -> loader: buffer one row group, stream its samples' metadata;
 - ``SamplesTicket`` constructor -> loader: pop these samples of one or more hosted actors;
 - ``BufferTicket`` inspection -> loader: the buffered samples' metadata;
+- ``CatalogTicket`` Planner -> loader: a source's catalog (by digest), which the Planner has not got;
 - ``BatchTicket`` trainer -> constructor: one rank's batch or encoder table of a step, or its rank
   stream from a step on (signed);
 - ``RankStream`` trainer -> Planner: the descriptor ``('rank', RANK[, FIRST[, END]])``;
@@ -128,6 +129,30 @@ class BufferTicket:
     @classmethod
     def from_wire(cls, raw: dict) -> "BufferTicket":
         return cls(*_actor_of(raw, "ticket"))
+
+
+DIGEST_CHARS = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True)
+class CatalogTicket:
+    """The catalog of ``source`` a loader registered with (``digest``), as an Arrow table: what a Planner
+    that has it neither in its catalog cache nor on its disks asks the registering loader for."""
+    source: str
+    digest: str
+
+    kind = "catalog"
+
+    def to_wire(self) -> dict:
+        return {"kind": self.kind, "source": self.source, "digest": self.digest}
+
+    @classmethod
+    def from_wire(cls, raw: dict) -> "CatalogTicket":
+        what = "catalog ticket"
+        digest = field(raw, "digest", str, what)
+        if not digest or not set(digest) <= DIGEST_CHARS:  # it names a file of the catalog cache
+            raise ValueError(f"malformed {what}: digest {digest!r} is not a lowercase hexadecimal digest")
+        return cls(field(raw, "source", str, what), digest)
 
 
 STREAM_KINDS = {"rank": "batch", "encoder-rank": "encoder"}  # a stream ticket's kind -> what it streams
