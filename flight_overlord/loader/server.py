@@ -35,11 +35,11 @@ from ..config import load_config
 from ..fence import claim as claim_fence
 from ..fence import loader_fence_name
 from ..role_process import advertised_host, role_parser, start_metrics
+from ..source_catalog import catalog_table
 from ..wire.schemas import SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, Security, requires
 from ..wire.server import ActionServer, location_of, register, serve
 from ..wire.status import LoaderStatus
-from ..source_catalog import catalog_table
 from ..wire.tickets import BufferTicket, CatalogTicket, MetadataTicket, Registration, Reshard, SamplesTicket
 from .actor import LoaderActor
 from .read_ahead import ReadAheadPool

@@ -1,6 +1,7 @@
 """The Planner's calls to other roles, over Flight: a loader's row-group metadata, a reshard
 announced to a source's loaders, the steps a constructor served, whether a registered address
-still answers, and the catalog a loader registered with (``CatalogCalls``). Where each call goes is the logic's (``routes.LoaderRoutes``); this is the I/O."""
+still answers, and the catalog a loader registered with (``CatalogCalls``). Where each call goes
+is the logic's (``routes.LoaderRoutes``); this is the I/O."""
 from __future__ import annotations
 
 import logging

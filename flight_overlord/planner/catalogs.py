@@ -14,8 +14,14 @@ import pyarrow as pa
 from .. import allocator
 from ..config import Config, ConfigError
 from ..core.order import RowGroups
-from ..source_catalog import SourceCatalog, cached_row_groups, catalog_dir, keep_received, load_catalog, \
-    received_catalog
+from ..source_catalog import (
+    SourceCatalog,
+    cached_row_groups,
+    catalog_dir,
+    keep_received,
+    load_catalog,
+    received_catalog,
+)
 
 log = logging.getLogger(__name__)
 CatalogFetch = Callable[[str, str, str], pa.Table]  # (loader location, source, digest) -> the catalog's table

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 
 import pyarrow as pa
+import pyarrow.flight as fl
 
+from flight_overlord import wire
 from flight_overlord.config import load_config
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.deploy.topology import roles
@@ -102,28 +105,51 @@ class HandStartedRun:
 def test_a_planner_that_cannot_see_the_data_gets_the_catalogs_from_its_loaders(corpus, tmp_path):
     """A Planner (and constructors) on a host that neither sees the data nor shares the loaders' catalog
     cache: each source's catalog comes from the loader that registers with it, checked and cached on the
-    Planner's host; every rank's stream is the one of a run where every role sees the data."""
+    Planner's host. After a kill -9 of the Planner, its cache emptied, the restarted Planner (--recover) gets
+    them from the loaders it had registered. Every rank's stream is the one of a run where every role sees
+    the data, and so is the audit."""
     with LocalCluster(write_config(tmp_path / "reference", corpus)) as cluster:
         reference = train(cluster.planner, 0, STEPS)
+        reference_audit = audit(cluster.planner)
 
     loaders_config = write_config(tmp_path / "hosts", corpus)
     cfg = load_config(loaders_config)
     elsewhere = tmp_path / "no-data-host"  # the Planner's copy: the same run, a data_root that does not exist here
     blind_config = write_config(elsewhere, elsewhere / "no-such-data", run_dir=str(cfg.run_dir))
     planner_catalogs, loader_catalogs = tmp_path / "planner-catalogs", tmp_path / "loader-catalogs"
+    cut = STEPS // 2
     with HandStartedRun(tmp_path, "catalog-test-secret-0123456789") as run:
         planner = run.serve("planner", blind_config, planner_catalogs)
         for spec in roles(cfg, standbys=False)[1:]:
             config = loaders_config if spec.role == "loader" else blind_config
             run.serve(spec.role, config, loader_catalogs, "--planner", planner, *spec.args)
-        streams = train(planner, 0, STEPS)
-    assert streams == reference
-    digests = {loader[0]: loader[4] for loader in
-               json.loads((cfg.run_dir / "planner" / "registry.json").read_text())["loaders"]}
+        streams = train(planner, 0, cut)
+        digests = {loader[0]: loader[4] for loader in
+                   json.loads((cfg.run_dir / "planner" / "registry.json").read_text())["loaders"]}
+        assert {p.name for p in planner_catalogs.iterdir()} == {f"{d}.arrow" for d in digests.values()}
+
+        run.processes[0].kill()  # kill -9 of the Planner; its host's cache lost with it
+        run.processes[0].wait()
+        shutil.rmtree(planner_catalogs)
+        run.serve("planner", blind_config, planner_catalogs, "--recover", "--port", planner.rsplit(":", 1)[1])
+        resumed = train(planner, cut, STEPS)
+        delivered = audit(planner)
+    assert {rank: streams[rank] + resumed[rank] for rank in streams} == reference
+    assert delivered == reference_audit and delivered["samples"] > 0 and delivered["duplicates"] == 0
     assert set(digests) == {s.name for s in cfg.sources}
     assert {p.name for p in planner_catalogs.iterdir()} == {f"{d}.arrow" for d in digests.values()}
     for digest in digests.values():  # kept as the loaders' hosts cached it
         assert cached(planner_catalogs, digest).equals(cached(loader_catalogs, digest))
+
+
+def audit(planner: str) -> dict:
+    """``overlord audit ADDRESS``'s figures (an inspection call: open)."""
+    client = fl.connect(planner)
+    try:
+        report = wire.call(client, "audit", {}, timeout=120)
+    finally:
+        client.close()
+    return {k: report[k] for k in ("samples", "duplicates", "missing", "per_source")}
 
 
 def cached(folder, digest: str) -> pa.Table:

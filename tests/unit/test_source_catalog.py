@@ -1,6 +1,7 @@
 """A source's catalog is read from the footers once per corpus and reused while every file keeps its
 size and modification time; a changed file's footer is read again, a corrupt cached catalog is
-rebuilt with a warning, and the fingerprint is the one runs have always kept."""
+rebuilt with a warning, and the fingerprint is the one runs have always kept. A loader sends the catalog
+it registered with to a Planner that lacks it, which derives its digest again."""
 from __future__ import annotations
 
 import hashlib
@@ -17,7 +18,14 @@ from flight_overlord import source_catalog
 from flight_overlord.config import ConfigError
 from flight_overlord.config.parse import parse_config
 from flight_overlord.core.order import RowGroupRef
-from flight_overlord.source_catalog import cached_catalog, catalog_dir, list_key, load_catalog
+from flight_overlord.source_catalog import (
+    cached_catalog,
+    catalog_dir,
+    catalog_table,
+    list_key,
+    load_catalog,
+    received_catalog,
+)
 
 
 @pytest.fixture
@@ -168,8 +176,8 @@ def test_a_loader_registered_by_catalog_digest_owns_what_its_listed_row_groups_s
     digest = catalog.digest()
     asked = []
 
-    def catalog_of(name, d):
-        asked.append((name, d))
+    def catalog_of(name, d, locations):
+        asked.append((name, d, tuple(locations)))
         return catalog.row_groups()
     by_digest, listed = Roster(cfg, 1, catalog_of), Roster(cfg, 1)
     for actor in range(3):
@@ -181,7 +189,7 @@ def test_a_loader_registered_by_catalog_digest_owns_what_its_listed_row_groups_s
     assert by_digest.source_row_groups("s") == listed.source_row_groups("s") == rgs
     assert [by_digest.owner("s", rg.file, rg.row_group) for rg in rgs] == \
         [listed.owner("s", rg.file, rg.row_group) for rg in rgs]
-    assert set(asked) == {("s", digest)}
+    assert asked == [("s", digest, ("grpc://127.0.0.1:1",))]  # once, the registering loader to ask
     assert {loader[4] for loader in by_digest.state_dict()["loaders"]} == {digest}
     restored = Roster(cfg, 1, catalog_of)
     restored.load_state_dict(by_digest.state_dict())
@@ -247,3 +255,16 @@ def test_the_roles_of_a_start_take_the_catalogs_it_validated_without_a_stat_per_
     monkeypatch.delenv(source_catalog.VALIDATED_ENV)
     load_catalog(source)
     assert stats == [len(source.files)] * 2
+
+
+def test_a_loader_sends_the_catalog_it_registered_with_from_its_cache_or_else_its_files(source):
+    catalog = load_catalog(source)
+    digest = catalog.digest()
+    sent = catalog_table(source, digest)
+    assert sent.equals(catalog.to_table()) and sent.schema.metadata == catalog.to_table().schema.metadata
+    (catalog_dir() / f"{digest}.arrow").unlink()  # not cached (an unwritable cache, or emptied since)
+    assert received_catalog(catalog_table(source, digest), digest).row_groups() == catalog.row_groups()
+    with pytest.raises(KeyError, match="neither in this host's catalog cache nor what its files give now"):
+        catalog_table(source, "0" * 32)
+    with pytest.raises(ValueError, match=f"what was sent has digest {digest}, not {'0' * 32}"):
+        received_catalog(sent, "0" * 32)

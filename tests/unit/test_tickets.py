@@ -1,10 +1,10 @@
-"""Trainer tickets (wire/tickets.py): a per-step ticket names its rank stream's one-step slice, a
-stream ticket its stream; a malformed one is refused naming what is wrong."""
+"""Tickets (wire/tickets.py): a per-step ticket names its rank stream's one-step slice, a stream ticket its
+stream, a catalog ticket a source's catalog by digest; a malformed one is refused naming what is wrong."""
 from __future__ import annotations
 
 import pytest
 
-from flight_overlord.wire.tickets import BatchTicket
+from flight_overlord.wire.tickets import BatchTicket, CatalogTicket
 
 
 @pytest.mark.parametrize("raw,streams,end", [
@@ -28,3 +28,21 @@ def test_a_ticket_names_the_stream_it_reads_and_where_it_ends(raw, streams, end)
 def test_a_malformed_ticket_is_refused_naming_what_is_wrong(raw, message):
     with pytest.raises(ValueError, match=message):
         BatchTicket.from_wire(raw)
+
+
+def test_a_catalog_ticket_names_a_source_and_a_digest():
+    ticket = CatalogTicket("web", "5eb664556ff8d65a921ebd36c65571f4")
+    assert ticket.to_wire() == {"kind": "catalog", "source": "web", "digest": "5eb664556ff8d65a921ebd36c65571f4"}
+    assert CatalogTicket.from_wire(ticket.to_wire()) == ticket
+
+
+@pytest.mark.parametrize("raw,message", [
+    ({"kind": "catalog", "source": "web"}, "missing field 'digest'"),
+    ({"kind": "catalog", "digest": "ab12"}, "missing field 'source'"),
+    ({"kind": "catalog", "source": "web", "digest": 12}, "field 'digest' must be str"),
+    ({"kind": "catalog", "source": "web", "digest": "../../etc/passwd"}, "not a lowercase hexadecimal digest"),
+    ({"kind": "catalog", "source": "web", "digest": ""}, "not a lowercase hexadecimal digest"),
+])
+def test_a_malformed_catalog_ticket_is_refused_naming_the_field(raw, message):
+    with pytest.raises(ValueError, match=f"malformed catalog ticket: .*{message}"):
+        CatalogTicket.from_wire(raw)
