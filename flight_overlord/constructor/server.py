@@ -128,7 +128,7 @@ def start(argv=None) -> tuple[ConstructorServer, str, str | None]:
     parser = role_parser("constructor")
     parser.add_argument("--index", type=int, default=0)
     args = parser.parse_args(argv)
-    cfg = load_config(args.config, expand_files=False)  # it finds the sources' row groups by catalog digest
+    cfg = load_config(args.config, expand_files=False)  # it reads no source file: its plans name the row groups
     host = advertised_host(cfg, args)
     fence = claim_fence(cfg.run_dir, f"constructor-{args.index}")  # before it serves: a hung predecessor is fenced
     server = ConstructorServer(cfg, args.index, args.planner, port=args.port)
