@@ -266,7 +266,9 @@ def test_the_roles_of_a_start_take_the_catalogs_it_validated_without_a_stat_per_
     handed = ValidatedCatalogs.from_env({source_catalog.VALIDATED_ENV: json.dumps({list_key(source): "0" * 32})})
     assert load_catalog(source, handed).digest() == validated.digest() and stats == [len(source.files)] * 2
     assert handed.digests == start.digests  # what it validated itself replaces what it was handed
-    load_catalog(source, ValidatedCatalogs.from_env({}))
+    unreadable = ValidatedCatalogs.from_env({source_catalog.VALIDATED_ENV: "not json"})
+    assert unreadable.digests == {}
+    load_catalog(source, unreadable)
     load_catalog(source)
     assert stats == [len(source.files)] * 4
 
