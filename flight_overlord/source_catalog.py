@@ -21,6 +21,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -34,9 +35,8 @@ log = logging.getLogger(__name__)
 FOOTER_READS = 16  # footers read at once (object storage: ~16 requests in flight per process)
 FOOTERS_PER_TASK = 64  # a thread's task: a local footer is read in ~20 us, a task per file cost as much again
 CATALOG_DIR_ENV = "OVERLORD_CATALOG_DIR"
-VALIDATED_ENV = "OVERLORD_VALIDATED_CATALOGS"  # {list key: digest}: see validated_env
+VALIDATED_ENV = "OVERLORD_VALIDATED_CATALOGS"  # {list key: digest}: see ValidatedCatalogs
 FORMAT = 1  # of the cached file: another value is rebuilt
-_validated: dict[str, str] = {}  # list key -> digest of the catalog this process last found its files to match
 
 
 def catalog_dir() -> Path:
@@ -139,32 +139,57 @@ def _list_key(files: list[str]) -> str:
     return _blake(*files)
 
 
-def validated_env() -> dict[str, str]:
-    """The environment of a start's role processes: the catalogs as this process last validated them
-    (``overlord up`` validates every source's just before any role starts), which they take without a
-    ``stat`` per file again. A process started without it (``overlord serve``, Ray) validates for itself."""
-    return {VALIDATED_ENV: json.dumps(_validated)} if _validated else {}
+@dataclass
+class ValidatedCatalogs:
+    """The catalogs one start found its files to match (``digests``: list key -> digest), owned by that
+    start: ``overlord up`` validates every source's before any role starts and hands them to the role
+    processes it starts in their environment (``env``), which take them without a ``stat`` per file again
+    (``from_env``, read once at a role's start). A process started without them (``overlord serve``, Ray)
+    validates for itself."""
+    digests: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "ValidatedCatalogs":
+        """The record the start that launched this process handed it (empty: none, or unreadable)."""
+        text = environ.get(VALIDATED_ENV)
+        if not text:
+            return cls()
+        try:
+            digests = json.loads(text)
+            if not isinstance(digests, dict):
+                raise ValueError("not a JSON object")
+            return cls({str(key): str(digest) for key, digest in digests.items()})
+        except ValueError as exc:
+            log.warning("%s cannot be read (%s): this process validates the catalogs itself", VALIDATED_ENV, exc)
+            return cls()
+
+    def env(self) -> dict[str, str]:
+        """The environment variable that hands this record to a child process ({} when empty)."""
+        return {VALIDATED_ENV: json.dumps(self.digests)} if self.digests else {}
+
+    def catalog(self, source: SourceConfig, key: str, files: list[str]) -> SourceCatalog | None:
+        """The catalog recorded for file list ``key``, if it is cached and still lists the source's files."""
+        digest = self.digests.get(key)
+        catalog = cached_catalog(digest) if digest else None
+        if catalog is None or catalog.files != files or catalog.file_ids != list(source.file_ids):
+            return None
+        return catalog
+
+    def record(self, key: str, catalog: SourceCatalog) -> None:
+        self.digests[key] = catalog.digest()
 
 
-def _validated_for_this_start(source: SourceConfig, key: str, files: list[str]) -> SourceCatalog | None:
-    """The catalog the process that started this one validated for file list ``key``, if it named one."""
-    digest = json.loads(os.environ.get(VALIDATED_ENV) or "{}").get(key)
-    catalog = cached_catalog(digest) if digest else None
-    if catalog is None or catalog.files != files or catalog.file_ids != list(source.file_ids):
-        return None
-    return catalog
-
-
-def load_catalog(source: SourceConfig) -> SourceCatalog:
+def load_catalog(source: SourceConfig, validated: ValidatedCatalogs | None = None) -> SourceCatalog:
     """The source's catalog: the cached one where its files' sizes and times still hold, the footers of
-    the others read now (and the cache updated); the one this start validated already where its
-    ``overlord up`` says so (``validated_env``)."""
+    the others read now (and the cache updated). ``validated``: a start's record, whose catalog for these
+    files is taken without a ``stat`` per file, and which records the catalog validated otherwise."""
     files = [source_files.display(p) for p in source.files]
     key = _list_key(files)
-    catalog = _validated_for_this_start(source, key, files)
+    catalog = validated.catalog(source, key, files) if validated is not None else None
     if catalog is None:
         catalog = _validated_now(source, files, key)
-        _validated[key] = catalog.digest()
+        if validated is not None:
+            validated.record(key, catalog)
     catalog.file_ids = list(source.file_ids)  # the config's strings (equal): one copy per process
     return catalog
 

@@ -21,6 +21,7 @@ from typing import Protocol
 from .. import wire
 from ..config import Config, ConfigError, load_config
 from ..journal import read_journal
+from ..source_catalog import ValidatedCatalogs
 from ..wire.security import Credentials, Security, cluster_secret, secret_path, write_secret
 from ..wire.server import connect
 from . import planner_address
@@ -82,6 +83,7 @@ class Cluster:
         self.backend = backend
         self.planner: str | None = None
         self.moved_aside: Path | None = None
+        self.validated = ValidatedCatalogs()  # the catalogs the latest start validated, for its roles
 
     @property
     def children(self) -> list:
@@ -95,7 +97,7 @@ class Cluster:
             write_secret(secret_path(self.cfg), self.secret)
         if self.cfg.loader.partition == "auto":
             self._partition()
-        self._check_sources()
+        self.validated = self._check_sources()
         try:
             cpus = self.backend.open(self)
             planner, *others = roles(self.cfg, cpus=cpus, resume=self.mode == "resume",
@@ -126,13 +128,16 @@ class Cluster:
             self.moved_aside = move_aside(run_dir)
             log.info("moved the previous run aside to %s", self.moved_aside)
 
-    def _check_sources(self) -> None:
-        """Before any role starts: a resume on an edited config refuses what it cannot honour."""
+    def _check_sources(self) -> ValidatedCatalogs:
+        """Before any role starts: a resume on an edited config refuses what it cannot honour. Returns
+        the catalogs this start validated (a ``stat`` per file), which its roles then take as they are."""
         from ..planner.edits import check_sources
         from ..planner.shape import check_shape
         check_shape(self.cfg, resume=self.mode == "resume")
-        for line in check_sources(self.cfg, resume=self.mode == "resume"):
+        validated = ValidatedCatalogs()
+        for line in check_sources(self.cfg, resume=self.mode == "resume", validated=validated):
             log.info("resume: %s", line)
+        return validated
 
     def _partition(self) -> None:
         """``loader.partition: auto``: profile (or reuse run_dir's profile) and plan; a resumed run keeps

@@ -25,7 +25,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..source_catalog import validated_env
 from ..wire.security import SECRET_ENV
 from .cluster import Cluster
 from .liveness import Liveness
@@ -105,7 +104,7 @@ class Processes:
         cmd = [sys.executable, "-m", "flight_overlord.deploy.cli", "serve", *child.args, *extra,
                "--config", str(cluster.config_path), "--ready-file", str(ready_file)]
         env = {**os.environ, SECRET_ENV: cluster.secret,  # never on the command line
-               **validated_env()}  # the catalogs the start validated: a stat per file, once
+               **cluster.validated.env()}  # the catalogs the start validated: a stat per file, once
         child.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(child.log_path, "a") as log_file:  # a restart appends: the crashed process's log stays
             child.process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

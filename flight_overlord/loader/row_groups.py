@@ -17,7 +17,7 @@ from .. import formats
 from ..config import ConfigError, SourceConfig, VisionConfig
 from ..core.order import RowGroupRef, owned_row_groups, sample_key
 from ..core.vision import ImageError
-from ..source_catalog import SourceCatalog, load_catalog
+from ..source_catalog import SourceCatalog, ValidatedCatalogs, load_catalog
 from ..transforms import make_transform
 from ..transforms.image_text import transform_rows
 from ..transforms.pretokenized import loss_masks, token_lists
@@ -37,10 +37,10 @@ def read_catalog(source: SourceConfig) -> list[RowGroupRef]:
     return checked_catalog(source).row_groups()
 
 
-def checked_catalog(source: SourceConfig) -> SourceCatalog:
-    """The source's catalog (cached once per corpus: ``source_catalog``), its columns checked in each
-    schema its files have."""
-    catalog = load_catalog(source)
+def checked_catalog(source: SourceConfig, validated: ValidatedCatalogs | None = None) -> SourceCatalog:
+    """The source's catalog (cached once per corpus: ``source_catalog``; ``validated``: see ``load_catalog``),
+    its columns checked in each schema its files have."""
+    catalog = load_catalog(source, validated)
     for path, schema in catalog.schemas_by_file():
         check_columns(source, path, schema)
     return catalog
@@ -158,10 +158,10 @@ class SourceShare:
     """The row groups actor ``actor`` of ``source.loaders`` owns; files are opened only here.
     ``provisioned``: actors of the source in all, idle ones included (``loader.scaling``); an actor
     past ``source.loaders`` owns nothing until the Planner reshards onto it (``catalog`` is the
-    whole source's, for that)."""
+    whole source's, for that). ``validated``: the catalogs the start that launched this process validated."""
 
     def __init__(self, source: SourceConfig, actor: int, max_tokens: int, vision: VisionConfig = VisionConfig(),
-                 provisioned: int = 0):
+                 provisioned: int = 0, validated: ValidatedCatalogs | None = None):
         if not 0 <= actor < max(source.loaders, provisioned):
             raise ConfigError(f"source {source.name!r}: actor {actor} out of range (loaders: {source.loaders}"
                               + (f", provisioned: {provisioned})" if provisioned > source.loaders else ")"))
@@ -169,7 +169,7 @@ class SourceShare:
         self.actor = actor
         self.max_tokens = max_tokens
         self.vision = vision
-        catalog = checked_catalog(source)
+        catalog = checked_catalog(source, validated)
         self.catalog = catalog.row_groups()
         self.catalog_digest = catalog.digest()  # what it registers with: the Planner finds the catalog by it
         self.row_groups = owned_row_groups(self.catalog, actor, source.loaders) if actor < source.loaders else []

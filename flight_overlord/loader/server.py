@@ -35,7 +35,7 @@ from ..config import load_config
 from ..fence import claim as claim_fence
 from ..fence import loader_fence_name
 from ..role_process import advertised_host, role_parser, start_metrics
-from ..source_catalog import catalog_table
+from ..source_catalog import ValidatedCatalogs, catalog_table
 from ..wire.schemas import SAMPLE_METADATA, load_schema
 from ..wire.security import CLUSTER, INSPECT, Security, requires
 from ..wire.server import ActionServer, location_of, register, serve
@@ -191,8 +191,9 @@ def start(argv=None) -> tuple[LoaderServer, str, str | None]:
         parser.error("name the loader actors: --actors SOURCE:ACTOR,... or --source S [--actor A]")
     allocator.tame()  # before the actors' threads make arenas: a long run's heap stays flat
     pool = ReadAheadPool()  # the hosted actors' read-ahead: a few threads for the process, not two per actor
+    validated = ValidatedCatalogs.from_env()  # overlord up's: its catalogs without a stat per file again
     actors = [LoaderActor(SourceShare(cfg.source(source), index, cfg.global_batch.context_length, cfg.vision,
-                                          cfg.provisioned_actors(cfg.source(source))),
+                                      cfg.provisioned_actors(cfg.source(source)), validated),
                           seed=cfg.seed, read_ahead=cfg.loader.read_ahead_row_groups, run_dir=cfg.run_dir,
                           checkpoint_every=cfg.checkpoint.every, read_ahead_bytes=cfg.loader.read_ahead_bytes,
                           sample_level_bytes=cfg.loader.sample_level_bytes, replicated=cfg.loader.shadows > 0,

@@ -14,8 +14,12 @@ import re
 import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..config import Config, ConfigError
+
+if TYPE_CHECKING:
+    from ..source_catalog import ValidatedCatalogs
 
 log = logging.getLogger(__name__)
 CATALOGS = Path("planner") / "sources.json"  # per source: a digest of its files when first seen
@@ -97,22 +101,24 @@ def format_weights(weights: dict[str, float]) -> str:
     return " ".join(f"{s}={w:g} ({w / total:.0%})" if total > 0 else f"{s}={w:g}" for s, w in weights.items())
 
 
-def source_fingerprint(source) -> str:
-    """A digest of a source's files as their footers (or indexes) describe them (its catalog's fingerprint)."""
+def source_fingerprint(source, validated: ValidatedCatalogs | None = None) -> str:
+    """A digest of a source's files as their footers (or indexes) describe them (its catalog's fingerprint;
+    ``validated``: the start's ``ValidatedCatalogs``, see ``load_catalog``)."""
     from ..source_catalog import load_catalog
-    return load_catalog(source).fingerprint()
+    return load_catalog(source, validated).fingerprint()
 
 
-def check_sources(cfg: Config, *, resume: bool) -> list[str]:
+def check_sources(cfg: Config, *, resume: bool, validated: ValidatedCatalogs | None = None) -> list[str]:
     """Before any role starts: remember each source's files (the first time it is seen in the run).
     On a resume, refuse what cannot be honoured (a continuing or
     re-added source whose files changed under the same name) with an error naming the source and what
     to do; make way for a source whose loader count changed (its loader journals number positions by
-    the old count: moved aside, they only decide what stays buffered). Returns what it did, said in lines."""
+    the old count: moved aside, they only decide what stays buffered). ``validated``: the start's
+    ``ValidatedCatalogs``, which records every source's catalog. Returns what it did, said in lines."""
     from ..journal import write_json_atomic
     path = cfg.run_dir / CATALOGS
     known = json.loads(path.read_text()) if resume and path.exists() else {}
-    fingerprints = {source.name: source_fingerprint(source) for source in cfg.sources}
+    fingerprints = {source.name: source_fingerprint(source, validated) for source in cfg.sources}
     for source in cfg.sources:
         if source.name in known and fingerprints[source.name] != known[source.name]:
             raise ConfigError(f"sources.{source.name}: its files changed since the run planned from them (other "

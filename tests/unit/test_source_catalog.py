@@ -13,12 +13,14 @@ import pathlib
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from flight_overlord import source_catalog
-from flight_overlord.config import ConfigError
+from flight_overlord.config import ConfigError, load_config
 from flight_overlord.config.parse import parse_config
 from flight_overlord.core.order import RowGroupRef
 from flight_overlord.source_catalog import (
+    ValidatedCatalogs,
     cached_catalog,
     catalog_dir,
     catalog_table,
@@ -56,6 +58,29 @@ def footers_read(monkeypatch) -> list[str]:
         return original(source, paths)
     monkeypatch.setattr(source_catalog, "read_footers", spy)
     return read
+
+
+@pytest.fixture
+def stats(monkeypatch) -> list[int]:
+    """How many files each validation stats (spied, still stat'ed)."""
+    from flight_overlord import source_files
+    counted, original = [], source_files.file_states
+
+    def spy(paths):
+        counted.append(len(paths))
+        return original(paths)
+    monkeypatch.setattr(source_files, "file_states", spy)
+    return counted
+
+
+def one_source_config(directory: pathlib.Path, name: str, files) -> pathlib.Path:
+    """A run config (in ``directory``) of one source, ``name``, over ``files``."""
+    raw = {"sources": [{"name": name, "paths": [str(f) for f in files]}], "run_dir": str(directory / "run"),
+           "global_batch": {"context_length": 256, "microbatches": 1, "samples_per_step": 4}}
+    directory.mkdir(parents=True)
+    path = directory / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
 
 
 def footer_row_groups(source) -> list[RowGroupRef]:
@@ -237,24 +262,60 @@ def test_a_config_loaded_without_expanding_lists_no_folder_until_asked(source, t
         lazy.source("none").files
 
 
-def test_the_roles_of_a_start_take_the_catalogs_it_validated_without_a_stat_per_file(source, monkeypatch):
-    """``overlord up`` validates each source's catalog (a stat per file) and hands the digests to the roles
-    it starts (``validated_env``); a process started without them validates for itself."""
-    from flight_overlord import source_files
-    validated = load_catalog(source)
-    env = source_catalog.validated_env()
-    assert json.loads(env[source_catalog.VALIDATED_ENV])[list_key(source)] == validated.digest()
-    stats = []
-    monkeypatch.setattr(source_files, "file_states", lambda paths: stats.append(len(paths)) or
-                        [(os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in paths])
-    monkeypatch.setenv(source_catalog.VALIDATED_ENV, env[source_catalog.VALIDATED_ENV])
-    taken = load_catalog(source)
-    assert stats == [] and taken.digest() == validated.digest() and taken.row_groups() == validated.row_groups()
-    monkeypatch.setenv(source_catalog.VALIDATED_ENV, json.dumps({list_key(source): "0" * 32}))  # not in the cache
-    assert load_catalog(source).digest() == validated.digest() and stats == [len(source.files)]
-    monkeypatch.delenv(source_catalog.VALIDATED_ENV)
+def test_the_roles_of_a_start_take_the_catalogs_it_validated_without_a_stat_per_file(source, stats):
+    """``overlord up`` validates each source's catalog (a stat per file) into the start's record and hands
+    it to the roles it starts (``ValidatedCatalogs.env``); a role takes the catalog it names without a stat,
+    and validates for itself where it was handed none or one whose catalog is not in the cache."""
+    start = ValidatedCatalogs()
+    validated = load_catalog(source, start)
+    assert start.digests == {list_key(source): validated.digest()} and stats == [len(source.files)]
+    taken = load_catalog(source, ValidatedCatalogs.from_env(start.env()))
+    assert stats == [len(source.files)] and taken.digest() == validated.digest()
+    assert taken.row_groups() == validated.row_groups()
+    handed = ValidatedCatalogs.from_env({source_catalog.VALIDATED_ENV: json.dumps({list_key(source): "0" * 32})})
+    assert load_catalog(source, handed).digest() == validated.digest() and stats == [len(source.files)] * 2
+    assert handed.digests == start.digests  # what it validated itself replaces what it was handed
+    unreadable = ValidatedCatalogs.from_env({source_catalog.VALIDATED_ENV: "not json"})
+    assert unreadable.digests == {}
+    load_catalog(source, unreadable)
     load_catalog(source)
-    assert stats == [len(source.files)] * 2
+    assert stats == [len(source.files)] * 4
+
+
+def test_a_record_whose_catalog_lists_other_files_is_validated_again(source, tmp_path, stats):
+    """A child handed a digest whose catalog no longer lists the source's files validates for itself."""
+    other = load_config(one_source_config(tmp_path / "other", "other", source.files[:2])).source("other")
+    stale = load_catalog(other).digest()
+    handed = ValidatedCatalogs({list_key(source): stale})
+    assert load_catalog(source, handed).row_groups() == footer_row_groups(source)
+    assert stats == [2, len(source.files)] and handed.digests[list_key(source)] != stale
+
+
+def test_two_starts_in_one_process_do_not_share_their_record(source, tmp_path, stats, monkeypatch):
+    """Two ``overlord up`` starts in one process (a test session, a notebook): the second start's role
+    processes are handed only the catalogs the second start validated, the first's are validated again.
+    The backend's spawn is stopped at the first child (no process)."""
+    from flight_overlord.deploy import launch
+    first = one_source_config(tmp_path / "first", "first", source.files[:3])
+    second = one_source_config(tmp_path / "second", "second", source.files[3:])
+    handed = []
+
+    class Spawned(Exception):
+        pass
+
+    def popen(cmd, env, **kwargs):
+        handed.append(ValidatedCatalogs.from_env(env).digests)
+        raise Spawned
+    monkeypatch.setattr(launch.subprocess, "Popen", popen)
+    for config_path in (first, second):
+        with pytest.raises(Spawned):
+            launch.LocalCluster(config_path, supervise=False).start()
+    assert stats == [3, 3]  # a stat per file per start
+    first_source, second_source = load_config(first).source("first"), load_config(second).source("second")
+    assert handed == [{list_key(first_source): load_catalog(first_source).digest()},
+                      {list_key(second_source): load_catalog(second_source).digest()}]
+    load_catalog(first_source, ValidatedCatalogs(handed[1]))  # a child of the second start
+    assert stats == [3, 3, 3, 3, 3]
 
 
 def test_a_loader_sends_the_catalog_it_registered_with_from_its_cache_or_else_its_files(source):
