@@ -27,6 +27,7 @@ from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.deploy.status import cluster_status
 from flight_overlord.deploy.topology import loader_hosts
 from flight_overlord.planner.server import PlannerServer
+from flight_overlord.source_catalog import received_catalog
 from flight_overlord.wire.security import Credentials, Security
 from flight_overlord.wire.server import connect
 
@@ -98,6 +99,17 @@ def test_a_stranger_cannot_take_samples_from_a_loader(plain):
     assert "do_get of a 'samples' ticket: this call needs the run's cluster secret" in message
     metadata = wire.ticket({"kind": "metadata", "epoch": 0, "file": file, "row_group": 0})
     _refused(fl.FlightUnauthenticatedError, lambda: stranger.do_get(metadata).read_all())
+    registry = json.loads((load_config(cluster.config_path).run_dir / "planner" / "registry.json").read_text())
+    digest = next(share for source, *_, share in registry["loaders"] if source == "code")
+    catalog = wire.ticket({"kind": "catalog", "source": "code", "digest": digest})  # what a Planner asks
+    message = _refused(fl.FlightUnauthenticatedError, lambda: stranger.do_get(catalog).read_all())
+    assert "do_get of a 'catalog' ticket: this call needs the run's cluster secret" in message
+    insider = connect(cluster.loader_of("code", 0).location, cluster.credentials)
+    assert received_catalog(insider.do_get(catalog).read_all(), digest).num_row_groups > 0  # its digest
+    other = wire.ticket({"kind": "catalog", "source": "code", "digest": "0" * 32})
+    message = _refused(fl.FlightServerError, lambda: insider.do_get(other).read_all())
+    assert f"not found: catalog {'0' * 32} of source 'code' is not this loader's (it has {digest})" in message
+    insider.close()
     # Inspection stays open without a security section: the buffer, status and listing.
     assert stranger.do_get(wire.ticket({"kind": "buffer"})).read_all().num_rows >= 0
     assert "buffered_samples" in wire.call(stranger, "status")
