@@ -9,7 +9,6 @@ import pytest
 
 from flight_overlord.client import TrainerClient
 from flight_overlord.config import parse_config
-from flight_overlord.constructor.staging import Staging
 from flight_overlord.core.mixing import Mixer
 from flight_overlord.core.order import RowGroupRef
 from flight_overlord.planner.feed import SourceFeed
@@ -43,15 +42,6 @@ def test_source_feed():
     assert_round_trip(feed, fresh, lambda f: f.next())
 
 
-def test_staging():
-    def advance(s):
-        s.stage(s.next_step, {})
-        s.served("batch", 0, s.next_step - 1)
-    staging = Staging(streams=2)
-    advance(staging)
-    assert_round_trip(staging, lambda: Staging(streams=2), advance)
-
-
 def _config(tmp_path, run: str = "run", **sections):
     raw = {"seed": 1, "run_dir": str(tmp_path / run), "data_root": str(tmp_path),
            "sources": [{"name": "s", "paths": "f.parquet"}], "mesh": {"dp": 2},
@@ -70,14 +60,14 @@ def _planner(cfg, *, resume: bool) -> Planner:
     return planner
 
 
-def test_registry(tmp_path):
+def test_roster(tmp_path):
     cfg = _config(tmp_path)
-    registry = Roster(cfg, 2)
-    registry.register_loader("s", 0, 0, "grpc://127.0.0.1:1", [["f.parquet", 0, 7]])
-    registry.register_constructor(1, "grpc://127.0.0.1:2")
+    roster = Roster(cfg, 2)
+    roster.register_loader("s", 0, 0, "grpc://127.0.0.1:1", [["f.parquet", 0, 7]])
+    roster.register_constructor(1, "grpc://127.0.0.1:2")
     restored = Roster(cfg, 2)
-    restored.load_state_dict(json.loads(json.dumps(registry.state_dict())))
-    assert restored.state_dict() == registry.state_dict()
+    restored.load_state_dict(json.loads(json.dumps(roster.state_dict())))
+    assert restored.state_dict() == roster.state_dict()
     assert restored.locations(("s", 0)) == ["grpc://127.0.0.1:1"]
 
 
