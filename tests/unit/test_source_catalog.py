@@ -186,7 +186,7 @@ def test_local_matches_are_what_glob_and_resolve_give(tmp_path):
 
 
 def test_a_loader_registered_by_catalog_digest_owns_what_its_listed_row_groups_said(source, tmp_path):
-    """The Planner's registry derives each actor's share from the catalog the loaders name: the same
+    """The Planner's roster derives each actor's share from the catalog the loaders name: the same
     owners as the row groups listed one by one, a digest (not the row groups) in its saved state."""
     import dataclasses
 

@@ -39,7 +39,7 @@ def test_call_any_asks_for_the_locations_again_each_round_and_finds_a_peer_that_
     old = f"grpc://127.0.0.1:{gone.port}"
     gone.shutdown()  # the peer's old process, killed
     moved = _Echo("grpc://127.0.0.1:0")
-    registered = [[old]]  # what the registry says; the peer re-registers below
+    registered = [[old]]  # what the roster says; the peer re-registers below
     asked = []
 
     def locations():
