@@ -33,7 +33,7 @@ from .journal import write_bytes_atomic, write_text_atomic
 
 log = logging.getLogger(__name__)
 FOOTER_READS = 16  # footers read at once (object storage: ~16 requests in flight per process)
-FOOTERS_PER_TASK = 64  # a thread's task: a local footer is read in ~20 us, a task per file cost as much again
+FOOTERS_PER_TASK = 64  # a thread's task of local files: a footer is read in ~20 us, a task per file costs as much again
 CATALOG_DIR_ENV = "OVERLORD_CATALOG_DIR"
 VALIDATED_ENV = "OVERLORD_VALIDATED_CATALOGS"  # {list key: digest}: see ValidatedCatalogs
 FORMAT = 1  # of the cached file: another value is rebuilt
@@ -230,7 +230,9 @@ def read_footers(source: SourceConfig, paths: list[str]) -> list[FileFooter]:
             raise ConfigError(f"sources.{source.name}: {exc}") from None
     if len(paths) == 1:
         return [read(paths[0])]
-    batches = [paths[i:i + FOOTERS_PER_TASK] for i in range(0, len(paths), FOOTERS_PER_TASK)]
+    # a local footer is cheap next to a thread's task; a remote one waits on a round trip: one file a task
+    per_task = 1 if source_files.is_uri(paths[0]) else FOOTERS_PER_TASK
+    batches = [paths[i:i + per_task] for i in range(0, len(paths), per_task)]
     with ThreadPoolExecutor(min(FOOTER_READS, len(batches)), thread_name_prefix="footers") as pool:
         return [footer for batch in pool.map(lambda batch: [read(p) for p in batch], batches) for footer in batch]
 
