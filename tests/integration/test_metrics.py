@@ -4,6 +4,7 @@ journal's), and a kill -9 of a loader shows up as a re-registration."""
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import time
 import urllib.request
@@ -195,19 +196,20 @@ def test_a_recovered_planner_and_scaling_show_in_its_page():
 
 
 def free_ports(n: int) -> int:
-    """The first of ``n`` consecutive ports the OS just gave out free (port 0, then its neighbours)."""
+    """The first of ``n`` consecutive free ports below the OS's ephemeral range: the roles' Flight servers
+    bind port 0, and a port the OS may hand them must not be one the metrics pages are told to take."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
     for _ in range(100):
+        base = rng.randrange(max(1024, low - 12000), low - n)
         with contextlib.ExitStack() as held:
-            first = held.enter_context(socket.socket())
-            first.bind(("127.0.0.1", 0))
-            base = first.getsockname()[1]
             try:
-                for port in range(base + 1, base + n):
+                for port in range(base, base + n):
                     held.enter_context(socket.socket()).bind(("127.0.0.1", port))
             except OSError:
                 continue
             return base
-    raise RuntimeError(f"no {n} consecutive free ports")
+    raise RuntimeError(f"no {n} consecutive free ports below {low}")
 
 
 def test_single_node_serves_each_role_s_page_on_its_own_port_from_the_configured_one(corpus, tmp_path):
