@@ -49,6 +49,7 @@ def table_digest(table: pa.Table) -> str:
 
 
 PLAN_FIELDS = ("step", "layout", "weights", "feedback", "bins", "samples", "encoder")  # what a plan serves
+REPEAT_FIELDS = ("epochs", "encoder_epochs")  # each place's epoch: only in the plans that met a row twice
 
 
 def plan_hash(run_dir: Path, steps: int, *, root: Path | None = None) -> str:
@@ -66,6 +67,7 @@ def hash_plans(records: list[dict], steps: int, *, root: Path | None = None) -> 
     for record in records:
         if "bins" in record and record.get("step", steps) < steps:
             plans[record["step"]] = {k: record.get(k) for k in PLAN_FIELDS}
+            plans[record["step"]].update((k, record[k]) for k in REPEAT_FIELDS if k in record)
     if sorted(plans) != list(range(steps)):
         raise ValueError(f"the plan journal holds plans of steps {sorted(plans)}, not 0..{steps - 1}")
     text = json.dumps([plans[s] for s in range(steps)], sort_keys=True)

@@ -58,7 +58,8 @@ class StepPlan:
 
     def to_record(self) -> dict:
         """The journal record: enough to serve this plan again without planning it (every sample's
-        epoch and planned size are in ``samples``)."""
+        epoch and planned size are in ``samples``; where a source smaller than a step put one row in it
+        more than once, ``epochs`` holds each place's epoch, as ``samples`` keeps one per row)."""
         if self.picked is None:
             bins, samples = self._table_record()
         else:
@@ -69,7 +70,16 @@ class StepPlan:
             record["feedback"] = self.feedback
         if self.encoder is not None:
             record["encoder"] = [[[p.ref.key, i] for p, i in b] for b in self.encoder]
+        if sum(map(len, bins)) > len(samples):  # a row met twice: possibly in two epochs
+            record["epochs"] = self._bin_epochs()
+            if self.encoder is not None:
+                record["encoder_epochs"] = [[p.ref.epoch for p, _ in b] for b in self.encoder]
         return record
+
+    def _bin_epochs(self) -> list[list[int]]:
+        if self.picked is not None:
+            return [[p.ref.epoch for p in b] for b in self.picked]
+        return [self.table.epoch[b].tolist() for b in self.bin_indices]
 
     def _picks_record(self) -> tuple[list[list[str]], dict]:
         bins = [[p.ref.key for p in b] for b in self.picked]  # a key is a formatted string: made once per sample
@@ -98,16 +108,23 @@ class StepPlan:
     def from_record(cls, record: dict) -> "StepPlan":
         samples = record["samples"]
 
-        def pick(key: str) -> Pick:
-            epoch, tokens, patches, sizes = samples[key]
+        def pick(key: str, epoch: int | None) -> Pick:
+            recorded, tokens, patches, sizes = samples[key]
             source, rest = key.split(":", 1)
             file, row_group, row = rest.rsplit(":", 2)
-            return Pick(SampleRef(source, epoch, file, int(row_group), int(row)), tokens, patches, tuple(sizes))
+            ref = SampleRef(source, recorded if epoch is None else epoch, file, int(row_group), int(row))
+            return Pick(ref, tokens, patches, tuple(sizes))
+
+        def placed(lists: list[list], epochs: list[list[int]] | None) -> list[list]:
+            """Each list's entries with their epochs (``epochs``, when the record has them)."""
+            epochs = epochs or [[None] * len(entries) for entries in lists]
+            return [list(zip(entries, at)) for entries, at in zip(lists, epochs)]
 
         layout = record["layout"]
         encoder = None
         if record.get("encoder") is not None:
-            encoder = [[(pick(k), i) for k, i in b] for b in record["encoder"]]
+            encoder = [[(pick(k, e), i) for (k, i), e in b]
+                       for b in placed(record["encoder"], record.get("encoder_epochs"))]
+        bins = [[pick(k, e) for k, e in b] for b in placed(record["bins"], record.get("epochs"))]
         return cls(record["step"], layout["axis"], layout["buckets"], layout["microbatches"], layout["capacity"],
-                   [[pick(k) for k in b] for b in record["bins"]], record["weights"], record.get("feedback"),
-                   record["stats"], layout["encoder_axis"], encoder)
+                   bins, record["weights"], record.get("feedback"), record["stats"], layout["encoder_axis"], encoder)

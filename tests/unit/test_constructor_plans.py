@@ -154,3 +154,18 @@ def test_a_sample_twice_in_a_step_is_numbered_once(tmp_path, corpus):
     keys = plan.table.keys()
     assert len(set(keys)) < len(keys)
     _assert_plans_match(plan, strategy, roster)
+
+
+def test_a_journaled_step_keeps_the_epoch_of_each_place_of_a_row_met_twice(tmp_path, corpus):
+    """A row met in two epochs of one step is two samples: the journal record (``samples`` keeps one entry
+    per row) serves each place again with its own epoch, so a plan dump and a replay agree with what ran."""
+    batch = {"context_length": 2048, "microbatches": 2, "samples_per_step": 40}
+    cfg = load_config(write_config(tmp_path, corpus, mesh={"dp": 2}, global_batch=batch))
+    strategy, feeds = Strategy(cfg), _long_feeds(6, 500)
+    plan = plan_step(0, feeds, Mixer(["longdocs"]), strategy, {"longdocs": 1.0})
+    placed = [[(p.ref.key, p.ref.epoch) for p in b] for b in plan.bins]
+    assert len({key for b in placed for key, _ in b}) < len({pair for b in placed for pair in b})  # two epochs
+    for record in (plan.to_record(), StepPlan(**{**vars(plan), "picked": plan.bins}).to_record()):
+        journaled = StepPlan.from_record(record)
+        assert [[(p.ref.key, p.ref.epoch) for p in b] for b in journaled.bins] == placed
+        assert StepPlan.from_record(journaled.to_record()).to_record() == record
