@@ -215,6 +215,11 @@ def fit(live: list[dict]) -> tuple[float, float]:
     return float(max(a, 0.0)), float(b)
 
 
+def rate(cpu_per_step: float) -> str:
+    """Steps per second of one core; a run too short for the clock's ticks (10 ms) measured no CPU."""
+    return f"{1 / cpu_per_step:.2f}" if cpu_per_step > 0 else "- (too few steps to measure)"
+
+
 def report(live: list[dict], planning: list[dict]) -> tuple[float, float]:
     print("\nPart 1, live (measured): one sample per rank and step, rank streams\n")
     print("| ranks | constructors | Planner CPU / step | per rank-step | Planner steps/s (1 core) | wall / step "
@@ -222,7 +227,7 @@ def report(live: list[dict], planning: list[dict]) -> tuple[float, float]:
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in live:
         print(f"| {r['ranks']} | {r['constructors']} | {1e3 * r['planner_cpu_step']:.1f} ms "
-              f"| {1e6 * r['planner_cpu_step'] / r['ranks']:.0f} us | {1 / r['planner_cpu_step']:.2f} "
+              f"| {1e6 * r['planner_cpu_step'] / r['ranks']:.0f} us | {rate(r['planner_cpu_step'])} "
               f"| {1e3 * r['wall_step']:.0f} ms | {1e3 * r['p50']:.1f} ms | {1e3 * r['p99']:.1f} ms "
               f"| {r['journal_step'] / 1024:.1f} KiB | {r['planner_pss'] / MiB:.0f} MiB "
               f"| {r['constructor_pss'] / MiB:.0f} MiB |")
@@ -232,13 +237,13 @@ def report(live: list[dict], planning: list[dict]) -> tuple[float, float]:
     print("|---:|---:|---:|---:|---|")
     for r in live:
         cpu = r["planner_cpu_step"]
-        print(f"| {r['ranks']} | {1e3 * cpu:.1f} ms | {1e6 * cpu / r['ranks']:.0f} us | {1 / cpu:.2f} "
+        print(f"| {r['ranks']} | {1e3 * cpu:.1f} ms | {1e6 * cpu / r['ranks']:.0f} us | {rate(cpu)} "
               "| measured (live) |")
     measured = {r["ranks"] for r in live}
     for n in MODEL_RANKS:
         if n not in measured:
             cpu = a + b * n
-            print(f"| {n} | {1e3 * cpu:.1f} ms | {1e6 * cpu / n:.0f} us | {1 / cpu:.2f} | modelled (fit above) |")
+            print(f"| {n} | {1e3 * cpu:.1f} ms | {1e6 * cpu / n:.0f} us | {rate(cpu)} | modelled (fit above) |")
     if planning:
         print(f"\nPart 2, planning at the paper's step shape (measured, in process, CPU time): "
               f"{planning[0]['samples'] // planning[0]['ranks']} samples per rank, greedy\n")
@@ -249,7 +254,7 @@ def report(live: list[dict], planning: list[dict]) -> tuple[float, float]:
             tickets = b * r["ranks"]  # the fitted per-rank Planner cost of the live runs (constructor plans, streams)
             cpu = r["plan_cpu"] + r["record_cpu"] + tickets
             print(f"| {r['ranks']} | {r['samples']:,} | {1e3 * r['plan_cpu']:.0f} ms | {1e3 * r['record_cpu']:.0f} ms "
-                  f"| {r['record_bytes'] / MiB:.1f} MiB | {1e3 * tickets:.0f} ms | {1 / cpu:.2f} |")
+                  f"| {r['record_bytes'] / MiB:.1f} MiB | {1e3 * tickets:.0f} ms | {rate(cpu)} |")
     return a, b
 
 
@@ -291,6 +296,8 @@ def main() -> None:
     p.add_argument("--plot", type=Path, default=None)
     add_corpus_args(p, scale=0.1)
     args = p.parse_args()
+    if args.warmup < 1 or args.steps < 1:
+        p.error("--warmup and --steps must be at least 1 (the timed steps are measured from the last warm-up step)")
     print_header()
     live = []
     with workspace("bench-scale-", args.data, list(SOURCES), args.scale) as (tmp, data_dir):

@@ -245,7 +245,11 @@ def main() -> None:
         plot(args.plot, parse_rows(args.replot.read_text()))
         return
     benchlib.print_header()
-    codes = [("new", sys.executable)] + ([("baseline", args.baseline)] if args.baseline else [])
+    # made absolute (each start runs in its config's folder), not resolved (a venv's python is a link)
+    baseline = shutil.which(args.baseline) if args.baseline else None
+    if args.baseline and baseline is None:
+        p.error(f"--baseline {args.baseline}: no such interpreter")
+    codes = [("new", sys.executable)] + ([("baseline", os.path.abspath(baseline))] if baseline else [])
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-startup-"))
     catalogs = work / "catalogs"  # the new code's catalog cache: this bench's own, removed with it
     env = {**CREDENTIALS, "OVERLORD_CATALOG_DIR": str(catalogs)}
