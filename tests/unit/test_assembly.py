@@ -127,7 +127,7 @@ def test_a_microbatch_gathers_its_samples_pixels_and_grids_in_order(tmp_path):
     mb = build_microbatch([first, text, second], 24, make_cfg(tmp_path), IMAGE)
     assert mb.keys == ["v:0", "t:0", "v:1"]
     assert np.array_equal(mb.pixels, np.concatenate([first.patches.reshape(-1), second.patches.reshape(-1)]))
-    assert mb.grids.tolist() == [1, 2, 2] * 4
+    assert mb.grids.tolist() == [1, 2, 2] * 4  # every image's grid, the undecoded image 0 of v:1 included
 
 
 # -- truncation --------------------------------------------------------------------------------

@@ -70,7 +70,8 @@ def test_the_keys_digest_ignores_their_order_but_not_which_keys(tmp_path):
     journal.served(4, 0, 0, list(reversed(keys)))
     journal.close()
     (served,) = read_deliveries(tmp_path)[1]
-    assert served["digest"] == keys_digest(k for k, _epoch in [(k, 0) for k in keys])
+    planned = [(key, 0) for key in keys]  # the plan's (key, epoch) pairs, as the audit reads them
+    assert served["digest"] == keys_digest(key for key, _epoch in planned)
 
 
 def test_each_start_and_resume_marks_a_segment(tmp_path, clock):
