@@ -38,8 +38,8 @@ def shipped_demo_config(data_root: str | Path, run_dir: str | Path) -> Path:
     copy states both absolutely (relative ones are taken from the current directory). The roles
     reload the config from that file, so it lives with the run.
     """
-    from importlib.resources import files
-    raw = yaml.safe_load((files(SHIPPED_CONFIGS) / "demo.yaml").read_text())
+    from ..package_data import data_folder
+    raw = yaml.safe_load((data_folder(SHIPPED_CONFIGS, "configs") / "demo.yaml").read_text())
     data_root, run_dir = Path(data_root).resolve(), Path(run_dir).resolve()
     raw.update(data_root=str(data_root), run_dir=str(run_dir))
     set_aside_previous_run(run_dir)

@@ -1,18 +1,19 @@
 """Wire schemas, loaded from the JSON data files in ``schemas/`` (their single source of truth).
 
 pyproject.toml maps that folder onto the package ``flight_overlord.wire.schema_files``, so the same
-lookup finds it in the repository (editable install) and in an installed wheel.
+lookup finds it in the repository (editable install) and in an installed wheel (``package_data``).
 """
 from __future__ import annotations
 
 import functools
 import json
-from importlib.resources import files
 
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_DIR = files("flight_overlord.wire.schema_files")
+from ..package_data import data_folder
+
+SCHEMA_DIR = data_folder("flight_overlord.wire.schema_files", "schemas")
 
 
 def parse_type(spec: str) -> pa.DataType:
