@@ -70,8 +70,7 @@ class StepPlan:
             record["feedback"] = self.feedback
         if self.encoder is not None:
             record["encoder"] = [[[p.ref.key, i] for p, i in b] for b in self.encoder]
-        placed = sum(map(len, bins))
-        if placed > len({key for keys in bins for key in keys}):  # a row met twice: possibly in two epochs
+        if sum(map(len, bins)) > len({key for keys in bins for key in keys}):  # a row met twice: possibly in two epochs
             record["epochs"] = self._bin_epochs()
             if self.encoder is not None:
                 record["encoder_epochs"] = [[p.ref.epoch for p, _ in b] for b in self.encoder]
