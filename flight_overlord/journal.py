@@ -14,7 +14,6 @@ role reads is bounded however long the run.
 """
 from __future__ import annotations
 
-import bisect
 import json
 import logging
 import os
@@ -169,10 +168,7 @@ class Snapshots:
     """``<dir>/<name>-<step>.json`` files, written atomically; the latest at or before a step is found
     from the file names alone. Old ones are pruned: the newest ``keep`` stay and, when ``bucket`` is
     given, the first one of every ``bucket`` steps before them, so a resume at an old step still finds
-    a snapshot at most ``bucket`` steps before it while the folder grows that much slower than the run.
-
-    The folder is listed once; its steps are then kept in memory, as one object, the fenced role's, is the
-    only writer of its folder (a Planner's standby builds its own after it takes over)."""
+    a snapshot at most ``bucket`` steps before it while the folder grows that much slower than the run."""
 
     def __init__(self, directory: Path, name: str, *, keep: int = 4, bucket: int | None = None):
         self.directory = directory
@@ -180,13 +176,9 @@ class Snapshots:
         self.keep, self.bucket = keep, bucket
         self._pattern = re.compile(rf"^{re.escape(name)}-(\d+)\.json$")
         self._written = 0
-        self._steps: list[int] | None = None  # the folder's steps, sorted, once listed
 
     def write(self, step: int, state: dict) -> Path:
         path = self._write(step, state)
-        steps = self._listed()
-        if step not in steps:
-            bisect.insort(steps, step)
         self._written += 1
         if self._written % self.keep == 0:
             self._prune()
@@ -199,7 +191,6 @@ class Snapshots:
                 seen.add(step // self.bucket)  # the first snapshot of its bucket stays
                 continue
             (self.directory / f"{self.name}-{step:09d}.json").unlink(missing_ok=True)
-            self._steps.remove(step)
 
     def _write(self, step: int, state: dict) -> Path:
         path = self.directory / f"{self.name}-{step:09d}.json"
@@ -207,13 +198,9 @@ class Snapshots:
         return path
 
     def steps(self) -> list[int]:
-        return list(self._listed())
-
-    def _listed(self) -> list[int]:
-        if self._steps is None:
-            names = (p.name for p in self.directory.iterdir()) if self.directory.is_dir() else ()
-            self._steps = sorted(int(m.group(1)) for name in names if (m := self._pattern.match(name)))
-        return self._steps
+        if not self.directory.is_dir():
+            return []
+        return sorted(int(m.group(1)) for p in self.directory.iterdir() if (m := self._pattern.match(p.name)))
 
     def latest(self, at_most: int | None = None) -> tuple[int, dict] | None:
         """The newest readable snapshot taken at or before ``at_most`` (any, when None)."""
