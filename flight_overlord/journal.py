@@ -198,6 +198,7 @@ class Snapshots:
         return path
 
     def steps(self) -> list[int]:
+        # listed at each call, not kept: an operator may prune old snapshots of a live run by hand
         if not self.directory.is_dir():
             return []
         return sorted(int(m.group(1)) for p in self.directory.iterdir() if (m := self._pattern.match(p.name)))
