@@ -51,15 +51,18 @@ class FakePlans:
 
 
 class FakeSamples:
-    """The loaders: each call answers its groups' samples; ``fail_at`` a step whose call raises."""
+    """The loaders: each call answers its groups' samples; ``fail_at`` a step whose call raises once
+    ``fail`` is set (a failure fails every take after it, so a test lets it happen when it is ready)."""
 
     def __init__(self, fail_at: int | None = None):
         self.fail_at = fail_at
+        self.fail = threading.Event()
         self.calls: list[int] = []
 
     def samples(self, step, groups):
         self.calls.append(step)
         if step == self.fail_at:
+            self.fail.wait(WAIT)
             raise ConnectionError(f"loader down at step {step}")
         return answer_of(plan(step), groups), {"a": 0.001}
 
@@ -124,7 +127,8 @@ def test_a_failing_sample_source_reaches_every_waiting_take(cfg):
     plans, samples = FakePlans(), FakeSamples(fail_at=1)
     constructor = running(cfg, plans, samples)
     try:
-        steps = stream_of(constructor, 0)
+        steps = stream_of(constructor, 0)  # step 0 is taken (the schema comes with it) ...
+        samples.fail.set()  # ... before step 1's fetch fails
         next(steps)
         with pytest.raises(BackgroundFailure, match="constructor 0: assembly failed: ConnectionError: loader down"):
             next(steps)
