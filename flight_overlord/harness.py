@@ -127,12 +127,11 @@ def train(planner: str, ranks: int, start: int, end: int, *, on_table: Callable 
 
 
 def fetch_steps(planner: str, ranks: int, start: int, end: int, *, timeout: float = 120,
-                keep: bool = True, credentials=None) -> dict[int, list[pa.Table]]:
-    """Steps ``[start, end)`` of every rank as :func:`train` reads them, the tables kept (``keep=False``
-    keeps none: a drive to a step)."""
-    options = {"credentials": credentials} if credentials is not None else {}
+                keep: bool = True, credentials=None) -> dict[int, list[pa.Table | None]]:
+    """Steps ``[start, end)`` of every rank as :func:`train` reads them, the tables kept (``keep=False``: a
+    None per step, a drive to a step)."""
     return train(planner, ranks, start, end, on_table=lambda rank, client, table: table if keep else None,
-                 timeout=timeout, **options)
+                 timeout=timeout, credentials=credentials)
 
 
 def stock_fetch(client_of: Callable[[str], fl.FlightClient], planner: str, step: int, rank: int) -> pa.Table:

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from .. import wire
 from ..config import Config
-from ..wire.actions import PlanRequest, ResumePointRequest
+from ..wire.actions import PlanRequest, PositionsReport, ResumePointRequest
 from ..wire.plan import ConstructorPlan, FetchGroup
 from ..wire.plan_channel import POSITIONS_SECONDS, PlanChannel
 from ..wire.server import ClientPool, ask_again, call_any, within
@@ -45,7 +45,7 @@ class FlightPlanSource:
         return self._call(None, lambda: PlanRequest(step, self.index, positions(), POSITIONS_SECONDS).to_wire())
 
     def report(self, positions: Positions) -> bool:
-        return self._call(None, lambda: {"constructor": self.index, "positions": positions()}) is not None
+        return self._call(None, lambda: PositionsReport(self.index, positions()).to_wire()) is not None
 
     def plan_again(self, step: int) -> ConstructorPlan | None:
         raw = self._call("plan", lambda: PlanRequest(step, self.index).to_wire())

@@ -59,7 +59,8 @@ class StepPlan:
     def to_record(self) -> dict:
         """The journal record: enough to serve this plan again without planning it (every sample's
         epoch and planned size are in ``samples``; where a source smaller than a step put one row in it
-        more than once, ``epochs`` holds each place's epoch, as ``samples`` keeps one per row)."""
+        in two epochs, ``epochs`` holds each place's epoch, as ``samples`` keeps one per row; a row placed
+        in several bins in one epoch, as HDP does, needs none)."""
         if self.picked is None:
             bins, samples = self._table_record()
         else:
@@ -70,8 +71,10 @@ class StepPlan:
             record["feedback"] = self.feedback
         if self.encoder is not None:
             record["encoder"] = [[[p.ref.key, i] for p, i in b] for b in self.encoder]
-        if sum(map(len, bins)) > len({key for keys in bins for key in keys}):  # a row met twice: possibly in two epochs
-            record["epochs"] = self._bin_epochs()
+        epochs = self._bin_epochs()
+        keys = [key for placed in bins for key in placed]
+        if len(set(zip(keys, (e for placed in epochs for e in placed)))) > len(set(keys)):  # a row in two epochs
+            record["epochs"] = epochs
             if self.encoder is not None:
                 record["encoder_epochs"] = [[p.ref.epoch for p, _ in b] for b in self.encoder]
         return record

@@ -1,6 +1,6 @@
 """The state contract (``flight_overlord/stateful.py``): every state-holding class of the roles is a
-``Stateful``, and the ones built cheaply round-trip (the Planner's, the loader state's, the feed's and
-the staging's round-trips are in test_state.py, the constructor's in test_constructor.py)."""
+``Stateful``, and the ones built cheaply round-trip (the Planner's, the loader state's and the feed's
+round-trips are in test_state.py, the staging's in test_staging.py, the constructor's in test_constructor.py)."""
 from __future__ import annotations
 
 import importlib
