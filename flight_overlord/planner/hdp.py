@@ -29,8 +29,9 @@ def place_hdp(costs: np.ndarray, lengths: np.ndarray, num_buckets: int, microbat
 
 
 def hdp_groups(plan, buckets) -> dict[str, list[list[list[int]]]]:
-    """For a constructor's plan: per bucket of ``buckets`` (ranks of the domain), microbatch and
-    sample, ``[group size, first rank]``, read back from the step plan's bins."""
+    """Per bucket of ``buckets`` (ranks of the domain), microbatch and sample, ``[group size, first rank]``,
+    read back from the step plan's ``Pick`` bins: the definition that ``constructor_plans`` computes from the
+    columns, kept as the tests' and the HDP benchmark's reference."""
     groups = hdp.bin_groups([[p.ref.key for p in b] for b in plan.bins], plan.num_buckets, plan.microbatches)
     m = plan.microbatches
     return {str(b): [[list(x) for x in groups[b * m + i]] for i in range(m)] for b in buckets}

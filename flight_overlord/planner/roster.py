@@ -37,7 +37,7 @@ class Roster:
         if not 0 <= replica <= self.cfg.loader.shadows:
             raise ValueError(f"register: replica {replica} out of range (loader.shadows: {self.cfg.loader.shadows})")
         if isinstance(row_groups, str):
-            self._use_catalog(source, actor, row_groups, self.catalog_locations(source, location))
+            self._use_catalog(source, actor, row_groups, location)
         else:
             self._list(source, actor, row_groups)
         self.loaders.setdefault((source, actor), {})[replica] = location
@@ -59,14 +59,15 @@ class Roster:
                   for loc in replicas.values())
         return list(dict.fromkeys([location, *others]))
 
-    def _use_catalog(self, source: str, actor: int, digest: str, locations: list[str]) -> None:
+    def _use_catalog(self, source: str, actor: int, digest: str, location: str) -> None:
         known = self.catalogs.get(source)
         if known is not None and known != digest:
             raise ValueError(f"register: loader {source}[{actor}] registered with catalog {digest}, its peers with "
                              f"{known}: the source's files differ between its loaders")
         if self.catalog_of is None:
             raise ValueError("register: this Planner takes row groups, not a catalog digest")
-        if known is None:
+        if known is None:  # the source's first registration: its catalog is asked for once
+            locations = self.catalog_locations(source, location)
             self.catalogs[source], self._catalog[source] = digest, self.catalog_of(source, digest, locations)
 
     def register_constructor(self, index: int, location: str) -> None:

@@ -95,6 +95,12 @@ def test_registration_completes_and_planning_starts(built):
     assert plans[0].plan().keys
 
 
+def _may_plan_next(service) -> bool:
+    """Whether the planning thread may plan its next step now (its gate, not a race with the thread)."""
+    with service.cond:
+        return service._may_plan(service.planner.next_step)
+
+
 def test_positions_pace_planning(built):
     service, _, _ = built
     _register_all(service)
@@ -105,10 +111,10 @@ def test_positions_pace_planning(built):
     assert service.answer(PositionsReport(1, {1: 0}), 2) == {"ok": True}
     _planned_through(service, ahead)
     service.answer(PositionsReport(0, {0: 5}), 2)  # one rank moved on: the other still holds planning
-    assert service.planner.next_step == ahead + 1
+    assert service.planner.next_step == ahead + 1 and not _may_plan_next(service)
     service.answer(PositionsReport(1, {1: 4}), 2)
     _planned_through(service, 4 + ahead)
-    assert service.planner.next_step == 4 + ahead + 1  # and no further
+    assert service.planner.next_step == 4 + ahead + 1 and not _may_plan_next(service)  # and no further
     assert service.status().requested == {"0": 5, "1": 4}
 
 
