@@ -20,22 +20,11 @@ from pathlib import Path
 
 import torch
 import transformers
-import yaml
 
 from flight_overlord import TrainerClient
+from flight_overlord.demo.run import shipped_demo_config
 from flight_overlord.deploy.launch import LocalCluster
 from flight_overlord.integrations.hf import MODEL_KEYS, hf_batch
-
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-
-
-def demo_config(data: Path, workdir: Path) -> Path:
-    raw = yaml.safe_load((CONFIGS / "demo.yaml").read_text())
-    raw.update(data_root=str(data.resolve()), run_dir=str(workdir / "run"))
-    workdir.mkdir(parents=True)
-    path = workdir / "demo.yaml"
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return path
 
 
 def read_steps(config: Path, steps: int, step_fn, **placement) -> list[list[dict]]:
@@ -94,9 +83,10 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="train-gpu-") as tmp:
         work = Path(tmp)
-        on_device = read_steps(demo_config(args.data, work / "a"), args.steps, train, device=device, pin_memory=on_gpu)
+        config = shipped_demo_config(args.data, work / "a")
+        on_device = read_steps(config, args.steps, train, device=device, pin_memory=on_gpu)
         shutil.rmtree(work / "a")
-        on_cpu = read_steps(demo_config(args.data, work / "b"), args.steps, lambda *_: None)
+        on_cpu = read_steps(shipped_demo_config(args.data, work / "b"), args.steps, lambda *_: None)
     for step, (gpu_mbs, cpu_mbs) in enumerate(zip(on_device, on_cpu)):
         for gpu_mb, cpu_mb in zip(gpu_mbs, cpu_mbs, strict=True):
             for name, value in cpu_mb.items():

@@ -132,11 +132,7 @@ def _blake(*parts: str) -> str:
 
 def list_key(source: SourceConfig) -> str:
     """The cache's name of a source's file list."""
-    return _list_key([source_files.display(p) for p in source.files])
-
-
-def _list_key(files: list[str]) -> str:
-    return _blake(*files)
+    return _blake(*(source_files.display(p) for p in source.files))
 
 
 @dataclass
@@ -184,7 +180,7 @@ def load_catalog(source: SourceConfig, validated: ValidatedCatalogs | None = Non
     the others read now (and the cache updated). ``validated``: a start's record, whose catalog for these
     files is taken without a ``stat`` per file, and which records the catalog validated otherwise."""
     files = [source_files.display(p) for p in source.files]
-    key = _list_key(files)
+    key = _blake(*files)  # list_key(source), the names already made
     catalog = validated.catalog(source, key, files) if validated is not None else None
     if catalog is None:
         catalog = _validated_now(source, files, key)
@@ -212,7 +208,7 @@ def _validated_now(source: SourceConfig, files: list[str], key: str) -> SourceCa
     for i, footer in zip(stale, read_footers(source, [source.files[i] for i in stale])):
         footers[i] = footer
     catalog = _assemble(source, files, states, footers, cached, known)
-    _store(source, catalog)
+    _store(source, key, catalog)
     return catalog
 
 
@@ -323,12 +319,13 @@ def _cached(source: SourceConfig, files: list[str], key: str) -> SourceCatalog |
     return catalog
 
 
-def _store(source: SourceConfig, catalog: SourceCatalog) -> None:
-    """Cache ``catalog`` (best effort: a cache that cannot be written only costs the next start its footers)."""
+def _store(source: SourceConfig, key: str, catalog: SourceCatalog) -> None:
+    """Cache ``catalog`` under the source's list ``key`` (best effort: a cache that cannot be written only
+    costs the next start its footers)."""
     folder = catalog_dir()
     try:
         _write(catalog)
-        write_text_atomic(folder / f"{list_key(source)}.json",
+        write_text_atomic(folder / f"{key}.json",
                           json.dumps({"source": source.name, "digest": catalog.digest()}))
     except OSError as exc:
         log.warning("source %s: cannot cache its catalog in %s (%s): the next start reads its footers again",

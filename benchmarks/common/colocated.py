@@ -1,5 +1,6 @@
-"""bench_delivery's colocated baseline: per rank a torch DataLoader whose workers each open every
-file of their sources and pack greedily in arrival order (what a conventional loader does)."""
+"""The colocated baseline of ``delivery.throughput``, the memory and the training benchmarks: per rank a
+torch DataLoader whose workers each open every file of their sources and pack greedily in arrival order
+(what a conventional loader does)."""
 from __future__ import annotations
 
 import time

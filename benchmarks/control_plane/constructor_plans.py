@@ -2,7 +2,7 @@
 """The Planner's constructor plans of a planned step (``planner/constructor_plans.py``): what every
 constructor receives, as dp grows.
 
-Over ``bench_planner.synthetic_planner``'s steps (72 samples per rank, six sources), after one untimed
+Over ``control_plane.plan_time.synthetic_planner``'s steps (72 samples per rank, six sources), after one untimed
 step, the mean CPU time of this thread (steadier than wall time on a shared machine) of: every
 constructor's plan of a fresh step (what the planning loop makes once per step), and one
 constructor's plan of the same step read back from its journal record (a restarted Planner serving

@@ -1,4 +1,4 @@
-"""bench_faults part 1: kill -9 of one role every --kill-every steps while the trainers run at a steady
+"""``faults.kill_and_resume`` part 1: kill -9 of one role every --kill-every steps while the trainers run at a steady
 step time; every rank's stream compared with an undisturbed run."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""bench_faults part 2: a full-cluster kill at step N, then mode="resume": time to the first batch."""
+"""``faults.kill_and_resume`` part 2: a full-cluster kill at step N, then mode="resume": time to the first batch."""
 from __future__ import annotations
 
 import time

@@ -40,6 +40,7 @@ import numpy as np
 
 from benchmarks.common import colocated
 from benchmarks.common.benchlib import MiB, add_run_args, argument_parser, log, print_header, workspace
+from benchmarks.common.s3 import free_port
 from benchmarks.delivery import throughput as bd
 from benchmarks.memory import runs as bm  # benchmarks.memory.sources_ranks' runs
 
@@ -116,13 +117,6 @@ def streaming_rank(channel, mds_dirs: list[str], ranks: int, workers: int, conte
                 used += len(tokens)
 
     colocated.timed_microbatches(channel, colocated.worker_loader(Packed(), workers), microbatches, warmup, steps)
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_streaming(args, mds_dirs: list[Path], ranks: int) -> bm.Run:

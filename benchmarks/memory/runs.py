@@ -1,4 +1,4 @@
-"""bench_memory's runs: one flight_overlord cluster or one colocated DataLoader set at S sources x R
+"""``memory.sources_ranks``'s runs: one flight_overlord cluster or one colocated DataLoader set at S sources x R
 ranks, measured by ``rank_processes.run_ranks`` (PSS at its max and at the end, by process kind, and
 rates); the corpora they read; the fitted colocated size that skips runs that cannot fit."""
 from __future__ import annotations

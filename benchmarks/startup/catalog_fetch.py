@@ -21,19 +21,18 @@ ways, timed per corpus (seconds for the 4 sources, one after the other, in this 
 """
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import os
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common.benchlib import MiB
+from benchmarks.common.benchlib import MiB, argument_parser
 from benchmarks.startup.file_count import SOURCES, make_corpus, write_config
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--files", default="1000,10000", help="files in all per corpus, comma-separated")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "overlord-catalog-fetch")
     args = parser.parse_args()

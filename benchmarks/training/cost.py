@@ -1,4 +1,4 @@
-"""bench_training's cost model: seconds a real accelerator needs per microbatch (a dense 7B backbone,
+"""``training.end_to_end``'s cost model: seconds a real accelerator needs per microbatch (a dense 7B backbone,
 a ViT encoder, context-parallel ring attention). Pure functions of a rank's microbatch rows."""
 from __future__ import annotations
 

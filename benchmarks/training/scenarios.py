@@ -1,4 +1,4 @@
-"""bench_training's scenarios (a corpus, config overrides, what a rank computes) and the measured
+"""``training.end_to_end``'s scenarios (a corpus, config overrides, what a rank computes) and the measured
 record of one run of a scenario."""
 from __future__ import annotations
 

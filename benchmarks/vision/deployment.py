@@ -1,4 +1,4 @@
-"""bench_vision part 2: end-to-end deployments with images decoded at the constructor or at the
+"""``vision.image_text`` part 2: end-to-end deployments with images decoded at the constructor or at the
 loader; per rank what it read, the wire bytes and the processes' PSS and CPU."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""bench_vision part 1: the transforms' cost per sample (text tokenizing; image decode, resize and
+"""``vision.image_text`` part 1: the transforms' cost per sample (text tokenizing; image decode, resize and
 patching by size class) and per row group, measured in this process."""
 from __future__ import annotations
 

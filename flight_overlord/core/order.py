@@ -130,6 +130,11 @@ class RowGroups(Sequence[RowGroupRef]):
         hashes = (stable_hash(*prefix, file, g) for file, g in self._pairs())
         return np.fromiter(hashes, dtype=np.uint64, count=len(self))
 
+    def epoch_order(self, seed: int, source: str, epoch: int) -> np.ndarray:
+        """:func:`epoch_order`'s order as indices into these row groups (int32): sorted by one array of
+        hashes, ties broken stably, so by these row groups' own (sorted) order, as that key does."""
+        return np.argsort(self.hashes(seed, source, epoch), kind="stable").astype(np.int32)
+
     def _pairs(self) -> Iterator[tuple[str, int]]:
         """(file id, row group) of every row group, the ids made as Python strings a block of files at a
         time: made all at once they would leave the allocator holding a corpus-sized heap."""
@@ -230,9 +235,8 @@ class ReadOrder:
         return unit, permutation
 
     def _epoch(self, epoch: int) -> np.ndarray:
-        """Epoch ``epoch``'s order as positions into ``row_groups`` (int32, read-only): ``epoch_order``'s,
-        sorted by one array of hashes (``row_groups`` is sorted, so a stable sort breaks ties as its key
-        does); unit i is positions ``[i * window, (i + 1) * window)``."""
-        order = np.argsort(self.row_groups.hashes(self.seed, self.name, epoch), kind="stable").astype(np.int32)
+        """Epoch ``epoch``'s order as positions into ``row_groups`` (int32, read-only): ``epoch_order``'s
+        (``RowGroups.epoch_order``); unit i is positions ``[i * window, (i + 1) * window)``."""
+        order = self.row_groups.epoch_order(self.seed, self.name, epoch)
         order.flags.writeable = False
         return order

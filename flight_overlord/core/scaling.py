@@ -131,8 +131,7 @@ class Ownership:
         key), as indices, so owning a slot needs no lookup by name."""
         order = self._orders.get(epoch)
         if order is None:  # (several threads may ask: the result is returned, never re-read)
-            hashes = self.catalog.hashes(self.seed, self.source, epoch)  # ties: the catalog's order (stable)
-            order = self._orders[epoch] = np.argsort(hashes, kind="stable").astype(np.int32)
+            order = self._orders[epoch] = self.catalog.epoch_order(self.seed, self.source, epoch)
             _trim(self._orders, keep=2)
         return order
 

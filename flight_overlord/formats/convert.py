@@ -132,7 +132,7 @@ def _selected(table: pa.Table, columns: list[str] | None, path: str) -> pa.Table
 def read_input(path: str, columns: list[str] | None) -> pa.Table:
     """An input by its name: an MDS dataset (a folder with ``index.json``), a WebDataset shard, else JSON Lines."""
     if mds.is_mds(path):
-        return _selected(mds.read_mds(path, None), columns, path)
+        return _selected(mds.read_mds(path), columns, path)
     return read_webdataset(path, columns) if path.lower().endswith(TAR_SUFFIXES) else read_jsonl(path, columns)
 
 

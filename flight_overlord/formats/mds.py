@@ -42,7 +42,7 @@ def _folder(path: str) -> Path:
     return Path(path).parent if Path(path).name == INDEX else Path(path)
 
 
-def read_mds(path: str, columns: list[str] | None) -> pa.Table:
+def read_mds(path: str) -> pa.Table:
     """Every sample of the MDS dataset at ``path`` (its folder or ``index.json``), shard after shard."""
     folder = _folder(path)
     try:
@@ -50,8 +50,7 @@ def read_mds(path: str, columns: list[str] | None) -> pa.Table:
         tables = [_read_shard(folder, shard) for shard in shards]
     except (OSError, ValueError, KeyError, TypeError, IndexError, pa.ArrowException) as exc:
         raise ConfigError(f"convert: cannot read MDS dataset {folder}: {exc}") from None
-    table = pa.concat_tables(tables) if tables else pa.table({})
-    return table.select(columns) if columns else table
+    return pa.concat_tables(tables) if tables else pa.table({})
 
 
 def _read_shard(folder: Path, shard: dict) -> pa.Table:
@@ -62,10 +61,10 @@ def _read_shard(folder: Path, shard: dict) -> pa.Table:
     offsets = np.frombuffer(data, np.uint32, count + 1, 4).astype(np.int64)
     names, encodings, sizes = shard["column_names"], shard["column_encodings"], shard["column_sizes"]
     values: list[list[bytes]] = [[] for _ in names]
+    variable = sum(size is None for size in sizes)  # each sample starts with these columns' byte sizes
     for begin, end in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
         sample = memoryview(data)[begin:end]
-        variable = [size is None for size in sizes]
-        heads = np.frombuffer(sample, np.uint32, sum(variable)).tolist()
+        heads = np.frombuffer(sample, np.uint32, variable).tolist()
         at, head = 4 * len(heads), iter(heads)
         for column, size in enumerate(sizes):
             size = next(head) if size is None else size

@@ -291,7 +291,7 @@ def test_convert_reads_mds_datasets_as_streamings_own_writer_wrote_them(tmp_path
     fixtures = Path(__file__).parents[1] / "fixtures" / "mds"
     expected = json.loads((fixtures / "expected.json").read_text())
     for compression in ("plain", "zstd"):
-        table = read_mds(str(fixtures / compression), None)
+        table = read_mds(str(fixtures / compression))
         assert table.schema.field("input_ids").type == pa.list_(pa.int32())
         assert [{**row, "meta": json.loads(row["meta"]), "raw": row["raw"].hex()} for row in table.to_pylist()] \
             == expected
